@@ -1,0 +1,49 @@
+//! `h64`: the one hash magpie uses for keys, table positions and fingerprints.
+//!
+//! BLAKE2b with an 8-byte digest, read big-endian. The digest length is part of
+//! BLAKE2b's parameter block, so this is *not* the first 8 bytes of BLAKE2b-512.
+//! The function is fixed and documented so that every instance, every build and
+//! every other implementation of the same experiment agree: a toolchain upgrade
+//! must never remap a fleet (which is why `DefaultHasher` is never used).
+
+use blake2::digest::consts::U8;
+use blake2::{Blake2b, Digest};
+
+type Blake2b64 = Blake2b<U8>;
+
+/// BLAKE2b-64 of `bytes`, read as a big-endian `u64`.
+pub fn h64(bytes: &[u8]) -> u64 {
+    let digest = Blake2b64::digest(bytes);
+    u64::from_be_bytes(digest.into())
+}
+
+/// `h64` over several byte strings, as if they were concatenated, without
+/// allocating the concatenation.
+pub fn h64_parts(parts: &[&[u8]]) -> u64 {
+    let mut hasher = Blake2b64::new();
+    for part in parts {
+        hasher.update(part);
+    }
+    u64::from_be_bytes(hasher.finalize().into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Vectors computed with Python's `hashlib.blake2b(digest_size=8)`.
+    #[test]
+    fn golden_vectors() {
+        assert_eq!(h64(b""), 0xe4a6a0577479b2b4);
+        assert_eq!(h64(b"user:0"), 0x2b6e5f8c3559ee21);
+        assert_eq!(h64(b"user:99999"), 0x0523a5c22ed03f0c);
+        assert_eq!(h64(b"3#17"), 0x105ba1f3c1adb049);
+        assert_eq!(h64(b"10|user:42"), 0xa44e712ea5f71159);
+    }
+
+    #[test]
+    fn parts_equal_concatenation() {
+        assert_eq!(h64_parts(&[b"10", b"|", b"user:42"]), h64(b"10|user:42"));
+        assert_eq!(h64_parts(&[]), h64(b""));
+    }
+}
