@@ -14,5 +14,7 @@
 //! | module | owns |
 //! |---|---|
 //! | [`hash`] | `h64`, the one hash everything uses |
+//! | [`placement`] | pure placement schemes: Maglev, ring, rendezvous, jump, mod N, bounded loads |
 
 pub mod hash;
+pub mod placement;

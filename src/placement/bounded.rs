@@ -1,0 +1,186 @@
+//! Bounded loads (Mirrokni, Thorup and Zadimoghaddam, SODA 2018) on top of any
+//! scheme's candidates.
+//!
+//! With total load `T` (before the new key), total weight `W` and a factor
+//! `c ≥ 1`, node `i` of weight `w_i` may take the key while its load is below
+//! `cap_i = ceil(c · (T + 1) · w_i / W)`. [`pick`] walks the candidates in order
+//! and returns the first with room, so a key stays on its primary unless that
+//! node is full. The loads are the caller's (the proxy feeds live connection
+//! counts, the lab feeds key counts); this module only does the arithmetic, and
+//! never allocates.
+//!
+//! Invariant: after every placement made through [`pick`], each node's load is
+//! at most `ceil(c · T' · w_i / W)` for the new total `T'`. Because `c ≥ 1`
+//! makes the caps sum to at least `T + 1`, some node always has room when the
+//! candidates cover every weighted node.
+
+use super::PlacementError;
+
+/// Checks a bounded-load factor: finite and at least 1.0.
+pub fn check_factor(f: f64) -> Result<f64, PlacementError> {
+    if f.is_finite() && f >= 1.0 {
+        Ok(f)
+    } else {
+        Err(PlacementError::BadLoadFactor(f))
+    }
+}
+
+/// `ceil(factor · (total_load + 1) · weight / total_weight)`; 0 for weight 0.
+///
+/// Computed in `f64`, with a value within a relative 1e-12 above an integer
+/// taken as that integer, so that float noise (1.1 · 100000 / 10 =
+/// 11000.000000000002) does not add one. A non-finite or huge result saturates
+/// at `u64::MAX`.
+pub fn cap(factor: f64, total_load: u64, weight: u32, total_weight: u64) -> u64 {
+    if weight == 0 || total_weight == 0 {
+        return 0;
+    }
+    let exact = factor * (total_load as f64 + 1.0) * f64::from(weight) / total_weight as f64;
+    if exact.is_nan() {
+        return 0;
+    }
+    if exact >= u64::MAX as f64 {
+        return u64::MAX;
+    }
+    let floor = exact.floor();
+    let snapped = if exact - floor <= exact * 1e-12 {
+        floor
+    } else {
+        exact.ceil()
+    };
+    snapped as u64
+}
+
+/// The node a bounded-load lookup chose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pick {
+    /// The chosen node index.
+    pub index: usize,
+    /// How many candidates before it were full.
+    pub skipped: usize,
+}
+
+/// The first of `candidates` for which `has_room` holds, with the number of
+/// candidates passed over; `None` if every candidate is full.
+pub fn pick_by(
+    candidates: impl IntoIterator<Item = usize>,
+    mut has_room: impl FnMut(usize) -> bool,
+) -> Option<Pick> {
+    candidates
+        .into_iter()
+        .enumerate()
+        .find(|&(_, i)| has_room(i))
+        .map(|(skipped, index)| Pick { index, skipped })
+}
+
+/// The first candidate whose load is below its [`cap`].
+///
+/// `load(i)` and `weight(i)` are asked only for the candidates walked;
+/// `total_load` and `total_weight` are over the whole pool.
+pub fn pick(
+    candidates: impl IntoIterator<Item = usize>,
+    mut load: impl FnMut(usize) -> u64,
+    mut weight: impl FnMut(usize) -> u32,
+    total_load: u64,
+    total_weight: u64,
+    factor: f64,
+) -> Option<Pick> {
+    pick_by(candidates, |i| {
+        load(i) < cap(factor, total_load, weight(i), total_weight)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hash::h64;
+    use crate::placement::ring::Ring;
+    use crate::placement::{Node, NodeSet, Scheme};
+
+    #[test]
+    fn cap_formula_and_edges() {
+        assert_eq!(cap(1.25, 99, 1, 4), 32); // 1.25·100/4 = 31.25
+        assert_eq!(cap(1.0, 9, 1, 10), 1);
+        assert_eq!(cap(1.10, 99_999, 1, 10), 11_000); // float noise must not add one
+        assert_eq!(cap(1.0, 0, 1, 1000), 1); // a weighted node always fits one
+        assert_eq!(cap(2.0, 10, 0, 5), 0);
+        assert_eq!(cap(1.0, 10, 1, 0), 0);
+        assert_eq!(cap(f64::INFINITY, 10, 1, 1), u64::MAX);
+        assert_eq!(cap(1.0, u64::MAX, u32::MAX, 1), u64::MAX);
+    }
+
+    #[test]
+    fn factor_validation() {
+        assert_eq!(check_factor(1.0), Ok(1.0));
+        assert_eq!(check_factor(1.25), Ok(1.25));
+        for bad in [0.99, -1.0, f64::INFINITY] {
+            assert_eq!(check_factor(bad), Err(PlacementError::BadLoadFactor(bad)));
+        }
+        assert!(check_factor(f64::NAN).is_err());
+    }
+
+    #[test]
+    fn pick_skips_full_candidates() {
+        let loads = [5u64, 0, 2];
+        let p = pick([0, 2, 1], |i| loads[i], |_| 1, 7, 3, 1.0).unwrap();
+        // cap = ceil(8/3) = 3: node 0 (5) is full, node 2 (2) has room.
+        assert_eq!(
+            p,
+            Pick {
+                index: 2,
+                skipped: 1
+            }
+        );
+        assert_eq!(pick([0], |i| loads[i], |_| 1, 7, 3, 1.0), None);
+        assert_eq!(
+            pick_by([4, 5], |i| i == 5),
+            Some(Pick {
+                index: 5,
+                skipped: 1
+            })
+        );
+    }
+
+    #[test]
+    fn loads_never_exceed_their_cap() {
+        let set = NodeSet::new([
+            Node::new("a", 1),
+            Node::new("b", 1),
+            Node::new("c", 2),
+            Node::new("d", 2),
+            Node::new("e", 0),
+        ])
+        .unwrap();
+        let ring = Ring::new(&set, 10).unwrap();
+        let weights: Vec<u32> = set.nodes().iter().map(|n| n.weight).collect();
+        let total_weight = set.total_weight();
+        for factor in [1.0, 1.1, 1.25, 2.0] {
+            let mut loads = vec![0u64; set.len()];
+            let mut total = 0u64;
+            let mut moved = 0;
+            for k in 0..20_000u64 {
+                // Three keys in four are one hot key: more than any node's cap
+                // (at most 2 · 2/6 of the total), so the caps must bind.
+                let key = if k % 4 == 0 { h64(&k.to_le_bytes()) } else { 7 };
+                let p = pick(
+                    ring.candidates(key),
+                    |i| loads[i],
+                    |i| weights[i],
+                    total,
+                    total_weight,
+                    factor,
+                )
+                .expect("caps sum above the total, so someone has room");
+                moved += usize::from(p.skipped > 0);
+                loads[p.index] += 1;
+                total += 1;
+                for (i, &l) in loads.iter().enumerate() {
+                    let c = cap(factor, total - 1, weights[i], total_weight);
+                    assert!(l <= c, "factor {factor}: node {i} at {l} > cap {c}");
+                }
+            }
+            assert_eq!(loads[4], 0, "weight 0 takes nothing");
+            assert!(moved > 0, "factor {factor}: caps never bound");
+        }
+    }
+}
