@@ -15,6 +15,24 @@
 //! |---|---|
 //! | [`hash`] | `h64`, the one hash everything uses |
 //! | [`placement`] | pure placement schemes: Maglev, ring, rendezvous, jump, mod N, bounded loads |
+//! | [`config`] | YAML → `RawConfig` → validated `Config`, errors with file:line:column |
+//! | [`snapshot`] | `Snapshot` (version, fingerprint, backends, table, settings), built from a `Config` |
+//! | [`backend`] | a backend's identity and live state (active, counters, health flag) |
+//! | [`key`] | the connection key: source IP, source address, or an HTTP header from the first bytes |
+//! | [`proxy_protocol`] | PROXY v1/v2 in from trusted peers, v2 out |
+//! | [`proxy`] | one connection: key → candidates → connect with fallback → copy → count |
+//! | [`server`] | listeners, the accept loop, limits, graceful drain |
+//! | [`metrics`] | global counters and their Prometheus export |
+//! | [`demo`] | `magpie demo`: three HTTP backends and magpie in front of them |
 
+pub mod backend;
+pub mod config;
+pub mod demo;
 pub mod hash;
+pub mod key;
+pub mod metrics;
 pub mod placement;
+pub mod proxy;
+pub mod proxy_protocol;
+pub mod server;
+pub mod snapshot;

@@ -1,6 +1,18 @@
 //! The `magpie` command line. `anyhow` lives here only.
 
-use clap::Parser;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::EnvFilter;
+
+use magpie::config::Config;
+use magpie::snapshot::Snapshot;
 
 #[derive(Parser)]
 #[command(
@@ -8,9 +20,173 @@ use clap::Parser;
     version,
     about = "A Layer-4 consistent-hash TCP load balancer"
 )]
-struct Cli {}
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
 
-fn main() -> anyhow::Result<()> {
-    Cli::parse();
-    Ok(())
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy from a config file.
+    Run {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Validate a config file and print what it would build.
+    Check {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Start three HTTP backends and magpie in front of them, keyed by x-session-id.
+    Demo {
+        /// Where magpie listens.
+        #[arg(long, default_value = "127.0.0.1:7000")]
+        listen: SocketAddr,
+        /// The admin/metrics endpoint.
+        #[arg(long, default_value = magpie::config::DEFAULT_ADMIN)]
+        admin: SocketAddr,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let result = match cli.command {
+        Command::Check { config } => check(&config),
+        Command::Run { config } => runtime().and_then(|rt| rt.block_on(run(config))),
+        Command::Demo { listen, admin } => {
+            runtime().and_then(|rt| rt.block_on(demo(listen, admin)))
+        }
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("magpie: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+fn check(path: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let config = match Config::load(path) {
+        Ok(c) => Arc::new(c),
+        Err(errors) => {
+            eprintln!("{errors}");
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    let snapshot = match Snapshot::build(Arc::clone(&config), 1, &HashMap::new()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("{}: {e}", path.display());
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    println!("{}: ok", path.display());
+    let listen: Vec<String> = config.listen.iter().map(|a| a.to_string()).collect();
+    println!("listen:      {}", listen.join(", "));
+    match config.admin {
+        Some(a) => println!("admin:       {a}"),
+        None => println!("admin:       off"),
+    }
+    println!("algorithm:   {:?}", snapshot.table.algorithm());
+    println!("fingerprint: {}", snapshot.fingerprint);
+    println!("backends:");
+    for (b, share) in snapshot.backends.iter().zip(&snapshot.shares) {
+        println!(
+            "  {:<20} {:<22} weight {:>5}  share {:>6.2}%{}",
+            b.name,
+            b.addr.to_string(),
+            b.weight,
+            share * 100.0,
+            b.zone
+                .as_deref()
+                .map(|z| format!("  zone {z}"))
+                .unwrap_or_default()
+        );
+    }
+    if let magpie::snapshot::Table::Maglev(m) = &snapshot.table {
+        if let Some(w) =
+            magpie::placement::maglev::sparse_warning(m.table_size(), snapshot.backends.len())
+        {
+            println!("warning: {w}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Cancels the returned token on SIGTERM or SIGINT.
+fn shutdown_on_signals() -> anyhow::Result<CancellationToken> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let token = CancellationToken::new();
+    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    let t = token.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+        t.cancel();
+    });
+    Ok(token)
+}
+
+async fn run(path: PathBuf) -> anyhow::Result<ExitCode> {
+    let config = match Config::load(&path) {
+        Ok(c) => c,
+        Err(errors) => {
+            eprintln!("{errors}");
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    let shutdown = shutdown_on_signals()?;
+    let running = magpie::server::start(config, shutdown).await?;
+    running.wait().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn demo(listen: SocketAddr, admin: SocketAddr) -> anyhow::Result<ExitCode> {
+    let shutdown = shutdown_on_signals()?;
+    let mut backends = Vec::new();
+    for name in ["demo-a", "demo-b", "demo-c"] {
+        let addr = magpie::demo::start_backend(name, "127.0.0.1:0".parse()?, shutdown.clone())
+            .await
+            .with_context(|| format!("cannot start demo backend {name}"))?;
+        backends.push((name.to_string(), addr));
+    }
+    let yaml = magpie::demo::config_yaml(listen, admin, &backends);
+    let config =
+        Config::parse(std::path::Path::new("<demo>"), &yaml).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let running = magpie::server::start(config, shutdown)
+        .await
+        .context("cannot start magpie (is the port taken? try --listen 127.0.0.1:7100)")?;
+    let at = running.listen[0];
+    println!(
+        "magpie demo: three HTTP backends behind magpie on {at}, keyed by the x-session-id header.\n"
+    );
+    println!("The config it runs:\n\n{yaml}");
+    println!("Try (the same session always lands on the same backend):\n");
+    println!("  curl -s -H 'x-session-id: alice' http://{at}/");
+    println!("  curl -s -H 'x-session-id: bob'   http://{at}/");
+    println!(
+        "  for i in $(seq 1 9); do curl -s -H \"x-session-id: user-$i\" http://{at}/ | head -1; done"
+    );
+    println!("  curl -s http://{at}/        # no header: keyed by your source IP\n");
+    println!("Press Ctrl-C to stop.");
+    running.wait().await;
+    Ok(ExitCode::SUCCESS)
 }

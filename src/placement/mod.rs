@@ -158,10 +158,6 @@ impl Seen {
     pub(crate) fn len(&self) -> usize {
         self.len
     }
-
-    pub(crate) fn is_full(&self) -> bool {
-        self.len == MAX_CANDIDATES
-    }
 }
 
 #[cfg(test)]
@@ -192,6 +188,5 @@ mod tests {
         assert!(!seen.insert(3));
         assert!(seen.insert(4));
         assert_eq!(seen.len(), 2);
-        assert!(!seen.is_full());
     }
 }

@@ -1,0 +1,239 @@
+//! A backend: its identity (name, address, weight, zone) and its live state.
+//!
+//! Identity comes from the config and never changes within a snapshot. Live
+//! state is a set of atomics shared by the data path (which counts), health
+//! checks (which mark up and down) and metrics/admin (which read). It lives
+//! behind its own `Arc`, so a reload can hand the same live state to the next
+//! snapshot when a backend's name and address are unchanged: its counters,
+//! health and open connections carry over.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::BackendConfig;
+
+#[derive(Debug)]
+pub struct Backend {
+    pub name: String,
+    pub addr: SocketAddr,
+    pub weight: u32,
+    pub zone: Option<String>,
+    pub live: Arc<Live>,
+}
+
+impl Backend {
+    pub fn new(config: &BackendConfig, live: Arc<Live>) -> Self {
+        Backend {
+            name: config.name.clone(),
+            addr: config.addr,
+            weight: config.weight,
+            zone: config.zone.clone(),
+            live,
+        }
+    }
+}
+
+/// Why a connect to a backend failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectFailure {
+    Refused,
+    Timeout,
+    /// Anything else: unreachable, reset, out of ports, ...
+    Error,
+}
+
+impl ConnectFailure {
+    pub const ALL: [ConnectFailure; 3] = [
+        ConnectFailure::Refused,
+        ConnectFailure::Timeout,
+        ConnectFailure::Error,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConnectFailure::Refused => "refused",
+            ConnectFailure::Timeout => "timeout",
+            ConnectFailure::Error => "error",
+        }
+    }
+
+    pub fn of(error: &std::io::Error) -> Self {
+        match error.kind() {
+            std::io::ErrorKind::ConnectionRefused => ConnectFailure::Refused,
+            std::io::ErrorKind::TimedOut => ConnectFailure::Timeout,
+            _ => ConnectFailure::Error,
+        }
+    }
+}
+
+/// The live state of one backend. All counters only grow; `active` goes up
+/// and down through [`ActiveGuard`].
+#[derive(Debug)]
+pub struct Live {
+    active: AtomicU64,
+    connections: AtomicU64,
+    /// Bytes received from the backend (and sent on to clients).
+    bytes_received: AtomicU64,
+    /// Bytes sent to the backend (received from clients).
+    bytes_sent: AtomicU64,
+    connect_failures: [AtomicU64; 3],
+    spills: AtomicU64,
+    up: AtomicBool,
+    /// Consecutive data-path connect failures, for passive health.
+    consecutive_failures: AtomicU32,
+    /// Fired when connections to this backend must close: it was removed and
+    /// its `drain_timeout` passed.
+    closing: CancellationToken,
+}
+
+impl Default for Live {
+    fn default() -> Self {
+        Live {
+            active: AtomicU64::new(0),
+            connections: AtomicU64::new(0),
+            bytes_received: AtomicU64::new(0),
+            bytes_sent: AtomicU64::new(0),
+            connect_failures: Default::default(),
+            spills: AtomicU64::new(0),
+            // A backend starts up: traffic flows from the first moment, and
+            // checks (or passive failures) take it out if it is dead.
+            up: AtomicBool::new(true),
+            consecutive_failures: AtomicU32::new(0),
+            closing: CancellationToken::new(),
+        }
+    }
+}
+
+impl Live {
+    pub fn active(&self) -> u64 {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    pub fn connections(&self) -> u64 {
+        self.connections.load(Ordering::Relaxed)
+    }
+
+    pub fn bytes_received(&self) -> u64 {
+        self.bytes_received.load(Ordering::Relaxed)
+    }
+
+    pub fn bytes_sent(&self) -> u64 {
+        self.bytes_sent.load(Ordering::Relaxed)
+    }
+
+    pub fn connect_failures(&self, why: ConnectFailure) -> u64 {
+        self.connect_failures[why as usize].load(Ordering::Relaxed)
+    }
+
+    pub fn spills(&self) -> u64 {
+        self.spills.load(Ordering::Relaxed)
+    }
+
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Relaxed)
+    }
+
+    /// Sets the health flag; returns the previous value.
+    pub fn set_up(&self, up: bool) -> bool {
+        if up {
+            self.consecutive_failures.store(0, Ordering::Relaxed);
+        }
+        self.up.swap(up, Ordering::Relaxed)
+    }
+
+    /// Takes one active slot unconditionally.
+    pub fn reserve(self: &Arc<Self>) -> ActiveGuard {
+        self.active.fetch_add(1, Ordering::Relaxed);
+        ActiveGuard {
+            live: Arc::clone(self),
+        }
+    }
+
+    /// Takes one active slot if fewer than `cap` are taken. The check and the
+    /// increment are one atomic step, so concurrent accepts never push a
+    /// backend past its bounded-load cap.
+    pub fn try_reserve(self: &Arc<Self>, cap: u64) -> Option<ActiveGuard> {
+        self.active
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+                (n < cap).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| ActiveGuard {
+                live: Arc::clone(self),
+            })
+    }
+
+    pub fn count_spill(&self) {
+        self.spills.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A data-path connect failed; returns the consecutive failure count.
+    pub fn count_connect_failure(&self, why: ConnectFailure) -> u32 {
+        self.connect_failures[why as usize].fetch_add(1, Ordering::Relaxed);
+        self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// A data-path connect succeeded.
+    pub fn count_connection(&self) {
+        self.connections.fetch_add(1, Ordering::Relaxed);
+        self.consecutive_failures.store(0, Ordering::Relaxed);
+    }
+
+    pub fn add_bytes_sent(&self, n: u64) {
+        self.bytes_sent.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn add_bytes_received(&self, n: u64) {
+        self.bytes_received.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Resolves when connections to this backend must be closed.
+    pub fn closing(&self) -> &CancellationToken {
+        &self.closing
+    }
+}
+
+/// One active connection (or connection attempt) to a backend; dropping it
+/// gives the slot back.
+#[derive(Debug)]
+pub struct ActiveGuard {
+    live: Arc<Live>,
+}
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.live.active.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservations_respect_the_cap() {
+        let live = Arc::new(Live::default());
+        let a = live.try_reserve(2).unwrap();
+        let _b = live.try_reserve(2).unwrap();
+        assert!(live.try_reserve(2).is_none());
+        assert_eq!(live.active(), 2);
+        drop(a);
+        assert_eq!(live.active(), 1);
+        let _c = live.reserve();
+        assert_eq!(live.active(), 2);
+    }
+
+    #[test]
+    fn passive_failures_count_until_success() {
+        let live = Live::default();
+        assert_eq!(live.count_connect_failure(ConnectFailure::Refused), 1);
+        assert_eq!(live.count_connect_failure(ConnectFailure::Timeout), 2);
+        live.count_connection();
+        assert_eq!(live.count_connect_failure(ConnectFailure::Refused), 1);
+        assert_eq!(live.connect_failures(ConnectFailure::Refused), 2);
+        assert_eq!(live.connections(), 1);
+    }
+}

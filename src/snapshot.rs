@@ -1,0 +1,264 @@
+//! The routing snapshot: one immutable picture of the pool, and the one
+//! `ArcSwap` it is published through.
+//!
+//! `Config ──build──▶ Snapshot ──publish──▶ ArcSwap<Snapshot>`. A snapshot holds
+//! the backends (sorted by name, the order placement indexes), the built
+//! table, the settings the data path reads, a version and a fingerprint. The
+//! proxy loads it once per connection, takes the `Arc<Backend>`s it needs and
+//! drops it before any `.await`. Only a config change builds a new one; health
+//! never does (a down backend is skipped at lookup instead).
+//!
+//! The fingerprint is a BLAKE2b-128 digest of the algorithm, the backend
+//! names in order, and the table (Maglev: each slot's owner index; ring: each
+//! point's hash and owner index). Identical backend sets give identical
+//! fingerprints on every instance, so a fleet can prove it agrees.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use blake2::digest::consts::U16;
+use blake2::{Blake2b, Digest};
+
+use crate::backend::{Backend, Live};
+use crate::config::{Algorithm, Config};
+use crate::placement::maglev::Maglev;
+use crate::placement::ring::Ring;
+use crate::placement::{Node, NodeSet, PlacementError, Scheme};
+
+/// The table behind a snapshot.
+#[derive(Debug)]
+pub enum Table {
+    Maglev(Maglev),
+    Ring(Ring),
+}
+
+/// Candidates from either table, without boxing.
+pub enum Candidates<'a> {
+    Maglev(<Maglev as Scheme>::Candidates<'a>),
+    Ring(<Ring as Scheme>::Candidates<'a>),
+}
+
+impl Iterator for Candidates<'_> {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        match self {
+            Candidates::Maglev(c) => c.next(),
+            Candidates::Ring(c) => c.next(),
+        }
+    }
+}
+
+impl Table {
+    pub fn candidates(&self, key: u64) -> Candidates<'_> {
+        match self {
+            Table::Maglev(m) => Candidates::Maglev(m.candidates(key)),
+            Table::Ring(r) => Candidates::Ring(r.candidates(key)),
+        }
+    }
+
+    /// Each node's share of new keys (table slots, or ring hash space).
+    pub fn shares(&self) -> Vec<f64> {
+        match self {
+            Table::Maglev(m) => {
+                let size = m.table_size() as f64;
+                m.slot_counts()
+                    .into_iter()
+                    .map(|c| c as f64 / size)
+                    .collect()
+            }
+            Table::Ring(r) => r.shares(),
+        }
+    }
+
+    pub fn algorithm(&self) -> Algorithm {
+        match self {
+            Table::Maglev(_) => Algorithm::Maglev,
+            Table::Ring(_) => Algorithm::Ring,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Snapshot {
+    pub version: u64,
+    /// Hex BLAKE2b-128 of the table; see the module comment.
+    pub fingerprint: String,
+    /// Sorted by name: `table` candidates index into this.
+    pub backends: Vec<Arc<Backend>>,
+    pub table: Table,
+    /// Each backend's share of new keys, in `backends` order.
+    pub shares: Vec<f64>,
+    pub total_weight: u64,
+    pub config: Arc<Config>,
+    /// How long building the table took.
+    pub build_time: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("cannot build the table: {0}")]
+    Placement(#[from] PlacementError),
+}
+
+impl Snapshot {
+    /// Builds a snapshot from `config`. Backends whose name and address match
+    /// one in `carry` keep that live state; the others start fresh.
+    pub fn build(
+        config: Arc<Config>,
+        version: u64,
+        carry: &HashMap<(String, std::net::SocketAddr), Arc<Live>>,
+    ) -> Result<Snapshot, SnapshotError> {
+        let started = Instant::now();
+        let nodes = NodeSet::new(
+            config
+                .backends
+                .iter()
+                .map(|b| Node::new(b.name.clone(), b.weight)),
+        )?;
+        let table = match config.placement.algorithm {
+            Algorithm::Maglev => Table::Maglev(Maglev::new(&nodes, config.placement.table_size)?),
+            Algorithm::Ring => Table::Ring(Ring::new(&nodes, config.placement.points_per_weight)?),
+        };
+        let backends: Vec<Arc<Backend>> = nodes
+            .nodes()
+            .iter()
+            .filter_map(|n| config.backends.iter().find(|b| b.name == n.name))
+            .map(|b| {
+                let live = carry
+                    .get(&(b.name.clone(), b.addr))
+                    .cloned()
+                    .unwrap_or_default();
+                Arc::new(Backend::new(b, live))
+            })
+            .collect();
+        let fingerprint = fingerprint(&table, &backends);
+        let shares = table.shares();
+        let build_time = started.elapsed();
+        Ok(Snapshot {
+            version,
+            fingerprint,
+            total_weight: config.total_weight(),
+            backends,
+            table,
+            shares,
+            config,
+            build_time,
+        })
+    }
+
+    /// The live state of every backend, keyed by identity, for the next build.
+    pub fn live_states(&self) -> HashMap<(String, std::net::SocketAddr), Arc<Live>> {
+        self.backends
+            .iter()
+            .map(|b| ((b.name.clone(), b.addr), Arc::clone(&b.live)))
+            .collect()
+    }
+
+    pub fn backend(&self, name: &str) -> Option<&Arc<Backend>> {
+        self.backends
+            .binary_search_by(|b| b.name.as_str().cmp(name))
+            .ok()
+            .map(|i| &self.backends[i])
+    }
+
+    /// The backends for `key`, primary first, ignoring health and load.
+    pub fn candidates(&self, key: u64) -> impl Iterator<Item = &Arc<Backend>> + '_ {
+        self.table.candidates(key).map(|i| &self.backends[i])
+    }
+
+    /// Active connections across the pool (for bounded-load caps).
+    pub fn total_active(&self) -> u64 {
+        self.backends.iter().map(|b| b.live.active()).sum()
+    }
+}
+
+fn fingerprint(table: &Table, backends: &[Arc<Backend>]) -> String {
+    let mut h = Blake2b::<U16>::new();
+    match table {
+        Table::Maglev(m) => {
+            h.update(b"maglev\0");
+            for b in backends {
+                h.update(b.name.as_bytes());
+                h.update(b"\0");
+            }
+            for &owner in m.table() {
+                h.update(owner.to_be_bytes());
+            }
+        }
+        Table::Ring(r) => {
+            h.update(b"ring\0");
+            for b in backends {
+                h.update(b.name.as_bytes());
+                h.update(b"\0");
+            }
+            for &(point, owner) in r.points() {
+                h.update(point.to_be_bytes());
+                h.update(owner.to_be_bytes());
+            }
+        }
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The one published snapshot, shared by the accept path, reload, health,
+/// metrics and admin.
+pub type Published = Arc<ArcSwap<Snapshot>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn config(text: &str) -> Arc<Config> {
+        Arc::new(Config::parse(Path::new("t.yaml"), text).unwrap())
+    }
+
+    #[test]
+    fn fingerprint_ignores_file_order_and_sees_weights() {
+        let a = config(
+            "listen: 127.0.0.1:7000\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n  - {name: b, addr: 127.0.0.1:8002}\n",
+        );
+        let b = config(
+            "listen: 127.0.0.1:7000\nbackends:\n  - {name: b, addr: 127.0.0.1:8002}\n  - {name: a, addr: 127.0.0.1:8001}\n",
+        );
+        let c = config(
+            "listen: 127.0.0.1:7000\nbackends:\n  - {name: b, addr: 127.0.0.1:8002, weight: 2}\n  - {name: a, addr: 127.0.0.1:8001}\n",
+        );
+        let none = HashMap::new();
+        let sa = Snapshot::build(a, 1, &none).unwrap();
+        let sb = Snapshot::build(b, 1, &none).unwrap();
+        let sc = Snapshot::build(c, 1, &none).unwrap();
+        assert_eq!(sa.fingerprint, sb.fingerprint);
+        assert_ne!(sa.fingerprint, sc.fingerprint);
+        assert_eq!(sa.fingerprint.len(), 32);
+        assert_eq!(sa.backends[0].name, "a");
+        assert!((sa.shares.iter().sum::<f64>() - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn live_state_carries_over_only_for_same_name_and_address() {
+        let first = Snapshot::build(
+            config("listen: 127.0.0.1:7000\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n  - {name: b, addr: 127.0.0.1:8002}\n"),
+            1,
+            &HashMap::new(),
+        )
+        .unwrap();
+        first.backends[0].live.count_connection();
+        first.backends[1].live.count_connection();
+        let second = Snapshot::build(
+            config("listen: 127.0.0.1:7000\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n  - {name: b, addr: 127.0.0.1:8003}\n"),
+            2,
+            &first.live_states(),
+        )
+        .unwrap();
+        assert!(Arc::ptr_eq(
+            &first.backends[0].live,
+            &second.backends[0].live
+        ));
+        assert_eq!(second.backend("a").unwrap().live.connections(), 1);
+        assert_eq!(second.backend("b").unwrap().live.connections(), 0);
+    }
+}
