@@ -84,6 +84,9 @@ pub struct Live {
     up: AtomicBool,
     /// Consecutive data-path connect failures, for passive health.
     consecutive_failures: AtomicU32,
+    /// Consecutive active-check results of one kind (rise and fall).
+    checks_ok: AtomicU32,
+    checks_failed: AtomicU32,
     /// Fired when connections to this backend must close: it was removed and
     /// its `drain_timeout` passed.
     closing: CancellationToken,
@@ -102,6 +105,8 @@ impl Default for Live {
             // checks (or passive failures) take it out if it is dead.
             up: AtomicBool::new(true),
             consecutive_failures: AtomicU32::new(0),
+            checks_ok: AtomicU32::new(0),
+            checks_failed: AtomicU32::new(0),
             closing: CancellationToken::new(),
         }
     }
@@ -140,8 +145,32 @@ impl Live {
     pub fn set_up(&self, up: bool) -> bool {
         if up {
             self.consecutive_failures.store(0, Ordering::Relaxed);
+        } else {
+            // Coming back takes `rise` fresh successes.
+            self.checks_ok.store(0, Ordering::Relaxed);
         }
         self.up.swap(up, Ordering::Relaxed)
+    }
+
+    /// Records one active check. `rise` consecutive successes bring a down
+    /// backend up, `fall` consecutive failures take an up one down. Returns
+    /// the new state when it changed.
+    pub fn record_check(&self, ok: bool, rise: u32, fall: u32) -> Option<bool> {
+        if ok {
+            self.checks_failed.store(0, Ordering::Relaxed);
+            let streak = self
+                .checks_ok
+                .fetch_add(1, Ordering::Relaxed)
+                .saturating_add(1);
+            (streak >= rise && !self.set_up(true)).then_some(true)
+        } else {
+            self.checks_ok.store(0, Ordering::Relaxed);
+            let streak = self
+                .checks_failed
+                .fetch_add(1, Ordering::Relaxed)
+                .saturating_add(1);
+            (streak >= fall && self.set_up(false)).then_some(false)
+        }
     }
 
     /// Takes one active slot unconditionally.
@@ -224,6 +253,22 @@ mod tests {
         assert_eq!(live.active(), 1);
         let _c = live.reserve();
         assert_eq!(live.active(), 2);
+    }
+
+    #[test]
+    fn checks_rise_and_fall() {
+        let live = Live::default();
+        assert!(live.is_up());
+        assert_eq!(live.record_check(false, 2, 3), None);
+        assert_eq!(live.record_check(false, 2, 3), None);
+        assert_eq!(live.record_check(false, 2, 3), Some(false));
+        assert_eq!(live.record_check(false, 2, 3), None);
+        assert_eq!(live.record_check(true, 2, 3), None);
+        assert_eq!(live.record_check(false, 2, 3), None);
+        assert_eq!(live.record_check(true, 2, 3), None);
+        assert_eq!(live.record_check(true, 2, 3), Some(true));
+        assert!(live.is_up());
+        assert_eq!(live.record_check(true, 2, 3), None);
     }
 
     #[test]

@@ -392,11 +392,20 @@ impl Config {
     }
 }
 
-/// serde-saphyr renders an error with a source snippet over several lines;
-/// we keep the headline and put the place in front ourselves.
+/// serde-saphyr renders an error with a source snippet over several lines,
+/// headed `error: line L column C: problem`; we keep the problem and put the
+/// place in front ourselves.
 fn first_line_of(rendered: &str) -> String {
     let line = rendered.lines().next().unwrap_or("invalid YAML").trim();
-    // Drop a trailing " at line X column Y" that we already print in front.
+    let line = line.strip_prefix("error: ").unwrap_or(line);
+    let line = match line
+        .strip_prefix("line ")
+        .and_then(|rest| rest.split_once(": "))
+    {
+        Some((place, problem)) if place.contains(" column ") => problem,
+        _ => line,
+    };
+    // Some messages end with the place instead.
     match line.find(" at line ") {
         Some(i) => line[..i].to_string(),
         None => line.to_string(),
@@ -1047,6 +1056,10 @@ mod tests {
             "listen: 127.0.0.1:7000\nbogus: 1\nbackends:\n  - name: a\n    addr: 127.0.0.1:8001\n",
         );
         assert!(p[0].contains("bogus"), "{p:?}");
+        assert!(
+            p[0].starts_with("test.yaml:2:1: unknown field `bogus`"),
+            "{p:?}"
+        );
         assert!(p[0].starts_with("test.yaml:2:"), "{p:?}");
         let p = problems(
             "listen: 127.0.0.1:7000\nlisten: 127.0.0.1:7001\nbackends:\n  - name: a\n    addr: 127.0.0.1:8001\n",

@@ -70,6 +70,33 @@ pub fn fallback_key(fallback: Fallback, client: SocketAddr) -> u64 {
     }
 }
 
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum KeyTextError {
+    #[error("{0:?} is not an IP address (the key is the source IP)")]
+    NotIp(String),
+    #[error("{0:?} is not an ip:port address (the key is the source address)")]
+    NotSocketAddr(String),
+}
+
+/// The key the proxy would use for a key written as text: a header value in
+/// header mode, an IP in `source_ip` mode, an `ip:port` in `source_addr` mode.
+/// This is what `magpie lookup`, `plan --keys` and `/route?key=` hash.
+pub fn key_for_text(config: &crate::config::KeyConfig, text: &str) -> Result<u64, KeyTextError> {
+    use crate::config::KeyConfig;
+    let text = text.trim();
+    match config {
+        KeyConfig::Header { .. } => Ok(text_key(text.as_bytes())),
+        KeyConfig::SourceIp => text
+            .parse::<IpAddr>()
+            .map(source_ip_key)
+            .map_err(|_| KeyTextError::NotIp(text.to_string())),
+        KeyConfig::SourceAddr => text
+            .parse::<SocketAddr>()
+            .map(source_addr_key)
+            .map_err(|_| KeyTextError::NotSocketAddr(text.to_string())),
+    }
+}
+
 /// Why a header key was not found; each is counted separately.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FallbackReason {
@@ -238,6 +265,27 @@ mod tests {
         assert_eq!(
             scan_head(b"\x16\x03\x01\x02\x00\x01\x00", "x-session-id"),
             HeadScan::Fallback(FallbackReason::NotHttp)
+        );
+    }
+
+    #[test]
+    fn text_keys_follow_the_key_mode() {
+        use crate::config::KeyConfig;
+        let header = KeyConfig::Header {
+            name: "x-session-id".into(),
+            read_timeout: Duration::from_millis(200),
+            max_bytes: 8192,
+            fallback: Fallback::SourceIp,
+        };
+        assert_eq!(key_for_text(&header, " s1 "), Ok(h64(b"s1")));
+        assert_eq!(
+            key_for_text(&KeyConfig::SourceIp, "192.0.2.7"),
+            Ok(h64(&[192, 0, 2, 7]))
+        );
+        assert!(key_for_text(&KeyConfig::SourceIp, "alice").is_err());
+        assert_eq!(
+            key_for_text(&KeyConfig::SourceAddr, "192.0.2.7:1000"),
+            Ok(source_addr_key("192.0.2.7:1000".parse().unwrap()))
         );
     }
 

@@ -22,17 +22,25 @@
 //! | [`proxy_protocol`] | PROXY v1/v2 in from trusted peers, v2 out |
 //! | [`proxy`] | one connection: key → candidates → connect with fallback → copy → count |
 //! | [`server`] | listeners, the accept loop, limits, graceful drain |
+//! | [`reload`] | SIGHUP and file watching → parse → build → publish, or keep the old snapshot |
+//! | [`health`] | active checks with rise/fall; marks backends up or down (no table rebuild) |
 //! | [`metrics`] | global counters and their Prometheus export |
+//! | [`admin`] | the read-only admin HTTP endpoint: metrics, health, table, route |
+//! | [`plan`] | what a config change would move, before it is made (`magpie plan`) |
 //! | [`demo`] | `magpie demo`: three HTTP backends and magpie in front of them |
 
+pub mod admin;
 pub mod backend;
 pub mod config;
 pub mod demo;
 pub mod hash;
+pub mod health;
 pub mod key;
 pub mod metrics;
 pub mod placement;
+pub mod plan;
 pub mod proxy;
 pub mod proxy_protocol;
+pub mod reload;
 pub mod server;
 pub mod snapshot;

@@ -46,6 +46,28 @@ enum Command {
         #[arg(long, default_value = magpie::config::DEFAULT_ADMIN)]
         admin: SocketAddr,
     },
+    /// Print the backend a running magpie would choose for each key, all backends up.
+    Lookup {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Also print the candidate list, in order.
+        #[arg(short, long)]
+        verbose: bool,
+        /// Keys as text: header values, or IPs (source_ip), or ip:port (source_addr).
+        #[arg(required = true)]
+        keys: Vec<String>,
+    },
+    /// Show what changing OLD into NEW would move, before reloading.
+    Plan {
+        old: PathBuf,
+        new: PathBuf,
+        /// A file with one key per line (e.g. session IDs): report how many move.
+        #[arg(long)]
+        keys: Option<PathBuf>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -63,6 +85,17 @@ fn main() -> ExitCode {
         Command::Demo { listen, admin } => {
             runtime().and_then(|rt| rt.block_on(demo(listen, admin)))
         }
+        Command::Lookup {
+            config,
+            verbose,
+            keys,
+        } => lookup(&config, verbose, &keys),
+        Command::Plan {
+            old,
+            new,
+            keys,
+            json,
+        } => plan(&old, &new, keys.as_deref(), json),
     };
     match result {
         Ok(code) => code,
@@ -124,6 +157,70 @@ fn check(path: &std::path::Path) -> anyhow::Result<ExitCode> {
         {
             println!("warning: {w}");
         }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Loads and builds a config, or prints its errors.
+fn build(path: &std::path::Path) -> anyhow::Result<Option<Snapshot>> {
+    let config = match Config::load(path) {
+        Ok(c) => c,
+        Err(errors) => {
+            eprintln!("{errors}");
+            return Ok(None);
+        }
+    };
+    let snapshot = Snapshot::build(Arc::new(config), 1, &HashMap::new())
+        .with_context(|| format!("{}", path.display()))?;
+    Ok(Some(snapshot))
+}
+
+fn lookup(path: &std::path::Path, verbose: bool, keys: &[String]) -> anyhow::Result<ExitCode> {
+    let Some(snapshot) = build(path)? else {
+        return Ok(ExitCode::FAILURE);
+    };
+    for text in keys {
+        let key = magpie::key::key_for_text(&snapshot.config.key, text)?;
+        let mut candidates = snapshot.candidates(key);
+        let Some(primary) = candidates.next() else {
+            anyhow::bail!("the table has no backend for {text:?}");
+        };
+        println!("{text}\t{}\t{}", primary.name, primary.addr);
+        if verbose {
+            println!("  hash {key:#018x}; candidates in order:");
+            println!("    1. {} ({})", primary.name, primary.addr);
+            for (i, b) in candidates.enumerate() {
+                println!("    {}. {} ({})", i + 2, b.name, b.addr);
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn plan(
+    old: &std::path::Path,
+    new: &std::path::Path,
+    keys: Option<&std::path::Path>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let (Some(old), Some(new)) = (build(old)?, build(new)?) else {
+        return Ok(ExitCode::FAILURE);
+    };
+    let keys: Vec<String> = match keys {
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(String::from)
+            .collect(),
+        None => Vec::new(),
+    };
+    let report = magpie::plan::compare(&old, &new, &keys)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{report}");
     }
     Ok(ExitCode::SUCCESS)
 }

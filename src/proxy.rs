@@ -18,7 +18,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -28,29 +27,13 @@ use tracing::{debug, warn};
 use crate::backend::{ActiveGuard, Backend, ConnectFailure};
 use crate::config::{AllDown, Config, KeyConfig};
 use crate::key::{self, HeaderKey};
-use crate::metrics::{ClientFailure, Stats};
+use crate::metrics::ClientFailure;
 use crate::placement::{MAX_CANDIDATES, bounded};
 use crate::proxy_protocol::{self, Origin, Signature};
-use crate::snapshot::Snapshot;
+use crate::snapshot::{Shared, Snapshot};
 
 /// Size of each direction's copy buffer (HAProxy's default `bufsize` too).
 pub const COPY_BUFFER: usize = 16 * 1024;
-
-/// What every connection shares: the published snapshot and global counters.
-#[derive(Debug)]
-pub struct Shared {
-    pub snapshot: ArcSwap<Snapshot>,
-    pub stats: Stats,
-}
-
-impl Shared {
-    pub fn new(snapshot: Snapshot) -> Self {
-        Shared {
-            snapshot: ArcSwap::from_pointee(snapshot),
-            stats: Stats::default(),
-        }
-    }
-}
 
 /// How a connection ended, for the debug log.
 #[derive(Debug)]
@@ -142,7 +125,7 @@ pub async fn handle(
     };
 
     // 3. Who may take it.
-    let plan = Plan::new(&snapshot, key);
+    let plan = Plan::new(&snapshot, key, true);
     drop(snapshot);
 
     // 4. Connect to the first that does.
@@ -189,8 +172,8 @@ pub async fn handle(
 }
 
 /// The backends one connection will try, in order, taken from a snapshot.
-struct Plan {
-    targets: Vec<Arc<Backend>>,
+pub struct Plan {
+    pub targets: Vec<Arc<Backend>>,
     /// Bounded-load factor, pool load and weight when the plan was made.
     bounded: Option<(f64, u64, u64)>,
 }
@@ -200,7 +183,8 @@ impl Plan {
     /// spills), so are backends at their bounded-load cap; at most
     /// `connect.attempts` targets are kept. If health left nobody, the policy
     /// decides: try the candidates anyway (fail open), or refuse.
-    fn new(snapshot: &Snapshot, key: u64) -> Plan {
+    /// `count_spills` is false for questions (admin `/route`) that route nothing.
+    pub fn new(snapshot: &Snapshot, key: u64, count_spills: bool) -> Plan {
         let config = &snapshot.config;
         let attempts = config.connect.attempts as usize;
         let bounded = config
@@ -211,13 +195,17 @@ impl Plan {
         let mut skipped_down = false;
         for backend in snapshot.candidates(key) {
             if !backend.live.is_up() {
-                backend.live.count_spill();
+                if count_spills {
+                    backend.live.count_spill();
+                }
                 skipped_down = true;
                 continue;
             }
             if let Some((c, total, weight)) = bounded {
                 if backend.live.active() >= bounded::cap(c, total, backend.weight, weight) {
-                    backend.live.count_spill();
+                    if count_spills {
+                        backend.live.count_spill();
+                    }
                     continue;
                 }
             }

@@ -22,7 +22,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
-use crate::proxy::{self, Shared};
+use crate::proxy;
+use crate::snapshot::Shared;
 
 /// Listen backlog (the kernel caps it at `net.core.somaxconn`).
 pub const BACKLOG: i32 = 1024;
@@ -87,11 +88,7 @@ pub fn check_fd_limit(max_connections: usize) {
 
 /// Serves `listeners` until `shutdown` fires, then drains.
 pub async fn serve(listeners: Vec<TcpListener>, shared: Arc<Shared>, shutdown: CancellationToken) {
-    let (max_connections, grace) = {
-        let config = &shared.snapshot.load().config;
-        (config.max_connections, config.shutdown_grace)
-    };
-    let limit = Arc::new(Semaphore::new(max_connections));
+    let limit = Arc::clone(&shared.limit);
     let tracker = TaskTracker::new();
     // Cancelled when the grace period is over: open connections close.
     let hard_stop = CancellationToken::new();
@@ -117,6 +114,8 @@ pub async fn serve(listeners: Vec<TcpListener>, shared: Arc<Shared>, shutdown: C
         }
     }
     tracker.close();
+    // Read now, not at start: a reload may have changed it.
+    let grace = shared.snapshot.load().config.shutdown_grace;
     let open = tracker.len();
     info!(open, grace = ?grace, "shutting down: no new connections; waiting for open ones");
     if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
@@ -196,6 +195,8 @@ pub enum StartError {
 /// A started magpie: where it listens, its shared state, and its task.
 pub struct Running {
     pub listen: Vec<SocketAddr>,
+    /// Where the admin endpoint listens, if it is on.
+    pub admin: Option<SocketAddr>,
     pub shared: Arc<Shared>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -209,9 +210,10 @@ impl Running {
     }
 }
 
-/// Builds the first snapshot, binds every listener and starts serving until
-/// `shutdown` fires. Binding happens before this returns, so a port that is
-/// taken is an error here, not a log line later.
+/// Builds the first snapshot, binds every listener and the admin endpoint, and
+/// serves until `shutdown` fires, with health checks, and with reloads of
+/// `config.source` when that is a file. Binding happens before this returns,
+/// so a port that is taken is an error here, not a log line later.
 pub async fn start(
     config: crate::config::Config,
     shutdown: CancellationToken,
@@ -231,8 +233,14 @@ pub async fn start(
         listen.push(listener.local_addr().unwrap_or(addr));
         listeners.push(listener);
     }
+    let admin_listener = match config.admin {
+        Some(addr) => Some(bind(addr).map_err(|source| StartError::Bind { addr, source })?),
+        None => None,
+    };
+    let admin = admin_listener.as_ref().and_then(|l| l.local_addr().ok());
     info!(
         listen = ?listen,
+        admin = ?admin,
         backends = snapshot.backends.len(),
         algorithm = ?snapshot.table.algorithm(),
         fingerprint = %snapshot.fingerprint,
@@ -240,9 +248,25 @@ pub async fn start(
         "magpie started"
     );
     let shared = Arc::new(Shared::new(snapshot));
+    if let Some(listener) = admin_listener {
+        tokio::spawn(crate::admin::serve(
+            listener,
+            Arc::clone(&shared),
+            shutdown.clone(),
+        ));
+    }
+    tokio::spawn(crate::health::run(Arc::clone(&shared), shutdown.clone()));
+    if config.source.is_file() {
+        tokio::spawn(crate::reload::run(
+            config.source.clone(),
+            Arc::clone(&shared),
+            shutdown.clone(),
+        ));
+    }
     let task = tokio::spawn(serve(listeners, Arc::clone(&shared), shutdown));
     Ok(Running {
         listen,
+        admin,
         shared,
         task,
     })

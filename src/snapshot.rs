@@ -14,15 +14,18 @@
 //! fingerprints on every instance, so a fleet can prove it agrees.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use blake2::digest::consts::U16;
 use blake2::{Blake2b, Digest};
+use tokio::sync::Semaphore;
 
 use crate::backend::{Backend, Live};
 use crate::config::{Algorithm, Config};
+use crate::metrics::Stats;
 use crate::placement::maglev::Maglev;
 use crate::placement::ring::Ring;
 use crate::placement::{Node, NodeSet, PlacementError, Scheme};
@@ -109,7 +112,7 @@ impl Snapshot {
     pub fn build(
         config: Arc<Config>,
         version: u64,
-        carry: &HashMap<(String, std::net::SocketAddr), Arc<Live>>,
+        carry: &HashMap<(String, SocketAddr), Arc<Live>>,
     ) -> Result<Snapshot, SnapshotError> {
         let started = Instant::now();
         let nodes = NodeSet::new(
@@ -150,7 +153,7 @@ impl Snapshot {
     }
 
     /// The live state of every backend, keyed by identity, for the next build.
-    pub fn live_states(&self) -> HashMap<(String, std::net::SocketAddr), Arc<Live>> {
+    pub fn live_states(&self) -> HashMap<(String, SocketAddr), Arc<Live>> {
         self.backends
             .iter()
             .map(|b| ((b.name.clone(), b.addr), Arc::clone(&b.live)))
@@ -203,9 +206,94 @@ fn fingerprint(table: &Table, backends: &[Arc<Backend>]) -> String {
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The one published snapshot, shared by the accept path, reload, health,
-/// metrics and admin.
-pub type Published = Arc<ArcSwap<Snapshot>>;
+/// The one published snapshot and what lives beside it: global counters, the
+/// backends that left the pool but still have connections (draining), and the
+/// connection limit. Shared by accept, reload, health, metrics and admin.
+#[derive(Debug)]
+pub struct Shared {
+    pub snapshot: ArcSwap<Snapshot>,
+    pub stats: Stats,
+    /// Removed backends, kept while they have connections open.
+    retired: Mutex<Vec<Arc<Backend>>>,
+    /// `max_connections` permits, resized on reload.
+    pub(crate) limit: Arc<Semaphore>,
+}
+
+impl Shared {
+    pub fn new(snapshot: Snapshot) -> Self {
+        let limit = Arc::new(Semaphore::new(snapshot.config.max_connections));
+        Shared {
+            snapshot: ArcSwap::from_pointee(snapshot),
+            stats: Stats::default(),
+            retired: Mutex::new(Vec::new()),
+            limit,
+        }
+    }
+
+    /// Live state to carry into the next build: the current backends' and the
+    /// draining ones' (a backend put back before it drained keeps its state).
+    pub fn carry(&self) -> HashMap<(String, SocketAddr), Arc<Live>> {
+        let mut carry = self.snapshot.load().live_states();
+        for b in self.retired() {
+            carry
+                .entry((b.name.clone(), b.addr))
+                .or_insert_with(|| Arc::clone(&b.live));
+        }
+        carry
+    }
+
+    /// Publishes `next` atomically. Backends of the old snapshot whose identity
+    /// (name and address) is not in `next` are retired and returned, so the
+    /// caller can apply `drain_timeout` to them.
+    pub fn publish(&self, next: Snapshot) -> Vec<Arc<Backend>> {
+        let old_limit = self.snapshot.load().config.max_connections;
+        let new_limit = next.config.max_connections;
+        let next = Arc::new(next);
+        let old = self.snapshot.swap(Arc::clone(&next));
+        self.resize_limit(old_limit, new_limit);
+        let removed: Vec<Arc<Backend>> = old
+            .backends
+            .iter()
+            .filter(|b| !next.backends.iter().any(|n| Arc::ptr_eq(&n.live, &b.live)))
+            .cloned()
+            .collect();
+        let mut retired = lock(&self.retired);
+        // A backend that came back is no longer retired.
+        retired.retain(|r| !next.backends.iter().any(|n| Arc::ptr_eq(&n.live, &r.live)));
+        retired.extend(removed.iter().cloned());
+        removed
+    }
+
+    /// Removed backends that still have open connections (the drained ones
+    /// are forgotten here, which is what makes their metric series go away).
+    pub fn retired(&self) -> Vec<Arc<Backend>> {
+        let mut retired = lock(&self.retired);
+        retired.retain(|b| b.live.active() > 0);
+        retired.clone()
+    }
+
+    fn resize_limit(&self, old: usize, new: usize) {
+        if new > old {
+            self.limit.add_permits(new - old);
+        } else if new < old {
+            // Permits in use cannot be taken back now: wait for them, then
+            // forget them, so the limit shrinks as connections close.
+            let limit = Arc::clone(&self.limit);
+            let excess = u32::try_from(old - new).unwrap_or(u32::MAX);
+            tokio::spawn(async move {
+                if let Ok(permits) = limit.acquire_many(excess).await {
+                    permits.forget();
+                }
+            });
+        }
+    }
+}
+
+/// A poisoned lock only means another thread panicked while holding it; the
+/// list itself is still valid.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 #[cfg(test)]
 mod tests {

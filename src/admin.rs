@@ -1,0 +1,251 @@
+//! The read-only admin HTTP endpoint (default `127.0.0.1:9090`).
+//!
+//! | path | answer |
+//! |---|---|
+//! | `GET /metrics` | Prometheus text format ([`crate::metrics`]) |
+//! | `GET /healthz` | 200 while the process runs |
+//! | `GET /readyz` | 200 when a table is published and at least one backend is up, else 503 |
+//! | `GET /table` | JSON: version, fingerprint, algorithm, and every backend's name, address, weight, zone, up, active and share |
+//! | `GET /route?key=K` | JSON: the candidates for `K` in order, and the one a connection would be sent to now |
+//!
+//! No endpoint changes state. `/route` takes the key as text, the way
+//! `magpie lookup` does: a header value in header mode, an IP in `source_ip`
+//! mode, `ip:port` in `source_addr` mode.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{ALLOW, CONTENT_TYPE, HeaderValue};
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use prometheus::Registry;
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+use crate::key::key_for_text;
+use crate::proxy::Plan;
+use crate::snapshot::{Shared, Snapshot};
+
+type Body = Full<Bytes>;
+
+/// Serves the admin endpoint on `listener` until `shutdown`.
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: CancellationToken) {
+    let registry = Arc::new(crate::metrics::registry(Arc::clone(&shared)));
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(e) => {
+                    debug!(error = %e, "admin accept failed");
+                    shared.stats.count_accept_error();
+                    continue;
+                }
+            },
+        };
+        let shared = Arc::clone(&shared);
+        let registry = Arc::clone(&registry);
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req: Request<Incoming>| {
+                let response = answer(&req, &shared, &registry);
+                async move { Ok::<_, Infallible>(response) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                result = conn => if let Err(e) = result {
+                    debug!(%peer, error = %e, "admin connection ended with an error");
+                },
+                _ = shutdown.cancelled() => {}
+            }
+        });
+    }
+}
+
+/// Answers one request. Pure apart from reading shared state.
+pub fn answer<B>(req: &Request<B>, shared: &Shared, registry: &Registry) -> Response<Body> {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        let mut r = text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "only GET and HEAD: the admin endpoint is read-only\n",
+        );
+        r.headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return r;
+    }
+    let snapshot = shared.snapshot.load_full();
+    match req.uri().path() {
+        "/metrics" => {
+            let mut r = text(StatusCode::OK, crate::metrics::render(registry));
+            r.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            r
+        }
+        "/healthz" => text(StatusCode::OK, "ok\n"),
+        "/readyz" => {
+            let up = snapshot
+                .backends
+                .iter()
+                .filter(|b| b.weight > 0 && b.live.is_up())
+                .count();
+            if up > 0 {
+                text(
+                    StatusCode::OK,
+                    format!(
+                        "ready: table version {}, {up} backends up\n",
+                        snapshot.version
+                    ),
+                )
+            } else {
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "not ready: no backend is up\n",
+                )
+            }
+        }
+        "/table" => json_response(StatusCode::OK, table_json(&snapshot)),
+        "/route" => match query_param(req.uri().query().unwrap_or(""), "key") {
+            None => json_response(StatusCode::BAD_REQUEST, json!({"error": "missing ?key="})),
+            Some(key_text) => match key_for_text(&snapshot.config.key, &key_text) {
+                Ok(key) => json_response(StatusCode::OK, route_json(&snapshot, &key_text, key)),
+                Err(e) => json_response(StatusCode::BAD_REQUEST, json!({"error": e.to_string()})),
+            },
+        },
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found; try /metrics, /healthz, /readyz, /table or /route?key=K\n",
+        ),
+    }
+}
+
+pub fn table_json(snapshot: &Snapshot) -> serde_json::Value {
+    let backends: Vec<_> = snapshot
+        .backends
+        .iter()
+        .zip(&snapshot.shares)
+        .map(|(b, share)| {
+            json!({
+                "name": b.name,
+                "addr": b.addr.to_string(),
+                "weight": b.weight,
+                "zone": b.zone,
+                "up": b.live.is_up(),
+                "active": b.live.active(),
+                "share": share,
+            })
+        })
+        .collect();
+    json!({
+        "version": snapshot.version,
+        "fingerprint": snapshot.fingerprint,
+        "algorithm": format!("{:?}", snapshot.table.algorithm()).to_lowercase(),
+        "bounded_load": snapshot.config.placement.bounded_load,
+        "backends": backends,
+    })
+}
+
+pub fn route_json(snapshot: &Snapshot, key_text: &str, key: u64) -> serde_json::Value {
+    let chosen = Plan::new(snapshot, key, false)
+        .targets
+        .first()
+        .map(|b| b.name.clone());
+    let candidates: Vec<_> = snapshot
+        .candidates(key)
+        .map(|b| {
+            json!({
+                "name": b.name,
+                "addr": b.addr.to_string(),
+                "up": b.live.is_up(),
+                "active": b.live.active(),
+                "chosen": chosen.as_deref() == Some(b.name.as_str()),
+            })
+        })
+        .collect();
+    json!({
+        "key": key_text,
+        "hash": format!("{key:#018x}"),
+        "version": snapshot.version,
+        "chosen": chosen,
+        "candidates": candidates,
+    })
+}
+
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+fn json_response(status: StatusCode, value: serde_json::Value) -> Response<Body> {
+    let mut body = serde_json::to_vec_pretty(&value).unwrap_or_default();
+    body.push(b'\n');
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+/// The decoded value of `name` in a query string (`+` is a space, `%XX` a byte).
+fn query_param(query: &str, name: &str) -> Option<String> {
+    query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (percent_decode(k) == name).then(|| percent_decode(v))
+    })
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                match std::str::from_utf8(&bytes[i + 1..i + 3])
+                    .ok()
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                {
+                    Some(b) => {
+                        out.push(b);
+                        i += 2;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_decoding() {
+        assert_eq!(
+            query_param("key=a%20b+c&x=1", "key").as_deref(),
+            Some("a b c")
+        );
+        assert_eq!(query_param("x=1&key=%zz", "key").as_deref(), Some("%zz"));
+        assert_eq!(query_param("x=1", "key"), None);
+        assert_eq!(query_param("key=100%25", "key").as_deref(), Some("100%"));
+        assert_eq!(query_param("key=%4", "key").as_deref(), Some("%4"));
+    }
+}

@@ -1,0 +1,238 @@
+//! Hot reload: SIGHUP, file changes, or a polling interval → parse → build →
+//! publish; or keep the running snapshot and say why.
+//!
+//! The file's *directory* is watched, not the file: an editor that writes a
+//! temporary file and renames it over the original, and a Kubernetes ConfigMap
+//! that swaps its `..data` symlink, both replace the inode a file watch would
+//! hold. Events are debounced, and a hash of the file's content decides
+//! whether anything changed, so a `touch` does not rebuild (SIGHUP always
+//! does). Parsing, validation (which resolves host names) and the table build
+//! run on a blocking thread, away from the accept path.
+//!
+//! A failed reload changes nothing: the old snapshot keeps routing, the error
+//! (with its line and column) is logged, and `magpie_reloads_total{result="error"}`
+//! counts it. Settings that need a restart (`listen`, `admin`) are kept as they
+//! are, with a warning; everything else applies to new connections.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use notify::{RecursiveMode, Watcher};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::backend::Backend;
+use crate::config::{Config, ConfigErrors};
+use crate::hash::h64;
+use crate::snapshot::{Shared, Snapshot, SnapshotError};
+
+/// Quiet time after a file event before reloading: editors write in bursts.
+const DEBOUNCE: Duration = Duration::from_millis(150);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Config(ConfigErrors),
+    #[error("{0}")]
+    Build(#[from] SnapshotError),
+    #[error("reload task was interrupted")]
+    Interrupted,
+}
+
+/// What a reload did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// A new snapshot is published.
+    Applied { version: u64, removed: Vec<String> },
+    /// The content is the one already seen; nothing was rebuilt.
+    Unchanged,
+}
+
+/// Reloads one config file into `shared`.
+pub struct Reloader {
+    path: PathBuf,
+    shared: Arc<Shared>,
+    /// Hash of the content last tried (applied or not): the same bytes are not
+    /// tried again unless forced.
+    last_content: Option<u64>,
+}
+
+impl Reloader {
+    pub fn new(path: PathBuf, shared: Arc<Shared>) -> Self {
+        let last_content = std::fs::read(&path).ok().map(|b| h64(&b));
+        Reloader {
+            path,
+            shared,
+            last_content,
+        }
+    }
+
+    /// Reloads if the content changed (or always, with `force`); logs and
+    /// counts the result either way.
+    pub async fn reload(&mut self, force: bool) -> Result<Outcome, ReloadError> {
+        let result = self.try_reload(force).await;
+        match &result {
+            Ok(Outcome::Applied { version, removed }) => {
+                self.shared.stats.count_reload(true);
+                let snapshot = self.shared.snapshot.load();
+                info!(
+                    version,
+                    fingerprint = %snapshot.fingerprint,
+                    backends = snapshot.backends.len(),
+                    removed = ?removed,
+                    build_ms = snapshot.build_time.as_secs_f64() * 1000.0,
+                    "reloaded"
+                );
+            }
+            Ok(Outcome::Unchanged) => {}
+            Err(e) => {
+                self.shared.stats.count_reload(false);
+                error!("reload failed; the running table stays:\n{e}");
+            }
+        }
+        result
+    }
+
+    async fn try_reload(&mut self, force: bool) -> Result<Outcome, ReloadError> {
+        let bytes = tokio::fs::read(&self.path)
+            .await
+            .map_err(|source| ReloadError::Read {
+                path: self.path.clone(),
+                source,
+            })?;
+        let content = h64(&bytes);
+        if !force && self.last_content == Some(content) {
+            return Ok(Outcome::Unchanged);
+        }
+        self.last_content = Some(content);
+
+        let current = self.shared.snapshot.load_full();
+        let carry = self.shared.carry();
+        let path = self.path.clone();
+        let built = tokio::task::spawn_blocking(move || -> Result<Snapshot, ReloadError> {
+            let text = String::from_utf8_lossy(&bytes);
+            let mut config = Config::parse(&path, &text).map_err(ReloadError::Config)?;
+            keep_restart_settings(&mut config, &current.config);
+            Ok(Snapshot::build(
+                Arc::new(config),
+                current.version + 1,
+                &carry,
+            )?)
+        })
+        .await
+        .map_err(|_| ReloadError::Interrupted)??;
+
+        let version = built.version;
+        let drain_timeout = built.config.drain_timeout;
+        let removed = self.shared.publish(built);
+        for backend in &removed {
+            schedule_drain(backend, drain_timeout);
+        }
+        Ok(Outcome::Applied {
+            version,
+            removed: removed.iter().map(|b| b.name.clone()).collect(),
+        })
+    }
+}
+
+/// `listen` and `admin` sockets are bound once; a change needs a restart.
+fn keep_restart_settings(next: &mut Config, running: &Config) {
+    if next.listen != running.listen {
+        warn!(running = ?running.listen, file = ?next.listen, "listen changed: restart magpie to apply it; keeping the running listeners");
+        next.listen = running.listen.clone();
+    }
+    if next.admin != running.admin {
+        warn!(running = ?running.admin, file = ?next.admin, "admin changed: restart magpie to apply it; keeping the running admin address");
+        next.admin = running.admin;
+    }
+}
+
+/// Connections to a removed backend drain on their own; with a
+/// `drain_timeout`, whatever is still open then is closed.
+fn schedule_drain(backend: &Arc<Backend>, drain_timeout: Option<Duration>) {
+    let open = backend.live.active();
+    info!(backend = %backend.name, open, "backend removed; its connections drain");
+    if let Some(timeout) = drain_timeout {
+        let backend = Arc::clone(backend);
+        tokio::spawn(async move {
+            tokio::time::sleep(timeout).await;
+            let open = backend.live.active();
+            if open > 0 {
+                warn!(backend = %backend.name, open, "drain_timeout passed; closing its connections");
+            }
+            backend.live.closing().cancel();
+        });
+    }
+}
+
+/// Runs reloads for `path` until `shutdown`: on SIGHUP (forced), on changes in
+/// the file's directory (if `watch`), and every `poll` (if set).
+pub async fn run(path: PathBuf, shared: Arc<Shared>, shutdown: CancellationToken) {
+    let settings = shared.snapshot.load().config.reload.clone();
+    let mut reloader = Reloader::new(path.clone(), shared);
+    let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            warn!(error = %e, "cannot handle SIGHUP; reload by file watch or poll only");
+            None
+        }
+    };
+    let (tx, mut events) = mpsc::unbounded_channel::<()>();
+    // Held for as long as the loop runs: dropping it stops the watch.
+    let _watcher = if settings.watch {
+        watch_dir(&path, tx)
+    } else {
+        None
+    };
+    let mut poll = settings.poll_interval.map(|every| {
+        let mut interval = tokio::time::interval(every);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        interval
+    });
+
+    loop {
+        let force = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            Some(()) = async { match hup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => {
+                info!("SIGHUP: reloading {}", path.display());
+                true
+            }
+            Some(()) = events.recv() => {
+                // Debounce: wait until the directory has been quiet for a moment.
+                while let Ok(Some(())) = tokio::time::timeout(DEBOUNCE, events.recv()).await {}
+                false
+            }
+            _ = async { match poll.as_mut() { Some(p) => { p.tick().await; } None => std::future::pending().await } } => false,
+        };
+        // Errors are logged and counted inside; the loop goes on.
+        let _outcome = reloader.reload(force).await;
+    }
+}
+
+/// Watches the directory holding `path`; every event sends a tick.
+fn watch_dir(path: &Path, tx: mpsc::UnboundedSender<()>) -> Option<notify::RecommendedWatcher> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        if event.is_ok() {
+            // The receiver is gone only when reloading stopped.
+            let _closed = tx.send(());
+        }
+    });
+    match watcher.and_then(|mut w| w.watch(&dir, RecursiveMode::NonRecursive).map(|()| w)) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            warn!(dir = %dir.display(), error = %e, "cannot watch the config directory; reload on SIGHUP or poll only");
+            None
+        }
+    }
+}
