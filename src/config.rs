@@ -723,10 +723,14 @@ impl<'a> Validator<'a> {
                             t.value
                         ),
                     );
-                } else if t.value > u64::from(u32::MAX) {
+                } else if t.value > maglev::MAX_TABLE_SIZE {
                     self.err(
                         &t.referenced,
-                        format!("table_size {} is too large", t.value),
+                        format!(
+                            "table_size {} is too large (at most {})",
+                            t.value,
+                            maglev::MAX_TABLE_SIZE
+                        ),
                     );
                 } else if (t.value as usize) < backends.len() {
                     self.err(

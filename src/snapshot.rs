@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use blake2::digest::consts::U16;
 use blake2::{Blake2b, Digest};
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, watch};
 
 use crate::backend::{Backend, Live};
 use crate::config::{Algorithm, Config};
@@ -217,17 +217,26 @@ pub struct Shared {
     retired: Mutex<Vec<Arc<Backend>>>,
     /// `max_connections` permits, resized on reload.
     pub(crate) limit: Arc<Semaphore>,
+    /// The published version, for whoever waits for a reload to land.
+    version: watch::Sender<u64>,
 }
 
 impl Shared {
     pub fn new(snapshot: Snapshot) -> Self {
         let limit = Arc::new(Semaphore::new(snapshot.config.max_connections));
+        let (version, _) = watch::channel(snapshot.version);
         Shared {
             snapshot: ArcSwap::from_pointee(snapshot),
             stats: Stats::default(),
             retired: Mutex::new(Vec::new()),
             limit,
+            version,
         }
+    }
+
+    /// Follows the published version: `changed()` resolves on every publish.
+    pub fn versions(&self) -> watch::Receiver<u64> {
+        self.version.subscribe()
     }
 
     /// Live state to carry into the next build: the current backends' and the
@@ -261,6 +270,8 @@ impl Shared {
         // A backend that came back is no longer retired.
         retired.retain(|r| !next.backends.iter().any(|n| Arc::ptr_eq(&n.live, &r.live)));
         retired.extend(removed.iter().cloned());
+        drop(retired);
+        self.version.send_replace(next.version);
         removed
     }
 
@@ -348,5 +359,30 @@ mod tests {
         ));
         assert_eq!(second.backend("a").unwrap().live.connections(), 1);
         assert_eq!(second.backend("b").unwrap().live.connections(), 0);
+    }
+
+    #[tokio::test]
+    async fn publish_retires_removed_backends_until_drained() {
+        let two = "listen: 127.0.0.1:7000\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n  - {name: b, addr: 127.0.0.1:8002}\n";
+        let one = "listen: 127.0.0.1:7000\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n";
+        let shared = Shared::new(Snapshot::build(config(two), 1, &HashMap::new()).unwrap());
+        let mut versions = shared.versions();
+        let open = shared.snapshot.load().backend("b").unwrap().live.reserve();
+        let next = Snapshot::build(config(one), 2, &shared.carry()).unwrap();
+        let removed = shared.publish(next);
+        assert_eq!(removed.len(), 1);
+        assert_eq!(removed[0].name, "b");
+        versions.changed().await.unwrap();
+        assert_eq!(*versions.borrow(), 2);
+        assert_eq!(shared.retired().len(), 1);
+        drop(open);
+        assert!(shared.retired().is_empty());
+        // Putting it back before it drained would have reused its live state.
+        let back = Snapshot::build(config(two), 3, &shared.carry()).unwrap();
+        assert_eq!(back.backend("a").unwrap().live.connections(), 0);
+        assert!(Arc::ptr_eq(
+            &back.backend("a").unwrap().live,
+            &shared.snapshot.load().backend("a").unwrap().live
+        ));
     }
 }
