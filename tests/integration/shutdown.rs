@@ -2,6 +2,7 @@
 //! exit status 0.
 
 use std::io::ErrorKind;
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -55,6 +56,15 @@ async fn sigterm_lets_an_in_flight_transfer_finish_then_exits_0() {
         Err(e) => panic!("a connect after SIGTERM failed oddly: {e}"),
         Ok(_) => panic!("a new connection was accepted after SIGTERM"),
     }
+
+    // A slow client: it pauses well into the grace period before the rest.
+    // This is the condition under test, not a wait for an event.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        child.process.try_wait().expect("poll magpie").is_none(),
+        "magpie exited while a connection was open:\n{}",
+        child.log.join("\n")
+    );
 
     // The open connection keeps working after the signal.
     send_and_read_echo(&mut client, &data[PART..]).await;
