@@ -113,3 +113,41 @@ async fn send_v2_gives_the_backend_the_client_and_listen_addresses() {
     );
     assert_eq!(&got[parsed.length..], b"after the header");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trusted_header_then_an_http_request_is_keyed_by_the_session_header() {
+    let backends = HttpBackends::start(&["a", "b", "c"]).await;
+    let settings = format!("{TRUST_LOCALHOST}{SESSION_KEY}");
+    let magpie = Magpie::with(&settings, &backends.list).await;
+
+    for (i, session) in ["alice", "bob", "carol", "dave"].into_iter().enumerate() {
+        let client: SocketAddr = format!("192.0.2.{}:5000", i + 1).parse().expect("literal");
+        // v1 and v2 in turn; the request follows the header in the same write.
+        let mut sent = if i % 2 == 0 {
+            proxy_protocol::v2_header(client, magpie.addr)
+        } else {
+            format!(
+                "PROXY TCP4 {} {} {} {}\r\n",
+                client.ip(),
+                magpie.addr.ip(),
+                client.port(),
+                magpie.addr.port()
+            )
+            .into_bytes()
+        };
+        sent.extend_from_slice(request(Some(session), true).as_bytes());
+        let mut stream = connect(magpie.addr).await;
+        stream.write_all(&sent).await.expect("send");
+        let response = read_until_closed(&mut stream).await.expect("a response");
+        let text = String::from_utf8_lossy(&response);
+        // A demo backend answers 400 to anything that is not HTTP, so a 200
+        // shows the PROXY header was taken off before the request was replayed.
+        assert!(text.starts_with("HTTP/1.1 200"), "{session}: {text}");
+        assert_eq!(
+            backend_of(&text),
+            magpie.primary(key::text_key(session.as_bytes())),
+            "{session} not keyed by its header"
+        );
+        assert_eq!(session_of(&text), session);
+    }
+}

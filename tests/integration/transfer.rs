@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -143,5 +143,44 @@ async fn ipv6_loopback_works() {
         magpie.primary(key::source_ip_key(
             "::1".parse().expect("a literal address")
         ))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_is_closed_after_idle_timeout_and_a_busy_one_is_not() {
+    let backends = RawBackends::start(&["a"], Behaviour::GreetEcho).await;
+    let magpie = Magpie::with("idle_timeout: 500ms\n", &backends.list).await;
+
+    // Busy: a byte every 100ms for longer than the idle timeout keeps it open.
+    let mut busy = connect(magpie.addr).await;
+    assert_eq!(read_greeting(&mut busy).await, "a");
+    let started = Instant::now();
+    for i in 0..8u8 {
+        // The pacing is the traffic pattern under test.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        busy.write_all(&[i])
+            .await
+            .expect("send on the busy connection");
+        let mut echo = [0u8; 1];
+        within("an echo on the busy connection", busy.read_exact(&mut echo))
+            .await
+            .unwrap_or_else(|e| {
+                panic!("busy connection closed after {:?}: {e}", started.elapsed())
+            });
+        assert_eq!(echo, [i]);
+    }
+
+    // Idle: nothing sent, so magpie closes it.
+    let mut idle = connect(magpie.addr).await;
+    assert_eq!(read_greeting(&mut idle).await, "a");
+    let started = Instant::now();
+    match read_until_closed(&mut idle).await {
+        Ok(bytes) => assert!(bytes.is_empty(), "got {bytes:?}"),
+        Err(e) => eprintln!("idle connection ended with an error (accepted): {e}"),
+    }
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(450) && waited < Duration::from_secs(3),
+        "closed after {waited:?} with idle_timeout 500ms"
     );
 }
