@@ -141,3 +141,23 @@ fn check_on_a_good_file_exits_0_and_prints_the_fingerprint() {
         assert!(stdout.contains(name), "backend {name} not listed: {stdout}");
     }
 }
+
+#[test]
+fn run_with_a_broken_file_exits_1_and_names_the_place() {
+    let file = TempFile::new(
+        "broken.yaml",
+        "listen: 127.0.0.1:0\nadmin: off\nbackends:\n  - {name: a, addr: 127.0.0.1:8001, weight: 0}\n",
+    );
+    let out = Command::new(magpie_bin())
+        .args(["run", "--config"])
+        .arg(&file.path)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", magpie_bin()));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    assert!(
+        stderr.contains("broken.yaml:4:") && stderr.contains("weight 0"),
+        "stderr: {stderr}"
+    );
+}
