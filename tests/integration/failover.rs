@@ -58,7 +58,7 @@ async fn every_backend_dead_closes_the_client_cleanly() {
     assert_eq!(stats.client_failures(ClientFailure::NoBackend), 0);
 
     let mut client = connect(magpie.addr).await;
-    // EOF or a reset are both a clean close; a hang fails inside the helper.
+    // EOF or a reset are both a clean close; a hang fails the read after 10 s.
     match read_until_closed(&mut client).await {
         Ok(bytes) => assert!(bytes.is_empty(), "got data from nowhere: {bytes:?}"),
         Err(e) => eprintln!("closed with an error (accepted): {e}"),

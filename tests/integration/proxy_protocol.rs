@@ -151,3 +151,40 @@ async fn a_trusted_header_then_an_http_request_is_keyed_by_the_session_header() 
         assert_eq!(session_of(&text), session);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trusted_peer_without_a_header_is_refused() {
+    let mut backends = RawBackends::start(&["a"], Behaviour::Silent).await;
+    let settings = "proxy_protocol:\n  accept_from: [127.0.0.1]\n  header_timeout: 100ms\n";
+    let magpie = Magpie::with(settings, &backends.list).await;
+    let stats = &magpie.shared.stats;
+
+    // Plain bytes where a header must be: refused at once.
+    let mut plain = connect(magpie.addr).await;
+    plain
+        .write_all(b"GET / HTTP/1.1\r\n\r\n")
+        .await
+        .expect("send");
+    match read_until_closed(&mut plain).await {
+        Ok(bytes) => assert!(bytes.is_empty(), "got {bytes:?}"),
+        Err(e) => eprintln!("refused with an error (accepted): {e}"),
+    }
+    assert_eq!(stats.client_failures(ClientFailure::ProxyProtocol), 1);
+
+    // Silence: refused when header_timeout passes.
+    let mut silent = connect(magpie.addr).await;
+    let started = std::time::Instant::now();
+    match read_until_closed(&mut silent).await {
+        Ok(bytes) => assert!(bytes.is_empty(), "got {bytes:?}"),
+        Err(e) => eprintln!("refused with an error (accepted): {e}"),
+    }
+    let waited = started.elapsed();
+    assert!(
+        waited >= std::time::Duration::from_millis(90),
+        "refused after {waited:?}, before header_timeout"
+    );
+    assert_eq!(stats.client_failures(ClientFailure::ProxyProtocol), 2);
+    // Neither reached a backend.
+    assert!(backends.reports_so_far().is_empty());
+    assert_eq!(magpie.backend("a").live.connections(), 0);
+}

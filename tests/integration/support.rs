@@ -405,7 +405,7 @@ pub async fn connect(to: SocketAddr) -> TcpStream {
     .await
 }
 
-/// The request the HTTP helpers send.
+/// The request the HTTP clients below send.
 pub fn request(session: Option<&str>, close: bool) -> String {
     let mut req = String::from("GET / HTTP/1.1\r\nHost: magpie.test\r\n");
     if let Some(s) = session {
