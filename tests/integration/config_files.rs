@@ -1,0 +1,163 @@
+//! The example configs, and `magpie check` on good and broken files.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+
+use magpie::config::Config;
+use magpie::snapshot::Snapshot;
+
+use crate::support::*;
+
+fn config_dir() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/config"))
+}
+
+#[test]
+fn every_file_in_config_parses_and_builds() {
+    let mut checked = Vec::new();
+    let entries = std::fs::read_dir(config_dir())
+        .unwrap_or_else(|e| panic!("cannot list {}: {e}", config_dir().display()));
+    for entry in entries {
+        let path = entry.expect("a directory entry").path();
+        if !path.is_file() {
+            continue;
+        }
+        let config = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+        Snapshot::build(Arc::new(config), 1, &HashMap::new())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        checked.push(
+            path.file_name()
+                .expect("a file has a name")
+                .to_string_lossy()
+                .to_string(),
+        );
+    }
+    for required in ["magpie.yaml", "llm-sessions.yaml", "sidecar.yaml"] {
+        assert!(
+            checked.iter().any(|c| c == required),
+            "config/{required} is missing; found {checked:?}"
+        );
+    }
+}
+
+#[test]
+fn the_reference_config_sets_every_section() {
+    let config = Config::load(&config_dir().join("magpie.yaml")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(config.placement.bounded_load, Some(1.25));
+    assert!(matches!(
+        config.key,
+        magpie::config::KeyConfig::Header { .. }
+    ));
+    assert!(config.drain_timeout.is_some());
+    assert!(!config.proxy_protocol.accept_from.is_empty());
+    assert!(config.proxy_protocol.send_v2);
+    assert!(config.health.is_some());
+    assert!(config.reload.poll_interval.is_some());
+    assert!(config.backends.iter().all(|b| b.zone.is_some()));
+
+    let llm =
+        Config::load(&config_dir().join("llm-sessions.yaml")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(llm.placement.bounded_load, Some(1.25));
+    assert!(
+        matches!(&llm.key, magpie::config::KeyConfig::Header { name, .. } if name == "x-session-id")
+    );
+    assert!(llm.health.is_some());
+
+    let sidecar =
+        Config::load(&config_dir().join("sidecar.yaml")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(sidecar.key, magpie::config::KeyConfig::SourceIp);
+}
+
+fn check(path: &Path) -> std::process::Output {
+    Command::new(magpie_bin())
+        .args(["check", "--config"])
+        .arg(path)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", magpie_bin()))
+}
+
+#[test]
+fn check_on_a_broken_file_exits_1_and_names_file_line_and_column() {
+    // A semantic problem on line 4, column 13 (the value).
+    let file = TempFile::new(
+        "broken.yaml",
+        "listen: 127.0.0.1:7000\nadmin: off\nconnect:\n  attempts: 0\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+    );
+    let out = check(&file.path);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    assert!(
+        stderr.contains("broken.yaml:4:13: connect.attempts must be at least 1"),
+        "stderr: {stderr}"
+    );
+    assert!(out.stdout.is_empty(), "nothing on stdout for a broken file");
+
+    // A syntax error: an unclosed flow sequence opened on line 5.
+    let file = TempFile::new(
+        "broken.yaml",
+        "listen: 127.0.0.1:7000\nadmin: off\nbackends:\n  - name: a\n    addr: [127.0.0.1:8001\n",
+    );
+    let out = check(&file.path);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    let place = stderr
+        .split("broken.yaml:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("the file is not named: {stderr}"));
+    let mut fields = place.splitn(3, ':');
+    let line: u64 = fields
+        .next()
+        .and_then(|l| l.parse().ok())
+        .unwrap_or_else(|| panic!("no line number: {stderr}"));
+    let column: u64 = fields
+        .next()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no column number: {stderr}"));
+    assert!(line >= 5, "line {line}: {stderr}");
+    assert!(column >= 1, "column {column}: {stderr}");
+}
+
+#[test]
+fn check_on_a_good_file_exits_0_and_prints_the_fingerprint() {
+    let path = config_dir().join("sidecar.yaml");
+    let out = check(&path);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let config = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    let snapshot = Snapshot::build(Arc::new(config), 1, &HashMap::new()).expect("the table builds");
+    assert!(
+        stdout.contains(&format!("fingerprint: {}", snapshot.fingerprint)),
+        "stdout: {stdout}"
+    );
+    for name in ["worker-0", "worker-1", "worker-2"] {
+        assert!(stdout.contains(name), "backend {name} not listed: {stdout}");
+    }
+}
+
+#[test]
+fn run_with_a_broken_file_exits_1_and_names_the_place() {
+    let file = TempFile::new(
+        "broken.yaml",
+        "listen: 127.0.0.1:0\nadmin: off\nbackends:\n  - {name: a, addr: 127.0.0.1:8001, weight: 0}\n",
+    );
+    let out = Command::new(magpie_bin())
+        .args(["run", "--config"])
+        .arg(&file.path)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", magpie_bin()));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    assert!(
+        stderr.contains("broken.yaml:4:") && stderr.contains("weight 0"),
+        "stderr: {stderr}"
+    );
+}

@@ -1,0 +1,88 @@
+//! SIGTERM to the real binary: no new connections, the open transfer finishes,
+//! exit status 0.
+
+use std::io::ErrorKind;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::support::*;
+
+const PART: usize = 512 * 1024;
+
+/// Sends `data` and reads its echo at the same time (the echo can be larger
+/// than the socket buffers).
+async fn send_and_read_echo(stream: &mut TcpStream, data: &[u8]) {
+    let (mut r, mut w) = stream.split();
+    let mut echoed = vec![0u8; data.len()];
+    let (sent, read) = within("a part of the transfer to echo back", async {
+        tokio::join!(w.write_all(data), r.read_exact(&mut echoed))
+    })
+    .await;
+    sent.expect("send a part");
+    read.expect("read the echo of a part");
+    assert!(echoed == data, "the echo differs from what was sent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_an_in_flight_transfer_finish_then_exits_0() {
+    let mut backends = RawBackends::start(&["echo"], Behaviour::GreetEcho).await;
+    let file = TempFile::new(
+        "magpie.yaml",
+        &config_yaml("127.0.0.1:0", "shutdown_grace: 20s\n", &backends.list),
+    );
+    let path = file.path.to_str().expect("a UTF-8 temp path");
+    let mut child = Child::spawn(&["run", "--config", path]);
+    let started = child.wait_for_line("magpie started").await;
+    let addr = listen_addr_in(&started);
+
+    let data = pseudo_random(2 * PART, 42);
+    let mut client = connect(addr).await;
+    assert_eq!(read_greeting(&mut client).await, "echo");
+    send_and_read_echo(&mut client, &data[..PART]).await;
+
+    let pid = child.pid();
+    let kill = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("run kill");
+    assert!(kill.success(), "kill -TERM {pid} failed");
+    // Logged once the listeners are closed.
+    child.wait_for_line("no new connections").await;
+
+    match TcpStream::connect(addr).await {
+        Err(e) if e.kind() == ErrorKind::ConnectionRefused => {}
+        Err(e) => panic!("a connect after SIGTERM failed oddly: {e}"),
+        Ok(_) => panic!("a new connection was accepted after SIGTERM"),
+    }
+
+    // A slow client: it pauses well into the grace period before the rest.
+    // This is the condition under test, not a wait for an event.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        child.process.try_wait().expect("poll magpie").is_none(),
+        "magpie exited while a connection was open:\n{}",
+        child.log.join("\n")
+    );
+
+    // The open connection keeps working after the signal.
+    send_and_read_echo(&mut client, &data[PART..]).await;
+    client.shutdown().await.expect("shut down the write half");
+    let rest = read_until_closed(&mut client)
+        .await
+        .expect("an orderly close");
+    assert!(rest.is_empty());
+    let report = backends.next_report().await;
+    assert_eq!(report.bytes.len(), data.len(), "bytes the backend received");
+    assert!(report.bytes == data, "the backend received other bytes");
+
+    let status = within("magpie to exit", child.process.wait())
+        .await
+        .expect("wait for magpie");
+    assert!(
+        status.success(),
+        "magpie exited with {status}:\n{}",
+        child.log.join("\n")
+    );
+}
