@@ -254,6 +254,9 @@ impl<'de> Deserialize<'de> for HumanDuration {
 pub struct Config {
     /// The file this came from (for messages), or `<inline>`.
     pub source: PathBuf,
+    /// `h64` of the text this was parsed from: reload compares it to the file's
+    /// current content to tell a real change from a touch.
+    pub content_hash: u64,
     pub listen: Vec<SocketAddr>,
     pub admin: Option<SocketAddr>,
     pub placement: PlacementConfig,
@@ -383,7 +386,9 @@ impl Config {
                 problem: first_line_of(&e.to_string()),
             }])
         })?;
-        Validator::new(file).validate(raw)
+        let mut config = Validator::new(file).validate(raw)?;
+        config.content_hash = crate::hash::h64(text.as_bytes());
+        Ok(config)
     }
 
     /// The sum of all backend weights.
@@ -485,6 +490,7 @@ impl<'a> Validator<'a> {
         if self.errors.is_empty() {
             Ok(Config {
                 source: self.file.to_path_buf(),
+                content_hash: 0,
                 listen,
                 admin,
                 placement,

@@ -65,8 +65,10 @@ pub struct Reloader {
 }
 
 impl Reloader {
+    /// A reloader for `path`, whose content the running snapshot was built
+    /// from (so only a change of content reloads).
     pub fn new(path: PathBuf, shared: Arc<Shared>) -> Self {
-        let last_content = std::fs::read(&path).ok().map(|b| h64(&b));
+        let last_content = Some(shared.snapshot.load().config.content_hash);
         Reloader {
             path,
             shared,
@@ -172,36 +174,50 @@ fn schedule_drain(backend: &Arc<Backend>, drain_timeout: Option<Duration>) {
     }
 }
 
-/// Runs reloads for `path` until `shutdown`: on SIGHUP (forced), on changes in
-/// the file's directory (if `watch`), and every `poll` (if set).
-pub async fn run(path: PathBuf, shared: Arc<Shared>, shutdown: CancellationToken) {
+/// Starts reloading `path` until `shutdown`: on SIGHUP (forced), on changes in
+/// the file's directory (if `reload.watch`), and every `reload.poll_interval`
+/// (if set). The signal handler and the watch are in place when this returns,
+/// so no change made after it is missed.
+pub fn spawn(path: PathBuf, shared: Arc<Shared>, shutdown: CancellationToken) {
     let settings = shared.snapshot.load().config.reload.clone();
-    let mut reloader = Reloader::new(path.clone(), shared);
-    let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+    let reloader = Reloader::new(path.clone(), shared);
+    let hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
         Ok(s) => Some(s),
         Err(e) => {
             warn!(error = %e, "cannot handle SIGHUP; reload by file watch or poll only");
             None
         }
     };
-    let (tx, mut events) = mpsc::unbounded_channel::<()>();
-    // Held for as long as the loop runs: dropping it stops the watch.
-    let _watcher = if settings.watch {
+    let (tx, events) = mpsc::unbounded_channel::<()>();
+    let watcher = if settings.watch {
         watch_dir(&path, tx)
     } else {
         None
     };
-    let mut poll = settings.poll_interval.map(|every| {
-        let mut interval = tokio::time::interval(every);
+    let poll = settings.poll_interval.map(|every| {
+        let mut interval = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         interval
     });
+    tokio::spawn(async move {
+        // Held for as long as the loop runs: dropping it stops the watch.
+        let _watcher = watcher;
+        run(reloader, hup, events, poll, shutdown).await;
+    });
+}
 
+async fn run(
+    mut reloader: Reloader,
+    mut hup: Option<tokio::signal::unix::Signal>,
+    mut events: mpsc::UnboundedReceiver<()>,
+    mut poll: Option<tokio::time::Interval>,
+    shutdown: CancellationToken,
+) {
     loop {
         let force = tokio::select! {
             _ = shutdown.cancelled() => return,
             Some(()) = async { match hup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => {
-                info!("SIGHUP: reloading {}", path.display());
+                info!("SIGHUP: reloading {}", reloader.path.display());
                 true
             }
             Some(()) = events.recv() => {

@@ -257,11 +257,7 @@ pub async fn start(
     }
     tokio::spawn(crate::health::run(Arc::clone(&shared), shutdown.clone()));
     if config.source.is_file() {
-        tokio::spawn(crate::reload::run(
-            config.source.clone(),
-            Arc::clone(&shared),
-            shutdown.clone(),
-        ));
+        crate::reload::spawn(config.source.clone(), Arc::clone(&shared), shutdown.clone());
     }
     let task = tokio::spawn(serve(listeners, Arc::clone(&shared), shutdown));
     Ok(Running {

@@ -1,11 +1,14 @@
 //! magpie's integration tests: real sockets on loopback, magpie started
 //! in-process (or as the built binary where a signal or the CLI is the point).
 
+mod admin;
 mod bad_input;
 mod bounded_load;
 mod config_files;
 mod failover;
+mod health;
 mod proxy_protocol;
+mod reload;
 mod shutdown;
 mod stickiness;
 mod support;

@@ -22,8 +22,8 @@ use tokio_util::sync::CancellationToken;
 
 use magpie::backend::Backend;
 use magpie::config::Config;
-use magpie::proxy::Shared;
 use magpie::server::{self, Running};
+use magpie::snapshot::Shared;
 
 /// The safety net on every await that could hang.
 pub const PATIENCE: Duration = Duration::from_secs(10);
@@ -278,6 +278,8 @@ pub async fn read_greeting(stream: &mut TcpStream) -> String {
 /// A running magpie; it shuts down when dropped.
 pub struct Magpie {
     pub addr: SocketAddr,
+    /// The admin endpoint, when the config turns it on.
+    pub admin: Option<SocketAddr>,
     pub shared: Arc<Shared>,
     running: Option<Running>,
     shutdown: CancellationToken,
@@ -292,8 +294,23 @@ impl Magpie {
         let running = server::start(config, shutdown.clone())
             .await
             .unwrap_or_else(|e| panic!("magpie did not start: {e}"));
+        Magpie::running(running, shutdown)
+    }
+
+    /// Starts magpie from a config file, which it then watches for reloads.
+    pub async fn start_file(path: &Path) -> Magpie {
+        let config = Config::load(path).unwrap_or_else(|e| panic!("test config rejected:\n{e}"));
+        let shutdown = CancellationToken::new();
+        let running = server::start(config, shutdown.clone())
+            .await
+            .unwrap_or_else(|e| panic!("magpie did not start: {e}"));
+        Magpie::running(running, shutdown)
+    }
+
+    fn running(running: Running, shutdown: CancellationToken) -> Magpie {
         Magpie {
             addr: running.listen[0],
+            admin: running.admin,
             shared: Arc::clone(&running.shared),
             running: Some(running),
             shutdown,
@@ -655,4 +672,60 @@ pub fn listen_addr_in(line: &str) -> SocketAddr {
         .trim()
         .parse()
         .unwrap_or_else(|e| panic!("bad listen address in {line:?}: {e}"))
+}
+
+// ---------------------------------------------------------------------------
+// The admin endpoint.
+
+/// One request to the admin endpoint: (status, body).
+pub async fn admin_request(admin: SocketAddr, raw: &str) -> (u16, String) {
+    within("an admin request", async {
+        let mut stream = TcpStream::connect(admin)
+            .await
+            .unwrap_or_else(|e| panic!("connect to admin {admin}: {e}"));
+        stream
+            .write_all(raw.as_bytes())
+            .await
+            .expect("send the admin request");
+        let mut response = Vec::new();
+        stream
+            .read_to_end(&mut response)
+            .await
+            .expect("read the admin response");
+        let text = String::from_utf8(response).expect("UTF-8 admin response");
+        let (head, body) = text
+            .split_once("\r\n\r\n")
+            .unwrap_or_else(|| panic!("not an HTTP response: {text:?}"));
+        let status = head
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("no status in {head:?}"));
+        (status, body.to_string())
+    })
+    .await
+}
+
+/// `GET path` on the admin endpoint: (status, body).
+pub async fn admin_get(admin: SocketAddr, path: &str) -> (u16, String) {
+    admin_request(
+        admin,
+        &format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n"),
+    )
+    .await
+}
+
+/// The address in an `admin=Some(..)` field of magpie's start log line.
+pub fn admin_addr_in(line: &str) -> SocketAddr {
+    let start = line
+        .find("admin=Some(")
+        .unwrap_or_else(|| panic!("no admin=Some(..) in {line:?}"))
+        + "admin=Some(".len();
+    let rest = &line[start..];
+    let end = rest
+        .find(')')
+        .unwrap_or_else(|| panic!("unterminated admin field in {line:?}"));
+    rest[..end]
+        .parse()
+        .unwrap_or_else(|e| panic!("bad admin address in {line:?}: {e}"))
 }

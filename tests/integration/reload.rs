@@ -1,0 +1,348 @@
+//! Hot reload through a real config file: under load, when broken, by the
+//! ways editors and Kubernetes replace files, and what survives it.
+
+use std::sync::Arc;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use magpie::reload::{Outcome, Reloader};
+
+use crate::support::*;
+
+/// 200 connections stay open across 20 reloads that add and remove backends;
+/// every transfer completes intact, and new connections made during the
+/// reloads all succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_under_load_loses_nothing() {
+    let names: Vec<String> = (0..8).map(|i| format!("b{i}")).collect();
+    let name_refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let backends = RawBackends::start(&name_refs, Behaviour::GreetEcho).await;
+    // Reload i serves a window of five of the eight backends, sliding by one.
+    let window = |i: usize| -> Vec<(String, std::net::SocketAddr)> {
+        (0..5).map(|j| backends.list[(i + j) % 8].clone()).collect()
+    };
+    let settings = "key:\n  from: source_addr\nreload:\n  watch: false\n";
+    let file = TempFile::new(
+        "magpie.yaml",
+        &config_yaml("127.0.0.1:0", settings, &window(0)),
+    );
+    let magpie = Magpie::start_file(&file.path).await;
+    let mut reloader = Reloader::new(file.path.clone(), Arc::clone(&magpie.shared));
+
+    // 200 connections, each with its first chunk echoed.
+    let mut open = Vec::new();
+    for i in 0..200u64 {
+        let mut stream = connect(magpie.addr).await;
+        let name = read_greeting(&mut stream).await;
+        let chunk = pseudo_random(2048, i + 1);
+        echo(&mut stream, &chunk).await;
+        open.push((stream, name, i));
+    }
+
+    // New connections keep arriving while the reloads happen.
+    let addr = magpie.addr;
+    let newcomers = tokio::spawn(async move {
+        for i in 0..100u64 {
+            let mut stream = connect(addr).await;
+            read_greeting(&mut stream).await;
+            let chunk = pseudo_random(512, 10_000 + i);
+            echo(&mut stream, &chunk).await;
+            stream.shutdown().await.expect("half-close");
+            let rest = read_until_closed(&mut stream).await.expect("orderly close");
+            assert!(rest.is_empty());
+            tokio::task::yield_now().await;
+        }
+    });
+
+    for i in 1..=20 {
+        std::fs::write(&file.path, config_yaml("127.0.0.1:0", settings, &window(i)))
+            .expect("rewrite config");
+        match reloader.reload(false).await {
+            Ok(Outcome::Applied { version, .. }) => assert_eq!(version, i as u64 + 1),
+            other => panic!("reload {i} did not apply: {other:?}"),
+        }
+    }
+    within("new connections during reloads", newcomers)
+        .await
+        .expect("no new connection failed");
+
+    // Every in-flight connection finishes its transfer intact, on its backend.
+    for (mut stream, _name, i) in open {
+        let chunk = pseudo_random(8192, 1_000 + i);
+        echo(&mut stream, &chunk).await;
+        stream.shutdown().await.expect("half-close");
+        let rest = read_until_closed(&mut stream).await.expect("orderly close");
+        assert!(
+            rest.is_empty(),
+            "connection {i} got {} stray bytes",
+            rest.len()
+        );
+    }
+    let snapshot = magpie.shared.snapshot.load();
+    assert_eq!(snapshot.version, 21);
+    assert_eq!(magpie.shared.stats.reloads(true), 20);
+    drop(snapshot);
+    magpie.stop().await;
+}
+
+async fn echo(stream: &mut tokio::net::TcpStream, chunk: &[u8]) {
+    within("an echo round trip", async {
+        stream.write_all(chunk).await.expect("send a chunk");
+        let mut back = vec![0u8; chunk.len()];
+        stream.read_exact(&mut back).await.expect("read the echo");
+        assert!(back == chunk, "echo differs");
+    })
+    .await;
+}
+
+/// A broken file on SIGHUP leaves the running table routing; the failure is
+/// counted and logged with the file, line and column.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_reload_keeps_the_running_table() {
+    let backends = HttpBackends::start(&["a", "b", "c"]).await;
+    let settings = format!("{SESSION_KEY}reload:\n  watch: false\n");
+    let good = config_yaml("127.0.0.1:0", &settings, &backends.list)
+        .replace("admin: off", "admin: 127.0.0.1:0");
+    let file = TempFile::new("magpie.yaml", &good);
+    let path = file.path.to_str().expect("UTF-8 temp path");
+    let mut child = Child::spawn(&["run", "--config", path]);
+    let started = child.wait_for_line("magpie started").await;
+    let addr = listen_addr_in(&started);
+    let admin = admin_addr_in(&started);
+    let before = backend_of(&http_get(addr, Some("alice")).await);
+
+    // Line 4 is broken: a field `key` does not have.
+    let mut lines: Vec<&str> = good.lines().collect();
+    assert_eq!(lines[2], "key:");
+    lines.insert(3, "  bogus: 1");
+    std::fs::write(&file.path, lines.join("\n")).expect("write the broken config");
+    signal(&child, "-HUP");
+    child.wait_for_line("reload failed").await;
+    let place = child.wait_for_line("magpie.yaml:").await;
+    assert!(
+        place.contains("magpie.yaml:4:"),
+        "error should name line 4: {place}"
+    );
+
+    assert_eq!(backend_of(&http_get(addr, Some("alice")).await), before);
+    let metrics = admin_get(admin, "/metrics").await.1;
+    assert!(
+        metrics.contains("magpie_reloads_total{result=\"error\"} 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("magpie_table_version 1"), "{metrics}");
+
+    // A fixed file applies.
+    std::fs::write(&file.path, &good).expect("restore the config");
+    signal(&child, "-HUP");
+    child.wait_for_line("reloaded").await;
+    assert!(
+        admin_get(admin, "/metrics")
+            .await
+            .1
+            .contains("magpie_table_version 2")
+    );
+    signal(&child, "-TERM");
+    let status = within("magpie to exit", child.process.wait())
+        .await
+        .expect("wait for magpie");
+    assert!(status.success(), "{status}");
+}
+
+fn signal(child: &Child, which: &str) {
+    let status = std::process::Command::new("kill")
+        .args([which, &child.pid()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill {which} failed");
+}
+
+/// An editor's write-then-rename and a Kubernetes ConfigMap symlink swap are
+/// both seen by the directory watch; a touch that changes nothing does not
+/// rebuild.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_replacements_are_picked_up() {
+    let backends = HttpBackends::start(&["a", "b", "c", "d"]).await;
+    let yaml = |n: usize| config_yaml("127.0.0.1:0", SESSION_KEY, &backends.list[..n]);
+
+    // Editor style: write a temporary file, rename it over the config.
+    let file = TempFile::new("magpie.yaml", &yaml(2));
+    let magpie = Magpie::start_file(&file.path).await;
+    let mut versions = magpie.shared.versions();
+    // A touch (same bytes) first: it must not produce a version.
+    std::fs::write(&file.path, yaml(2)).expect("touch");
+    let tmp = file.path.with_file_name(".magpie.yaml.swp");
+    std::fs::write(&tmp, yaml(3)).expect("write the new version");
+    std::fs::rename(&tmp, &file.path).expect("rename into place");
+    within("the renamed file to be reloaded", versions.changed())
+        .await
+        .expect("magpie is running");
+    let snapshot = magpie.shared.snapshot.load_full();
+    assert_eq!(snapshot.version, 2, "the touch must not have rebuilt");
+    assert_eq!(snapshot.backends.len(), 3);
+    magpie.stop().await;
+
+    // ConfigMap style: magpie.yaml -> ..data/magpie.yaml, ..data -> ..v1.
+    let root = TempFile::new("placeholder", "");
+    let dir = root.path.parent().expect("temp dir").to_path_buf();
+    std::fs::create_dir(dir.join("..v1")).expect("mkdir ..v1");
+    std::fs::write(dir.join("..v1/magpie.yaml"), yaml(2)).expect("write v1");
+    std::os::unix::fs::symlink("..v1", dir.join("..data")).expect("link ..data");
+    std::os::unix::fs::symlink("..data/magpie.yaml", dir.join("magpie.yaml"))
+        .expect("link magpie.yaml");
+    let magpie = Magpie::start_file(&dir.join("magpie.yaml")).await;
+    let mut versions = magpie.shared.versions();
+    std::fs::create_dir(dir.join("..v2")).expect("mkdir ..v2");
+    std::fs::write(dir.join("..v2/magpie.yaml"), yaml(4)).expect("write v2");
+    std::os::unix::fs::symlink("..v2", dir.join("..data_tmp")).expect("link ..data_tmp");
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).expect("swap ..data");
+    within("the symlink swap to be reloaded", versions.changed())
+        .await
+        .expect("magpie is running");
+    assert_eq!(magpie.shared.snapshot.load().backends.len(), 4);
+    magpie.stop().await;
+}
+
+/// Backends whose name and address are unchanged keep their counters (and
+/// their open connections' count) across a reload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unchanged_backends_keep_their_live_state() {
+    let backends = HttpBackends::start(&["a", "b", "c"]).await;
+    let settings = format!("{SESSION_KEY}reload:\n  watch: false\n");
+    let file = TempFile::new(
+        "magpie.yaml",
+        &config_yaml("127.0.0.1:0", &settings, &backends.list[..2]),
+    );
+    let magpie = Magpie::start_file(&file.path).await;
+    for i in 0..20 {
+        http_get(magpie.addr, Some(&format!("s{i}"))).await;
+    }
+    // One connection stays open across the reload.
+    let mut held = connect(magpie.addr).await;
+    let held_on = backend_of(&http_keepalive(&mut held, Some("held")).await);
+    let before: Vec<(String, u64, u64)> = counters(&magpie);
+    assert_eq!(before.iter().map(|c| c.1).sum::<u64>(), 21);
+
+    std::fs::write(
+        &file.path,
+        config_yaml("127.0.0.1:0", &settings, &backends.list),
+    )
+    .expect("add c");
+    let mut reloader = Reloader::new(file.path.clone(), Arc::clone(&magpie.shared));
+    assert!(matches!(
+        reloader.reload(true).await,
+        Ok(Outcome::Applied { version: 2, .. })
+    ));
+    let after = counters(&magpie);
+    assert_eq!(
+        &after[..2],
+        &before[..],
+        "a and b keep connections and bytes"
+    );
+    assert_eq!(after[2].1, 0, "c starts fresh");
+    assert_eq!(
+        magpie.backend(&held_on).live.active(),
+        1,
+        "the held connection is still counted"
+    );
+    assert_eq!(
+        backend_of(&http_keepalive(&mut held, Some("held")).await),
+        held_on
+    );
+    drop(held);
+    magpie.stop().await;
+}
+
+fn counters(magpie: &Magpie) -> Vec<(String, u64, u64)> {
+    magpie
+        .shared
+        .snapshot
+        .load()
+        .backends
+        .iter()
+        .map(|b| {
+            (
+                b.name.clone(),
+                b.live.connections(),
+                b.live.bytes_received(),
+            )
+        })
+        .collect()
+}
+
+/// A removed backend's connections drain; with `drain_timeout` they are
+/// closed once it passes, and the backend's metric series then disappear.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removed_backends_drain_then_close_after_drain_timeout() {
+    let backends = RawBackends::start(&["a", "b"], Behaviour::GreetEcho).await;
+    let settings = "key:\n  from: source_addr\nreload:\n  watch: false\ndrain_timeout: 300ms\n";
+    let file = TempFile::new(
+        "magpie.yaml",
+        &config_yaml("127.0.0.1:0", settings, &backends.list),
+    );
+    let magpie = Magpie::start_file(&file.path).await;
+    // Open connections until one lands on each backend.
+    let mut on = std::collections::HashMap::new();
+    for _ in 0..64 {
+        let mut stream = connect(magpie.addr).await;
+        let name = read_greeting(&mut stream).await;
+        on.entry(name).or_insert(stream);
+        if on.len() == 2 {
+            break;
+        }
+    }
+    let (mut on_a, mut on_b) = (
+        on.remove("a").expect("one on a"),
+        on.remove("b").expect("one on b"),
+    );
+
+    std::fs::write(
+        &file.path,
+        config_yaml("127.0.0.1:0", settings, &backends.list[..1]),
+    )
+    .expect("remove b");
+    let mut reloader = Reloader::new(file.path.clone(), Arc::clone(&magpie.shared));
+    match reloader.reload(false).await {
+        Ok(Outcome::Applied { removed, .. }) => assert_eq!(removed, vec!["b".to_string()]),
+        other => panic!("reload did not apply: {other:?}"),
+    }
+    // Still draining: b's connection works, and b is still exported.
+    echo(&mut on_b, b"still here").await;
+    assert_eq!(magpie.shared.retired().len(), 1);
+    // Then drain_timeout closes it (an orderly close or a reset both end it).
+    let mut rest = Vec::new();
+    within(
+        "the drained connection to close",
+        on_b.read_to_end(&mut rest),
+    )
+    .await
+    .ok();
+    // The connection's slot is given back before its socket closes.
+    assert!(
+        magpie.shared.retired().is_empty(),
+        "b drained, so it is forgotten"
+    );
+    // The connection to a, which stayed, is untouched.
+    echo(&mut on_a, b"unaffected").await;
+    drop(on_a);
+    magpie.stop().await;
+}
+
+/// `idle_timeout` closes a connection with no traffic in either direction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_are_closed() {
+    let backends = RawBackends::start(&["a"], Behaviour::GreetEcho).await;
+    let magpie = Magpie::with("idle_timeout: 300ms\n", &backends.list).await;
+    let mut stream = connect(magpie.addr).await;
+    read_greeting(&mut stream).await;
+    let started = std::time::Instant::now();
+    let rest = read_until_closed(&mut stream)
+        .await
+        .expect("an orderly close");
+    assert!(rest.is_empty());
+    assert!(
+        started.elapsed() >= std::time::Duration::from_millis(250),
+        "closed too early"
+    );
+    magpie.stop().await;
+}
