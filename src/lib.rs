@@ -15,6 +15,8 @@
 //! |---|---|
 //! | [`hash`] | `h64`, the one hash everything uses |
 //! | [`placement`] | pure placement schemes: Maglev, ring, rendezvous, jump, mod N, bounded loads |
+//! | [`simulate`] | the placement lab behind `magpie simulate` |
 
 pub mod hash;
 pub mod placement;
+pub mod simulate;

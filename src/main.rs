@@ -1,6 +1,6 @@
 //! The `magpie` command line. `anyhow` lives here only.
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -8,9 +8,21 @@ use clap::Parser;
     version,
     about = "A Layer-4 consistent-hash TCP load balancer"
 )]
-struct Cli {}
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Measure how hashing schemes move keys and balance load when a pool changes.
+    Simulate(magpie::simulate::SimulateArgs),
+}
 
 fn main() -> anyhow::Result<()> {
-    Cli::parse();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Simulate(args) => magpie::simulate::main(&args)?,
+    }
     Ok(())
 }

@@ -148,7 +148,7 @@ impl Seen {
         if self.ids[..self.len].contains(&id) {
             return false;
         }
-        if self.len < MAX_CANDIDATES {
+        if !self.is_full() {
             self.ids[self.len] = id;
             self.len += 1;
         }
