@@ -456,7 +456,7 @@ fn place_rendezvous(pool: &Pool, keys: &[Key]) -> Vec<u32> {
                 // Strictly greater wins, so a tie stays with the earlier node.
                 let wins = match best {
                     None => true,
-                    Some((s, bh, _)) if uniform => h > bh || (h == bh && s < score),
+                    Some((_, bh, _)) if uniform => h > bh,
                     Some((s, _, _)) => score > s,
                 };
                 if wins {
