@@ -937,7 +937,7 @@ pub fn render(report: &Report) -> String {
 }
 
 /// `magpie simulate`: validate, run, print the table or JSON; warnings go to
-/// stderr.
+/// stderr. A closed stdout (`| head`) ends the command quietly.
 pub fn main(args: &SimulateArgs) -> Result<(), SimulateError> {
     let experiment = Experiment::from_args(args)?;
     let report = run(&experiment)?;
@@ -945,14 +945,21 @@ pub fn main(args: &SimulateArgs) -> Result<(), SimulateError> {
     for w in &report.warnings {
         writeln!(stderr, "warning: {w}")?;
     }
-    let mut stdout = std::io::stdout().lock();
-    if args.json {
-        serde_json::to_writer_pretty(&mut stdout, &report)?;
-        writeln!(stdout)?;
+    let text = if args.json {
+        let mut json = serde_json::to_string_pretty(&report)?;
+        json.push('\n');
+        json
     } else {
-        stdout.write_all(render(&report).as_bytes())?;
+        render(&report)
+    };
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
     }
-    Ok(())
 }
 
 #[cfg(test)]
