@@ -15,6 +15,7 @@
 //! |---|---|
 //! | [`hash`] | `h64`, the one hash everything uses |
 //! | [`placement`] | pure placement schemes: Maglev, ring, rendezvous, jump, mod N, bounded loads |
+//! | [`simulate`] | the placement lab behind `magpie simulate` |
 //! | [`config`] | YAML → `RawConfig` → validated `Config`, errors with file:line:column |
 //! | [`snapshot`] | `Snapshot` (version, fingerprint, backends, table, settings), built from a `Config` |
 //! | [`backend`] | a backend's identity and live state (active, counters, health flag) |
@@ -43,4 +44,5 @@ pub mod proxy;
 pub mod proxy_protocol;
 pub mod reload;
 pub mod server;
+pub mod simulate;
 pub mod snapshot;

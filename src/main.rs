@@ -57,6 +57,8 @@ enum Command {
         #[arg(required = true)]
         keys: Vec<String>,
     },
+    /// Measure how hashing schemes move keys and balance load when a pool changes.
+    Simulate(magpie::simulate::SimulateArgs),
     /// Show what changing OLD into NEW would move, before reloading.
     Plan {
         old: PathBuf,
@@ -90,6 +92,9 @@ fn main() -> ExitCode {
             verbose,
             keys,
         } => lookup(&config, verbose, &keys),
+        Command::Simulate(args) => magpie::simulate::main(&args)
+            .map(|()| ExitCode::SUCCESS)
+            .map_err(anyhow::Error::from),
         Command::Plan {
             old,
             new,

@@ -148,7 +148,7 @@ impl Seen {
         if self.ids[..self.len].contains(&id) {
             return false;
         }
-        if self.len < MAX_CANDIDATES {
+        if !self.is_full() {
             self.ids[self.len] = id;
             self.len += 1;
         }
@@ -157,6 +157,10 @@ impl Seen {
 
     pub(crate) fn len(&self) -> usize {
         self.len
+    }
+
+    pub(crate) fn is_full(&self) -> bool {
+        self.len == MAX_CANDIDATES
     }
 }
 
@@ -188,5 +192,6 @@ mod tests {
         assert!(!seen.insert(3));
         assert!(seen.insert(4));
         assert_eq!(seen.len(), 2);
+        assert!(!seen.is_full());
     }
 }

@@ -10,6 +10,7 @@ mod health;
 mod proxy_protocol;
 mod reload;
 mod shutdown;
+mod simulate;
 mod stickiness;
 mod support;
 mod transfer;
