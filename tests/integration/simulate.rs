@@ -19,20 +19,7 @@ fn simulate_json_from_the_binary() {
     assert_eq!(v["nodes_after"], 11);
     let rows = v["rows"].as_array().expect("rows");
     let ids: Vec<&str> = rows.iter().filter_map(|r| r["scheme"].as_str()).collect();
-    assert_eq!(
-        ids,
-        [
-            "mod-n",
-            "ring-1",
-            "ring-10",
-            "ring-100",
-            "ring-1000",
-            "rendezvous",
-            "jump",
-            "bounded-ring",
-            "maglev"
-        ]
-    );
+    assert_eq!(ids, magpie::simulate::SCHEMES);
     let moved = |id: &str| {
         rows.iter()
             .find(|r| r["scheme"] == id)
