@@ -156,12 +156,11 @@ fn check(path: &std::path::Path) -> anyhow::Result<ExitCode> {
                 .unwrap_or_default()
         );
     }
-    if let magpie::snapshot::Table::Maglev(m) = &snapshot.table {
-        if let Some(w) =
+    if let magpie::snapshot::Table::Maglev(m) = &snapshot.table
+        && let Some(w) =
             magpie::placement::maglev::sparse_warning(m.table_size(), snapshot.backends.len())
-        {
-            println!("warning: {w}");
-        }
+    {
+        println!("warning: {w}");
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -201,13 +201,13 @@ impl Plan {
                 skipped_down = true;
                 continue;
             }
-            if let Some((c, total, weight)) = bounded {
-                if backend.live.active() >= bounded::cap(c, total, backend.weight, weight) {
-                    if count_spills {
-                        backend.live.count_spill();
-                    }
-                    continue;
+            if let Some((c, total, weight)) = bounded
+                && backend.live.active() >= bounded::cap(c, total, backend.weight, weight)
+            {
+                if count_spills {
+                    backend.live.count_spill();
                 }
+                continue;
             }
             targets.push(Arc::clone(backend));
             if targets.len() == attempts {
@@ -268,13 +268,12 @@ async fn connect_first(
                 let why = ConnectFailure::of(&e);
                 let consecutive = backend.live.count_connect_failure(why);
                 warn!(backend = %backend.name, addr = %backend.addr, error = %e, "connect failed; trying the next candidate");
-                if let Some(health) = &config.health {
-                    if health.passive_failures > 0
-                        && consecutive >= health.passive_failures
-                        && backend.live.set_up(false)
-                    {
-                        warn!(backend = %backend.name, failures = consecutive, "marked down after consecutive connect failures");
-                    }
+                if let Some(health) = &config.health
+                    && health.passive_failures > 0
+                    && consecutive >= health.passive_failures
+                    && backend.live.set_up(false)
+                {
+                    warn!(backend = %backend.name, failures = consecutive, "marked down after consecutive connect failures");
                 }
             }
         }

@@ -380,7 +380,7 @@ fn salted_keys(plain: &[Key], hot: Hot, salt: u32) -> Vec<Key> {
     let mut keys =
         Vec::with_capacity(plain.len() + plain.len() / hot.every as usize * salt as usize);
     for (i, key) in plain.iter().enumerate() {
-        if i as u64 % hot.every != 0 {
+        if !(i as u64).is_multiple_of(hot.every) {
             keys.push(key.clone());
             continue;
         }
@@ -632,10 +632,10 @@ pub fn run(experiment: &Experiment) -> Result<Report, SimulateError> {
     };
     let mut warnings = Vec::new();
     for pool in [&before, &after] {
-        if let Some(w) = maglev::sparse_warning(maglev::DEFAULT_TABLE_SIZE, pool.set.len()) {
-            if !warnings.contains(&w) {
-                warnings.push(w);
-            }
+        if let Some(w) = maglev::sparse_warning(maglev::DEFAULT_TABLE_SIZE, pool.set.len())
+            && !warnings.contains(&w)
+        {
+            warnings.push(w);
         }
     }
     let count = keys.len() as f64;
@@ -655,10 +655,10 @@ pub fn run(experiment: &Experiment) -> Result<Report, SimulateError> {
             Change::Remove(r) => {
                 let mut got = vec![0u64; after.ids.len()];
                 for (k, &owner) in a.iter().enumerate() {
-                    if owner == r {
-                        if let Some(j) = after.ids.iter().position(|&id| id == b[k]) {
-                            got[j] += 1;
-                        }
+                    if owner == r
+                        && let Some(j) = after.ids.iter().position(|&id| id == b[k])
+                    {
+                        got[j] += 1;
                     }
                 }
                 Some(

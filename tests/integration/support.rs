@@ -208,14 +208,13 @@ async fn raw_accept_loop(
 /// (a reset) ends the connection like EOF does.
 async fn serve_raw(mut stream: TcpStream, name: &str, behaviour: Behaviour) -> Vec<u8> {
     let mut received = Vec::new();
-    if behaviour == Behaviour::GreetEcho {
-        if let Err(e) = stream
+    if behaviour == Behaviour::GreetEcho
+        && let Err(e) = stream
             .write_all(format!("backend: {name}\n").as_bytes())
             .await
-        {
-            eprintln!("raw backend {name}: greeting failed: {e}");
-            return received;
-        }
+    {
+        eprintln!("raw backend {name}: greeting failed: {e}");
+        return received;
     }
     let mut buf = vec![0u8; 64 * 1024];
     loop {
@@ -228,11 +227,11 @@ async fn serve_raw(mut stream: TcpStream, name: &str, behaviour: Behaviour) -> V
             }
         };
         received.extend_from_slice(&buf[..n]);
-        if behaviour == Behaviour::GreetEcho {
-            if let Err(e) = stream.write_all(&buf[..n]).await {
-                eprintln!("raw backend {name}: echo failed: {e}");
-                return received;
-            }
+        if behaviour == Behaviour::GreetEcho
+            && let Err(e) = stream.write_all(&buf[..n]).await
+        {
+            eprintln!("raw backend {name}: echo failed: {e}");
+            return received;
         }
     }
     if behaviour == Behaviour::CountAtEof {
@@ -576,10 +575,10 @@ impl TempFile {
 
 impl Drop for TempFile {
     fn drop(&mut self) {
-        if let Some(dir) = self.path.parent() {
-            if let Err(e) = std::fs::remove_dir_all(dir) {
-                eprintln!("cannot remove {}: {e}", dir.display());
-            }
+        if let Some(dir) = self.path.parent()
+            && let Err(e) = std::fs::remove_dir_all(dir)
+        {
+            eprintln!("cannot remove {}: {e}", dir.display());
         }
     }
 }
