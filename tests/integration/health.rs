@@ -61,6 +61,7 @@ async fn a_killed_backend_goes_down_and_comes_back() {
     let slack = INTERVAL / 10 + Duration::from_millis(1500);
     let took = until_up_is(&magpie, "b", false, INTERVAL * FALL + slack).await;
     assert!(took >= INTERVAL * (FALL - 1), "down too early: {took:?}");
+    eprintln!("b was marked down {took:?} after it was killed");
 
     for s in &sessions {
         let now = backend_of(&http_get(magpie.addr, Some(s)).await);
@@ -76,6 +77,7 @@ async fn a_killed_backend_goes_down_and_comes_back() {
     let revived = HttpBackends::start_on(b_addr, &["b"]).await;
     let took = until_up_is(&magpie, "b", true, INTERVAL * RISE + slack).await;
     assert!(took >= INTERVAL * (RISE - 1), "up too early: {took:?}");
+    eprintln!("b was marked up {took:?} after it came back");
     for s in &sessions {
         assert_eq!(
             backend_of(&http_get(magpie.addr, Some(s)).await),
