@@ -239,6 +239,7 @@ pub async fn start(
     };
     let admin = admin_listener.as_ref().and_then(|l| l.local_addr().ok());
     info!(
+        config = %config.source.display(),
         listen = ?listen,
         admin = ?admin,
         backends = snapshot.backends.len(),
@@ -248,18 +249,25 @@ pub async fn start(
         "magpie started"
     );
     let shared = Arc::new(Shared::new(snapshot));
+    // The admin endpoint outlives the listeners: during a drain, operators
+    // watch the active connections go down. It stops when the drain is done.
+    let drained = CancellationToken::new();
     if let Some(listener) = admin_listener {
         tokio::spawn(crate::admin::serve(
             listener,
             Arc::clone(&shared),
-            shutdown.clone(),
+            drained.clone(),
         ));
     }
     tokio::spawn(crate::health::run(Arc::clone(&shared), shutdown.clone()));
     if config.source.is_file() {
         crate::reload::spawn(config.source.clone(), Arc::clone(&shared), shutdown.clone());
     }
-    let task = tokio::spawn(serve(listeners, Arc::clone(&shared), shutdown));
+    let serving = serve(listeners, Arc::clone(&shared), shutdown);
+    let task = tokio::spawn(async move {
+        serving.await;
+        drained.cancel();
+    });
     Ok(Running {
         listen,
         admin,

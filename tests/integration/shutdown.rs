@@ -30,12 +30,14 @@ async fn sigterm_lets_an_in_flight_transfer_finish_then_exits_0() {
     let mut backends = RawBackends::start(&["echo"], Behaviour::GreetEcho).await;
     let file = TempFile::new(
         "magpie.yaml",
-        &config_yaml("127.0.0.1:0", "shutdown_grace: 20s\n", &backends.list),
+        &config_yaml("127.0.0.1:0", "shutdown_grace: 20s\n", &backends.list)
+            .replace("admin: off", "admin: 127.0.0.1:0"),
     );
     let path = file.path.to_str().expect("a UTF-8 temp path");
     let mut child = Child::spawn(&["run", "--config", path]);
     let started = child.wait_for_line("magpie started").await;
     let addr = listen_addr_in(&started);
+    let admin = admin_addr_in(&started);
 
     let data = pseudo_random(2 * PART, 42);
     let mut client = connect(addr).await;
@@ -64,6 +66,18 @@ async fn sigterm_lets_an_in_flight_transfer_finish_then_exits_0() {
         child.process.try_wait().expect("poll magpie").is_none(),
         "magpie exited while a connection was open:\n{}",
         child.log.join("\n")
+    );
+
+    // The admin endpoint still answers during the drain, and shows it.
+    let (status, metrics) = admin_get(admin, "/metrics").await;
+    assert_eq!(status, 200);
+    let active = metrics
+        .lines()
+        .find(|l| l.starts_with("magpie_backend_active_connections{backend=\"echo\""))
+        .unwrap_or_else(|| panic!("no active gauge for echo:\n{metrics}"));
+    assert!(
+        active.ends_with(" 1"),
+        "one connection is still active: {active}"
     );
 
     // The open connection keeps working after the signal.
