@@ -6,25 +6,30 @@
 //! every other implementation of the same experiment agree: a toolchain upgrade
 //! must never remap a fleet (which is why `DefaultHasher` is never used).
 
-use blake2::digest::consts::U8;
-use blake2::{Blake2b, Digest};
-
-type Blake2b64 = Blake2b<U8>;
+use blake2b_simd::{Hash, Params, State};
 
 /// BLAKE2b-64 of `bytes`, read as a big-endian `u64`.
 pub fn h64(bytes: &[u8]) -> u64 {
-    let digest = Blake2b64::digest(bytes);
-    u64::from_be_bytes(digest.into())
+    to_u64(Params::new().hash_length(8).hash(bytes))
 }
 
 /// `h64` over several byte strings, as if they were concatenated, without
 /// allocating the concatenation.
 pub fn h64_parts(parts: &[&[u8]]) -> u64 {
-    let mut hasher = Blake2b64::new();
+    let mut state: State = Params::new().hash_length(8).to_state();
     for part in parts {
-        hasher.update(part);
+        state.update(part);
     }
-    u64::from_be_bytes(hasher.finalize().into())
+    to_u64(state.finalize())
+}
+
+/// The 8-byte digest as a big-endian `u64`.
+fn to_u64(hash: Hash) -> u64 {
+    let bytes: [u8; 8] = hash
+        .as_bytes()
+        .try_into()
+        .expect("the digest length is set to 8");
+    u64::from_be_bytes(bytes)
 }
 
 #[cfg(test)]

@@ -19,8 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use blake2::digest::consts::U16;
-use blake2::{Blake2b, Digest};
+use blake2b_simd::Params;
 use tokio::sync::{Semaphore, watch};
 
 use crate::backend::{Backend, Live};
@@ -179,7 +178,7 @@ impl Snapshot {
 }
 
 fn fingerprint(table: &Table, backends: &[Arc<Backend>]) -> String {
-    let mut h = Blake2b::<U16>::new();
+    let mut h = Params::new().hash_length(16).to_state();
     match table {
         Table::Maglev(m) => {
             h.update(b"maglev\0");
@@ -188,7 +187,7 @@ fn fingerprint(table: &Table, backends: &[Arc<Backend>]) -> String {
                 h.update(b"\0");
             }
             for &owner in m.table() {
-                h.update(owner.to_be_bytes());
+                h.update(&owner.to_be_bytes());
             }
         }
         Table::Ring(r) => {
@@ -198,12 +197,12 @@ fn fingerprint(table: &Table, backends: &[Arc<Backend>]) -> String {
                 h.update(b"\0");
             }
             for &(point, owner) in r.points() {
-                h.update(point.to_be_bytes());
-                h.update(owner.to_be_bytes());
+                h.update(&point.to_be_bytes());
+                h.update(&owner.to_be_bytes());
             }
         }
     }
-    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    h.finalize().to_hex().to_string()
 }
 
 /// The one published snapshot and what lives beside it: global counters, the

@@ -157,6 +157,8 @@ impl Maglev {
             index: u32,
             next: u32,
             skip: u32,
+            /// `2 · skip mod M`, the stride of each of the two probe streams.
+            skip2: u32,
             quota: u64,
             credit: u64,
         }
@@ -176,6 +178,7 @@ impl Maglev {
                     index: i as u32,
                     next: offset as u32,
                     skip: skip as u32,
+                    skip2: ((2 * skip) % m) as u32,
                     quota,
                     // Starting one short of a full turn makes the cumulative
                     // count ceil(q·r/q_max): equal quotas take one slot per
@@ -199,23 +202,10 @@ impl Maglev {
                 f.credit -= q_max;
                 // Invariant: this node has quota left, so the table is not full
                 // and its full-cycle walk reaches a free slot.
-                let (mut pos, skip) = (f.next, f.skip);
-                loop {
-                    let slot = pos as usize;
-                    // pos + skip < 2M fits in u32 for M ≤ MAX_TABLE_SIZE; one
-                    // subtraction replaces the `%`.
-                    pos += skip;
-                    if pos >= m32 {
-                        pos -= m32;
-                    }
-                    let (word, bit) = (slot / 64, 1u64 << (slot % 64));
-                    if taken[word] & bit == 0 {
-                        taken[word] |= bit;
-                        table[slot] = f.index;
-                        break;
-                    }
-                }
-                f.next = pos;
+                let slot = next_free(&taken, f.next, f.skip, f.skip2, m32);
+                taken[slot as usize / 64] |= 1 << (slot % 64);
+                table[slot as usize] = f.index;
+                f.next = advance(slot, f.skip, m32);
             }
         }
         debug_assert!(table.iter().all(|&o| o != EMPTY));
@@ -246,6 +236,46 @@ impl Maglev {
     #[inline]
     pub fn slot(&self, key: u64) -> usize {
         ((u128::from(key) * self.table.len() as u128) >> 64) as usize
+    }
+}
+
+/// `(pos + step) mod m` for `pos < m` and `step < m`, without a division.
+///
+/// Comparing `pos` against `m − step` (loop-invariant for a walk) rather than
+/// adding first and comparing the sum keeps the dependency chain from one
+/// position to the next at a compare and a conditional move; the build's
+/// probes are bound by that chain.
+#[inline]
+fn advance(pos: u32, step: u32, m: u32) -> u32 {
+    let back = m - step;
+    if pos >= back { pos - back } else { pos + step }
+}
+
+/// The first free slot on the walk `start, start + skip, start + 2·skip, …`
+/// (mod `m`), given `skip2 = 2·skip mod m`.
+///
+/// The walk is split into two streams of stride `2·skip`: `a` takes the even
+/// steps and `b` the odd ones, and `a` is tested before `b` each time, so the
+/// slots are still tested in walk order and the first free one wins, exactly
+/// as in a one-slot-at-a-time walk. The two position chains are independent,
+/// so the CPU computes them in parallel: this roughly doubles probe
+/// throughput, which is most of a build's cost.
+///
+/// The caller guarantees a free slot exists; since `m` is prime and
+/// `1 ≤ skip < m`, the walk visits every slot within `m` steps.
+fn next_free(taken: &[u64], start: u32, skip: u32, skip2: u32, m: u32) -> u32 {
+    let is_free = |slot: u32| taken[slot as usize / 64] & (1 << (slot % 64)) == 0;
+    let mut a = start;
+    let mut b = advance(start, skip, m);
+    loop {
+        if is_free(a) {
+            return a;
+        }
+        if is_free(b) {
+            return b;
+        }
+        a = advance(a, skip2, m);
+        b = advance(b, skip2, m);
     }
 }
 
@@ -488,6 +518,67 @@ mod tests {
         let m = Maglev::new(&numbered(3), 7).unwrap();
         assert_eq!(m.slot(0), 0);
         assert_eq!(m.slot(u64::MAX), 6);
+    }
+
+    /// The table as the module docs define it, filled one probe at a time
+    /// with `%`: the optimised fill must give exactly this.
+    fn reference_table(nodes: &NodeSet, m: u64) -> Vec<u32> {
+        let quotas = quotas(nodes, m);
+        let q_max = *quotas.iter().max().unwrap();
+        let mut walks: Vec<(u32, u64, u64, u64, u64)> = nodes
+            .nodes()
+            .iter()
+            .zip(&quotas)
+            .enumerate()
+            .filter(|(_, (_, q))| **q > 0)
+            .map(|(i, (node, &q))| {
+                let h = h64_parts(&[node.name.as_bytes(), b"|maglev"]);
+                let skip = (h & 0xffff_ffff) % (m - 1) + 1;
+                (i as u32, (h >> 32) % m, skip, q, 0)
+            })
+            .collect();
+        let mut table = vec![EMPTY; m as usize];
+        for round in 1..=q_max {
+            for (index, next, skip, quota, taken) in walks.iter_mut() {
+                // Cumulative turns by the end of this round: ceil(q·r/q_max).
+                if *taken == (*quota * round).div_ceil(q_max) {
+                    continue;
+                }
+                while table[*next as usize] != EMPTY {
+                    *next = (*next + *skip) % m;
+                }
+                table[*next as usize] = *index;
+                *next = (*next + *skip) % m;
+                *taken += 1;
+            }
+        }
+        table
+    }
+
+    #[test]
+    fn fill_matches_the_one_probe_at_a_time_definition() {
+        let weighted =
+            NodeSet::new((0..23).map(|i| Node::new(format!("w{i}"), [0, 1, 2, 5, 13][i % 5])))
+                .unwrap();
+        for (set, m) in [
+            (numbered(1), 2),
+            (numbered(2), 2),
+            (numbered(2), 3),
+            (numbered(3), 7),
+            (numbered(7), 7),
+            (numbered(10), 101),
+            (numbered(100), DEFAULT_TABLE_SIZE),
+            (numbered(1000), DEFAULT_TABLE_SIZE),
+            (weighted.clone(), 257),
+            (weighted, DEFAULT_TABLE_SIZE),
+        ] {
+            let built = Maglev::new(&set, m).unwrap();
+            assert!(
+                built.table() == reference_table(&set, m),
+                "n={} m={m}",
+                set.len()
+            );
+        }
     }
 
     #[test]
