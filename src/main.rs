@@ -274,7 +274,7 @@ async fn demo(listen: SocketAddr, admin: SocketAddr) -> anyhow::Result<ExitCode>
         Config::parse(std::path::Path::new("<demo>"), &yaml).map_err(|e| anyhow::anyhow!("{e}"))?;
     let running = magpie::server::start(config, shutdown)
         .await
-        .context("cannot start magpie (is the port taken? try --listen 127.0.0.1:7100)")?;
+        .context("cannot start magpie (a port taken? choose others with --listen and --admin)")?;
     let at = running.listen[0];
     println!(
         "magpie demo: three HTTP backends behind magpie on {at}, keyed by the x-session-id header.\n"

@@ -156,6 +156,30 @@ async fn route_lookup_and_proxy_agree() {
         seen.len() >= 3,
         "24 keys should reach most of 4 backends: {seen:?}"
     );
+
+    // `lookup -v` lists the candidates in the order /route gives them.
+    let out = Command::new(magpie_bin())
+        .args(["lookup", "-v", "--config", args[2], &keys[0]])
+        .output()
+        .expect("run magpie lookup -v");
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).expect("UTF-8");
+    let listed: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.trim().split_once(". "))
+        .map(|(_, rest)| rest.split(' ').next().expect("a name"))
+        .collect();
+    let route: serde_json::Value =
+        serde_json::from_str(&admin_get(admin, &format!("/route?key={}", keys[0])).await.1)
+            .expect("/route is JSON");
+    let routed: Vec<&str> = route["candidates"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|c| c["name"].as_str().expect("a name"))
+        .collect();
+    assert_eq!(listed, routed, "{text}");
+    assert_eq!(listed.len(), 4);
     magpie.stop().await;
 }
 
