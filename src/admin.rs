@@ -21,7 +21,7 @@ use hyper::body::Incoming;
 use hyper::header::{ALLOW, CONTENT_TYPE, HeaderValue};
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus::Registry;
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -33,6 +33,9 @@ use crate::proxy::Plan;
 use crate::snapshot::{Shared, Snapshot};
 
 type Body = Full<Bytes>;
+
+/// How long a client may take to send a request head.
+const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Serves the admin endpoint on `listener` until `shutdown`.
 pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: CancellationToken) {
@@ -57,7 +60,11 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: Cancell
                 let response = answer(&req, &shared, &registry);
                 async move { Ok::<_, Infallible>(response) }
             });
+            // A client that never finishes its request head does not hold a
+            // task forever.
             let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
                 .serve_connection(TokioIo::new(stream), service);
             tokio::select! {
                 result = conn => if let Err(e) = result {
@@ -236,6 +243,40 @@ fn percent_decode(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_request_head_is_dropped() {
+        let config = crate::config::Config::parse(
+            std::path::Path::new("t.yaml"),
+            "listen: 127.0.0.1:7000\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+        )
+        .unwrap();
+        let snapshot = Snapshot::build(Arc::new(config), 1, &Default::default()).unwrap();
+        let shared = Arc::new(Shared::new(snapshot));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        tokio::spawn(serve(listener, shared, stop.clone()));
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\n")
+            .await
+            .unwrap();
+        let started = tokio::time::Instant::now();
+        let mut rest = Vec::new();
+        // hyper answers a timed-out head with 408 or just closes; either way it ends.
+        if let Err(e) = stream.read_to_end(&mut rest).await {
+            eprintln!("the stalled connection ended with {e}");
+        }
+        assert!(
+            started.elapsed() >= HEADER_READ_TIMEOUT,
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(!String::from_utf8_lossy(&rest).contains("200 OK"));
+        stop.cancel();
+    }
 
     #[test]
     fn query_decoding() {
