@@ -154,7 +154,7 @@ pub fn table_json(snapshot: &Snapshot) -> serde_json::Value {
     json!({
         "version": snapshot.version,
         "fingerprint": snapshot.fingerprint,
-        "algorithm": format!("{:?}", snapshot.table.algorithm()).to_lowercase(),
+        "algorithm": snapshot.table.algorithm().as_str(),
         "bounded_load": snapshot.config.placement.bounded_load,
         "backends": backends,
     })

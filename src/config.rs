@@ -126,6 +126,16 @@ pub enum Algorithm {
     Ring,
 }
 
+impl Algorithm {
+    /// As written in the config (and shown by `/table` and the metrics).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::Maglev => "maglev",
+            Algorithm::Ring => "ring",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 enum KeyFrom {

@@ -322,7 +322,9 @@ impl Families {
         family.mut_metric().push(m);
     }
 
-    fn add_backend_counters(&mut self, b: &Backend) {
+    /// A backend's series. Only a backend in the current table (`share` is
+    /// set) has up, weight and share; a draining one keeps its counters.
+    fn add_backend(&mut self, b: &Backend, share: Option<f64>) {
         let addr = b.addr.to_string();
         let l = [("backend", b.name.as_str()), ("addr", addr.as_str())];
         let live = &b.live;
@@ -355,6 +357,15 @@ impl Families {
             live.bytes_sent() as f64,
         );
         self.add("magpie_backend_spills_total", &l, live.spills() as f64);
+        if let Some(share) = share {
+            self.add(
+                "magpie_backend_up",
+                &l,
+                if live.is_up() { 1.0 } else { 0.0 },
+            );
+            self.add("magpie_backend_weight", &l, f64::from(b.weight));
+            self.add("magpie_backend_table_share_ratio", &l, share);
+        }
     }
 }
 
@@ -368,26 +379,17 @@ impl Collector for Exporter {
         let stats = &self.shared.stats;
         let mut f = Families::new();
         for (b, share) in snapshot.backends.iter().zip(&snapshot.shares) {
-            f.add_backend_counters(b);
-            let addr = b.addr.to_string();
-            let l = [("backend", b.name.as_str()), ("addr", addr.as_str())];
-            f.add(
-                "magpie_backend_up",
-                &l,
-                if b.live.is_up() { 1.0 } else { 0.0 },
-            );
-            f.add("magpie_backend_weight", &l, f64::from(b.weight));
-            f.add("magpie_backend_table_share_ratio", &l, *share);
+            f.add_backend(b, Some(*share));
         }
         for b in self.shared.retired() {
-            f.add_backend_counters(&b);
+            f.add_backend(&b, None);
         }
         f.add("magpie_table_version", &[], snapshot.version as f64);
-        let algorithm = format!("{:?}", snapshot.table.algorithm()).to_lowercase();
+        let algorithm = snapshot.table.algorithm().as_str();
         f.add(
             "magpie_table_info",
             &[
-                ("algorithm", &algorithm),
+                ("algorithm", algorithm),
                 ("fingerprint", &snapshot.fingerprint),
             ],
             1.0,

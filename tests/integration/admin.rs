@@ -10,10 +10,11 @@ use crate::support::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_parse_and_every_family_is_there_and_documented() {
     let backends = HttpBackends::start(&["a", "b"]).await;
-    let magpie = Magpie::start(
-        &config_yaml("127.0.0.1:0", SESSION_KEY, &backends.list)
-            .replace("admin: off", "admin: 127.0.0.1:0"),
-    )
+    let magpie = Magpie::start(&config_yaml_with_admin(
+        "127.0.0.1:0",
+        SESSION_KEY,
+        &backends.list,
+    ))
     .await;
     let admin = magpie.admin.expect("admin is on");
     for i in 0..10 {
@@ -55,10 +56,11 @@ async fn metrics_parse_and_every_family_is_there_and_documented() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_endpoints_answer_and_change_nothing() {
     let backends = HttpBackends::start(&["a", "b"]).await;
-    let magpie = Magpie::start(
-        &config_yaml("127.0.0.1:0", SESSION_KEY, &backends.list)
-            .replace("admin: off", "admin: 127.0.0.1:0"),
-    )
+    let magpie = Magpie::start(&config_yaml_with_admin(
+        "127.0.0.1:0",
+        SESSION_KEY,
+        &backends.list,
+    ))
     .await;
     let admin = magpie.admin.expect("admin is on");
     assert_eq!(admin_get(admin, "/healthz").await.0, 200);
@@ -102,12 +104,11 @@ async fn admin_endpoints_answer_and_change_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn route_lookup_and_proxy_agree() {
     let backends = HttpBackends::start(&["gpu-0", "gpu-1", "gpu-2", "gpu-3"]).await;
-    let yaml = config_yaml(
+    let yaml = config_yaml_with_admin(
         "127.0.0.1:0",
         &format!("{SESSION_KEY}reload:\n  watch: false\n"),
         &backends.list,
-    )
-    .replace("admin: off", "admin: 127.0.0.1:0");
+    );
     let file = TempFile::new("magpie.yaml", &yaml);
     let magpie = Magpie::start_file(&file.path).await;
     let admin = magpie.admin.expect("admin is on");

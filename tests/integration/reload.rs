@@ -101,8 +101,7 @@ async fn echo(stream: &mut tokio::net::TcpStream, chunk: &[u8]) {
 async fn bad_reload_keeps_the_running_table() {
     let backends = HttpBackends::start(&["a", "b", "c"]).await;
     let settings = format!("{SESSION_KEY}reload:\n  watch: false\n");
-    let good = config_yaml("127.0.0.1:0", &settings, &backends.list)
-        .replace("admin: off", "admin: 127.0.0.1:0");
+    let good = config_yaml_with_admin("127.0.0.1:0", &settings, &backends.list);
     let file = TempFile::new("magpie.yaml", &good);
     let path = file.path.to_str().expect("UTF-8 temp path");
     let mut child = Child::spawn(&["run", "--config", path]);

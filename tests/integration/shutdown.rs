@@ -30,8 +30,7 @@ async fn sigterm_lets_an_in_flight_transfer_finish_then_exits_0() {
     let mut backends = RawBackends::start(&["echo"], Behaviour::GreetEcho).await;
     let file = TempFile::new(
         "magpie.yaml",
-        &config_yaml("127.0.0.1:0", "shutdown_grace: 20s\n", &backends.list)
-            .replace("admin: off", "admin: 127.0.0.1:0"),
+        &config_yaml_with_admin("127.0.0.1:0", "shutdown_grace: 20s\n", &backends.list),
     );
     let path = file.path.to_str().expect("a UTF-8 temp path");
     let mut child = Child::spawn(&["run", "--config", path]);

@@ -387,6 +387,15 @@ pub fn config_yaml(listen: &str, settings: &str, backends: &[(String, SocketAddr
     yaml
 }
 
+/// [`config_yaml`] with the admin endpoint on `127.0.0.1:0`.
+pub fn config_yaml_with_admin(
+    listen: &str,
+    settings: &str,
+    backends: &[(String, SocketAddr)],
+) -> String {
+    config_yaml(listen, settings, backends).replace("admin: off", "admin: 127.0.0.1:0")
+}
+
 /// Header-mode settings keyed by `x-session-id`.
 pub const SESSION_KEY: &str = "key:\n  from: header\n  header: x-session-id\n";
 
