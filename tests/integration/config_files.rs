@@ -161,3 +161,61 @@ fn run_with_a_broken_file_exits_1_and_names_the_place() {
         "stderr: {stderr}"
     );
 }
+
+/// Pins each example config's fingerprint and where a few keys go, through the
+/// real binary (`check` and `lookup`), so that a change inside magpie that
+/// remaps keys fails here loudly rather than in a fleet.
+#[test]
+fn example_configs_route_as_pinned() {
+    let golden: &[(&str, &str, &[(&str, &str)])] = &[
+        (
+            "magpie.yaml",
+            "39be31c1ba745a2b0c4d7f80353bca4f",
+            &[("alice", "app-1"), ("conv-7f3a", "app-2"), ("k3", "app-0")],
+        ),
+        (
+            "llm-sessions.yaml",
+            "ecd98fe3ef997b6fdd403aa162ef30fa",
+            &[
+                ("alice", "gpu-0"),
+                ("bob", "gpu-3"),
+                ("session-42", "gpu-1"),
+            ],
+        ),
+        (
+            "sidecar.yaml",
+            "6e9c11e2b69edd2a5d1406b8d58caa89",
+            &[
+                ("127.0.0.1", "worker-2"),
+                ("10.1.2.3", "worker-0"),
+                ("192.168.7.9", "worker-1"),
+            ],
+        ),
+    ];
+    for (file, fingerprint, routes) in golden {
+        let path = config_dir().join(file);
+        let out = check(&path);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            stdout.contains(&format!("fingerprint: {fingerprint}")),
+            "{file}: the fingerprint changed:\n{stdout}"
+        );
+        let mut args = vec!["lookup".to_string(), "--config".into()];
+        args.push(path.to_string_lossy().into_owned());
+        args.extend(routes.iter().map(|(k, _)| k.to_string()));
+        let out = Command::new(magpie_bin())
+            .args(&args)
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", magpie_bin()));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        for (key, backend) in *routes {
+            assert!(
+                stdout
+                    .lines()
+                    .any(|l| l.starts_with(&format!("{key}\t{backend}\t"))),
+                "{file}: key {key} no longer goes to {backend}:\n{stdout}"
+            );
+        }
+    }
+}
