@@ -320,7 +320,7 @@ pub struct ProxyProtocolConfig {
 
 impl ProxyProtocolConfig {
     pub fn is_trusted(&self, peer: IpAddr) -> bool {
-        let peer = crate::key::canonical_ip(peer);
+        let peer = crate::net::canonical_ip(peer);
         self.accept_from.iter().any(|net| net.contains(&peer))
     }
 }

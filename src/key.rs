@@ -25,20 +25,10 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::config::Fallback;
 use crate::hash::{h64, h64_parts};
+use crate::net::canonical_ip;
 
 /// How many header lines a request head may have before we stop parsing it.
 const MAX_HEADERS: usize = 64;
-
-/// An IPv4-mapped IPv6 address becomes IPv4; everything else is unchanged.
-pub fn canonical_ip(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(v6),
-        },
-        v4 => v4,
-    }
-}
 
 /// The `source_ip` key.
 pub fn source_ip_key(ip: IpAddr) -> u64 {

@@ -38,6 +38,7 @@ pub mod hash;
 pub mod health;
 pub mod key;
 pub mod metrics;
+pub mod net;
 pub mod placement;
 pub mod plan;
 pub mod proxy;

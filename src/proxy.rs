@@ -259,7 +259,7 @@ async fn connect_first(
             }
             None => backend.live.reserve(),
         };
-        match connect(backend.addr, config.connect.timeout).await {
+        match crate::net::connect(backend.addr, config.connect.timeout).await {
             Ok(stream) => {
                 backend.live.count_connection();
                 return Some((Arc::clone(backend), stream, guard));
@@ -279,20 +279,6 @@ async fn connect_first(
         }
     }
     None
-}
-
-/// A TCP connect with a deadline, with the data-path socket options set.
-pub async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
-    let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
-        .await
-        .map_err(|_| {
-            io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("no answer within {timeout:?}"),
-            )
-        })??;
-    crate::server::tune_stream(&stream);
-    Ok(stream)
 }
 
 #[allow(clippy::too_many_arguments)]

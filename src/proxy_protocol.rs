@@ -18,7 +18,7 @@ use ppp::v2;
 use ppp::{HeaderResult, PartialResult};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use crate::key::canonical_ip;
+use crate::net::canonical_ip;
 
 /// The largest PROXY header we accept. v1 is at most 107 bytes; v2 carries
 /// TLVs, which in practice (AWS, GCP, Azure, HAProxy) stay far below this.

@@ -15,56 +15,20 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
+use crate::net::{bind, is_resource_exhaustion, tune_stream};
 use crate::proxy;
 use crate::snapshot::Shared;
 
-/// Listen backlog (the kernel caps it at `net.core.somaxconn`).
-pub const BACKLOG: i32 = 1024;
 /// Pause after an accept error that more accepting cannot fix (no fds, no memory).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
-/// Keepalive on both sides: find dead peers of idle connections in ~2 minutes.
-const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
-const KEEPALIVE_RETRIES: u32 = 6;
 /// File descriptors kept aside for listeners, admin, health checks and logs.
 const FD_MARGIN: u64 = 64;
-
-/// Binds a listening socket with SO_REUSEADDR (restarts don't wait out
-/// TIME_WAIT) and [`BACKLOG`]. An IPv6 socket is v6-only, so `[::]:p` and
-/// `0.0.0.0:p` can both be listed.
-pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
-    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-    socket.set_reuse_address(true)?;
-    if addr.is_ipv6() {
-        socket.set_only_v6(true)?;
-    }
-    socket.bind(&addr.into())?;
-    socket.listen(BACKLOG)?;
-    socket.set_nonblocking(true)?;
-    TcpListener::from_std(socket.into())
-}
-
-/// TCP_NODELAY and keepalive on a data-path socket. A failure is logged, not
-/// fatal: the connection works without them.
-pub fn tune_stream(stream: &TcpStream) {
-    if let Err(e) = stream.set_nodelay(true) {
-        debug!(error = %e, "cannot set TCP_NODELAY");
-    }
-    let keepalive = TcpKeepalive::new()
-        .with_time(KEEPALIVE_IDLE)
-        .with_interval(KEEPALIVE_INTERVAL)
-        .with_retries(KEEPALIVE_RETRIES);
-    if let Err(e) = SockRef::from(stream).set_tcp_keepalive(&keepalive) {
-        debug!(error = %e, "cannot set TCP keepalive");
-    }
-}
 
 /// Raises the soft RLIMIT_NOFILE as far as the hard limit allows, and warns
 /// if it still cannot hold `max_connections` (two descriptors each).
@@ -175,11 +139,6 @@ async fn accept_loop(
             drop(permit);
         });
     }
-}
-
-fn is_resource_exhaustion(e: &io::Error) -> bool {
-    // EMFILE, ENFILE, ENOBUFS, ENOMEM.
-    matches!(e.raw_os_error(), Some(24 | 23 | 105 | 12))
 }
 
 #[derive(Debug, thiserror::Error)]

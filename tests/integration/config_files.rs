@@ -165,9 +165,12 @@ fn run_with_a_broken_file_exits_1_and_names_the_place() {
 /// Pins each example config's fingerprint and where a few keys go, through the
 /// real binary (`check` and `lookup`), so that a change inside magpie that
 /// remaps keys fails here loudly rather than in a fleet.
+/// An example config file, its fingerprint, and (key, backend) pairs.
+type Golden = (&'static str, &'static str, &'static [(&'static str, &'static str)]);
+
 #[test]
 fn example_configs_route_as_pinned() {
-    let golden: &[(&str, &str, &[(&str, &str)])] = &[
+    let golden: &[Golden] = &[
         (
             "magpie.yaml",
             "39be31c1ba745a2b0c4d7f80353bca4f",

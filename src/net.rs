@@ -1,0 +1,139 @@
+//! Sockets: binding listeners, tuning data-path streams, connecting with a
+//! deadline, and the address types a connection carries.
+//!
+//! Everything here is shared by both data paths, the admin endpoint and the
+//! health checks, and imports nothing else from magpie. Socket options that
+//! fail are logged, never fatal: a connection works without them.
+//!
+//! A connection has three addresses that are easy to swap when they travel as
+//! bare `SocketAddr`s, so each has its own type:
+//!
+//! * [`Peer`]: the address the TCP connection came from (a client, or a load
+//!   balancer in front of magpie);
+//! * [`Client`]: the real client: the peer, or the source a trusted PROXY
+//!   header names; this is what keys and logs use;
+//! * [`Local`]: the address the client connected to (magpie's own, or the
+//!   destination a PROXY header names); it goes into the PROXY v2 header
+//!   magpie sends on.
+
+use std::fmt;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
+use tokio::net::{TcpListener, TcpStream};
+use tracing::debug;
+
+/// Listen backlog (the kernel caps it at `net.core.somaxconn`).
+pub const BACKLOG: i32 = 1024;
+/// Keepalive on both sides: find dead peers of idle connections in ~2 minutes.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_RETRIES: u32 = 6;
+
+/// The address a TCP connection came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Peer(pub SocketAddr);
+
+/// The real client: the peer, or the source named by a trusted PROXY header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Client(pub SocketAddr);
+
+/// The address the client connected to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Local(pub SocketAddr);
+
+macro_rules! display_as_addr {
+    ($($t:ty),*) => {$(
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.fmt(f)
+            }
+        }
+    )*};
+}
+display_as_addr!(Peer, Client, Local);
+
+/// An IPv4-mapped IPv6 address becomes IPv4; everything else is unchanged.
+/// A dual-stack socket reports IPv4 clients as `::ffff:a.b.c.d`; keys, trust
+/// rules and PROXY headers all see the one canonical form.
+pub fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(v6),
+        },
+        v4 => v4,
+    }
+}
+
+/// Binds a listening socket with SO_REUSEADDR (restarts don't wait out
+/// TIME_WAIT) and [`BACKLOG`]. An IPv6 socket is v6-only, so `[::]:p` and
+/// `0.0.0.0:p` can both be listed.
+pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.bind(&addr.into())?;
+    socket.listen(BACKLOG)?;
+    socket.set_nonblocking(true)?;
+    TcpListener::from_std(socket.into())
+}
+
+/// TCP_NODELAY and keepalive on a data-path socket. A failure is logged, not
+/// fatal: the connection works without them.
+pub fn tune_stream(stream: &TcpStream) {
+    if let Err(e) = stream.set_nodelay(true) {
+        debug!(error = %e, "cannot set TCP_NODELAY");
+    }
+    let keepalive = TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_RETRIES);
+    if let Err(e) = SockRef::from(stream).set_tcp_keepalive(&keepalive) {
+        debug!(error = %e, "cannot set TCP keepalive");
+    }
+}
+
+/// A TCP connect with a deadline, with the data-path socket options set.
+pub async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+    let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+        .await
+        .map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no answer within {timeout:?}"),
+            )
+        })??;
+    tune_stream(&stream);
+    Ok(stream)
+}
+
+/// Whether an I/O error means this process ran out of something (file
+/// descriptors, buffers, memory) rather than that a peer misbehaved: EMFILE,
+/// ENFILE, ENOBUFS, ENOMEM.
+pub fn is_resource_exhaustion(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(24 | 23 | 105 | 12))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mapped_ipv4_becomes_ipv4() {
+        let mapped: IpAddr = "::ffff:192.0.2.7".parse().unwrap();
+        assert_eq!(canonical_ip(mapped), "192.0.2.7".parse::<IpAddr>().unwrap());
+        let v6: IpAddr = "2001:db8::1".parse().unwrap();
+        assert_eq!(canonical_ip(v6), v6);
+    }
+
+    #[test]
+    fn addresses_display_bare() {
+        let a: SocketAddr = "127.0.0.1:7000".parse().unwrap();
+        assert_eq!(Client(a).to_string(), "127.0.0.1:7000");
+    }
+}
