@@ -31,6 +31,7 @@
 //! | [`demo`] | `magpie demo`: three HTTP backends and magpie in front of them |
 
 pub mod admin;
+pub mod app;
 pub mod backend;
 pub mod config;
 pub mod demo;

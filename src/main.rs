@@ -255,7 +255,7 @@ async fn run(path: PathBuf) -> anyhow::Result<ExitCode> {
         }
     };
     let shutdown = shutdown_on_signals()?;
-    let running = magpie::server::start(config, shutdown).await?;
+    let running = magpie::app::start(config, shutdown).await?;
     running.wait().await;
     Ok(ExitCode::SUCCESS)
 }
@@ -272,7 +272,7 @@ async fn demo(listen: SocketAddr, admin: SocketAddr) -> anyhow::Result<ExitCode>
     let yaml = magpie::demo::config_yaml(listen, admin, &backends);
     let config =
         Config::parse(std::path::Path::new("<demo>"), &yaml).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let running = magpie::server::start(config, shutdown)
+    let running = magpie::app::start(config, shutdown)
         .await
         .context("cannot start magpie (a port taken? choose others with --listen and --admin)")?;
     let at = running.listen[0];

@@ -166,7 +166,11 @@ fn run_with_a_broken_file_exits_1_and_names_the_place() {
 /// real binary (`check` and `lookup`), so that a change inside magpie that
 /// remaps keys fails here loudly rather than in a fleet.
 /// An example config file, its fingerprint, and (key, backend) pairs.
-type Golden = (&'static str, &'static str, &'static [(&'static str, &'static str)]);
+type Golden = (
+    &'static str,
+    &'static str,
+    &'static [(&'static str, &'static str)],
+);
 
 #[test]
 fn example_configs_route_as_pinned() {

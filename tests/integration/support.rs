@@ -20,9 +20,9 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use magpie::app::{self, Running};
 use magpie::backend::Backend;
 use magpie::config::Config;
-use magpie::server::{self, Running};
 use magpie::snapshot::Shared;
 
 /// The safety net on every await that could hang.
@@ -290,7 +290,7 @@ impl Magpie {
         let config = Config::parse(Path::new("test.yaml"), yaml)
             .unwrap_or_else(|e| panic!("test config rejected:\n{e}\n--- config ---\n{yaml}"));
         let shutdown = CancellationToken::new();
-        let running = server::start(config, shutdown.clone())
+        let running = app::start(config, shutdown.clone())
             .await
             .unwrap_or_else(|e| panic!("magpie did not start: {e}"));
         Magpie::running(running, shutdown)
@@ -300,7 +300,7 @@ impl Magpie {
     pub async fn start_file(path: &Path) -> Magpie {
         let config = Config::load(path).unwrap_or_else(|e| panic!("test config rejected:\n{e}"));
         let shutdown = CancellationToken::new();
-        let running = server::start(config, shutdown.clone())
+        let running = app::start(config, shutdown.clone())
             .await
             .unwrap_or_else(|e| panic!("magpie did not start: {e}"));
         Magpie::running(running, shutdown)
