@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use crate::key::key_for_text;
-use crate::proxy::Plan;
+use crate::route::Route;
 use crate::snapshot::{Shared, Snapshot};
 
 type Body = Full<Bytes>;
@@ -161,8 +161,7 @@ pub fn table_json(snapshot: &Snapshot) -> serde_json::Value {
 }
 
 pub fn route_json(snapshot: &Snapshot, key_text: &str, key: u64) -> serde_json::Value {
-    let chosen = Plan::new(snapshot, key, false)
-        .targets
+    let chosen = Route::preview(snapshot, key)
         .first()
         .map(|b| b.name.clone());
     let candidates: Vec<_> = snapshot

@@ -127,7 +127,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     if config.source.is_file() {
         crate::reload::spawn(config.source.clone(), Arc::clone(&shared), shutdown.clone());
     }
-    let serving = crate::server::serve(listeners, Arc::clone(&shared), shutdown);
+    let serving = crate::tcp::serve(listeners, Arc::clone(&shared), shutdown);
     let task = tokio::spawn(async move {
         serving.await;
         drained.cancel();

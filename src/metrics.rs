@@ -1,7 +1,8 @@
-//! Process-wide counters, and their export in the Prometheus text format.
+//! The Prometheus export of magpie's counters.
 //!
 //! The data path only touches atomics: per-backend ones in
-//! [`crate::backend::Live`], global ones in [`Stats`]. Nothing on the hot path
+//! [`crate::backend::Live`], global ones in [`crate::stats::Stats`]; this module
+//! only reads them. Nothing on the hot path
 //! looks up a label. At scrape time, [`Exporter`] (a `prometheus` collector in
 //! its own `Registry`) reads the current snapshot, the draining backends and
 //! the counters, and renders every family listed in [`FAMILIES`]. A removed
@@ -9,7 +10,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
@@ -18,99 +18,7 @@ use prometheus::{Encoder, Registry, TextEncoder};
 use crate::backend::{Backend, ConnectFailure};
 use crate::key::FallbackReason;
 use crate::snapshot::Shared;
-
-/// Why a client connection was closed without reaching a backend.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClientFailure {
-    /// Every connect attempt failed (or every candidate was refused).
-    NoBackend,
-    /// A trusted peer sent no valid PROXY header, or an untrusted one sent one.
-    ProxyProtocol,
-}
-
-impl ClientFailure {
-    pub const ALL: [ClientFailure; 2] = [ClientFailure::NoBackend, ClientFailure::ProxyProtocol];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ClientFailure::NoBackend => "no_backend",
-            ClientFailure::ProxyProtocol => "proxy_protocol",
-        }
-    }
-}
-
-/// Global counters; each only grows.
-#[derive(Debug, Default)]
-pub struct Stats {
-    key_fallbacks: [AtomicU64; FallbackReason::ALL.len()],
-    rejected: AtomicU64,
-    accept_errors: AtomicU64,
-    client_failures: [AtomicU64; ClientFailure::ALL.len()],
-    accepted: AtomicU64,
-    reloads_ok: AtomicU64,
-    reloads_failed: AtomicU64,
-}
-
-impl Stats {
-    pub fn count_fallback(&self, why: FallbackReason) {
-        self.key_fallbacks[why.index()].fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub fn fallbacks(&self, why: FallbackReason) -> u64 {
-        self.key_fallbacks[why.index()].load(Ordering::Relaxed)
-    }
-
-    pub fn count_rejected(&self) {
-        self.rejected.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub fn rejected(&self) -> u64 {
-        self.rejected.load(Ordering::Relaxed)
-    }
-
-    pub fn count_accept_error(&self) {
-        self.accept_errors.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub fn accept_errors(&self) -> u64 {
-        self.accept_errors.load(Ordering::Relaxed)
-    }
-
-    pub fn count_client_failure(&self, why: ClientFailure) {
-        self.client_failures[why as usize].fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub fn client_failures(&self, why: ClientFailure) -> u64 {
-        self.client_failures[why as usize].load(Ordering::Relaxed)
-    }
-
-    pub fn count_accepted(&self) {
-        self.accepted.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub fn accepted(&self) -> u64 {
-        self.accepted.load(Ordering::Relaxed)
-    }
-
-    pub fn count_reload(&self, ok: bool) {
-        let counter = if ok {
-            &self.reloads_ok
-        } else {
-            &self.reloads_failed
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Reloads that published a snapshot (`true`) or kept the old one (`false`).
-    pub fn reloads(&self, ok: bool) -> u64 {
-        let counter = if ok {
-            &self.reloads_ok
-        } else {
-            &self.reloads_failed
-        };
-        counter.load(Ordering::Relaxed)
-    }
-}
+use crate::stats::ClientFailure;
 
 use MetricType::{COUNTER, GAUGE};
 

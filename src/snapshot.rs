@@ -24,10 +24,10 @@ use tokio::sync::{Semaphore, watch};
 
 use crate::backend::{Backend, Live};
 use crate::config::{Algorithm, Config};
-use crate::metrics::Stats;
 use crate::placement::maglev::Maglev;
 use crate::placement::ring::Ring;
 use crate::placement::{Node, NodeSet, PlacementError, Scheme};
+use crate::stats::Stats;
 
 /// The table behind a snapshot.
 #[derive(Debug)]

@@ -2,7 +2,7 @@
 
 use magpie::backend::ConnectFailure;
 use magpie::key;
-use magpie::metrics::ClientFailure;
+use magpie::stats::ClientFailure;
 
 use crate::support::*;
 

@@ -152,7 +152,7 @@ async fn all_down_fails_open_unless_told_to_refuse() {
             let failures = magpie
                 .shared
                 .stats
-                .client_failures(magpie::metrics::ClientFailure::NoBackend);
+                .client_failures(magpie::stats::ClientFailure::NoBackend);
             assert_eq!(failures, 1);
         }
         magpie.stop().await;

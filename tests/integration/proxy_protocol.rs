@@ -6,8 +6,8 @@ use std::net::SocketAddr;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use magpie::key;
-use magpie::metrics::ClientFailure;
 use magpie::proxy_protocol::{self, Origin};
+use magpie::stats::ClientFailure;
 
 use crate::support::*;
 

@@ -1,9 +1,10 @@
-//! Listeners, the accept loop, connection limits and graceful drain.
+//! The TCP accept loop: connection limits, one task per connection, and the
+//! graceful drain at shutdown.
 //!
 //! The entry point takes bound listeners and a shutdown signal:
 //! [`serve`]`(listeners, shared, shutdown)`. Each accepted connection becomes
-//! one task running [`crate::proxy::handle`], tracked so that shutdown can
-//! wait for it: on the signal, accepting stops at once, open connections get
+//! one task running a [`Connection`], tracked so that shutdown can wait for
+//! it: on the signal, accepting stops at once, open connections get
 //! `shutdown_grace` to finish, and whatever is left is then closed.
 //!
 //! The accept loop never ends because of a peer. Running out of file
@@ -14,37 +15,40 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
-use crate::net::{is_resource_exhaustion, tune_stream};
-use crate::proxy;
+use super::connection::Connection;
+use crate::net::{Local, Peer, is_resource_exhaustion, tune_stream};
 use crate::snapshot::Shared;
 
 /// Pause after an accept error that more accepting cannot fix (no fds, no memory).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
+/// What every accept loop shares.
+#[derive(Clone)]
+struct Acceptor {
+    shared: Arc<Shared>,
+    /// Every connection task, so that shutdown can wait for them.
+    tracker: TaskTracker,
+    /// Stop accepting.
+    shutdown: CancellationToken,
+    /// The grace period is over: open connections close.
+    hard_stop: CancellationToken,
+}
+
 /// Serves `listeners` until `shutdown` fires, then drains.
 pub async fn serve(listeners: Vec<TcpListener>, shared: Arc<Shared>, shutdown: CancellationToken) {
-    let limit = Arc::clone(&shared.limit);
-    let tracker = TaskTracker::new();
-    // Cancelled when the grace period is over: open connections close.
-    let hard_stop = CancellationToken::new();
-
+    let acceptor = Acceptor {
+        shared: Arc::clone(&shared),
+        tracker: TaskTracker::new(),
+        shutdown: shutdown.clone(),
+        hard_stop: CancellationToken::new(),
+    };
     let accept_loops: Vec<_> = listeners
         .into_iter()
-        .map(|listener| {
-            tokio::spawn(accept_loop(
-                listener,
-                Arc::clone(&shared),
-                Arc::clone(&limit),
-                tracker.clone(),
-                shutdown.clone(),
-                hard_stop.clone(),
-            ))
-        })
+        .map(|listener| tokio::spawn(accept_loop(listener, acceptor.clone())))
         .collect();
 
     shutdown.cancelled().await;
@@ -53,6 +57,7 @@ pub async fn serve(listeners: Vec<TcpListener>, shared: Arc<Shared>, shutdown: C
             warn!(error = %e, "accept loop ended abnormally");
         }
     }
+    let tracker = &acceptor.tracker;
     tracker.close();
     // Read now, not at start: a reload may have changed it.
     let grace = shared.snapshot.load().config.shutdown_grace;
@@ -63,31 +68,25 @@ pub async fn serve(listeners: Vec<TcpListener>, shared: Arc<Shared>, shutdown: C
             open = tracker.len(),
             "grace period over; closing the remaining connections"
         );
-        hard_stop.cancel();
+        acceptor.hard_stop.cancel();
         tracker.wait().await;
     }
     info!("all connections closed");
 }
 
-async fn accept_loop(
-    listener: TcpListener,
-    shared: Arc<Shared>,
-    limit: Arc<Semaphore>,
-    tracker: TaskTracker,
-    shutdown: CancellationToken,
-    hard_stop: CancellationToken,
-) {
-    let local = listener.local_addr().ok();
+async fn accept_loop(listener: TcpListener, acceptor: Acceptor) {
+    let listening = listener.local_addr().ok();
+    let stats = &acceptor.shared.stats;
     loop {
         let accepted = tokio::select! {
             biased;
-            _ = shutdown.cancelled() => return,
+            _ = acceptor.shutdown.cancelled() => return,
             accepted = listener.accept() => accepted,
         };
         let (stream, peer) = match accepted {
             Ok(pair) => pair,
             Err(e) => {
-                shared.stats.count_accept_error();
+                stats.count_accept_error();
                 if is_resource_exhaustion(&e) {
                     warn!(error = %e, "accept failed: out of resources; backing off");
                     tokio::time::sleep(ACCEPT_BACKOFF).await;
@@ -97,21 +96,26 @@ async fn accept_loop(
                 continue;
             }
         };
-        shared.stats.count_accepted();
-        let Ok(permit) = Arc::clone(&limit).try_acquire_owned() else {
+        stats.count_accepted();
+        let Ok(permit) = Arc::clone(&acceptor.shared.limit).try_acquire_owned() else {
             // Over the limit: close at once (the client sees the connection
             // accepted and closed, not a hang in the backlog).
-            shared.stats.count_rejected();
+            stats.count_rejected();
             debug!(%peer, "over max_connections; closing");
             drop(stream);
             continue;
         };
         tune_stream(&stream);
-        let local = stream.local_addr().ok().or(local).unwrap_or(peer);
-        let shared = Arc::clone(&shared);
-        let stop = hard_stop.clone();
-        tracker.spawn(async move {
-            proxy::handle(stream, peer, local, shared, stop).await;
+        let local = stream.local_addr().ok().or(listening).unwrap_or(peer);
+        let connection = Connection {
+            stream,
+            peer: Peer(peer),
+            local: Local(local),
+            shared: Arc::clone(&acceptor.shared),
+            stop: acceptor.hard_stop.clone(),
+        };
+        acceptor.tracker.spawn(async move {
+            connection.serve().await;
             drop(permit);
         });
     }

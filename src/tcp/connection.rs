@@ -1,0 +1,210 @@
+//! One client connection, from accept to close.
+//!
+//! `(PROXY header) ─▶ key ─▶ route ─▶ connect first that takes it ─▶
+//! (PROXY v2 out) ─▶ replay ─▶ copy both ways ─▶ count`.
+//!
+//! The snapshot is loaded once per connection; what the connection needs
+//! (its route, its settings) is taken out of it before the first connect, so
+//! an old table is not kept alive by long connections.
+
+use std::sync::Arc;
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use super::copy::{COPY_BUFFER, End, Pending, Transfer, copy_both_ways};
+use super::header_key::{HeaderKey, read_header_key};
+use crate::backend::{ActiveGuard, Backend};
+use crate::config::{Config, KeyConfig};
+use crate::key;
+use crate::net::{Client, Local, Peer};
+use crate::proxy_protocol::{self, Origin};
+use crate::route::{self, Route};
+use crate::snapshot::Shared;
+use crate::stats::ClientFailure;
+
+/// One accepted connection and what serving it needs.
+pub struct Connection {
+    /// The accepted socket, tuned.
+    pub stream: TcpStream,
+    /// Where the TCP connection came from.
+    pub peer: Peer,
+    /// The address it was accepted on.
+    pub local: Local,
+    pub shared: Arc<Shared>,
+    /// Fired when the shutdown grace is over: close now.
+    pub stop: CancellationToken,
+}
+
+/// The client's first bytes, read before a backend was chosen (a PROXY
+/// header's trailing bytes, a request head); they are replayed to it.
+struct FirstBytes {
+    buf: Vec<u8>,
+    filled: usize,
+}
+
+impl Connection {
+    /// Serves the connection until it ends. Never panics on anything a peer
+    /// sends; every failure is logged and counted.
+    pub async fn serve(mut self) {
+        let snapshot = self.shared.snapshot.load_full();
+        let config = Arc::clone(&snapshot.config);
+        let buf_len = match &config.key {
+            KeyConfig::Header { max_bytes, .. } => COPY_BUFFER.max(*max_bytes),
+            _ => COPY_BUFFER,
+        };
+        let mut first = FirstBytes {
+            buf: vec![0u8; buf_len],
+            filled: 0,
+        };
+
+        // 1. Who the client really is.
+        let Some((client, local)) = self.origin(&config, &mut first).await else {
+            return;
+        };
+        // Untrusted peers must not pass a PROXY header on when PROXY input is on.
+        let pp = &config.proxy_protocol;
+        let check_signature = !pp.accept_from.is_empty() && !pp.is_trusted(self.peer.0.ip());
+
+        // 2. The key; 3. who may take it.
+        let key = self.key(&config, client, &mut first).await;
+        let route = Route::plan(&snapshot, key);
+        drop(snapshot);
+
+        // 4. Connect to the first that does.
+        let Some((backend, mut upstream, _active)) = connect_first(&route, &config).await else {
+            warn!(%client, tried = route.targets.len(), "no backend took the connection; closing client");
+            self.shared
+                .stats
+                .count_client_failure(ClientFailure::NoBackend);
+            return;
+        };
+        debug!(%client, backend = %backend.name, "connected");
+
+        // 5. PROXY v2 out, then copy (starting with the bytes read so far).
+        if config.proxy_protocol.send_v2 {
+            let header = proxy_protocol::v2_header(client.0, local.0);
+            if let Err(e) = upstream.write_all(&header).await {
+                warn!(backend = %backend.name, error = %e, "cannot send PROXY header to backend");
+                return;
+            }
+        }
+        let end = copy_both_ways(
+            &mut self.stream,
+            &mut upstream,
+            Pending {
+                buf: &mut first.buf,
+                filled: first.filled,
+            },
+            Transfer {
+                backend: &backend,
+                idle_timeout: config.idle_timeout,
+                stop: &self.stop,
+                check_signature,
+            },
+        )
+        .await;
+        match end {
+            End::Refused => {
+                warn!(peer = %self.peer, "refusing connection: PROXY header from an untrusted peer");
+                self.shared
+                    .stats
+                    .count_client_failure(ClientFailure::ProxyProtocol);
+            }
+            End::Error(e) => {
+                debug!(%client, backend = %backend.name, error = %e, "connection ended with an error")
+            }
+            other => {
+                debug!(%client, backend = %backend.name, end = ?other, "connection closed")
+            }
+        }
+    }
+
+    /// The real client and destination: from a trusted peer's PROXY header,
+    /// else the socket's own. `None` when a trusted peer sent no valid header
+    /// (the connection is refused and counted).
+    async fn origin(&mut self, config: &Config, first: &mut FirstBytes) -> Option<(Client, Local)> {
+        let pp = &config.proxy_protocol;
+        let own = (Client(self.peer.0), self.local);
+        if !pp.is_trusted(self.peer.0.ip()) {
+            return Some(own);
+        }
+        let header = proxy_protocol::read_header(
+            &mut self.stream,
+            &mut first.buf,
+            &mut first.filled,
+            pp.header_timeout,
+        )
+        .await;
+        match header {
+            Ok(Origin::Proxied {
+                source,
+                destination,
+            }) => Some((Client(source), Local(destination))),
+            Ok(Origin::Local) => Some(own),
+            Err(e) => {
+                warn!(peer = %self.peer, error = %e, "refusing connection: bad PROXY header from a trusted peer");
+                self.shared
+                    .stats
+                    .count_client_failure(ClientFailure::ProxyProtocol);
+                None
+            }
+        }
+    }
+
+    /// The connection's key, reading the first bytes in header mode.
+    async fn key(&mut self, config: &Config, client: Client, first: &mut FirstBytes) -> u64 {
+        match &config.key {
+            KeyConfig::SourceIp => key::source_ip_key(client.0.ip()),
+            KeyConfig::SourceAddr => key::source_addr_key(client.0),
+            KeyConfig::Header {
+                name,
+                read_timeout,
+                max_bytes,
+                fallback,
+            } => {
+                let found = read_header_key(
+                    &mut self.stream,
+                    &mut first.buf,
+                    &mut first.filled,
+                    *max_bytes,
+                    name,
+                    *read_timeout,
+                )
+                .await;
+                match found {
+                    HeaderKey::Found(k) => k,
+                    HeaderKey::Fallback(reason) => {
+                        debug!(%client, reason = reason.as_str(), "header key not found, using fallback key");
+                        self.shared.stats.count_fallback(reason);
+                        key::fallback_key(*fallback, client.0)
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Connects to the first target of `route` that takes the connection, with
+/// the connect timeout per attempt. A target that filled up since the route
+/// was planned is skipped without a connect.
+async fn connect_first(
+    route: &Route,
+    config: &Config,
+) -> Option<(Arc<Backend>, TcpStream, ActiveGuard)> {
+    for backend in &route.targets {
+        let Some(guard) = route.reserve(backend) else {
+            continue;
+        };
+        match crate::net::connect(backend.addr, config.connect.timeout).await {
+            Ok(stream) => {
+                backend.live.count_connection();
+                return Some((Arc::clone(backend), stream, guard));
+            }
+            Err(e) => route::connect_failed(backend, &e, config.health.as_ref()),
+        }
+    }
+    None
+}

@@ -1,0 +1,213 @@
+//! Copying one connection's bytes both ways until both sides are done.
+//!
+//! Two buffers per connection, one per direction, with no allocation per
+//! read. Half-close is honoured: one side's EOF shuts down the other side's
+//! write half while the other direction keeps flowing. Activity in either
+//! direction resets the idle timer. The copy ends early when the connection
+//! idles out, when the shutdown grace is over, or when its backend was removed
+//! and its `drain_timeout` passed.
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::Backend;
+use crate::proxy_protocol::{self, Signature};
+
+/// Size of each direction's copy buffer (HAProxy's default `bufsize` too).
+pub const COPY_BUFFER: usize = 16 * 1024;
+
+/// How a copy ended, for the debug log.
+#[derive(Debug)]
+pub enum End {
+    Done,
+    Idle,
+    Stopped,
+    Drained,
+    /// An untrusted peer started with a PROXY signature.
+    Refused,
+    Error(io::Error),
+}
+
+/// The client's bytes read before the copy started (a header key's request
+/// head, say): `buf[..filled]` is sent to the backend first, and `buf` then
+/// serves as the client-to-backend copy buffer.
+pub struct Pending<'a> {
+    pub buf: &'a mut [u8],
+    pub filled: usize,
+}
+
+/// The rules of one copy.
+pub struct Transfer<'a> {
+    /// Counts the bytes; its `closing` token ends the copy (drain timeout).
+    pub backend: &'a Backend,
+    pub idle_timeout: Duration,
+    /// The shutdown grace is over.
+    pub stop: &'a CancellationToken,
+    /// The client must not begin with a PROXY signature (PROXY input is on
+    /// and this peer is not trusted).
+    pub check_signature: bool,
+}
+
+/// Copies `client` ⇄ `upstream` until both directions end, or the transfer's
+/// rules end it.
+pub async fn copy_both_ways(
+    client: &mut TcpStream,
+    upstream: &mut TcpStream,
+    pending: Pending<'_>,
+    transfer: Transfer<'_>,
+) -> End {
+    let started = Instant::now();
+    let last_activity = AtomicU64::new(0);
+    let touch = || last_activity.store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
+    let mut down_buf = vec![0u8; COPY_BUFFER];
+
+    let (mut client_r, mut client_w) = client.split();
+    let (mut up_r, mut up_w) = upstream.split();
+    let live = &transfer.backend.live;
+    let up = pipe(
+        (&mut client_r, &mut up_w),
+        pending,
+        transfer.check_signature,
+        |n| {
+            live.add_bytes_sent(n);
+            touch();
+        },
+    );
+    let down = pipe(
+        (&mut up_r, &mut client_w),
+        Pending {
+            buf: &mut down_buf,
+            filled: 0,
+        },
+        false,
+        |n| {
+            live.add_bytes_received(n);
+            touch();
+        },
+    );
+    let idle = transfer.idle_timeout;
+    let idle_watch = async {
+        loop {
+            let last = started + Duration::from_millis(last_activity.load(Ordering::Relaxed));
+            if Instant::now() >= last + idle {
+                return;
+            }
+            tokio::time::sleep_until(last + idle).await;
+        }
+    };
+    tokio::select! {
+        result = async { tokio::try_join!(up, down) } => match result {
+            Ok(_) => End::Done,
+            Err(PipeError::Refused) => End::Refused,
+            Err(PipeError::Io(e)) => End::Error(e),
+        },
+        _ = idle_watch => End::Idle,
+        _ = transfer.stop.cancelled() => End::Stopped,
+        _ = live.closing().cancelled() => End::Drained,
+    }
+}
+
+#[derive(Debug)]
+enum PipeError {
+    Refused,
+    Io(io::Error),
+}
+
+impl From<io::Error> for PipeError {
+    fn from(e: io::Error) -> Self {
+        PipeError::Io(e)
+    }
+}
+
+/// Copies `from` into `to` until EOF, then shuts down `to`'s write half.
+/// The pending bytes are sent first. With `check_signature`, the stream must
+/// not begin with a PROXY signature.
+async fn pipe<R, W>(
+    (from, to): (&mut R, &mut W),
+    pending: Pending<'_>,
+    mut check_signature: bool,
+    mut on_bytes: impl FnMut(u64),
+) -> Result<(), PipeError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let Pending { buf, mut filled } = pending;
+    loop {
+        while check_signature {
+            match proxy_protocol::signature(&buf[..filled]) {
+                Signature::Yes => return Err(PipeError::Refused),
+                Signature::No => check_signature = false,
+                Signature::Maybe => match from.read(&mut buf[filled..]).await? {
+                    0 => check_signature = false,
+                    n => filled += n,
+                },
+            }
+        }
+        if filled > 0 {
+            to.write_all(&buf[..filled]).await?;
+            on_bytes(filled as u64);
+        }
+        filled = from.read(buf).await?;
+        if filled == 0 {
+            to.shutdown().await?;
+            return Ok(());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn pipe_replays_then_copies_then_shuts_down() {
+        let (mut a, mut a_peer) = tokio::io::duplex(64);
+        let (mut b_peer, mut b) = tokio::io::duplex(64);
+        let mut buf = vec![0u8; 16];
+        buf[..3].copy_from_slice(b"pre");
+        a_peer.write_all(b"-rest").await.unwrap();
+        drop(a_peer);
+        let mut total = 0;
+        let pending = Pending {
+            buf: &mut buf,
+            filled: 3,
+        };
+        pipe((&mut a, &mut b_peer), pending, true, |n| total += n)
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        b.read_to_end(&mut out).await.unwrap();
+        assert_eq!(out, b"pre-rest");
+        assert_eq!(total, 8);
+    }
+
+    #[tokio::test]
+    async fn pipe_refuses_a_proxy_signature_split_across_reads() {
+        let (mut a, mut a_peer) = tokio::io::duplex(64);
+        let (mut b_peer, _b) = tokio::io::duplex(64);
+        let mut buf = vec![0u8; 64];
+        a_peer.write_all(b"PRO").await.unwrap();
+        let writer = tokio::spawn(async move {
+            tokio::task::yield_now().await;
+            a_peer
+                .write_all(b"XY TCP4 1.2.3.4 5.6.7.8 1 2\r\n")
+                .await
+                .unwrap();
+            a_peer
+        });
+        let pending = Pending {
+            buf: &mut buf,
+            filled: 0,
+        };
+        let got = pipe((&mut a, &mut b_peer), pending, true, |_| {}).await;
+        assert!(matches!(got, Err(PipeError::Refused)), "{got:?}");
+        drop(writer.await.unwrap());
+    }
+}
