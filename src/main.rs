@@ -1,6 +1,7 @@
 //! The `magpie` command line. `anyhow` lives here only.
 
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -118,33 +119,40 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
-fn check(path: &std::path::Path) -> anyhow::Result<ExitCode> {
-    let config = match Config::load(path) {
-        Ok(c) => Arc::new(c),
-        Err(errors) => {
-            eprintln!("{errors}");
-            return Ok(ExitCode::FAILURE);
-        }
-    };
-    let snapshot = match Snapshot::build(Arc::clone(&config), 1, &HashMap::new()) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("{}: {e}", path.display());
-            return Ok(ExitCode::FAILURE);
-        }
-    };
-    println!("{}: ok", path.display());
-    let listen: Vec<String> = config.listen.iter().map(|a| a.to_string()).collect();
-    println!("listen:      {}", listen.join(", "));
-    match config.admin {
-        Some(a) => println!("admin:       {a}"),
-        None => println!("admin:       off"),
+/// Writes a command's output to stdout. A closed stdout (`magpie check | head`)
+/// ends the command quietly: the reader has what it wanted.
+fn emit(text: &str) -> anyhow::Result<ExitCode> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
+        Err(e) => Err(anyhow::Error::from(e).context("cannot write to stdout")),
+        Ok(()) => Ok(ExitCode::SUCCESS),
     }
-    println!("algorithm:   {:?}", snapshot.table.algorithm());
-    println!("fingerprint: {}", snapshot.fingerprint);
-    println!("backends:");
+}
+
+fn check(path: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let Some(snapshot) = build(path)? else {
+        return Ok(ExitCode::FAILURE);
+    };
+    let config = &snapshot.config;
+    let mut out = String::new();
+    writeln!(out, "{}: ok", path.display())?;
+    let listen: Vec<String> = config.listen.iter().map(|a| a.to_string()).collect();
+    writeln!(out, "listen:      {}", listen.join(", "))?;
+    match config.admin {
+        Some(a) => writeln!(out, "admin:       {a}")?,
+        None => writeln!(out, "admin:       off")?,
+    }
+    writeln!(out, "algorithm:   {:?}", snapshot.table.algorithm())?;
+    writeln!(out, "fingerprint: {}", snapshot.fingerprint)?;
+    writeln!(out, "backends:")?;
     for (b, share) in snapshot.backends.iter().zip(&snapshot.shares) {
-        println!(
+        writeln!(
+            out,
             "  {:<20} {:<22} weight {:>5}  share {:>6.2}%{}",
             b.name,
             b.addr.to_string(),
@@ -154,15 +162,15 @@ fn check(path: &std::path::Path) -> anyhow::Result<ExitCode> {
                 .as_deref()
                 .map(|z| format!("  zone {z}"))
                 .unwrap_or_default()
-        );
+        )?;
     }
     if let magpie::snapshot::Table::Maglev(m) = &snapshot.table
         && let Some(w) =
             magpie::placement::maglev::sparse_warning(m.table_size(), snapshot.backends.len())
     {
-        println!("warning: {w}");
+        writeln!(out, "warning: {w}")?;
     }
-    Ok(ExitCode::SUCCESS)
+    emit(&out)
 }
 
 /// Loads and builds a config, or prints its errors.
@@ -183,22 +191,23 @@ fn lookup(path: &std::path::Path, verbose: bool, keys: &[String]) -> anyhow::Res
     let Some(snapshot) = build(path)? else {
         return Ok(ExitCode::FAILURE);
     };
+    let mut out = String::new();
     for text in keys {
         let key = magpie::key::key_for_text(&snapshot.config.key, text)?;
         let mut candidates = snapshot.candidates(key);
         let Some(primary) = candidates.next() else {
             anyhow::bail!("the table has no backend for {text:?}");
         };
-        println!("{text}\t{}\t{}", primary.name, primary.addr);
+        writeln!(out, "{text}\t{}\t{}", primary.name, primary.addr)?;
         if verbose {
-            println!("  hash {key:#018x}; candidates in order:");
-            println!("    1. {} ({})", primary.name, primary.addr);
+            writeln!(out, "  hash {key:#018x}; candidates in order:")?;
+            writeln!(out, "    1. {} ({})", primary.name, primary.addr)?;
             for (i, b) in candidates.enumerate() {
-                println!("    {}. {} ({})", i + 2, b.name, b.addr);
+                writeln!(out, "    {}. {} ({})", i + 2, b.name, b.addr)?;
             }
         }
     }
-    Ok(ExitCode::SUCCESS)
+    emit(&out)
 }
 
 fn plan(
@@ -222,11 +231,10 @@ fn plan(
     };
     let report = magpie::plan::compare(&old, &new, &keys)?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        emit(&format!("{}\n", serde_json::to_string_pretty(&report)?))
     } else {
-        print!("{report}");
+        emit(&report.to_string())
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// Cancels the returned token on SIGTERM or SIGINT.

@@ -226,3 +226,32 @@ fn example_configs_route_as_pinned() {
         }
     }
 }
+
+/// `magpie check | head` and friends: a reader that goes away early is not an
+/// error. Stdout here is a pipe whose read end is already closed, so the very
+/// first write fails with EPIPE.
+#[test]
+fn commands_end_quietly_on_a_closed_stdout() {
+    let config = config_dir().join("magpie.yaml");
+    let config = config.to_string_lossy();
+    let cases: [&[&str]; 4] = [
+        &["check", "--config", &config],
+        &["lookup", "--config", &config, "alice", "bob"],
+        &["plan", "--json", &config, &config],
+        &["simulate", "--keys", "1000"],
+    ];
+    for args in cases {
+        let (reader, writer) = std::io::pipe().expect("a pipe");
+        drop(reader);
+        let out = Command::new(magpie_bin())
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", magpie_bin()));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
