@@ -16,6 +16,8 @@
 //! The same text always gives the same key, so `magpie lookup KEY` and the
 //! admin `/route?key=` answer exactly what the proxy does.
 
+pub mod json;
+
 use std::net::{IpAddr, SocketAddr};
 
 use crate::config::Fallback;
@@ -79,10 +81,12 @@ pub fn key_for_text(config: &crate::config::KeyConfig, text: &str) -> Result<u64
     }
 }
 
-/// Why a header key was not found; each is counted separately.
+/// Why no key was read from a request, so the fallback key was used; each
+/// is counted separately.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FallbackReason {
-    /// A complete request head without the header.
+    /// A complete request head without the header (and, with a body field,
+    /// no body that could carry it).
     MissingHeader,
     /// The bytes are not an HTTP/1.x request.
     NotHttp,
@@ -92,15 +96,24 @@ pub enum FallbackReason {
     Timeout,
     /// The client stopped sending (EOF or error) before the head was complete.
     Closed,
+    /// The JSON body has no such field.
+    MissingField,
+    /// The field is there but neither a string nor a number.
+    FieldType,
+    /// The body is not JSON (by content type or by content).
+    NotJson,
 }
 
 impl FallbackReason {
-    pub const ALL: [FallbackReason; 5] = [
+    pub const ALL: [FallbackReason; 8] = [
         FallbackReason::MissingHeader,
         FallbackReason::NotHttp,
         FallbackReason::TooLarge,
         FallbackReason::Timeout,
         FallbackReason::Closed,
+        FallbackReason::MissingField,
+        FallbackReason::FieldType,
+        FallbackReason::NotJson,
     ];
 
     /// The metric label.
@@ -111,6 +124,9 @@ impl FallbackReason {
             FallbackReason::TooLarge => "too_large",
             FallbackReason::Timeout => "timeout",
             FallbackReason::Closed => "closed",
+            FallbackReason::MissingField => "missing_field",
+            FallbackReason::FieldType => "field_type",
+            FallbackReason::NotJson => "not_json",
         }
     }
 
