@@ -127,7 +127,12 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     if config.source.is_file() {
         crate::reload::spawn(config.source.clone(), Arc::clone(&shared), shutdown.clone());
     }
-    let serving = crate::tcp::serve(listeners, Arc::clone(&shared), shutdown);
+    let serving = crate::listener::serve(
+        listeners,
+        Arc::clone(&shared),
+        shutdown,
+        crate::tcp::serve_connection,
+    );
     let task = tokio::spawn(async move {
         serving.await;
         drained.cancel();

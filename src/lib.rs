@@ -38,6 +38,7 @@ pub mod demo;
 pub mod hash;
 pub mod health;
 pub mod key;
+pub mod listener;
 pub mod metrics;
 pub mod net;
 pub mod placement;

@@ -19,6 +19,7 @@ use super::header_key::{HeaderKey, read_header_key};
 use crate::backend::{ActiveGuard, Backend};
 use crate::config::{Config, KeyConfig};
 use crate::key;
+use crate::listener::Accepted;
 use crate::net::{Client, Local, Peer};
 use crate::proxy_protocol::{self, Origin};
 use crate::route::{self, Route};
@@ -28,14 +29,14 @@ use crate::stats::ClientFailure;
 /// One accepted connection and what serving it needs.
 pub struct Connection {
     /// The accepted socket, tuned.
-    pub stream: TcpStream,
+    stream: TcpStream,
     /// Where the TCP connection came from.
-    pub peer: Peer,
+    peer: Peer,
     /// The address it was accepted on.
-    pub local: Local,
-    pub shared: Arc<Shared>,
+    local: Local,
+    shared: Arc<Shared>,
     /// Fired when the shutdown grace is over: close now.
-    pub stop: CancellationToken,
+    stop: CancellationToken,
 }
 
 /// The client's first bytes, read before a backend was chosen (a PROXY
@@ -46,6 +47,16 @@ struct FirstBytes {
 }
 
 impl Connection {
+    pub fn new(accepted: Accepted) -> Connection {
+        Connection {
+            stream: accepted.stream,
+            peer: accepted.peer,
+            local: accepted.local,
+            shared: accepted.shared,
+            stop: accepted.stop,
+        }
+    }
+
     /// Serves the connection until it ends. Never panics on anything a peer
     /// sends; every failure is logged and counted.
     pub async fn serve(mut self) {

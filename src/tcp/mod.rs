@@ -5,7 +5,6 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | [`listener`] | the accept loop, `max_connections`, the drain at shutdown |
 //! | [`connection`] | one connection: origin, key, route, connect, copy, count |
 //! | [`header_key`] | reading a header key from the first bytes, under a deadline |
 //! | [`copy`] | copying both ways with half-close, idle timeout, drain and stop |
@@ -13,6 +12,8 @@
 pub mod connection;
 pub mod copy;
 pub mod header_key;
-pub mod listener;
 
-pub use listener::serve;
+/// Serves one accepted connection of the TCP path.
+pub async fn serve_connection(accepted: crate::listener::Accepted) {
+    connection::Connection::new(accepted).serve().await;
+}

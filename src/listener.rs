@@ -1,16 +1,19 @@
-//! The TCP accept loop: connection limits, one task per connection, and the
-//! graceful drain at shutdown.
+//! The accept loop both data paths share: connection limits, one task per
+//! connection, and the graceful drain at shutdown.
 //!
-//! The entry point takes bound listeners and a shutdown signal:
-//! [`serve`]`(listeners, shared, shutdown)`. Each accepted connection becomes
-//! one task running a [`Connection`], tracked so that shutdown can wait for
-//! it: on the signal, accepting stops at once, open connections get
-//! `shutdown_grace` to finish, and whatever is left is then closed.
+//! The entry point takes bound listeners, a shutdown signal and what to do
+//! with each connection: [`serve`]`(listeners, shared, shutdown, handler)`.
+//! Each accepted connection becomes one task running the handler (a TCP
+//! connection, or an HTTP connection serving many requests), tracked so that
+//! shutdown can wait for it: on the signal, accepting stops at once, open
+//! connections get `shutdown_grace` to finish, and whatever is left is then
+//! closed.
 //!
 //! The accept loop never ends because of a peer. Running out of file
 //! descriptors (EMFILE/ENFILE) or buffers is counted, logged and waited out
 //! with a short back-off; other accept errors are counted and skipped.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,16 +22,35 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
-use super::connection::Connection;
+use tokio::net::TcpStream;
+
 use crate::net::{Local, Peer, is_resource_exhaustion, tune_stream};
 use crate::snapshot::Shared;
 
 /// Pause after an accept error that more accepting cannot fix (no fds, no memory).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
+/// One accepted connection, handed to the data path.
+pub struct Accepted {
+    /// The accepted socket, tuned.
+    pub stream: TcpStream,
+    /// Where the TCP connection came from.
+    pub peer: Peer,
+    /// The address it was accepted on.
+    pub local: Local,
+    pub shared: Arc<Shared>,
+    /// Fired at shutdown: finish what is in flight, take nothing new (an HTTP
+    /// connection stops keep-alive).
+    pub shutdown: CancellationToken,
+    /// Fired when the shutdown grace is over: close now.
+    pub stop: CancellationToken,
+}
+
 /// What every accept loop shares.
 #[derive(Clone)]
-struct Acceptor {
+struct Acceptor<H> {
+    /// Serves one accepted connection.
+    handler: H,
     shared: Arc<Shared>,
     /// Every connection task, so that shutdown can wait for them.
     tracker: TaskTracker,
@@ -38,9 +60,18 @@ struct Acceptor {
     hard_stop: CancellationToken,
 }
 
-/// Serves `listeners` until `shutdown` fires, then drains.
-pub async fn serve(listeners: Vec<TcpListener>, shared: Arc<Shared>, shutdown: CancellationToken) {
+/// Serves `listeners` with `handler` until `shutdown` fires, then drains.
+pub async fn serve<H, F>(
+    listeners: Vec<TcpListener>,
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+    handler: H,
+) where
+    H: Fn(Accepted) -> F + Clone + Send + 'static,
+    F: Future<Output = ()> + Send + 'static,
+{
     let acceptor = Acceptor {
+        handler,
         shared: Arc::clone(&shared),
         tracker: TaskTracker::new(),
         shutdown: shutdown.clone(),
@@ -74,7 +105,11 @@ pub async fn serve(listeners: Vec<TcpListener>, shared: Arc<Shared>, shutdown: C
     info!("all connections closed");
 }
 
-async fn accept_loop(listener: TcpListener, acceptor: Acceptor) {
+async fn accept_loop<H, F>(listener: TcpListener, acceptor: Acceptor<H>)
+where
+    H: Fn(Accepted) -> F,
+    F: Future<Output = ()> + Send + 'static,
+{
     let listening = listener.local_addr().ok();
     let stats = &acceptor.shared.stats;
     loop {
@@ -107,15 +142,16 @@ async fn accept_loop(listener: TcpListener, acceptor: Acceptor) {
         };
         tune_stream(&stream);
         let local = stream.local_addr().ok().or(listening).unwrap_or(peer);
-        let connection = Connection {
+        let serving = (acceptor.handler)(Accepted {
             stream,
             peer: Peer(peer),
             local: Local(local),
             shared: Arc::clone(&acceptor.shared),
+            shutdown: acceptor.shutdown.clone(),
             stop: acceptor.hard_stop.clone(),
-        };
+        });
         acceptor.tracker.spawn(async move {
-            connection.serve().await;
+            serving.await;
             drop(permit);
         });
     }
