@@ -1,0 +1,591 @@
+//! Validation: a [`RawConfig`] becomes a [`Config`], or a list of every
+//! problem with its line and column.
+//!
+//! Second step of the config arrow, between [`raw`](super::raw) (what the YAML
+//! says) and [`Config`] (what the rest of magpie uses). Loose values become
+//! real types (socket addresses, durations, CIDR blocks, enums), defaults are
+//! filled in, and ranges and cross-field rules are checked here and only here,
+//! so an invalid `Config` cannot be built. The validator keeps going after a
+//! problem, so `check` reports them all at once. Host names go to
+//! [`resolve`](super::resolve), the only I/O on the way.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use serde_saphyr::{Location, Spanned};
+
+use super::raw::{
+    HumanDuration, KeyFrom, OneOrMany, ProxySend, RawBackend, RawConfig, RawConnect, RawHealth,
+    RawKey, RawPlacement, RawProxyProtocol, RawReload,
+};
+use super::resolve;
+use super::{
+    Algorithm, AllDown, BackendConfig, Config, ConfigError, ConfigErrors, ConnectConfig,
+    DEFAULT_ADMIN, DEFAULT_ATTEMPTS, DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_BYTES, DEFAULT_MAX_CONNECTIONS, DEFAULT_POINTS_PER_WEIGHT,
+    DEFAULT_PROXY_HEADER_TIMEOUT, DEFAULT_READ_TIMEOUT, DEFAULT_SHUTDOWN_GRACE, Fallback,
+    HealthConfig, KeyConfig, MAX_MAX_BYTES, MAX_RING_POINTS, MAX_WEIGHT, PlacementConfig,
+    ProxyProtocolConfig, ReloadConfig,
+};
+use crate::placement::maglev;
+
+pub(super) struct Validator<'a> {
+    file: &'a Path,
+    errors: Vec<ConfigError>,
+}
+
+impl<'a> Validator<'a> {
+    pub(super) fn new(file: &'a Path) -> Self {
+        Validator {
+            file,
+            errors: Vec::new(),
+        }
+    }
+
+    fn err(&mut self, at: &Location, problem: impl Into<String>) {
+        self.errors.push(ConfigError {
+            file: self.file.to_path_buf(),
+            line: at.line(),
+            column: at.column(),
+            problem: problem.into(),
+        });
+    }
+
+    /// A duration that must be positive; `default` when absent.
+    fn positive(
+        &mut self,
+        d: Option<Spanned<HumanDuration>>,
+        what: &str,
+        default: Duration,
+    ) -> Duration {
+        match d {
+            Some(d) if d.value.0.is_zero() => {
+                self.err(&d.referenced, format!("{what} must be greater than zero"));
+                default
+            }
+            Some(d) => d.value.0,
+            None => default,
+        }
+    }
+
+    pub(super) fn validate(mut self, raw: RawConfig) -> Result<Config, ConfigErrors> {
+        let listen = self.listen(raw.listen);
+        let admin = self.admin(raw.admin, &listen);
+        let backends = self.backends(raw.backends, &listen, admin);
+        let placement = self.placement(raw.placement, &backends);
+        let key = self.key(raw.key);
+        let connect = self.connect(raw.connect);
+        let idle_timeout = self.positive(raw.idle_timeout, "idle_timeout", DEFAULT_IDLE_TIMEOUT);
+        let max_connections = match raw.max_connections {
+            Some(m) if m.value == 0 => {
+                self.err(&m.referenced, "max_connections must be at least 1");
+                0
+            }
+            Some(m) => usize::try_from(m.value).unwrap_or(usize::MAX),
+            None => DEFAULT_MAX_CONNECTIONS as usize,
+        };
+        // Zero grace is allowed: it means "close open connections at once".
+        let shutdown_grace = raw
+            .shutdown_grace
+            .map(|d| d.value.0)
+            .unwrap_or(DEFAULT_SHUTDOWN_GRACE);
+        let drain_timeout = raw.drain_timeout.map(|d| {
+            if d.value.0.is_zero() {
+                self.err(&d.referenced, "drain_timeout must be greater than zero (leave it out to let connections to removed backends finish on their own)");
+            }
+            d.value.0
+        });
+        let proxy_protocol = self.proxy_protocol(raw.proxy_protocol);
+        let health = raw.health.map(|h| self.health(h));
+        let reload = self.reload(raw.reload);
+
+        if self.errors.is_empty() {
+            Ok(Config {
+                source: self.file.to_path_buf(),
+                content_hash: 0,
+                listen,
+                admin,
+                placement,
+                key,
+                connect,
+                idle_timeout,
+                max_connections,
+                shutdown_grace,
+                drain_timeout,
+                proxy_protocol,
+                health,
+                reload,
+                backends,
+            })
+        } else {
+            self.errors.sort_by_key(|e| (e.line, e.column));
+            Err(ConfigErrors(self.errors))
+        }
+    }
+
+    fn socket_addr(&mut self, s: &Spanned<String>, what: &str) -> Option<SocketAddr> {
+        match s.value.trim().parse::<SocketAddr>() {
+            Ok(a) => Some(a),
+            Err(_) => {
+                self.err(
+                    &s.referenced,
+                    format!("{what} {:?} is not an ip:port address (write e.g. 127.0.0.1:7000 or [::1]:7000)", s.value),
+                );
+                None
+            }
+        }
+    }
+
+    fn listen(&mut self, raw: Spanned<OneOrMany<Spanned<String>>>) -> Vec<SocketAddr> {
+        let items = match raw.value {
+            OneOrMany::One(one) => vec![one],
+            OneOrMany::Many(many) => many,
+        };
+        if items.is_empty() {
+            self.err(&raw.referenced, "listen needs at least one address");
+        }
+        let mut out: Vec<SocketAddr> = Vec::new();
+        for item in &items {
+            if let Some(addr) = self.socket_addr(item, "listen address") {
+                if out.contains(&addr) {
+                    self.err(
+                        &item.referenced,
+                        format!("listen address {addr} is given twice"),
+                    );
+                } else {
+                    out.push(addr);
+                }
+            }
+        }
+        out
+    }
+
+    fn admin(&mut self, raw: Option<Spanned<String>>, listen: &[SocketAddr]) -> Option<SocketAddr> {
+        let raw = match raw {
+            None => return DEFAULT_ADMIN.parse().ok(),
+            Some(r) if r.value.trim() == "off" => return None,
+            Some(r) => r,
+        };
+        let addr = self.socket_addr(&raw, "admin address")?;
+        if addr.port() != 0 && listen.contains(&addr) {
+            self.err(
+                &raw.referenced,
+                format!("admin address {addr} is also a listen address"),
+            );
+        }
+        Some(addr)
+    }
+
+    fn backends(
+        &mut self,
+        raw: Spanned<Vec<Spanned<RawBackend>>>,
+        listen: &[SocketAddr],
+        admin: Option<SocketAddr>,
+    ) -> Vec<BackendConfig> {
+        if raw.value.is_empty() {
+            self.err(
+                &raw.referenced,
+                "backends is empty: at least one backend is needed",
+            );
+            return Vec::new();
+        }
+        let mut out: Vec<BackendConfig> = Vec::new();
+        for entry in raw.value {
+            let b = entry.value;
+            let name = b.name.value.trim().to_string();
+            if name.is_empty() {
+                self.err(&b.name.referenced, "backend name is empty");
+                continue;
+            }
+            if name.chars().any(|c| c.is_control() || c.is_whitespace()) {
+                self.err(
+                    &b.name.referenced,
+                    format!("backend name {name:?} contains whitespace or control characters"),
+                );
+                continue;
+            }
+            if out.iter().any(|o| o.name == name) {
+                self.err(
+                    &b.name.referenced,
+                    format!(
+                        "duplicate backend name {name:?}: names are identities and must be unique"
+                    ),
+                );
+                continue;
+            }
+            let addr_text = b.addr.value.trim().to_string();
+            let Some(addr) = self.resolve(&b.addr) else {
+                continue;
+            };
+            if let Some(other) = out.iter().find(|o| o.addr == addr) {
+                self.err(
+                    &b.addr.referenced,
+                    format!(
+                        "backend {name:?} has the same address {addr} as backend {:?}",
+                        other.name
+                    ),
+                );
+                continue;
+            }
+            if listen.contains(&addr) || admin == Some(addr) {
+                self.err(
+                    &b.addr.referenced,
+                    format!(
+                        "backend {name:?} points at magpie's own address {addr}: that would loop"
+                    ),
+                );
+                continue;
+            }
+            let weight = match b.weight {
+                Some(w) if w.value > MAX_WEIGHT => {
+                    self.err(
+                        &w.referenced,
+                        format!("weight {} is too large (at most {MAX_WEIGHT})", w.value),
+                    );
+                    continue;
+                }
+                Some(w) => w.value,
+                None => 1,
+            };
+            let zone = match b.zone {
+                Some(z) if z.value.trim().is_empty() => {
+                    self.err(&z.referenced, "zone is empty (leave it out instead)");
+                    None
+                }
+                Some(z) => Some(z.value.trim().to_string()),
+                None => None,
+            };
+            out.push(BackendConfig {
+                name,
+                addr_text,
+                addr,
+                weight,
+                zone,
+            });
+        }
+        if !out.is_empty() && out.iter().all(|b| b.weight == 0) {
+            self.err(
+                &raw.referenced,
+                "every backend has weight 0: nothing could take a connection",
+            );
+        }
+        out
+    }
+
+    /// Resolution is resolve.rs's job; this only puts its error in place.
+    fn resolve(&mut self, s: &Spanned<String>) -> Option<SocketAddr> {
+        match resolve::backend_addr(s.value.trim()) {
+            Ok(addr) => Some(addr),
+            Err(e) => {
+                self.err(&s.referenced, e.to_string());
+                None
+            }
+        }
+    }
+
+    fn placement(
+        &mut self,
+        raw: Option<RawPlacement>,
+        backends: &[BackendConfig],
+    ) -> PlacementConfig {
+        let raw = raw.unwrap_or_default();
+        let algorithm = raw
+            .algorithm
+            .as_ref()
+            .map(|a| a.value)
+            .unwrap_or(Algorithm::Maglev);
+        let table_size = match &raw.table_size {
+            Some(t) => {
+                if algorithm != Algorithm::Maglev {
+                    self.err(&t.referenced, "table_size applies to algorithm maglev only");
+                } else if !maglev::is_prime(t.value) {
+                    self.err(
+                        &t.referenced,
+                        format!(
+                            "table_size {} is not prime (try 65537, 131071 or 655373)",
+                            t.value
+                        ),
+                    );
+                } else if t.value > maglev::MAX_TABLE_SIZE {
+                    self.err(
+                        &t.referenced,
+                        format!(
+                            "table_size {} is too large (at most {})",
+                            t.value,
+                            maglev::MAX_TABLE_SIZE
+                        ),
+                    );
+                } else if (t.value as usize) < backends.len() {
+                    self.err(
+                        &t.referenced,
+                        format!(
+                            "table_size {} is smaller than the number of backends ({})",
+                            t.value,
+                            backends.len()
+                        ),
+                    );
+                }
+                t.value
+            }
+            None => maglev::DEFAULT_TABLE_SIZE,
+        };
+        let points_per_weight = match &raw.points_per_weight {
+            Some(p) => {
+                if algorithm != Algorithm::Ring {
+                    self.err(
+                        &p.referenced,
+                        "points_per_weight applies to algorithm ring only",
+                    );
+                } else if p.value == 0 {
+                    self.err(&p.referenced, "points_per_weight must be at least 1");
+                } else {
+                    let total: u64 = backends.iter().map(|b| u64::from(b.weight)).sum::<u64>()
+                        * u64::from(p.value);
+                    if total > MAX_RING_POINTS {
+                        self.err(&p.referenced, format!("the ring would have {total} points (at most {MAX_RING_POINTS}); lower points_per_weight or the weights"));
+                    }
+                }
+                p.value
+            }
+            None => DEFAULT_POINTS_PER_WEIGHT,
+        };
+        let bounded_load = raw.bounded_load.map(|b| {
+            if !b.value.is_finite() || b.value < 1.0 {
+                self.err(&b.referenced, format!("bounded_load {} must be a number >= 1.0 (1.25 lets a backend take 25% more than its share)", b.value));
+            }
+            b.value
+        });
+        PlacementConfig {
+            algorithm,
+            table_size,
+            points_per_weight,
+            bounded_load,
+        }
+    }
+
+    fn key(&mut self, raw: Option<RawKey>) -> KeyConfig {
+        let Some(raw) = raw else {
+            return KeyConfig::SourceIp;
+        };
+        let from = raw
+            .from
+            .as_ref()
+            .map(|f| f.value)
+            .unwrap_or(KeyFrom::SourceIp);
+        if from != KeyFrom::Header {
+            // Header settings under a non-header key are a silent mistake.
+            let stray = [
+                raw.header.as_ref().map(|h| ("header", h.referenced)),
+                raw.read_timeout
+                    .as_ref()
+                    .map(|h| ("read_timeout", h.referenced)),
+                raw.max_bytes.as_ref().map(|h| ("max_bytes", h.referenced)),
+                raw.fallback.as_ref().map(|h| ("fallback", h.referenced)),
+            ];
+            for (field, at) in stray.into_iter().flatten() {
+                self.err(
+                    &at,
+                    format!("key.{field} only applies with key.from: header"),
+                );
+            }
+            return match from {
+                KeyFrom::SourceAddr => KeyConfig::SourceAddr,
+                _ => KeyConfig::SourceIp,
+            };
+        }
+        let name = match &raw.header {
+            Some(h) => {
+                let name = h.value.trim().to_ascii_lowercase();
+                if name.is_empty() || !name.bytes().all(is_http_token_byte) {
+                    self.err(
+                        &h.referenced,
+                        format!("{:?} is not a valid HTTP header name", h.value),
+                    );
+                }
+                name
+            }
+            None => {
+                let at = raw
+                    .from
+                    .as_ref()
+                    .map(|f| f.referenced)
+                    .unwrap_or(Location::UNKNOWN);
+                self.err(&at, "key.from is header but key.header (the header name, e.g. x-session-id) is missing");
+                String::new()
+            }
+        };
+        let read_timeout =
+            self.positive(raw.read_timeout, "key.read_timeout", DEFAULT_READ_TIMEOUT);
+        let max_bytes = match &raw.max_bytes {
+            Some(m) if m.value < 16 || m.value > MAX_MAX_BYTES => {
+                self.err(
+                    &m.referenced,
+                    format!(
+                        "key.max_bytes {} is out of range (16 to {MAX_MAX_BYTES})",
+                        m.value
+                    ),
+                );
+                DEFAULT_MAX_BYTES
+            }
+            Some(m) => m.value,
+            None => DEFAULT_MAX_BYTES,
+        };
+        let fallback = raw.fallback.map(|f| f.value).unwrap_or(Fallback::SourceIp);
+        KeyConfig::Header {
+            name,
+            read_timeout,
+            max_bytes: max_bytes as usize,
+            fallback,
+        }
+    }
+
+    fn connect(&mut self, raw: Option<RawConnect>) -> ConnectConfig {
+        let Some(raw) = raw else {
+            return ConnectConfig {
+                timeout: DEFAULT_CONNECT_TIMEOUT,
+                attempts: DEFAULT_ATTEMPTS,
+            };
+        };
+        let timeout = self.positive(raw.timeout, "connect.timeout", DEFAULT_CONNECT_TIMEOUT);
+        let attempts = match raw.attempts {
+            Some(a) if a.value == 0 => {
+                self.err(&a.referenced, "connect.attempts must be at least 1");
+                DEFAULT_ATTEMPTS
+            }
+            Some(a) => a.value.min(crate::placement::MAX_CANDIDATES as u32),
+            None => DEFAULT_ATTEMPTS,
+        };
+        ConnectConfig { timeout, attempts }
+    }
+
+    fn proxy_protocol(&mut self, raw: Option<RawProxyProtocol>) -> ProxyProtocolConfig {
+        let Some(raw) = raw else {
+            return ProxyProtocolConfig {
+                header_timeout: DEFAULT_PROXY_HEADER_TIMEOUT,
+                ..Default::default()
+            };
+        };
+        let mut accept_from = Vec::new();
+        for item in &raw.accept_from {
+            let text = item.value.trim();
+            let parsed = text
+                .parse::<IpNet>()
+                .or_else(|_| text.parse::<IpAddr>().map(IpNet::from));
+            match parsed {
+                Ok(net) => accept_from.push(net.trunc()),
+                Err(_) => self.err(&item.referenced, format!("{text:?} is not an address or CIDR block (write e.g. 10.0.0.0/8 or 127.0.0.1)")),
+            }
+        }
+        let header_timeout = self.positive(
+            raw.header_timeout,
+            "proxy_protocol.header_timeout",
+            DEFAULT_PROXY_HEADER_TIMEOUT,
+        );
+        ProxyProtocolConfig {
+            accept_from,
+            header_timeout,
+            send_v2: raw.send.map(|s| s.value == ProxySend::V2).unwrap_or(false),
+        }
+    }
+
+    fn health(&mut self, raw: Spanned<RawHealth>) -> HealthConfig {
+        let at = raw.referenced;
+        let raw = raw.value;
+        let interval = self.positive(raw.interval, "health.interval", Duration::from_secs(2));
+        let timeout = self.positive(raw.timeout, "health.timeout", Duration::from_secs(1));
+        let mut count = |v: Option<Spanned<u32>>, what: &str, default: u32, min: u32| match v {
+            Some(v) if v.value < min => {
+                self.err(
+                    &v.referenced,
+                    format!("health.{what} must be at least {min}"),
+                );
+                default
+            }
+            Some(v) => v.value,
+            None => default,
+        };
+        let rise = count(raw.rise, "rise", 2, 1);
+        let fall = count(raw.fall, "fall", 3, 1);
+        let passive_failures = count(raw.passive_failures, "passive_failures", 3, 0);
+        if timeout > interval {
+            self.err(
+                &at,
+                format!(
+                    "health.timeout ({}) is longer than health.interval ({})",
+                    humantime::format_duration(timeout),
+                    humantime::format_duration(interval)
+                ),
+            );
+        }
+        HealthConfig {
+            interval,
+            timeout,
+            rise,
+            fall,
+            passive_failures,
+            when_all_down: raw
+                .when_all_down
+                .map(|w| w.value)
+                .unwrap_or(AllDown::TryAnyway),
+        }
+    }
+
+    fn reload(&mut self, raw: Option<RawReload>) -> ReloadConfig {
+        let Some(raw) = raw else {
+            return ReloadConfig {
+                watch: true,
+                poll_interval: None,
+            };
+        };
+        let poll_interval = raw.poll_interval.map(|p| {
+            if p.value.0 < Duration::from_millis(100) {
+                self.err(&p.referenced, "reload.poll_interval must be at least 100ms");
+            }
+            p.value.0
+        });
+        ReloadConfig {
+            watch: raw.watch.unwrap_or(true),
+            poll_interval,
+        }
+    }
+}
+
+/// RFC 9110 `tchar`: the bytes allowed in a header field name.
+fn is_http_token_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::test_util::problems;
+
+    #[test]
+    fn semantic_errors_name_their_place() {
+        let p = problems(
+            "listen: 127.0.0.1:7000\nbackends:\n  - name: a\n    addr: 127.0.0.1:8001\n  - name: a\n    addr: 127.0.0.1:8002\n",
+        );
+        assert_eq!(
+            p,
+            vec![
+                "test.yaml:5:11: duplicate backend name \"a\": names are identities and must be unique"
+            ]
+        );
+        let p = problems(
+            "listen: 127.0.0.1:7000\nbackends:\n  - name: a\n    addr: 127.0.0.1:8001\n  - name: b\n    addr: 127.0.0.1:8001\n",
+        );
+        assert!(
+            p[0].starts_with("test.yaml:6:11: backend \"b\" has the same address"),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn all_problems_are_reported_at_once() {
+        let p = problems(
+            "listen: 127.0.0.1:7000\nconnect: {timeout: 0s, attempts: 0}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+        );
+        assert_eq!(p.len(), 2, "{p:?}");
+    }
+}
