@@ -214,10 +214,10 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
 pub const DEFAULT_MAX_CONNECTIONS: u64 = 10_000;
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 pub const DEFAULT_PROXY_HEADER_TIMEOUT: Duration = Duration::from_secs(3);
-pub const MAX_WEIGHT: u32 = 10_000;
-/// Ring points across the whole pool; beyond this a build takes seconds and
-/// hundreds of MiB, which is never what anyone meant.
-pub const MAX_RING_POINTS: u64 = 10_000_000;
+
+// What a table build may cost is placement's to say; validation checks the
+// same numbers, so a config that passes always builds.
+pub use crate::placement::{MAX_RING_POINTS, MAX_TABLE_SIZE, MAX_WEIGHT};
 
 impl Config {
     /// Reads, parses and validates `path`.

@@ -26,8 +26,8 @@ use super::{
     DEFAULT_ADMIN, DEFAULT_ATTEMPTS, DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
     DEFAULT_MAX_BYTES, DEFAULT_MAX_CONNECTIONS, DEFAULT_POINTS_PER_WEIGHT,
     DEFAULT_PROXY_HEADER_TIMEOUT, DEFAULT_READ_TIMEOUT, DEFAULT_SHUTDOWN_GRACE, Fallback,
-    HealthConfig, KeyConfig, MAX_MAX_BYTES, MAX_RING_POINTS, MAX_WEIGHT, PlacementConfig,
-    ProxyProtocolConfig, ReloadConfig,
+    HealthConfig, KeyConfig, MAX_MAX_BYTES, MAX_RING_POINTS, MAX_TABLE_SIZE, MAX_WEIGHT,
+    PlacementConfig, ProxyProtocolConfig, ReloadConfig,
 };
 use crate::placement::maglev;
 
@@ -308,13 +308,12 @@ impl<'a> Validator<'a> {
                             t.value
                         ),
                     );
-                } else if t.value > maglev::MAX_TABLE_SIZE {
+                } else if t.value > MAX_TABLE_SIZE {
                     self.err(
                         &t.referenced,
                         format!(
-                            "table_size {} is too large (at most {})",
-                            t.value,
-                            maglev::MAX_TABLE_SIZE
+                            "table_size {} is too large (at most {MAX_TABLE_SIZE})",
+                            t.value
                         ),
                     );
                 } else if (t.value as usize) < backends.len() {
