@@ -433,6 +433,14 @@ mod tests {
                 "listen: 127.0.0.1:7000\nbackends:\n  - {name: a, addr: 127.0.0.1:8001, weight: 100000}\n",
                 "too large",
             ),
+            (
+                "listen: 127.0.0.1:7000\nplacement: {algorithm: ring, points_per_weight: 1000}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001, weight: 10000}\n  - {name: b, addr: 127.0.0.1:8002, weight: 10000}\n",
+                "test.yaml:2:49: the ring would have 20000000 points (at most 10000000)",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nplacement: {algorithm: ring}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001, weight: 10000}\n  - {name: b, addr: 127.0.0.1:8002, weight: 10000}\n  - {name: c, addr: 127.0.0.1:8003, weight: 10000}\n  - {name: d, addr: 127.0.0.1:8004, weight: 10000}\n  - {name: e, addr: 127.0.0.1:8005, weight: 10000}\n  - {name: f, addr: 127.0.0.1:8006, weight: 10000}\n  - {name: g, addr: 127.0.0.1:8007, weight: 10000}\n",
+                "test.yaml:2:24: the ring would have 11200000 points with the default points_per_weight 160 (at most 10000000)",
+            ),
         ];
         for (text, needle) in cases {
             let p = problems(text).join("\n");

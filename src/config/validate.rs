@@ -331,25 +331,23 @@ impl<'a> Validator<'a> {
             None => maglev::DEFAULT_TABLE_SIZE,
         };
         let points_per_weight = match &raw.points_per_weight {
-            Some(p) => {
-                if algorithm != Algorithm::Ring {
-                    self.err(
-                        &p.referenced,
-                        "points_per_weight applies to algorithm ring only",
-                    );
-                } else if p.value == 0 {
-                    self.err(&p.referenced, "points_per_weight must be at least 1");
-                } else {
-                    let total: u64 = backends.iter().map(|b| u64::from(b.weight)).sum::<u64>()
-                        * u64::from(p.value);
-                    if total > MAX_RING_POINTS {
-                        self.err(&p.referenced, format!("the ring would have {total} points (at most {MAX_RING_POINTS}); lower points_per_weight or the weights"));
-                    }
-                }
+            Some(p) if algorithm != Algorithm::Ring => {
+                self.err(
+                    &p.referenced,
+                    "points_per_weight applies to algorithm ring only",
+                );
                 p.value
             }
+            Some(p) if p.value == 0 => {
+                self.err(&p.referenced, "points_per_weight must be at least 1");
+                p.value
+            }
+            Some(p) => p.value,
             None => DEFAULT_POINTS_PER_WEIGHT,
         };
+        if algorithm == Algorithm::Ring && points_per_weight > 0 {
+            self.ring_points(&raw, points_per_weight, backends);
+        }
         let bounded_load = raw.bounded_load.map(|b| {
             if !b.value.is_finite() || b.value < 1.0 {
                 self.err(&b.referenced, format!("bounded_load {} must be a number >= 1.0 (1.25 lets a backend take 25% more than its share)", b.value));
@@ -361,6 +359,24 @@ impl<'a> Validator<'a> {
             table_size,
             points_per_weight,
             bounded_load,
+        }
+    }
+
+    /// The ring's size is checked whatever set `points_per_weight`: the
+    /// default times large weights builds a ring as surely as a written value.
+    /// The error points at `points_per_weight` if written, else at `algorithm`.
+    fn ring_points(&mut self, raw: &RawPlacement, per_weight: u32, backends: &[BackendConfig]) {
+        let weight: u64 = backends.iter().map(|b| u64::from(b.weight)).sum();
+        let total = weight.saturating_mul(u64::from(per_weight));
+        if total <= MAX_RING_POINTS {
+            return;
+        }
+        match (&raw.points_per_weight, &raw.algorithm) {
+            (Some(p), _) => self.err(&p.referenced, format!("the ring would have {total} points (at most {MAX_RING_POINTS}); lower points_per_weight or the weights")),
+            (None, a) => self.err(
+                &a.as_ref().map_or(Location::UNKNOWN, |a| a.referenced),
+                format!("the ring would have {total} points with the default points_per_weight {per_weight} (at most {MAX_RING_POINTS}); set a lower points_per_weight or lower the weights"),
+            ),
         }
     }
 
