@@ -207,13 +207,49 @@ pub struct BackendConfig {
 pub const DEFAULT_POINTS_PER_WEIGHT: u32 = 160;
 pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_millis(200);
 pub const DEFAULT_MAX_BYTES: u64 = 8192;
-pub const MAX_MAX_BYTES: u64 = 1 << 20;
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 pub const DEFAULT_ATTEMPTS: u32 = 3;
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
 pub const DEFAULT_MAX_CONNECTIONS: u64 = 10_000;
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 pub const DEFAULT_PROXY_HEADER_TIMEOUT: Duration = Duration::from_secs(3);
+pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(2);
+pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(1);
+pub const DEFAULT_RISE: u32 = 2;
+pub const DEFAULT_FALL: u32 = 3;
+pub const DEFAULT_PASSIVE_FAILURES: u32 = 3;
+
+// Bounds. Every duration and count an operator writes has an upper bound, so
+// a slip (an extra zero, `s` for `ms`, a pasted u64) is an error with a line
+// and column instead of a deadline that overflows `Instant` in a running task
+// or a semaphore that panics at start. Each is far above any sane setting.
+const MINUTE: u64 = 60;
+const HOUR: u64 = 60 * MINUTE;
+const DAY: u64 = 24 * HOUR;
+
+/// The smallest header buffer: room for a request line and little else.
+pub const MIN_MAX_BYTES: u64 = 16;
+pub const MAX_MAX_BYTES: u64 = 1 << 20;
+/// Above anything one process serves, and far below tokio's semaphore limit
+/// (`usize::MAX >> 3` permits), which panics when exceeded.
+pub const MAX_MAX_CONNECTIONS: u64 = 1_000_000;
+/// A lookup yields at most this many distinct candidates, so more attempts
+/// could never be made.
+pub const MAX_ATTEMPTS: u32 = crate::placement::MAX_CANDIDATES as u32;
+pub const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(5 * MINUTE);
+pub const MAX_READ_TIMEOUT: Duration = Duration::from_secs(5 * MINUTE);
+pub const MAX_PROXY_HEADER_TIMEOUT: Duration = Duration::from_secs(5 * MINUTE);
+pub const MAX_IDLE_TIMEOUT: Duration = Duration::from_secs(7 * DAY);
+pub const MAX_SHUTDOWN_GRACE: Duration = Duration::from_secs(HOUR);
+pub const MAX_DRAIN_TIMEOUT: Duration = Duration::from_secs(7 * DAY);
+pub const MAX_HEALTH_INTERVAL: Duration = Duration::from_secs(HOUR);
+pub const MAX_HEALTH_TIMEOUT: Duration = Duration::from_secs(5 * MINUTE);
+/// For both `health.rise` and `health.fall`.
+pub const MAX_RISE_FALL: u32 = 100;
+pub const MAX_PASSIVE_FAILURES: u32 = 1000;
+/// Polling faster than this costs more than it finds.
+pub const MIN_POLL_INTERVAL: Duration = Duration::from_millis(100);
+pub const MAX_POLL_INTERVAL: Duration = Duration::from_secs(DAY);
 
 // What a table build may cost is placement's to say; validation checks the
 // same numbers, so a config that passes always builds.
@@ -440,6 +476,66 @@ mod tests {
             (
                 "listen: 127.0.0.1:7000\nplacement: {algorithm: ring}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001, weight: 10000}\n  - {name: b, addr: 127.0.0.1:8002, weight: 10000}\n  - {name: c, addr: 127.0.0.1:8003, weight: 10000}\n  - {name: d, addr: 127.0.0.1:8004, weight: 10000}\n  - {name: e, addr: 127.0.0.1:8005, weight: 10000}\n  - {name: f, addr: 127.0.0.1:8006, weight: 10000}\n  - {name: g, addr: 127.0.0.1:8007, weight: 10000}\n",
                 "test.yaml:2:24: the ring would have 11200000 points with the default points_per_weight 160 (at most 10000000)",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nmax_connections: 3000000000000000000\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "test.yaml:2:18: max_connections 3000000000000000000 is too large (at most 1000000)",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nidle_timeout: 18446744073709551615s\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "test.yaml:2:15: idle_timeout 584542046090years 7months 15days 17h 5m 3s is too long (at most 7days)",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nidle_timeout: 8d\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "test.yaml:2:15: idle_timeout 8days is too long (at most 7days)",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nshutdown_grace: 2h\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "test.yaml:2:17: shutdown_grace 2h is too long (at most 1h)",
+            ),
+            (
+                "listen: 127.0.0.1:7000\ndrain_timeout: 8d\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "test.yaml:2:16: drain_timeout 8days is too long (at most 7days)",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nconnect: {timeout: 6m}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "test.yaml:2:20: connect.timeout 6m is too long (at most 5m)",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nconnect: {attempts: 65}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "test.yaml:2:21: connect.attempts 65 is too large (at most 64)",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nkey: {from: header, header: x-id, read_timeout: 6m}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "test.yaml:2:49: key.read_timeout 6m is too long (at most 5m)",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nproxy_protocol: {header_timeout: 6m}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "test.yaml:2:34: proxy_protocol.header_timeout 6m is too long (at most 5m)",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nhealth: {interval: 18446744073709551615s}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "test.yaml:2:20: health.interval 584542046090years 7months 15days 17h 5m 3s is too long (at most 1h)",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nhealth: {interval: 1h, timeout: 6m}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "test.yaml:2:33: health.timeout 6m is too long (at most 5m)",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nhealth: {rise: 101}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "test.yaml:2:16: health.rise 101 is too large (at most 100)",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nhealth: {fall: 101}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "test.yaml:2:16: health.fall 101 is too large (at most 100)",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nhealth: {passive_failures: 1001}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "test.yaml:2:28: health.passive_failures 1001 is too large (at most 1000)",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nreload: {poll_interval: 18446744073709551615s}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "test.yaml:2:25: reload.poll_interval 584542046090years 7months 15days 17h 5m 3s is too long (at most 1day)",
             ),
         ];
         for (text, needle) in cases {

@@ -9,27 +9,38 @@
 //! problem, so `check` reports them all at once. Host names go to
 //! [`resolve`](super::resolve), the only I/O on the way.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
+use std::ops::RangeInclusive;
 use std::path::Path;
 use std::time::Duration;
 
-use ipnet::IpNet;
 use serde_saphyr::{Location, Spanned};
 
-use super::raw::{
-    HumanDuration, KeyFrom, OneOrMany, ProxySend, RawBackend, RawConfig, RawConnect, RawHealth,
-    RawKey, RawPlacement, RawProxyProtocol, RawReload,
-};
+use super::raw::{HumanDuration, OneOrMany, RawBackend, RawConfig, RawPlacement};
 use super::resolve;
 use super::{
-    Algorithm, AllDown, BackendConfig, Config, ConfigError, ConfigErrors, ConnectConfig,
-    DEFAULT_ADMIN, DEFAULT_ATTEMPTS, DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
-    DEFAULT_MAX_BYTES, DEFAULT_MAX_CONNECTIONS, DEFAULT_POINTS_PER_WEIGHT,
-    DEFAULT_PROXY_HEADER_TIMEOUT, DEFAULT_READ_TIMEOUT, DEFAULT_SHUTDOWN_GRACE, Fallback,
-    HealthConfig, KeyConfig, MAX_MAX_BYTES, MAX_RING_POINTS, MAX_TABLE_SIZE, MAX_WEIGHT,
-    PlacementConfig, ProxyProtocolConfig, ReloadConfig,
+    Algorithm, BackendConfig, Config, ConfigError, ConfigErrors, DEFAULT_ADMIN,
+    DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_POINTS_PER_WEIGHT,
+    DEFAULT_SHUTDOWN_GRACE, MAX_DRAIN_TIMEOUT, MAX_IDLE_TIMEOUT, MAX_MAX_CONNECTIONS,
+    MAX_RING_POINTS, MAX_SHUTDOWN_GRACE, MAX_TABLE_SIZE, MAX_WEIGHT, PlacementConfig,
 };
 use crate::placement::maglev;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use crate::config::raw::{
+    KeyFrom, ProxySend, RawConnect, RawHealth, RawKey, RawProxyProtocol, RawReload,
+};
+use crate::config::{
+    AllDown, ConnectConfig, DEFAULT_ATTEMPTS, DEFAULT_CONNECT_TIMEOUT, DEFAULT_FALL,
+    DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT, DEFAULT_MAX_BYTES, DEFAULT_PASSIVE_FAILURES,
+    DEFAULT_PROXY_HEADER_TIMEOUT, DEFAULT_READ_TIMEOUT, DEFAULT_RISE, Fallback, HealthConfig,
+    KeyConfig, MAX_ATTEMPTS, MAX_CONNECT_TIMEOUT, MAX_HEALTH_INTERVAL, MAX_HEALTH_TIMEOUT,
+    MAX_MAX_BYTES, MAX_PASSIVE_FAILURES, MAX_POLL_INTERVAL, MAX_PROXY_HEADER_TIMEOUT,
+    MAX_READ_TIMEOUT, MAX_RISE_FALL, MIN_MAX_BYTES, MIN_POLL_INTERVAL, ProxyProtocolConfig,
+    ReloadConfig,
+};
 
 pub(super) struct Validator<'a> {
     file: &'a Path,
@@ -53,21 +64,73 @@ impl<'a> Validator<'a> {
         });
     }
 
-    /// A duration that must be positive; `default` when absent.
+    /// A duration above zero and at most `max`; `default` when absent or
+    /// wrong (the error is recorded).
     fn positive(
         &mut self,
         d: Option<Spanned<HumanDuration>>,
         what: &str,
         default: Duration,
+        max: Duration,
     ) -> Duration {
         match d {
             Some(d) if d.value.0.is_zero() => {
                 self.err(&d.referenced, format!("{what} must be greater than zero"));
                 default
             }
-            Some(d) => d.value.0,
+            Some(d) => self.at_most(&d, what, max).unwrap_or(default),
             None => default,
         }
+    }
+
+    /// `d` if it is at most `max`; otherwise the error is recorded.
+    fn at_most(
+        &mut self,
+        d: &Spanned<HumanDuration>,
+        what: &str,
+        max: Duration,
+    ) -> Option<Duration> {
+        if d.value.0 <= max {
+            return Some(d.value.0);
+        }
+        self.err(
+            &d.referenced,
+            format!(
+                "{what} {} is too long (at most {})",
+                humantime::format_duration(d.value.0),
+                humantime::format_duration(max)
+            ),
+        );
+        None
+    }
+
+    /// A count within `range`; `default` when absent or out of range (the
+    /// error is recorded).
+    fn count<T: Copy + Into<u64>>(
+        &mut self,
+        v: Option<Spanned<T>>,
+        what: &str,
+        default: T,
+        range: RangeInclusive<u64>,
+    ) -> T {
+        let Some(v) = v else {
+            return default;
+        };
+        let n: u64 = v.value.into();
+        if n < *range.start() {
+            self.err(
+                &v.referenced,
+                format!("{what} must be at least {}", range.start()),
+            );
+        } else if n > *range.end() {
+            self.err(
+                &v.referenced,
+                format!("{what} {n} is too large (at most {})", range.end()),
+            );
+        } else {
+            return v.value;
+        }
+        default
     }
 
     pub(super) fn validate(mut self, raw: RawConfig) -> Result<Config, ConfigErrors> {
@@ -77,25 +140,29 @@ impl<'a> Validator<'a> {
         let placement = self.placement(raw.placement, &backends);
         let key = self.key(raw.key);
         let connect = self.connect(raw.connect);
-        let idle_timeout = self.positive(raw.idle_timeout, "idle_timeout", DEFAULT_IDLE_TIMEOUT);
-        let max_connections = match raw.max_connections {
-            Some(m) if m.value == 0 => {
-                self.err(&m.referenced, "max_connections must be at least 1");
-                0
-            }
-            Some(m) => usize::try_from(m.value).unwrap_or(usize::MAX),
-            None => DEFAULT_MAX_CONNECTIONS as usize,
-        };
+        let idle_timeout = self.positive(
+            raw.idle_timeout,
+            "idle_timeout",
+            DEFAULT_IDLE_TIMEOUT,
+            MAX_IDLE_TIMEOUT,
+        );
+        let max_connections = self.count(
+            raw.max_connections,
+            "max_connections",
+            DEFAULT_MAX_CONNECTIONS,
+            1..=MAX_MAX_CONNECTIONS,
+        );
         // Zero grace is allowed: it means "close open connections at once".
         let shutdown_grace = raw
             .shutdown_grace
-            .map(|d| d.value.0)
+            .and_then(|d| self.at_most(&d, "shutdown_grace", MAX_SHUTDOWN_GRACE))
             .unwrap_or(DEFAULT_SHUTDOWN_GRACE);
         let drain_timeout = raw.drain_timeout.map(|d| {
             if d.value.0.is_zero() {
                 self.err(&d.referenced, "drain_timeout must be greater than zero (leave it out to let connections to removed backends finish on their own)");
             }
-            d.value.0
+            self.at_most(&d, "drain_timeout", MAX_DRAIN_TIMEOUT)
+                .unwrap_or(d.value.0)
         });
         let proxy_protocol = self.proxy_protocol(raw.proxy_protocol);
         let health = raw.health.map(|h| self.health(h));
@@ -111,7 +178,8 @@ impl<'a> Validator<'a> {
                 key,
                 connect,
                 idle_timeout,
-                max_connections,
+                // At most MAX_MAX_CONNECTIONS, so this fits any usize.
+                max_connections: max_connections as usize,
                 shutdown_grace,
                 drain_timeout,
                 proxy_protocol,
@@ -379,8 +447,10 @@ impl<'a> Validator<'a> {
             ),
         }
     }
+}
 
-    fn key(&mut self, raw: Option<RawKey>) -> KeyConfig {
+impl Validator<'_> {
+    pub(super) fn key(&mut self, raw: Option<RawKey>) -> KeyConfig {
         let Some(raw) = raw else {
             return KeyConfig::SourceIp;
         };
@@ -431,14 +501,18 @@ impl<'a> Validator<'a> {
                 String::new()
             }
         };
-        let read_timeout =
-            self.positive(raw.read_timeout, "key.read_timeout", DEFAULT_READ_TIMEOUT);
+        let read_timeout = self.positive(
+            raw.read_timeout,
+            "key.read_timeout",
+            DEFAULT_READ_TIMEOUT,
+            MAX_READ_TIMEOUT,
+        );
         let max_bytes = match &raw.max_bytes {
-            Some(m) if m.value < 16 || m.value > MAX_MAX_BYTES => {
+            Some(m) if m.value < MIN_MAX_BYTES || m.value > MAX_MAX_BYTES => {
                 self.err(
                     &m.referenced,
                     format!(
-                        "key.max_bytes {} is out of range (16 to {MAX_MAX_BYTES})",
+                        "key.max_bytes {} is out of range ({MIN_MAX_BYTES} to {MAX_MAX_BYTES})",
                         m.value
                     ),
                 );
@@ -456,26 +530,29 @@ impl<'a> Validator<'a> {
         }
     }
 
-    fn connect(&mut self, raw: Option<RawConnect>) -> ConnectConfig {
+    pub(super) fn connect(&mut self, raw: Option<RawConnect>) -> ConnectConfig {
         let Some(raw) = raw else {
             return ConnectConfig {
                 timeout: DEFAULT_CONNECT_TIMEOUT,
                 attempts: DEFAULT_ATTEMPTS,
             };
         };
-        let timeout = self.positive(raw.timeout, "connect.timeout", DEFAULT_CONNECT_TIMEOUT);
-        let attempts = match raw.attempts {
-            Some(a) if a.value == 0 => {
-                self.err(&a.referenced, "connect.attempts must be at least 1");
-                DEFAULT_ATTEMPTS
-            }
-            Some(a) => a.value.min(crate::placement::MAX_CANDIDATES as u32),
-            None => DEFAULT_ATTEMPTS,
-        };
+        let timeout = self.positive(
+            raw.timeout,
+            "connect.timeout",
+            DEFAULT_CONNECT_TIMEOUT,
+            MAX_CONNECT_TIMEOUT,
+        );
+        let attempts = self.count(
+            raw.attempts,
+            "connect.attempts",
+            DEFAULT_ATTEMPTS,
+            1..=u64::from(MAX_ATTEMPTS),
+        );
         ConnectConfig { timeout, attempts }
     }
 
-    fn proxy_protocol(&mut self, raw: Option<RawProxyProtocol>) -> ProxyProtocolConfig {
+    pub(super) fn proxy_protocol(&mut self, raw: Option<RawProxyProtocol>) -> ProxyProtocolConfig {
         let Some(raw) = raw else {
             return ProxyProtocolConfig {
                 header_timeout: DEFAULT_PROXY_HEADER_TIMEOUT,
@@ -497,6 +574,7 @@ impl<'a> Validator<'a> {
             raw.header_timeout,
             "proxy_protocol.header_timeout",
             DEFAULT_PROXY_HEADER_TIMEOUT,
+            MAX_PROXY_HEADER_TIMEOUT,
         );
         ProxyProtocolConfig {
             accept_from,
@@ -505,25 +583,30 @@ impl<'a> Validator<'a> {
         }
     }
 
-    fn health(&mut self, raw: Spanned<RawHealth>) -> HealthConfig {
+    pub(super) fn health(&mut self, raw: Spanned<RawHealth>) -> HealthConfig {
         let at = raw.referenced;
         let raw = raw.value;
-        let interval = self.positive(raw.interval, "health.interval", Duration::from_secs(2));
-        let timeout = self.positive(raw.timeout, "health.timeout", Duration::from_secs(1));
-        let mut count = |v: Option<Spanned<u32>>, what: &str, default: u32, min: u32| match v {
-            Some(v) if v.value < min => {
-                self.err(
-                    &v.referenced,
-                    format!("health.{what} must be at least {min}"),
-                );
-                default
-            }
-            Some(v) => v.value,
-            None => default,
-        };
-        let rise = count(raw.rise, "rise", 2, 1);
-        let fall = count(raw.fall, "fall", 3, 1);
-        let passive_failures = count(raw.passive_failures, "passive_failures", 3, 0);
+        let interval = self.positive(
+            raw.interval,
+            "health.interval",
+            DEFAULT_HEALTH_INTERVAL,
+            MAX_HEALTH_INTERVAL,
+        );
+        let timeout = self.positive(
+            raw.timeout,
+            "health.timeout",
+            DEFAULT_HEALTH_TIMEOUT,
+            MAX_HEALTH_TIMEOUT,
+        );
+        let streak = 1..=u64::from(MAX_RISE_FALL);
+        let rise = self.count(raw.rise, "health.rise", DEFAULT_RISE, streak.clone());
+        let fall = self.count(raw.fall, "health.fall", DEFAULT_FALL, streak);
+        let passive_failures = self.count(
+            raw.passive_failures,
+            "health.passive_failures",
+            DEFAULT_PASSIVE_FAILURES,
+            0..=u64::from(MAX_PASSIVE_FAILURES),
+        );
         if timeout > interval {
             self.err(
                 &at,
@@ -547,7 +630,7 @@ impl<'a> Validator<'a> {
         }
     }
 
-    fn reload(&mut self, raw: Option<RawReload>) -> ReloadConfig {
+    pub(super) fn reload(&mut self, raw: Option<RawReload>) -> ReloadConfig {
         let Some(raw) = raw else {
             return ReloadConfig {
                 watch: true,
@@ -555,10 +638,17 @@ impl<'a> Validator<'a> {
             };
         };
         let poll_interval = raw.poll_interval.map(|p| {
-            if p.value.0 < Duration::from_millis(100) {
-                self.err(&p.referenced, "reload.poll_interval must be at least 100ms");
+            if p.value.0 < MIN_POLL_INTERVAL {
+                self.err(
+                    &p.referenced,
+                    format!(
+                        "reload.poll_interval must be at least {}",
+                        humantime::format_duration(MIN_POLL_INTERVAL)
+                    ),
+                );
             }
-            p.value.0
+            self.at_most(&p, "reload.poll_interval", MAX_POLL_INTERVAL)
+                .unwrap_or(p.value.0)
         });
         ReloadConfig {
             watch: raw.watch.unwrap_or(true),
@@ -574,7 +664,11 @@ fn is_http_token_byte(b: u8) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::test_util::problems;
+    use crate::config::test_util::{parse, problems};
+    use crate::config::{
+        MAX_ATTEMPTS, MAX_IDLE_TIMEOUT, MAX_MAX_CONNECTIONS, MAX_PASSIVE_FAILURES,
+        MAX_POLL_INTERVAL, MAX_RISE_FALL,
+    };
 
     #[test]
     fn semantic_errors_name_their_place() {
@@ -594,6 +688,24 @@ mod tests {
             p[0].starts_with("test.yaml:6:11: backend \"b\" has the same address"),
             "{p:?}"
         );
+    }
+
+    #[test]
+    fn every_bound_is_inclusive() {
+        let c = parse(
+            "listen: 127.0.0.1:7000\nconnect: {timeout: 5m, attempts: 64}\nkey: {from: header, header: x-id, read_timeout: 5m}\nidle_timeout: 7d\nmax_connections: 1000000\nshutdown_grace: 1h\ndrain_timeout: 7d\nproxy_protocol: {header_timeout: 5m}\nhealth: {interval: 1h, timeout: 5m, rise: 100, fall: 100, passive_failures: 1000}\nreload: {poll_interval: 1d}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001, weight: 10000}\n",
+        )
+        .unwrap();
+        assert_eq!(c.max_connections as u64, MAX_MAX_CONNECTIONS);
+        assert_eq!(c.connect.attempts, MAX_ATTEMPTS);
+        assert_eq!(c.idle_timeout, MAX_IDLE_TIMEOUT);
+        assert_eq!(c.reload.poll_interval, Some(MAX_POLL_INTERVAL));
+        let health = c.health.unwrap();
+        assert_eq!((health.rise, health.fall), (MAX_RISE_FALL, MAX_RISE_FALL));
+        assert_eq!(health.passive_failures, MAX_PASSIVE_FAILURES);
+        // 62,500 · 160 points is exactly the ring limit.
+        let ring = "listen: 127.0.0.1:7000\nplacement: {algorithm: ring}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001, weight: 10000}\n  - {name: b, addr: 127.0.0.1:8002, weight: 10000}\n  - {name: c, addr: 127.0.0.1:8003, weight: 10000}\n  - {name: d, addr: 127.0.0.1:8004, weight: 10000}\n  - {name: e, addr: 127.0.0.1:8005, weight: 10000}\n  - {name: f, addr: 127.0.0.1:8006, weight: 10000}\n  - {name: g, addr: 127.0.0.1:8007, weight: 2500}\n";
+        assert!(parse(ring).is_ok());
     }
 
     #[test]
