@@ -418,7 +418,7 @@ fn place(scheme: &str, pool: &Pool, keys: &[Key]) -> Result<Vec<u32>, SimulateEr
         }
         "ring-1" | "ring-10" | "ring-100" | "ring-1000" => {
             let points = scheme["ring-".len()..].parse().unwrap_or(1);
-            let ring = Ring::new(&pool.set, points)?;
+            let ring = Ring::for_lab(&pool.set, points)?;
             by_scheme(&|h| ring.primary(h))
         }
         "maglev" => {
@@ -472,7 +472,7 @@ fn place_rendezvous(pool: &Pool, keys: &[Key]) -> Vec<u32> {
 /// `ceil(c · keys · w / W)` keys; a key whose node is full walks clockwise to
 /// the next node below its cap.
 fn place_bounded(pool: &Pool, keys: &[Key]) -> Result<Vec<u32>, SimulateError> {
-    let ring = Ring::new(&pool.set, BOUNDED_POINTS)?;
+    let ring = Ring::for_lab(&pool.set, BOUNDED_POINTS)?;
     let total_weight = pool.set.total_weight();
     let caps: Vec<u64> = pool
         .set

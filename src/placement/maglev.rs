@@ -51,9 +51,8 @@ use crate::hash::h64_parts;
 /// The table size magpie uses unless told otherwise (the paper's small size).
 pub const DEFAULT_TABLE_SIZE: u64 = 65537;
 
-/// The largest table accepted. Slots and node indices are `u32`, and a table of
-/// this size already takes 64 MiB; larger tables buy nothing measurable.
-pub const MAX_TABLE_SIZE: u64 = 1 << 24;
+/// The largest table accepted; it lives with the other limits config shares.
+pub use super::limits::MAX_TABLE_SIZE;
 
 /// Marks a slot nobody has claimed yet while filling. Node indices are always
 /// below this because a `NodeSet` that large could not be built into a table

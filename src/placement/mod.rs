@@ -8,13 +8,18 @@
 //!
 //! The proxy uses [`maglev`] (default) or [`ring`], optionally with
 //! [`bounded`] loads on top; the others exist for the lab (`magpie simulate`).
+//! [`limits`] bounds what a build may cost; config validation checks the same
+//! numbers.
 
 pub mod bounded;
 pub mod jump;
+pub mod limits;
 pub mod maglev;
 pub mod modn;
 pub mod rendezvous;
 pub mod ring;
+
+pub use limits::{MAX_LAB_RING_POINTS, MAX_RING_POINTS, MAX_TABLE_SIZE, MAX_WEIGHT};
 
 /// The most candidates a lookup yields. Deduplication uses an inline array of
 /// this size, so a lookup never allocates; a pool larger than this is still
@@ -52,12 +57,14 @@ pub enum PlacementError {
     TableSizeNotPrime(u64),
     #[error("table size {size} is smaller than the number of nodes ({nodes})")]
     TableTooSmall { size: u64, nodes: usize },
-    #[error("table size {0} is too large (at most {max})", max = maglev::MAX_TABLE_SIZE)]
+    #[error("table size {0} is too large (at most {MAX_TABLE_SIZE})")]
     TableTooLarge(u64),
     #[error("points per weight must be at least 1")]
     NoPoints,
-    #[error("ring would have {0} points (at most {max})", max = u32::MAX)]
+    #[error("ring would have {0} points (at most {MAX_RING_POINTS})")]
     TooManyPoints(u64),
+    #[error("lab ring would have {0} points (at most {MAX_LAB_RING_POINTS})")]
+    TooManyLabPoints(u64),
     #[error("bounded-load factor {0} must be a number >= 1.0")]
     BadLoadFactor(f64),
 }

@@ -12,7 +12,9 @@
 
 use std::fmt::Write;
 
-use super::{MAX_CANDIDATES, NodeSet, PlacementError, Scheme, Seen};
+use super::{
+    MAX_CANDIDATES, MAX_LAB_RING_POINTS, MAX_RING_POINTS, NodeSet, PlacementError, Scheme, Seen,
+};
 use crate::hash::h64;
 
 /// A built ring.
@@ -27,14 +29,38 @@ pub struct Ring {
 }
 
 impl Ring {
+    /// The proxy's ring: at most [`MAX_RING_POINTS`] points in all.
     pub fn new(nodes: &NodeSet, points_per_weight: u32) -> Result<Ring, PlacementError> {
+        let total = Ring::points_for(nodes, points_per_weight)?;
+        if total > MAX_RING_POINTS {
+            return Err(PlacementError::TooManyPoints(total));
+        }
+        Ok(Ring::build(nodes, points_per_weight, total))
+    }
+
+    /// The lab's ring (`magpie simulate`): the same ring, allowed up to
+    /// [`MAX_LAB_RING_POINTS`], because the lab measures rings far denser than
+    /// anyone should route with.
+    pub fn for_lab(nodes: &NodeSet, points_per_weight: u32) -> Result<Ring, PlacementError> {
+        let total = Ring::points_for(nodes, points_per_weight)?;
+        if total > MAX_LAB_RING_POINTS {
+            return Err(PlacementError::TooManyLabPoints(total));
+        }
+        Ok(Ring::build(nodes, points_per_weight, total))
+    }
+
+    /// Points in all; saturates, so an absurd pool cannot wrap past a limit.
+    fn points_for(nodes: &NodeSet, points_per_weight: u32) -> Result<u64, PlacementError> {
         if points_per_weight == 0 {
             return Err(PlacementError::NoPoints);
         }
-        let total = nodes.total_weight() * u64::from(points_per_weight);
-        if total > u64::from(u32::MAX) {
-            return Err(PlacementError::TooManyPoints(total));
-        }
+        Ok(nodes
+            .total_weight()
+            .saturating_mul(u64::from(points_per_weight)))
+    }
+
+    /// Builds `total` points; the caller has checked `total` against its limit.
+    fn build(nodes: &NodeSet, points_per_weight: u32, total: u64) -> Ring {
         let mut points = Vec::with_capacity(total as usize);
         let mut text = String::new();
         for (i, node) in nodes.nodes().iter().enumerate() {
@@ -46,11 +72,11 @@ impl Ring {
         }
         points.sort_unstable();
         let owners = nodes.nodes().iter().filter(|n| n.weight > 0).count();
-        Ok(Ring {
+        Ring {
             points,
             owners,
             nodes: nodes.len(),
-        })
+        }
     }
 
     /// (hash, node index) of every point, in ring order.
@@ -179,6 +205,29 @@ mod tests {
             Ring::new(&heavy, 2),
             Err(PlacementError::TooManyPoints(_))
         ));
+    }
+
+    #[test]
+    fn the_proxy_ring_is_limited_and_the_lab_ring_less_so() {
+        let over = MAX_RING_POINTS + 1;
+        let one = |w: u64| NodeSet::new([Node::new("a", u32::try_from(w).unwrap())]).unwrap();
+        assert_eq!(
+            Ring::new(&one(over), 1),
+            Err(PlacementError::TooManyPoints(over))
+        );
+        assert_eq!(
+            Ring::new(&one(MAX_RING_POINTS / 2 + 1), 2),
+            Err(PlacementError::TooManyPoints(MAX_RING_POINTS + 2))
+        );
+        let lab_over = MAX_LAB_RING_POINTS + 1;
+        assert_eq!(
+            Ring::for_lab(&one(lab_over), 1),
+            Err(PlacementError::TooManyLabPoints(lab_over))
+        );
+        // Below both limits the two are the same ring.
+        let set = numbered(7);
+        assert_eq!(Ring::for_lab(&set, 30), Ring::new(&set, 30));
+        assert_eq!(Ring::for_lab(&set, 0), Err(PlacementError::NoPoints));
     }
 
     #[test]

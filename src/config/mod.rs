@@ -1,0 +1,550 @@
+//! The config file: YAML text → [`RawConfig`] (serde) → validated [`Config`].
+//!
+//! This is the first arrow of the data flow, in three rooms: `raw.rs` parses
+//! (unknown fields and duplicate keys are errors), `validate.rs` turns loose
+//! values into real types (socket addresses, durations, CIDR blocks, enums) so
+//! an invalid `Config` cannot be built, and `resolve.rs` looks up host names in
+//! `backends[].addr`, once per load; nothing on the data path resolves names.
+//! This file holds what the rest of magpie uses: the validated types, the
+//! errors, and every default and limit as a named constant, so README, the
+//! example configs and the code agree. Every problem is reported with the
+//! file, line and column it comes from, and validation collects all problems
+//! instead of stopping at the first.
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ipnet::IpNet;
+use serde::Deserialize;
+
+mod raw;
+mod resolve;
+mod validate;
+
+pub use raw::{HumanDuration, RawConfig};
+
+/// The default admin/metrics address.
+pub const DEFAULT_ADMIN: &str = "127.0.0.1:9090";
+
+/// One problem in a config file, with where it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub file: PathBuf,
+    /// 1-based; 0 when the problem has no single place (e.g. the file is unreadable).
+    pub line: u64,
+    pub column: u64,
+    pub problem: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.line == 0 {
+            write!(f, "{}: {}", self.file.display(), self.problem)
+        } else {
+            write!(
+                f,
+                "{}:{}:{}: {}",
+                self.file.display(),
+                self.line,
+                self.column,
+                self.problem
+            )
+        }
+    }
+}
+
+/// All the problems found in one config file (never empty).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Validated: what the rest of magpie uses. The three enums first are read by
+// serde directly (raw.rs uses them too): their YAML spelling is their meaning.
+
+/// The placement scheme behind the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    Maglev,
+    Ring,
+}
+
+impl Algorithm {
+    /// As written in the config (and shown by `/table` and the metrics).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::Maglev => "maglev",
+            Algorithm::Ring => "ring",
+        }
+    }
+}
+
+/// The key used when a header key cannot be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fallback {
+    SourceIp,
+    SourceAddr,
+}
+
+/// What a lookup does when every candidate is marked down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AllDown {
+    /// Try the candidates anyway, primary first (fail open).
+    TryAnyway,
+    /// Close the client at once.
+    Refuse,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// The file this came from (for messages), or `<inline>`.
+    pub source: PathBuf,
+    /// `h64` of the text this was parsed from: reload compares it to the file's
+    /// current content to tell a real change from a touch.
+    pub content_hash: u64,
+    pub listen: Vec<SocketAddr>,
+    pub admin: Option<SocketAddr>,
+    pub placement: PlacementConfig,
+    pub key: KeyConfig,
+    pub connect: ConnectConfig,
+    pub idle_timeout: Duration,
+    pub max_connections: usize,
+    pub shutdown_grace: Duration,
+    pub drain_timeout: Option<Duration>,
+    pub proxy_protocol: ProxyProtocolConfig,
+    pub health: Option<HealthConfig>,
+    pub reload: ReloadConfig,
+    /// In file order; placement sorts by name itself.
+    pub backends: Vec<BackendConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlacementConfig {
+    pub algorithm: Algorithm,
+    pub table_size: u64,
+    pub points_per_weight: u32,
+    pub bounded_load: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyConfig {
+    SourceIp,
+    SourceAddr,
+    Header {
+        /// Lower-case, so matching is case-insensitive.
+        name: String,
+        read_timeout: Duration,
+        max_bytes: usize,
+        fallback: Fallback,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectConfig {
+    pub timeout: Duration,
+    pub attempts: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ProxyProtocolConfig {
+    /// Peers that must send a PROXY header; empty means PROXY input is off.
+    pub accept_from: Vec<IpNet>,
+    pub header_timeout: Duration,
+    pub send_v2: bool,
+}
+
+impl ProxyProtocolConfig {
+    pub fn is_trusted(&self, peer: IpAddr) -> bool {
+        let peer = crate::net::canonical_ip(peer);
+        self.accept_from.iter().any(|net| net.contains(&peer))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthConfig {
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub rise: u32,
+    pub fall: u32,
+    /// Consecutive data-path connect failures that mark a backend down; 0 = off.
+    pub passive_failures: u32,
+    pub when_all_down: AllDown,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReloadConfig {
+    pub watch: bool,
+    pub poll_interval: Option<Duration>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendConfig {
+    pub name: String,
+    /// As written, for messages (`gpu-0.internal:8000`).
+    pub addr_text: String,
+    pub addr: SocketAddr,
+    pub weight: u32,
+    pub zone: Option<String>,
+}
+
+// Defaults, named once so README, the example config and the code agree.
+pub const DEFAULT_POINTS_PER_WEIGHT: u32 = 160;
+pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_millis(200);
+pub const DEFAULT_MAX_BYTES: u64 = 8192;
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+pub const DEFAULT_ATTEMPTS: u32 = 3;
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
+pub const DEFAULT_MAX_CONNECTIONS: u64 = 10_000;
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+pub const DEFAULT_PROXY_HEADER_TIMEOUT: Duration = Duration::from_secs(3);
+pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(2);
+pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(1);
+pub const DEFAULT_RISE: u32 = 2;
+pub const DEFAULT_FALL: u32 = 3;
+pub const DEFAULT_PASSIVE_FAILURES: u32 = 3;
+
+// Bounds. Every duration and count an operator writes has an upper bound, so
+// a slip (an extra zero, `s` for `ms`, a pasted u64) is an error with a line
+// and column instead of a deadline that overflows `Instant` in a running task
+// or a semaphore that panics at start. Each is far above any sane setting.
+const MINUTE: u64 = 60;
+const HOUR: u64 = 60 * MINUTE;
+const DAY: u64 = 24 * HOUR;
+
+/// The smallest header buffer: room for a request line and little else.
+pub const MIN_MAX_BYTES: u64 = 16;
+pub const MAX_MAX_BYTES: u64 = 1 << 20;
+/// Above anything one process serves, and far below tokio's semaphore limit
+/// (`usize::MAX >> 3` permits), which panics when exceeded.
+pub const MAX_MAX_CONNECTIONS: u64 = 1_000_000;
+/// A lookup yields at most this many distinct candidates, so more attempts
+/// could never be made.
+pub const MAX_ATTEMPTS: u32 = crate::placement::MAX_CANDIDATES as u32;
+pub const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(5 * MINUTE);
+pub const MAX_READ_TIMEOUT: Duration = Duration::from_secs(5 * MINUTE);
+pub const MAX_PROXY_HEADER_TIMEOUT: Duration = Duration::from_secs(5 * MINUTE);
+pub const MAX_IDLE_TIMEOUT: Duration = Duration::from_secs(7 * DAY);
+pub const MAX_SHUTDOWN_GRACE: Duration = Duration::from_secs(HOUR);
+pub const MAX_DRAIN_TIMEOUT: Duration = Duration::from_secs(7 * DAY);
+pub const MAX_HEALTH_INTERVAL: Duration = Duration::from_secs(HOUR);
+pub const MAX_HEALTH_TIMEOUT: Duration = Duration::from_secs(5 * MINUTE);
+/// For both `health.rise` and `health.fall`.
+pub const MAX_RISE_FALL: u32 = 100;
+pub const MAX_PASSIVE_FAILURES: u32 = 1000;
+/// Polling faster than this costs more than it finds.
+pub const MIN_POLL_INTERVAL: Duration = Duration::from_millis(100);
+pub const MAX_POLL_INTERVAL: Duration = Duration::from_secs(DAY);
+
+// What a table build may cost is placement's to say; validation checks the
+// same numbers, so a config that passes always builds.
+pub use crate::placement::{MAX_RING_POINTS, MAX_TABLE_SIZE, MAX_WEIGHT};
+
+impl Config {
+    /// Reads, parses and validates `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigErrors(vec![ConfigError {
+                file: path.to_path_buf(),
+                line: 0,
+                column: 0,
+                problem: format!("cannot read: {e}"),
+            }])
+        })?;
+        Config::parse(path, &text)
+    }
+
+    /// Parses and validates `text`; `file` only names the source in errors.
+    pub fn parse(file: &Path, text: &str) -> Result<Config, ConfigErrors> {
+        let raw = raw::from_yaml(file, text).map_err(|e| ConfigErrors(vec![e]))?;
+        let mut config = validate::Validator::new(file).validate(raw)?;
+        config.content_hash = crate::hash::h64(text.as_bytes());
+        Ok(config)
+    }
+
+    /// The sum of all backend weights.
+    pub fn total_weight(&self) -> u64 {
+        self.backends.iter().map(|b| u64::from(b.weight)).sum()
+    }
+}
+
+/// Helpers the config tests share: parse as `test.yaml`, and the rendered
+/// problems of a text that must be rejected.
+#[cfg(test)]
+mod test_util {
+    use std::path::Path;
+
+    use super::{Config, ConfigErrors};
+
+    pub(super) fn parse(text: &str) -> Result<Config, ConfigErrors> {
+        Config::parse(Path::new("test.yaml"), text)
+    }
+
+    pub(super) fn problems(text: &str) -> Vec<String> {
+        parse(text)
+            .expect_err("config should be rejected")
+            .0
+            .iter()
+            .map(|e| e.to_string())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_util::{parse, problems};
+    use super::*;
+
+    const MINIMAL: &str =
+        "listen: 127.0.0.1:7000\nbackends:\n  - name: a\n    addr: 127.0.0.1:8001\n";
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c = parse(MINIMAL).unwrap();
+        assert_eq!(c.listen, vec!["127.0.0.1:7000".parse().unwrap()]);
+        assert_eq!(c.admin, Some(DEFAULT_ADMIN.parse().unwrap()));
+        assert_eq!(c.placement.algorithm, Algorithm::Maglev);
+        assert_eq!(c.placement.table_size, 65537);
+        assert_eq!(c.key, KeyConfig::SourceIp);
+        assert_eq!(
+            c.connect,
+            ConnectConfig {
+                timeout: Duration::from_secs(1),
+                attempts: 3
+            }
+        );
+        assert_eq!(c.idle_timeout, Duration::from_secs(3600));
+        assert_eq!(c.max_connections, 10_000);
+        assert_eq!(c.backends[0].weight, 1);
+        assert!(c.health.is_none());
+    }
+
+    #[test]
+    fn full_config_parses() {
+        let c = parse(
+            "listen: [127.0.0.1:7000, '[::1]:7000']\nadmin: off\nplacement:\n  algorithm: ring\n  points_per_weight: 100\n  bounded_load: 1.25\nkey:\n  from: header\n  header: X-Session-Id\n  read_timeout: 250ms\n  max_bytes: 4096\n  fallback: source_addr\nconnect:\n  timeout: 500ms\n  attempts: 2\nidle_timeout: 30s\nmax_connections: 5\nshutdown_grace: 0s\nproxy_protocol:\n  accept_from: [10.0.0.0/8, 127.0.0.1]\n  send: v2\nhealth:\n  interval: 2s\n  timeout: 1s\n  when_all_down: refuse\nbackends:\n  - {name: b, addr: 'localhost:8002', weight: 2, zone: z1}\n  - {name: a, addr: 127.0.0.1:8001, weight: 0}\n",
+        )
+        .unwrap();
+        assert_eq!(c.listen.len(), 2);
+        assert_eq!(c.admin, None);
+        assert_eq!(c.placement.algorithm, Algorithm::Ring);
+        assert_eq!(c.placement.bounded_load, Some(1.25));
+        assert_eq!(
+            c.key,
+            KeyConfig::Header {
+                name: "x-session-id".into(),
+                read_timeout: Duration::from_millis(250),
+                max_bytes: 4096,
+                fallback: Fallback::SourceAddr
+            }
+        );
+        assert_eq!(c.shutdown_grace, Duration::ZERO);
+        assert!(c.proxy_protocol.is_trusted("127.0.0.1".parse().unwrap()));
+        assert!(
+            c.proxy_protocol
+                .is_trusted("::ffff:10.1.2.3".parse().unwrap())
+        );
+        assert!(!c.proxy_protocol.is_trusted("127.0.0.2".parse().unwrap()));
+        assert!(c.proxy_protocol.send_v2);
+        assert_eq!(c.health.as_ref().unwrap().when_all_down, AllDown::Refuse);
+        assert!(c.backends[0].addr.ip().is_loopback());
+        assert_eq!(c.backends[0].zone.as_deref(), Some("z1"));
+    }
+
+    #[test]
+    fn every_listed_mistake_is_rejected() {
+        let cases: &[(&str, &str)] = &[
+            (
+                "listen: 127.0.0.1:7000\nbackends: []\n",
+                "backends is empty",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nbackends:\n  - {name: a, addr: 127.0.0.1:8001, weight: 0}\n",
+                "weight 0",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nbackends:\n  - {name: a, addr: no-such-host.invalid:80}\n",
+                "does not resolve",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nbackends:\n  - {name: a, addr: 127.0.0.1}\n",
+                "no port",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nplacement: {table_size: 65536}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "not prime",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nplacement: {table_size: 2}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n  - {name: b, addr: 127.0.0.1:8002}\n  - {name: c, addr: 127.0.0.1:8003}\n",
+                "smaller than the number of backends",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nplacement: {bounded_load: 0.9}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "bounded_load",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nkey: {from: header}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "key.header",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nkey: {from: header, header: 'bad header'}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "not a valid HTTP header name",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nkey: {header: x-session-id}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "only applies with key.from: header",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nconnect: {timeout: 0s}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "connect.timeout must be greater than zero",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nconnect: {attempts: 0}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "attempts must be at least 1",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nidle_timeout: 0s\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "idle_timeout must be greater than zero",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nidle_timeout: 5 parsecs\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "invalid duration",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nmax_connections: 0\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "max_connections",
+            ),
+            (
+                "listen: nowhere\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "not an ip:port",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nbackends:\n  - {name: a, addr: 127.0.0.1:7000}\n",
+                "loop",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nadmin: 127.0.0.1:7000\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "also a listen address",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nproxy_protocol: {accept_from: [10.0.0.0/33]}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "CIDR",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nproxy_protocol: {send: v3}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "v3",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nplacement: {algorithm: maglev, points_per_weight: 10}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "ring only",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nhealth: {interval: 1s, timeout: 2s}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "longer than health.interval",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nhealth: {rise: 0}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "rise must be at least 1",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nbackends:\n  - {name: 'a b', addr: 127.0.0.1:8001}\n",
+                "whitespace",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nbackends:\n  - {name: a, addr: 127.0.0.1:8001, weight: 100000}\n",
+                "too large",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nplacement: {algorithm: ring, points_per_weight: 1000}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001, weight: 10000}\n  - {name: b, addr: 127.0.0.1:8002, weight: 10000}\n",
+                "test.yaml:2:49: the ring would have 20000000 points (at most 10000000)",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nplacement: {algorithm: ring}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001, weight: 10000}\n  - {name: b, addr: 127.0.0.1:8002, weight: 10000}\n  - {name: c, addr: 127.0.0.1:8003, weight: 10000}\n  - {name: d, addr: 127.0.0.1:8004, weight: 10000}\n  - {name: e, addr: 127.0.0.1:8005, weight: 10000}\n  - {name: f, addr: 127.0.0.1:8006, weight: 10000}\n  - {name: g, addr: 127.0.0.1:8007, weight: 10000}\n",
+                "test.yaml:2:24: the ring would have 11200000 points with the default points_per_weight 160 (at most 10000000)",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nmax_connections: 3000000000000000000\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "test.yaml:2:18: max_connections 3000000000000000000 is too large (at most 1000000)",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nidle_timeout: 18446744073709551615s\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "test.yaml:2:15: idle_timeout 584542046090years 7months 15days 17h 5m 3s is too long (at most 7days)",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nidle_timeout: 8d\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "test.yaml:2:15: idle_timeout 8days is too long (at most 7days)",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nshutdown_grace: 2h\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "test.yaml:2:17: shutdown_grace 2h is too long (at most 1h)",
+            ),
+            (
+                "listen: 127.0.0.1:7000\ndrain_timeout: 8d\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "test.yaml:2:16: drain_timeout 8days is too long (at most 7days)",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nconnect: {timeout: 6m}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "test.yaml:2:20: connect.timeout 6m is too long (at most 5m)",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nconnect: {attempts: 65}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "test.yaml:2:21: connect.attempts 65 is too large (at most 64)",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nkey: {from: header, header: x-id, read_timeout: 6m}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "test.yaml:2:49: key.read_timeout 6m is too long (at most 5m)",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nproxy_protocol: {header_timeout: 6m}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "test.yaml:2:34: proxy_protocol.header_timeout 6m is too long (at most 5m)",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nhealth: {interval: 18446744073709551615s}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "test.yaml:2:20: health.interval 584542046090years 7months 15days 17h 5m 3s is too long (at most 1h)",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nhealth: {interval: 1h, timeout: 6m}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "test.yaml:2:33: health.timeout 6m is too long (at most 5m)",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nhealth: {rise: 101}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "test.yaml:2:16: health.rise 101 is too large (at most 100)",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nhealth: {fall: 101}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "test.yaml:2:16: health.fall 101 is too large (at most 100)",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nhealth: {passive_failures: 1001}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "test.yaml:2:28: health.passive_failures 1001 is too large (at most 1000)",
+            ),
+            (
+                "listen: 127.0.0.1:7000\nreload: {poll_interval: 18446744073709551615s}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+                "test.yaml:2:25: reload.poll_interval 584542046090years 7months 15days 17h 5m 3s is too long (at most 1day)",
+            ),
+        ];
+        for (text, needle) in cases {
+            let p = problems(text).join("\n");
+            assert!(
+                p.contains(needle),
+                "for {text:?} expected {needle:?} in:\n{p}"
+            );
+            assert!(p.starts_with("test.yaml:"), "{p}");
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! The config file as YAML says it: serde types, before any meaning is checked.
+//!
+//! First step of the config arrow: text → [`RawConfig`] here, then
+//! [`validate`](super::validate) turns it into a [`Config`](super::Config).
+//! Parsing rejects unknown fields and duplicate keys and names their line and
+//! column; everything semantic (ranges, addresses, cross-field rules) is left
+//! to validation. Fields that validation checks are `Spanned`, so a semantic
+//! error can still point at the value it is about.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+use super::{Algorithm, AllDown, ConfigError, Fallback};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    pub(super) listen: Spanned<OneOrMany<Spanned<String>>>,
+    #[serde(default)]
+    pub(super) admin: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(super) placement: Option<RawPlacement>,
+    #[serde(default)]
+    pub(super) key: Option<RawKey>,
+    #[serde(default)]
+    pub(super) connect: Option<RawConnect>,
+    #[serde(default)]
+    pub(super) idle_timeout: Option<Spanned<HumanDuration>>,
+    #[serde(default)]
+    pub(super) max_connections: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub(super) shutdown_grace: Option<Spanned<HumanDuration>>,
+    #[serde(default)]
+    pub(super) drain_timeout: Option<Spanned<HumanDuration>>,
+    #[serde(default)]
+    pub(super) proxy_protocol: Option<RawProxyProtocol>,
+    #[serde(default)]
+    pub(super) health: Option<Spanned<RawHealth>>,
+    #[serde(default)]
+    pub(super) reload: Option<RawReload>,
+    pub(super) backends: Spanned<Vec<Spanned<RawBackend>>>,
+}
+
+/// `listen: 127.0.0.1:7000` and `listen: [a, b]` both work.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum OneOrMany<T> {
+    One(T),
+    Many(Vec<T>),
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPlacement {
+    #[serde(default)]
+    pub(super) algorithm: Option<Spanned<Algorithm>>,
+    #[serde(default)]
+    pub(super) table_size: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub(super) points_per_weight: Option<Spanned<u32>>,
+    #[serde(default)]
+    pub(super) bounded_load: Option<Spanned<f64>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum KeyFrom {
+    SourceIp,
+    SourceAddr,
+    Header,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawKey {
+    #[serde(default)]
+    pub(super) from: Option<Spanned<KeyFrom>>,
+    #[serde(default)]
+    pub(super) header: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(super) read_timeout: Option<Spanned<HumanDuration>>,
+    #[serde(default)]
+    pub(super) max_bytes: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub(super) fallback: Option<Spanned<Fallback>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConnect {
+    #[serde(default)]
+    pub(super) timeout: Option<Spanned<HumanDuration>>,
+    #[serde(default)]
+    pub(super) attempts: Option<Spanned<u32>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawProxyProtocol {
+    #[serde(default)]
+    pub(super) accept_from: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub(super) send: Option<Spanned<ProxySend>>,
+    #[serde(default)]
+    pub(super) header_timeout: Option<Spanned<HumanDuration>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum ProxySend {
+    V2,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHealth {
+    #[serde(default)]
+    pub(super) interval: Option<Spanned<HumanDuration>>,
+    #[serde(default)]
+    pub(super) timeout: Option<Spanned<HumanDuration>>,
+    #[serde(default)]
+    pub(super) rise: Option<Spanned<u32>>,
+    #[serde(default)]
+    pub(super) fall: Option<Spanned<u32>>,
+    #[serde(default)]
+    pub(super) passive_failures: Option<Spanned<u32>>,
+    #[serde(default)]
+    pub(super) when_all_down: Option<Spanned<AllDown>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawReload {
+    #[serde(default)]
+    pub(super) watch: Option<bool>,
+    #[serde(default)]
+    pub(super) poll_interval: Option<Spanned<HumanDuration>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBackend {
+    pub(super) name: Spanned<String>,
+    pub(super) addr: Spanned<String>,
+    #[serde(default)]
+    pub(super) weight: Option<Spanned<u32>>,
+    #[serde(default)]
+    pub(super) zone: Option<Spanned<String>>,
+}
+
+/// A duration written the human way: `250ms`, `30s`, `1h`, `1h 30m`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HumanDuration(pub Duration);
+
+impl<'de> Deserialize<'de> for HumanDuration {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        humantime::parse_duration(&text)
+            .map(HumanDuration)
+            .map_err(|e| {
+                serde::de::Error::custom(format!(
+                    "invalid duration {text:?} ({e}); write e.g. 250ms, 30s or 1h"
+                ))
+            })
+    }
+}
+
+/// Parses `text` into a [`RawConfig`]; a syntax error, unknown field or
+/// duplicate key comes back as one [`ConfigError`] with its place. `file`
+/// only names the source.
+pub(super) fn from_yaml(file: &Path, text: &str) -> Result<RawConfig, ConfigError> {
+    serde_saphyr::from_str(text).map_err(|e| {
+        let (line, column) = e
+            .location()
+            .map(|l| (l.line(), l.column()))
+            .unwrap_or((0, 0));
+        ConfigError {
+            file: file.to_path_buf(),
+            line,
+            column,
+            problem: first_line_of(&e.to_string()),
+        }
+    })
+}
+
+/// serde-saphyr renders an error with a source snippet over several lines,
+/// headed `error: line L column C: problem`; we keep the problem and put the
+/// place in front ourselves.
+fn first_line_of(rendered: &str) -> String {
+    let line = rendered.lines().next().unwrap_or("invalid YAML").trim();
+    let line = line.strip_prefix("error: ").unwrap_or(line);
+    let line = match line
+        .strip_prefix("line ")
+        .and_then(|rest| rest.split_once(": "))
+    {
+        Some((place, problem)) if place.contains(" column ") => problem,
+        _ => line,
+    };
+    // Some messages end with the place instead.
+    match line.find(" at line ") {
+        Some(i) => line[..i].to_string(),
+        None => line.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::test_util::{parse, problems};
+
+    #[test]
+    fn syntax_error_names_line_and_column() {
+        let e = parse("listen: 127.0.0.1:7000\nbackends:\n  - name: a\n    addr: [\n").unwrap_err();
+        assert_eq!(e.0.len(), 1);
+        assert!(e.0[0].line >= 4, "{e}");
+        assert!(e.0[0].column > 0, "{e}");
+        assert!(e.to_string().starts_with("test.yaml:"), "{e}");
+    }
+
+    #[test]
+    fn unknown_fields_and_duplicate_keys_are_rejected() {
+        let p = problems(
+            "listen: 127.0.0.1:7000\nbogus: 1\nbackends:\n  - name: a\n    addr: 127.0.0.1:8001\n",
+        );
+        assert!(p[0].contains("bogus"), "{p:?}");
+        assert!(
+            p[0].starts_with("test.yaml:2:1: unknown field `bogus`"),
+            "{p:?}"
+        );
+        assert!(p[0].starts_with("test.yaml:2:"), "{p:?}");
+        let p = problems(
+            "listen: 127.0.0.1:7000\nlisten: 127.0.0.1:7001\nbackends:\n  - name: a\n    addr: 127.0.0.1:8001\n",
+        );
+        assert!(p[0].contains("test.yaml:2:"), "{p:?}");
+        let p =
+            problems("listen: 127.0.0.1:7000\nbackends:\n  - name: a\n    adr: 127.0.0.1:8001\n");
+        assert!(p[0].contains("adr"), "{p:?}");
+    }
+}
