@@ -123,7 +123,12 @@ pub fn answer<B>(req: &Request<B>, shared: &Shared, registry: &Registry) -> Resp
         "/route" => match query_param(req.uri().query().unwrap_or(""), "key") {
             None => json_response(StatusCode::BAD_REQUEST, json!({"error": "missing ?key="})),
             Some(key_text) => match key_for_text(&snapshot.config.key, &key_text) {
-                Ok(key) => json_response(StatusCode::OK, route_json(&snapshot, &key_text, key)),
+                Ok(key) => {
+                    let pin = shared.pins().and_then(|p| p.peek(key));
+                    let mut answer = route_json(&snapshot, &key_text, key);
+                    answer["pinned"] = json!(pin.as_deref());
+                    json_response(StatusCode::OK, answer)
+                }
                 Err(e) => json_response(StatusCode::BAD_REQUEST, json!({"error": e.to_string()})),
             },
         },

@@ -17,7 +17,9 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::config::Config;
+use crate::config::{Config, Mode};
+use crate::http::HttpPath;
+use crate::listener;
 use crate::net::bind;
 use crate::snapshot::{Shared, Snapshot, SnapshotError};
 
@@ -127,16 +129,30 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     if config.source.is_file() {
         crate::reload::spawn(config.source.clone(), Arc::clone(&shared), shutdown.clone());
     }
-    let serving = crate::listener::serve(
-        listeners,
-        Arc::clone(&shared),
-        shutdown,
-        crate::tcp::serve_connection,
-    );
-    let task = tokio::spawn(async move {
-        serving.await;
-        drained.cancel();
-    });
+    let task = match config.mode {
+        Mode::Tcp => {
+            let serving = listener::serve(
+                listeners,
+                Arc::clone(&shared),
+                shutdown,
+                crate::tcp::serve_connection,
+            );
+            tokio::spawn(async move {
+                serving.await;
+                drained.cancel();
+            })
+        }
+        Mode::Http => {
+            let path = HttpPath::default();
+            let serving = listener::serve(listeners, Arc::clone(&shared), shutdown, move |a| {
+                path.clone().serve_connection(a)
+            });
+            tokio::spawn(async move {
+                serving.await;
+                drained.cancel();
+            })
+        }
+    };
     Ok(Running {
         listen,
         admin,

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::BackendConfig;
+use crate::stats::Histogram;
 
 #[derive(Debug)]
 pub struct Backend {
@@ -69,6 +70,82 @@ impl ConnectFailure {
     }
 }
 
+/// What became of a request sent to a backend (`mode: http`), by the class
+/// of its status code; `Error` when no response came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CodeClass {
+    Informational,
+    Success,
+    Redirection,
+    ClientError,
+    ServerError,
+    Error,
+}
+
+impl CodeClass {
+    pub const ALL: [CodeClass; 6] = [
+        CodeClass::Informational,
+        CodeClass::Success,
+        CodeClass::Redirection,
+        CodeClass::ClientError,
+        CodeClass::ServerError,
+        CodeClass::Error,
+    ];
+
+    pub fn of(status: u16) -> CodeClass {
+        match status {
+            100..=199 => CodeClass::Informational,
+            200..=299 => CodeClass::Success,
+            300..=399 => CodeClass::Redirection,
+            400..=499 => CodeClass::ClientError,
+            _ => CodeClass::ServerError,
+        }
+    }
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CodeClass::Informational => "1xx",
+            CodeClass::Success => "2xx",
+            CodeClass::Redirection => "3xx",
+            CodeClass::ClientError => "4xx",
+            CodeClass::ServerError => "5xx",
+            CodeClass::Error => "error",
+        }
+    }
+}
+
+/// What one active health check found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckOutcome {
+    Ok,
+    /// The connect (or the HTTP exchange) failed.
+    Failed,
+    /// No answer within `health.timeout`.
+    Timeout,
+    /// An HTTP check got a status outside `health.expect_status`.
+    BadStatus,
+}
+
+impl CheckOutcome {
+    pub const ALL: [CheckOutcome; 4] = [
+        CheckOutcome::Ok,
+        CheckOutcome::Failed,
+        CheckOutcome::Timeout,
+        CheckOutcome::BadStatus,
+    ];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CheckOutcome::Ok => "ok",
+            CheckOutcome::Failed => "failed",
+            CheckOutcome::Timeout => "timeout",
+            CheckOutcome::BadStatus => "bad_status",
+        }
+    }
+}
+
 /// The live state of one backend. All counters only grow; `active` goes up
 /// and down through [`ActiveGuard`].
 #[derive(Debug)]
@@ -81,12 +158,26 @@ pub struct Live {
     bytes_sent: AtomicU64,
     connect_failures: [AtomicU64; 3],
     spills: AtomicU64,
+    /// Requests answered (`mode: http`), by code class.
+    requests: [AtomicU64; CodeClass::ALL.len()],
+    /// Requests whose client went away before the response was complete.
+    client_aborts: AtomicU64,
+    /// Upstream connections open (`mode: http`: pooled and busy ones).
+    upstream_connections: AtomicU64,
+    /// From sending a request to the response head (`mode: http`).
+    pub time_to_first_byte: Histogram,
+    /// From sending a request to the response's last byte (`mode: http`).
+    pub request_duration: Histogram,
     up: AtomicBool,
     /// Consecutive data-path connect failures, for passive health.
     consecutive_failures: AtomicU32,
     /// Consecutive active-check results of one kind (rise and fall).
     checks_ok: AtomicU32,
     checks_failed: AtomicU32,
+    /// Active checks by outcome, and up/down transitions, for the metrics.
+    checks: [AtomicU64; CheckOutcome::ALL.len()],
+    went_up: AtomicU64,
+    went_down: AtomicU64,
     /// Fired when connections to this backend must close: it was removed and
     /// its `drain_timeout` passed.
     closing: CancellationToken,
@@ -101,12 +192,20 @@ impl Default for Live {
             bytes_sent: AtomicU64::new(0),
             connect_failures: Default::default(),
             spills: AtomicU64::new(0),
+            requests: Default::default(),
+            client_aborts: AtomicU64::new(0),
+            upstream_connections: AtomicU64::new(0),
+            time_to_first_byte: Histogram::default(),
+            request_duration: Histogram::default(),
             // A backend starts up: traffic flows from the first moment, and
             // checks (or passive failures) take it out if it is dead.
             up: AtomicBool::new(true),
             consecutive_failures: AtomicU32::new(0),
             checks_ok: AtomicU32::new(0),
             checks_failed: AtomicU32::new(0),
+            checks: Default::default(),
+            went_up: AtomicU64::new(0),
+            went_down: AtomicU64::new(0),
             closing: CancellationToken::new(),
         }
     }
@@ -141,7 +240,8 @@ impl Live {
         self.up.load(Ordering::Relaxed)
     }
 
-    /// Sets the health flag; returns the previous value.
+    /// Sets the health flag; returns the previous value. A change is counted
+    /// as a transition.
     pub fn set_up(&self, up: bool) -> bool {
         if up {
             self.consecutive_failures.store(0, Ordering::Relaxed);
@@ -149,14 +249,33 @@ impl Live {
             // Coming back takes `rise` fresh successes.
             self.checks_ok.store(0, Ordering::Relaxed);
         }
-        self.up.swap(up, Ordering::Relaxed)
+        let was = self.up.swap(up, Ordering::Relaxed);
+        match (was, up) {
+            (false, true) => self.went_up.fetch_add(1, Ordering::Relaxed),
+            (true, false) => self.went_down.fetch_add(1, Ordering::Relaxed),
+            _ => 0,
+        };
+        was
+    }
+
+    /// Up/down transitions so far: (to up, to down).
+    pub fn transitions(&self) -> (u64, u64) {
+        (
+            self.went_up.load(Ordering::Relaxed),
+            self.went_down.load(Ordering::Relaxed),
+        )
+    }
+
+    pub fn checks(&self, outcome: CheckOutcome) -> u64 {
+        self.checks[outcome as usize].load(Ordering::Relaxed)
     }
 
     /// Records one active check. `rise` consecutive successes bring a down
     /// backend up, `fall` consecutive failures take an up one down. Returns
     /// the new state when it changed.
-    pub fn record_check(&self, ok: bool, rise: u32, fall: u32) -> Option<bool> {
-        if ok {
+    pub fn record_check(&self, outcome: CheckOutcome, rise: u32, fall: u32) -> Option<bool> {
+        self.checks[outcome as usize].fetch_add(1, Ordering::Relaxed);
+        if outcome == CheckOutcome::Ok {
             self.checks_failed.store(0, Ordering::Relaxed);
             let streak = self
                 .checks_ok
@@ -195,6 +314,34 @@ impl Live {
             })
     }
 
+    pub fn count_request(&self, class: CodeClass) {
+        self.requests[class as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn requests(&self, class: CodeClass) -> u64 {
+        self.requests[class as usize].load(Ordering::Relaxed)
+    }
+
+    pub fn count_client_abort(&self) {
+        self.client_aborts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn client_aborts(&self) -> u64 {
+        self.client_aborts.load(Ordering::Relaxed)
+    }
+
+    /// An upstream connection opened; it is counted until the guard drops.
+    pub fn open_upstream(self: &Arc<Self>) -> UpstreamGuard {
+        self.upstream_connections.fetch_add(1, Ordering::Relaxed);
+        UpstreamGuard {
+            live: Arc::clone(self),
+        }
+    }
+
+    pub fn upstream_connections(&self) -> u64 {
+        self.upstream_connections.load(Ordering::Relaxed)
+    }
+
     pub fn count_spill(&self) {
         self.spills.fetch_add(1, Ordering::Relaxed);
     }
@@ -203,6 +350,17 @@ impl Live {
     pub fn count_connect_failure(&self, why: ConnectFailure) -> u32 {
         self.connect_failures[why as usize].fetch_add(1, Ordering::Relaxed);
         self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// A backend answered with a server error (passive health); returns the
+    /// consecutive failure count.
+    pub fn count_passive_failure(&self) -> u32 {
+        self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// A backend answered well: its failure streak is over.
+    pub fn count_answer_ok(&self) {
+        self.consecutive_failures.store(0, Ordering::Relaxed);
     }
 
     /// A data-path connect succeeded.
@@ -238,6 +396,20 @@ impl Drop for ActiveGuard {
     }
 }
 
+/// One open upstream connection (`mode: http`); dropping it uncounts it.
+#[derive(Debug)]
+pub struct UpstreamGuard {
+    live: Arc<Live>,
+}
+
+impl Drop for UpstreamGuard {
+    fn drop(&mut self) {
+        self.live
+            .upstream_connections
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -257,18 +429,21 @@ mod tests {
 
     #[test]
     fn checks_rise_and_fall() {
+        use CheckOutcome::{Failed, Ok, Timeout};
         let live = Live::default();
         assert!(live.is_up());
-        assert_eq!(live.record_check(false, 2, 3), None);
-        assert_eq!(live.record_check(false, 2, 3), None);
-        assert_eq!(live.record_check(false, 2, 3), Some(false));
-        assert_eq!(live.record_check(false, 2, 3), None);
-        assert_eq!(live.record_check(true, 2, 3), None);
-        assert_eq!(live.record_check(false, 2, 3), None);
-        assert_eq!(live.record_check(true, 2, 3), None);
-        assert_eq!(live.record_check(true, 2, 3), Some(true));
+        assert_eq!(live.record_check(Failed, 2, 3), None);
+        assert_eq!(live.record_check(Timeout, 2, 3), None);
+        assert_eq!(live.record_check(Failed, 2, 3), Some(false));
+        assert_eq!(live.record_check(Failed, 2, 3), None);
+        assert_eq!(live.record_check(Ok, 2, 3), None);
+        assert_eq!(live.record_check(Failed, 2, 3), None);
+        assert_eq!(live.record_check(Ok, 2, 3), None);
+        assert_eq!(live.record_check(Ok, 2, 3), Some(true));
         assert!(live.is_up());
-        assert_eq!(live.record_check(true, 2, 3), None);
+        assert_eq!(live.record_check(Ok, 2, 3), None);
+        assert_eq!(live.checks(Failed), 4);
+        assert_eq!(live.transitions(), (1, 1));
     }
 
     #[test]

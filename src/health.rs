@@ -1,6 +1,9 @@
-//! Active health checks: a TCP connect to every backend, every `interval`
-//! (plus up to 10% jitter, so a fleet does not probe in step), with
-//! `timeout`, `rise` and `fall`.
+//! Active health checks: a TCP connect to every backend, or with
+//! `health.http_path` an HTTP `GET` over a fresh connection whose status must
+//! be in `health.expect_status`; every `interval` (plus up to 10% jitter, so a
+//! fleet does not probe in step), with `timeout`, `rise` and `fall`. An
+//! inference server whose engine hung keeps its port open; only the HTTP
+//! check (`/health` on vLLM and SGLang) sees it.
 //!
 //! Health marks backends up or down in their live state; it never rebuilds the
 //! table. A lookup skips down backends, so a flapping backend never moves the
@@ -19,9 +22,10 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
-use crate::backend::Backend;
+use crate::backend::{Backend, CheckOutcome};
+use crate::config::HealthConfig;
 use crate::snapshot::Shared;
 
 /// How often to look again for a `health` section when there is none.
@@ -38,16 +42,18 @@ pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
                 let started = Instant::now();
                 let mut probes = JoinSet::new();
                 for backend in snapshot.backends.iter().cloned() {
-                    let timeout = health.timeout;
+                    let health = health.clone();
                     probes.spawn(async move {
-                        let ok = probe(&backend, timeout).await;
-                        (backend, ok)
+                        let outcome = probe(&backend, &health).await;
+                        (backend, outcome)
                     });
                 }
                 drop(snapshot);
                 while let Some(done) = probes.join_next().await {
-                    let Ok((backend, ok)) = done else { continue };
-                    match backend.live.record_check(ok, health.rise, health.fall) {
+                    let Ok((backend, outcome)) = done else {
+                        continue;
+                    };
+                    match backend.live.record_check(outcome, health.rise, health.fall) {
                         Some(true) => info!(backend = %backend.name, "backend is up"),
                         Some(false) => {
                             warn!(backend = %backend.name, addr = %backend.addr, "backend is down: {} failed checks", health.fall)
@@ -66,19 +72,66 @@ pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
     }
 }
 
-/// One check: can we open a TCP connection within `timeout`?
-pub async fn probe(backend: &Backend, timeout: Duration) -> bool {
-    match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(backend.addr)).await {
-        Ok(Ok(_stream)) => true,
+/// One check within `health.timeout`: a TCP connect, or an HTTP `GET` of
+/// `health.http_path` whose status must be in `health.expect_status`.
+pub async fn probe(backend: &Backend, health: &HealthConfig) -> CheckOutcome {
+    let check = async {
+        let stream = tokio::net::TcpStream::connect(backend.addr).await?;
+        match &health.http_path {
+            None => Ok(CheckOutcome::Ok),
+            Some(path) => http_check(stream, backend, path, health).await,
+        }
+    };
+    match tokio::time::timeout(health.timeout, check).await {
+        Ok(Ok(outcome)) => {
+            if outcome != CheckOutcome::Ok {
+                debug!(backend = %backend.name, outcome = outcome.as_str(), "health check failed");
+            }
+            outcome
+        }
         Ok(Err(e)) => {
-            tracing::debug!(backend = %backend.name, error = %e, "health check failed");
-            false
+            debug!(backend = %backend.name, error = %e, "health check failed");
+            CheckOutcome::Failed
         }
         Err(_) => {
-            tracing::debug!(backend = %backend.name, "health check timed out");
-            false
+            debug!(backend = %backend.name, "health check timed out");
+            CheckOutcome::Timeout
         }
     }
+}
+
+/// `GET path` over `stream` (HTTP/1.1, `Connection: close`); the status decides.
+async fn http_check(
+    stream: tokio::net::TcpStream,
+    backend: &Backend,
+    path: &str,
+    health: &HealthConfig,
+) -> std::io::Result<CheckOutcome> {
+    use http_body_util::Empty;
+    use hyper::header::{CONNECTION, HOST, USER_AGENT};
+
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(std::io::Error::other)?;
+    let driver = tokio::spawn(connection);
+    let request = hyper::Request::get(path)
+        .header(HOST, backend.addr.to_string())
+        .header(USER_AGENT, "magpie-health")
+        .header(CONNECTION, "close")
+        .body(Empty::<bytes::Bytes>::new())
+        .map_err(std::io::Error::other)?;
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(std::io::Error::other);
+    driver.abort();
+    let status = response?.status().as_u16();
+    Ok(if health.expect_status.contains(&status) {
+        CheckOutcome::Ok
+    } else {
+        CheckOutcome::BadStatus
+    })
 }
 
 /// A tiny xorshift for jitter; seeded from the clock, no crate needed.

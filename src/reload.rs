@@ -144,8 +144,17 @@ impl Reloader {
     }
 }
 
-/// `listen` and `admin` sockets are bound once; a change needs a restart.
+/// `listen` and `admin` sockets are bound once, and `mode` decides how they
+/// are served; a change of any needs a restart.
 fn keep_restart_settings(next: &mut Config, running: &Config) {
+    if next.mode != running.mode {
+        warn!(
+            running = running.mode.as_str(),
+            file = next.mode.as_str(),
+            "mode changed: restart magpie to apply it; keeping the running mode"
+        );
+        next.mode = running.mode;
+    }
     if next.listen != running.listen {
         warn!(running = ?running.listen, file = ?next.listen, "listen changed: restart magpie to apply it; keeping the running listeners");
         next.listen = running.listen.clone();

@@ -69,6 +69,23 @@ impl Route {
         select(snapshot, key, |backend, _why| backend.live.count_spill())
     }
 
+    /// The route for traffic whose key is pinned to `pin` (session pins):
+    /// the pinned backend first while it is up and under its cap, then the
+    /// key's other candidates. A pin that cannot take the request is passed
+    /// over like any candidate, and the route is the table's.
+    pub fn plan_pinned(snapshot: &Snapshot, key: u64, pin: &Arc<Backend>) -> Route {
+        let mut route = Route::plan(snapshot, key);
+        let takes = pin.live.is_up() && pin.live.active() < Caps::of(pin, route.caps);
+        if takes {
+            route.targets.retain(|b| !Arc::ptr_eq(b, pin));
+            route.targets.insert(0, Arc::clone(pin));
+            route
+                .targets
+                .truncate(snapshot.config.connect.attempts as usize);
+        }
+        route
+    }
+
     /// The route a key would take now, counting nothing (admin `/route`).
     pub fn preview(snapshot: &Snapshot, key: u64) -> Route {
         select(snapshot, key, |_, _| {})
@@ -161,6 +178,18 @@ pub fn connect_failed(backend: &Backend, error: &io::Error, health: Option<&Heal
         && backend.live.set_up(false)
     {
         warn!(backend = %backend.name, failures = consecutive, "marked down after consecutive connect failures");
+    }
+}
+
+/// Counts a `502`/`503`/`504` answer from `backend` (`health.passive_status`)
+/// towards passive health, like a failed connect.
+pub fn answer_failed(backend: &Backend, status: u16, health: &HealthConfig) {
+    let consecutive = backend.live.count_passive_failure();
+    if health.passive_failures > 0
+        && consecutive >= health.passive_failures
+        && backend.live.set_up(false)
+    {
+        warn!(backend = %backend.name, status, failures = consecutive, "marked down after consecutive failed answers");
     }
 }
 

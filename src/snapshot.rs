@@ -18,7 +18,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use blake2b_simd::Params;
 use tokio::sync::{Semaphore, watch};
 
@@ -27,6 +27,7 @@ use crate::config::{Algorithm, Config};
 use crate::placement::maglev::Maglev;
 use crate::placement::ring::Ring;
 use crate::placement::{Node, NodeSet, PlacementError, Scheme};
+use crate::sessions::Pins;
 use crate::stats::Stats;
 
 /// The table behind a snapshot.
@@ -218,19 +219,28 @@ pub struct Shared {
     pub(crate) limit: Arc<Semaphore>,
     /// The published version, for whoever waits for a reload to land.
     version: watch::Sender<u64>,
+    /// Session pins (`sessions`), kept across reloads that keep their settings.
+    pins: ArcSwapOption<Pins>,
 }
 
 impl Shared {
     pub fn new(snapshot: Snapshot) -> Self {
         let limit = Arc::new(Semaphore::new(snapshot.config.max_connections));
         let (version, _) = watch::channel(snapshot.version);
+        let pins = ArcSwapOption::from(pins_for(&snapshot.config));
         Shared {
             snapshot: ArcSwap::from_pointee(snapshot),
             stats: Stats::default(),
             retired: Mutex::new(Vec::new()),
             limit,
             version,
+            pins,
         }
+    }
+
+    /// The session pins, when `sessions` is configured.
+    pub fn pins(&self) -> Option<Arc<Pins>> {
+        self.pins.load_full()
     }
 
     /// Follows the published version: `changed()` resolves on every publish.
@@ -256,6 +266,9 @@ impl Shared {
     pub fn publish(&self, next: Snapshot) -> Vec<Arc<Backend>> {
         let old_limit = self.snapshot.load().config.max_connections;
         let new_limit = next.config.max_connections;
+        if next.config.sessions != self.snapshot.load().config.sessions {
+            self.pins.store(pins_for(&next.config));
+        }
         let next = Arc::new(next);
         let old = self.snapshot.swap(Arc::clone(&next));
         self.resize_limit(old_limit, new_limit);
@@ -297,6 +310,14 @@ impl Shared {
             });
         }
     }
+}
+
+/// A fresh pin map for `config`'s `sessions`, if any.
+fn pins_for(config: &Config) -> Option<Arc<Pins>> {
+    config
+        .sessions
+        .as_ref()
+        .map(|s| Arc::new(Pins::new(s.max, s.ttl)))
 }
 
 /// A poisoned lock only means another thread panicked while holding it; the

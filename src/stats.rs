@@ -1,6 +1,6 @@
 //! The global counters the data paths, reload and admin bump; each only grows.
 //!
-//! Per-backend counters live in [`crate::backend::Live`]; these are the ones
+//! Per-backend counters live in each backend's live state; these are the ones
 //! that belong to no backend (accepts, rejections, key fallbacks, reloads).
 //! Bumping one is a relaxed atomic add: nothing on the hot path takes a lock
 //! or looks up a label. The Prometheus export (`metrics`) reads them at scrape time.
@@ -16,15 +16,27 @@ pub enum ClientFailure {
     NoBackend,
     /// A trusted peer sent no valid PROXY header, or an untrusted one sent one.
     ProxyProtocol,
+    /// `mode: http`: a request head did not arrive within `key.read_timeout`
+    /// (the client got `408`).
+    HeadTimeout,
+    /// `mode: http`: the client's body failed while it was read for the key.
+    BadRequest,
 }
 
 impl ClientFailure {
-    pub const ALL: [ClientFailure; 2] = [ClientFailure::NoBackend, ClientFailure::ProxyProtocol];
+    pub const ALL: [ClientFailure; 4] = [
+        ClientFailure::NoBackend,
+        ClientFailure::ProxyProtocol,
+        ClientFailure::HeadTimeout,
+        ClientFailure::BadRequest,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             ClientFailure::NoBackend => "no_backend",
             ClientFailure::ProxyProtocol => "proxy_protocol",
+            ClientFailure::HeadTimeout => "head_timeout",
+            ClientFailure::BadRequest => "bad_request",
         }
     }
 }
@@ -99,5 +111,73 @@ impl Stats {
             &self.reloads_failed
         };
         counter.load(Ordering::Relaxed)
+    }
+}
+
+/// Upper bounds (seconds) of the latency buckets: from 5 ms (a cached reply
+/// on a LAN) to 10 minutes (a long LLM generation streamed to the end).
+pub const LATENCY_BUCKETS: [f64; 16] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+
+/// A latency histogram with fixed buckets ([`LATENCY_BUCKETS`]): one relaxed
+/// atomic add per bucket boundary passed, no lock, no allocation.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    /// Observations at or below each bound (not cumulative; the export sums).
+    buckets: [AtomicU64; LATENCY_BUCKETS.len()],
+    count: AtomicU64,
+    /// Sum of observations in microseconds.
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    pub fn observe(&self, d: std::time::Duration) {
+        let secs = d.as_secs_f64();
+        if let Some(i) = LATENCY_BUCKETS.iter().position(|&b| secs <= b) {
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        self.sum_micros.fetch_add(micros, Ordering::Relaxed);
+    }
+
+    /// Cumulative counts per bound, in [`LATENCY_BUCKETS`] order.
+    pub fn cumulative(&self) -> [u64; LATENCY_BUCKETS.len()] {
+        let mut out = [0; LATENCY_BUCKETS.len()];
+        let mut running = 0;
+        for (o, b) in out.iter_mut().zip(&self.buckets) {
+            running += b.load(Ordering::Relaxed);
+            *o = running;
+        }
+        out
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    pub fn sum_seconds(&self) -> f64 {
+        self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let h = Histogram::default();
+        h.observe(Duration::from_millis(3));
+        h.observe(Duration::from_millis(7));
+        h.observe(Duration::from_secs(700));
+        let c = h.cumulative();
+        assert_eq!(c[0], 1);
+        assert_eq!(c[1], 2);
+        assert_eq!(c[LATENCY_BUCKETS.len() - 1], 2);
+        assert_eq!(h.count(), 3);
+        assert!((h.sum_seconds() - 700.01).abs() < 1e-6);
     }
 }

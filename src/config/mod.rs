@@ -13,11 +13,14 @@
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ipnet::IpNet;
 use serde::Deserialize;
+
+pub use crate::key::json::FieldPath;
 
 mod raw;
 mod resolve;
@@ -111,8 +114,30 @@ pub enum AllDown {
     Refuse,
 }
 
+/// How traffic is keyed and forwarded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// One key per TCP connection; bytes are copied both ways.
+    #[default]
+    Tcp,
+    /// One key per HTTP request; requests go over pooled connections.
+    Http,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Tcp => "tcp",
+            Mode::Http => "http",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
+    /// `tcp` or `http`; a change needs a restart, like `listen`.
+    pub mode: Mode,
     /// The file this came from (for messages), or `<inline>`.
     pub source: PathBuf,
     /// `h64` of the text this was parsed from: reload compares it to the file's
@@ -130,6 +155,9 @@ pub struct Config {
     pub proxy_protocol: ProxyProtocolConfig,
     pub health: Option<HealthConfig>,
     pub reload: ReloadConfig,
+    pub http: HttpConfig,
+    /// Session pins (`mode: http` only); `None` keeps routing stateless.
+    pub sessions: Option<SessionsConfig>,
     /// In file order; placement sorts by name itself.
     pub backends: Vec<BackendConfig>,
 }
@@ -146,9 +174,20 @@ pub struct PlacementConfig {
 pub enum KeyConfig {
     SourceIp,
     SourceAddr,
+    /// An HTTP header's value (per connection in `mode: tcp`, per request in
+    /// `mode: http`).
     Header {
         /// Lower-case, so matching is case-insensitive.
         name: String,
+        /// `mode: http`: a JSON body field tried when the header is absent.
+        body_field: Option<FieldPath>,
+        read_timeout: Duration,
+        max_bytes: usize,
+        fallback: Fallback,
+    },
+    /// `mode: http`: a field of the JSON request body.
+    Body {
+        field: FieldPath,
         read_timeout: Duration,
         max_bytes: usize,
         fallback: Fallback,
@@ -185,6 +224,42 @@ pub struct HealthConfig {
     /// Consecutive data-path connect failures that mark a backend down; 0 = off.
     pub passive_failures: u32,
     pub when_all_down: AllDown,
+    /// An HTTP check (`GET` this path) instead of a TCP connect.
+    pub http_path: Option<String>,
+    /// The statuses an HTTP check accepts.
+    pub expect_status: RangeInclusive<u16>,
+    /// `mode: http`: 502/503/504 answers count towards `passive_failures`.
+    pub passive_status: bool,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            interval: DEFAULT_HEALTH_INTERVAL,
+            timeout: DEFAULT_HEALTH_TIMEOUT,
+            rise: DEFAULT_RISE,
+            fall: DEFAULT_FALL,
+            passive_failures: DEFAULT_PASSIVE_FAILURES,
+            when_all_down: AllDown::TryAnyway,
+            http_path: None,
+            expect_status: DEFAULT_EXPECT_STATUS,
+            passive_status: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HttpConfig {
+    /// Add `x-magpie-backend: NAME` to responses.
+    pub expose_backend: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionsConfig {
+    /// A pin is released after this long unused.
+    pub ttl: Duration,
+    /// At most this many pins; the least recently used goes first.
+    pub max: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -207,6 +282,17 @@ pub struct BackendConfig {
 pub const DEFAULT_POINTS_PER_WEIGHT: u32 = 160;
 pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_millis(200);
 pub const DEFAULT_MAX_BYTES: u64 = 8192;
+/// `mode: http`: a request head (and a body read for its key) may take this
+/// long; a body is large and may cross a slow link.
+pub const DEFAULT_HTTP_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// `mode: http`: the most of a request head, and of a body read for its key.
+pub const DEFAULT_HTTP_MAX_BYTES: u64 = 1 << 20;
+pub const MAX_HTTP_MAX_BYTES: u64 = 64 << 20;
+pub const DEFAULT_EXPECT_STATUS: RangeInclusive<u16> = 200..=299;
+pub const DEFAULT_SESSION_TTL: Duration = Duration::from_secs(30 * 60);
+pub const DEFAULT_SESSION_MAX: u64 = 100_000;
+pub const MAX_SESSION_TTL: Duration = Duration::from_secs(7 * DAY);
+pub const MAX_SESSION_MAX: u64 = 10_000_000;
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 pub const DEFAULT_ATTEMPTS: u32 = 3;
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
@@ -348,6 +434,7 @@ mod tests {
             c.key,
             KeyConfig::Header {
                 name: "x-session-id".into(),
+                body_field: None,
                 read_timeout: Duration::from_millis(250),
                 max_bytes: 4096,
                 fallback: Fallback::SourceAddr

@@ -13,11 +13,13 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
-use super::{Algorithm, AllDown, ConfigError, Fallback};
+use super::{Algorithm, AllDown, ConfigError, Fallback, Mode};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
+    #[serde(default)]
+    pub(super) mode: Option<Spanned<Mode>>,
     pub(super) listen: Spanned<OneOrMany<Spanned<String>>>,
     #[serde(default)]
     pub(super) admin: Option<Spanned<String>>,
@@ -41,6 +43,10 @@ pub struct RawConfig {
     pub(super) health: Option<Spanned<RawHealth>>,
     #[serde(default)]
     pub(super) reload: Option<RawReload>,
+    #[serde(default)]
+    pub(super) http: Option<Spanned<RawHttp>>,
+    #[serde(default)]
+    pub(super) sessions: Option<Spanned<RawSessions>>,
     pub(super) backends: Spanned<Vec<Spanned<RawBackend>>>,
 }
 
@@ -71,6 +77,7 @@ pub(super) enum KeyFrom {
     SourceIp,
     SourceAddr,
     Header,
+    Body,
 }
 
 #[derive(Debug, Deserialize)]
@@ -80,6 +87,8 @@ pub(super) struct RawKey {
     pub(super) from: Option<Spanned<KeyFrom>>,
     #[serde(default)]
     pub(super) header: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(super) body_field: Option<Spanned<String>>,
     #[serde(default)]
     pub(super) read_timeout: Option<Spanned<HumanDuration>>,
     #[serde(default)]
@@ -129,6 +138,58 @@ pub(super) struct RawHealth {
     pub(super) passive_failures: Option<Spanned<u32>>,
     #[serde(default)]
     pub(super) when_all_down: Option<Spanned<AllDown>>,
+    #[serde(default)]
+    pub(super) http_path: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(super) expect_status: Option<Spanned<StatusRange>>,
+    #[serde(default)]
+    pub(super) passive_status: Option<Spanned<bool>>,
+}
+
+/// `health.expect_status`: one code (`200`) or a range (`200-399`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatusRange(pub u16, pub u16);
+
+impl<'de> Deserialize<'de> for StatusRange {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Written {
+            One(u16),
+            Text(String),
+        }
+        let bad = |text: &str| {
+            serde::de::Error::custom(format!(
+                "invalid status range {text:?}; write e.g. 200 or 200-399"
+            ))
+        };
+        match Written::deserialize(d).map_err(|_| bad("?"))? {
+            Written::One(code) => Ok(StatusRange(code, code)),
+            Written::Text(text) => {
+                let (lo, hi) = text.split_once('-').unwrap_or((&text, &text));
+                match (lo.trim().parse(), hi.trim().parse()) {
+                    (Ok(lo), Ok(hi)) => Ok(StatusRange(lo, hi)),
+                    _ => Err(bad(&text)),
+                }
+            }
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHttp {
+    #[serde(default)]
+    pub(super) expose_backend: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSessions {
+    #[serde(default)]
+    pub(super) ttl: Option<Spanned<HumanDuration>>,
+    #[serde(default)]
+    pub(super) max: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -27,10 +27,11 @@ use super::{
     Algorithm, BackendConfig, Config, ConfigError, ConfigErrors, DEFAULT_ADMIN,
     DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_POINTS_PER_WEIGHT,
     DEFAULT_SHUTDOWN_GRACE, MAX_DRAIN_TIMEOUT, MAX_IDLE_TIMEOUT, MAX_MAX_CONNECTIONS,
-    MAX_RING_POINTS, MAX_SHUTDOWN_GRACE, MAX_TABLE_SIZE, MAX_WEIGHT, PlacementConfig,
+    MAX_RING_POINTS, MAX_SHUTDOWN_GRACE, MAX_TABLE_SIZE, MAX_WEIGHT, Mode, PlacementConfig,
 };
 use crate::placement::maglev;
 
+mod modes;
 mod settings;
 
 pub(super) struct Validator<'a> {
@@ -125,11 +126,12 @@ impl<'a> Validator<'a> {
     }
 
     pub(super) fn validate(mut self, raw: RawConfig) -> Result<Config, ConfigErrors> {
+        let mode = raw.mode.map(|m| m.value).unwrap_or_default();
         let listen = self.listen(raw.listen);
         let admin = self.admin(raw.admin, &listen);
         let backends = self.backends(raw.backends, &listen, admin);
         let placement = self.placement(raw.placement, &backends);
-        let key = self.key(raw.key);
+        let key = self.key(raw.key, mode);
         let connect = self.connect(raw.connect);
         let idle_timeout = self.positive(
             raw.idle_timeout,
@@ -155,12 +157,20 @@ impl<'a> Validator<'a> {
             self.at_most(&d, "drain_timeout", MAX_DRAIN_TIMEOUT)
                 .unwrap_or(d.value.0)
         });
+        if mode == Mode::Http
+            && let Some(send) = raw.proxy_protocol.as_ref().and_then(|p| p.send.as_ref())
+        {
+            self.err(&send.referenced, "proxy_protocol.send needs mode: tcp (in mode http, upstream connections are pooled and carry many clients)");
+        }
         let proxy_protocol = self.proxy_protocol(raw.proxy_protocol);
-        let health = raw.health.map(|h| self.health(h));
+        let health = raw.health.map(|h| self.health(h, mode));
         let reload = self.reload(raw.reload);
+        let http = self.http(raw.http, mode);
+        let sessions = self.sessions(raw.sessions, mode);
 
         if self.errors.is_empty() {
             Ok(Config {
+                mode,
                 source: self.file.to_path_buf(),
                 content_hash: 0,
                 listen,
@@ -176,6 +186,8 @@ impl<'a> Validator<'a> {
                 proxy_protocol,
                 health,
                 reload,
+                http,
+                sessions,
                 backends,
             })
         } else {

@@ -69,7 +69,7 @@ pub fn key_for_text(config: &crate::config::KeyConfig, text: &str) -> Result<u64
     use crate::config::KeyConfig;
     let text = text.trim();
     match config {
-        KeyConfig::Header { .. } => Ok(text_key(text.as_bytes())),
+        KeyConfig::Header { .. } | KeyConfig::Body { .. } => Ok(text_key(text.as_bytes())),
         KeyConfig::SourceIp => text
             .parse::<IpAddr>()
             .map(source_ip_key)
@@ -174,6 +174,7 @@ mod tests {
         use std::time::Duration;
         let header = KeyConfig::Header {
             name: "x-session-id".into(),
+            body_field: None,
             read_timeout: Duration::from_millis(200),
             max_bytes: 8192,
             fallback: Fallback::SourceIp,

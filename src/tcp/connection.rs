@@ -169,12 +169,14 @@ impl Connection {
     async fn key(&mut self, config: &Config, client: Client, first: &mut FirstBytes) -> u64 {
         match &config.key {
             KeyConfig::SourceIp => key::source_ip_key(client.0.ip()),
-            KeyConfig::SourceAddr => key::source_addr_key(client.0),
+            // Validation allows body keys in mode http only.
+            KeyConfig::SourceAddr | KeyConfig::Body { .. } => key::source_addr_key(client.0),
             KeyConfig::Header {
                 name,
                 read_timeout,
                 max_bytes,
                 fallback,
+                ..
             } => {
                 let found = read_header_key(
                     &mut self.stream,

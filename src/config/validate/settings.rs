@@ -10,103 +10,20 @@
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use serde_saphyr::{Location, Spanned};
+use serde_saphyr::Spanned;
 
 use super::Validator;
-use crate::config::raw::{
-    KeyFrom, ProxySend, RawConnect, RawHealth, RawKey, RawProxyProtocol, RawReload,
-};
+use crate::config::raw::{ProxySend, RawConnect, RawHealth, RawProxyProtocol, RawReload};
 use crate::config::{
     AllDown, ConnectConfig, DEFAULT_ATTEMPTS, DEFAULT_CONNECT_TIMEOUT, DEFAULT_FALL,
-    DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT, DEFAULT_MAX_BYTES, DEFAULT_PASSIVE_FAILURES,
-    DEFAULT_PROXY_HEADER_TIMEOUT, DEFAULT_READ_TIMEOUT, DEFAULT_RISE, Fallback, HealthConfig,
-    KeyConfig, MAX_ATTEMPTS, MAX_CONNECT_TIMEOUT, MAX_HEALTH_INTERVAL, MAX_HEALTH_TIMEOUT,
-    MAX_MAX_BYTES, MAX_PASSIVE_FAILURES, MAX_POLL_INTERVAL, MAX_PROXY_HEADER_TIMEOUT,
-    MAX_READ_TIMEOUT, MAX_RISE_FALL, MIN_MAX_BYTES, MIN_POLL_INTERVAL, ProxyProtocolConfig,
+    DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT, DEFAULT_PASSIVE_FAILURES,
+    DEFAULT_PROXY_HEADER_TIMEOUT, DEFAULT_RISE, HealthConfig, MAX_ATTEMPTS, MAX_CONNECT_TIMEOUT,
+    MAX_HEALTH_INTERVAL, MAX_HEALTH_TIMEOUT, MAX_PASSIVE_FAILURES, MAX_POLL_INTERVAL,
+    MAX_PROXY_HEADER_TIMEOUT, MAX_RISE_FALL, MIN_POLL_INTERVAL, Mode, ProxyProtocolConfig,
     ReloadConfig,
 };
 
 impl Validator<'_> {
-    pub(super) fn key(&mut self, raw: Option<RawKey>) -> KeyConfig {
-        let Some(raw) = raw else {
-            return KeyConfig::SourceIp;
-        };
-        let from = raw
-            .from
-            .as_ref()
-            .map(|f| f.value)
-            .unwrap_or(KeyFrom::SourceIp);
-        if from != KeyFrom::Header {
-            // Header settings under a non-header key are a silent mistake.
-            let stray = [
-                raw.header.as_ref().map(|h| ("header", h.referenced)),
-                raw.read_timeout
-                    .as_ref()
-                    .map(|h| ("read_timeout", h.referenced)),
-                raw.max_bytes.as_ref().map(|h| ("max_bytes", h.referenced)),
-                raw.fallback.as_ref().map(|h| ("fallback", h.referenced)),
-            ];
-            for (field, at) in stray.into_iter().flatten() {
-                self.err(
-                    &at,
-                    format!("key.{field} only applies with key.from: header"),
-                );
-            }
-            return match from {
-                KeyFrom::SourceAddr => KeyConfig::SourceAddr,
-                _ => KeyConfig::SourceIp,
-            };
-        }
-        let name = match &raw.header {
-            Some(h) => {
-                let name = h.value.trim().to_ascii_lowercase();
-                if name.is_empty() || !name.bytes().all(is_http_token_byte) {
-                    self.err(
-                        &h.referenced,
-                        format!("{:?} is not a valid HTTP header name", h.value),
-                    );
-                }
-                name
-            }
-            None => {
-                let at = raw
-                    .from
-                    .as_ref()
-                    .map(|f| f.referenced)
-                    .unwrap_or(Location::UNKNOWN);
-                self.err(&at, "key.from is header but key.header (the header name, e.g. x-session-id) is missing");
-                String::new()
-            }
-        };
-        let read_timeout = self.positive(
-            raw.read_timeout,
-            "key.read_timeout",
-            DEFAULT_READ_TIMEOUT,
-            MAX_READ_TIMEOUT,
-        );
-        let max_bytes = match &raw.max_bytes {
-            Some(m) if m.value < MIN_MAX_BYTES || m.value > MAX_MAX_BYTES => {
-                self.err(
-                    &m.referenced,
-                    format!(
-                        "key.max_bytes {} is out of range ({MIN_MAX_BYTES} to {MAX_MAX_BYTES})",
-                        m.value
-                    ),
-                );
-                DEFAULT_MAX_BYTES
-            }
-            Some(m) => m.value,
-            None => DEFAULT_MAX_BYTES,
-        };
-        let fallback = raw.fallback.map(|f| f.value).unwrap_or(Fallback::SourceIp);
-        KeyConfig::Header {
-            name,
-            read_timeout,
-            max_bytes: max_bytes as usize,
-            fallback,
-        }
-    }
-
     pub(super) fn connect(&mut self, raw: Option<RawConnect>) -> ConnectConfig {
         let Some(raw) = raw else {
             return ConnectConfig {
@@ -160,9 +77,11 @@ impl Validator<'_> {
         }
     }
 
-    pub(super) fn health(&mut self, raw: Spanned<RawHealth>) -> HealthConfig {
+    pub(super) fn health(&mut self, raw: Spanned<RawHealth>, mode: Mode) -> HealthConfig {
         let at = raw.referenced;
-        let raw = raw.value;
+        let mut raw = raw.value;
+        let mut http = HealthConfig::default();
+        self.http_health(&mut raw, mode, &mut http);
         let interval = self.positive(
             raw.interval,
             "health.interval",
@@ -204,6 +123,7 @@ impl Validator<'_> {
                 .when_all_down
                 .map(|w| w.value)
                 .unwrap_or(AllDown::TryAnyway),
+            ..http
         }
     }
 
@@ -232,9 +152,4 @@ impl Validator<'_> {
             poll_interval,
         }
     }
-}
-
-/// RFC 9110 `tchar`: the bytes allowed in a header field name.
-fn is_http_token_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }

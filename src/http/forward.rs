@@ -1,0 +1,254 @@
+//! One request, from its key to the backend's streamed response.
+//!
+//! `key ─▶ route ─▶ first target that takes it (pooled connection, or a new
+//! one) ─▶ send ─▶ stream the response back`. A connect that fails, or a
+//! pooled connection that turns out closed before the request was written,
+//! moves on to the next target (a failed connect counts against its backend,
+//! as on the TCP path). Once any byte of the request was written it is never
+//! sent again: LLM requests are not idempotent. When no target takes it, the
+//! client gets `502` with a one-line reason.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
+use hyper::{Request, Response, StatusCode, Uri, Version};
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use super::body::{Download, InFlight, Reply, Upload};
+use super::pool::{self, Pool, Sender};
+use crate::backend::{Backend, CodeClass};
+use crate::config::Config;
+use crate::route::{self, Route};
+
+/// The header that names the backend, when `http.expose_backend` is on.
+pub const BACKEND_HEADER: &str = "x-magpie-backend";
+
+/// Headers that describe one hop, not the message (RFC 9110 §7.6.1); they
+/// are never passed on.
+const HOP_BY_HOP: [HeaderName; 7] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// What a request needs besides itself.
+pub struct Forward<'a> {
+    pub route: &'a Route,
+    pub config: &'a Config,
+    pub pool: &'a Arc<Pool>,
+}
+
+/// Why a request reached no backend.
+#[derive(Debug)]
+pub enum Failure {
+    /// Every target was down, full or refused the connection.
+    NoBackend { tried: Vec<String> },
+    /// The backend failed after the request was (at least partly) written.
+    AfterSend {
+        backend: String,
+        error: hyper::Error,
+    },
+}
+
+impl Failure {
+    /// The one-line body of the `502`.
+    pub fn reply(&self) -> Response<Reply> {
+        let text = match self {
+            Failure::NoBackend { tried } if tried.is_empty() => {
+                "magpie: no backend is available for this request\n".to_string()
+            }
+            Failure::NoBackend { tried } => format!(
+                "magpie: no backend took the request (tried {})\n",
+                tried.join(", ")
+            ),
+            Failure::AfterSend { backend, error } => {
+                format!("magpie: backend {backend} failed after the request was sent: {error}\n")
+            }
+        };
+        local(StatusCode::BAD_GATEWAY, text)
+    }
+}
+
+/// A response on its way, and the backend it comes from.
+pub struct Served {
+    pub response: Response<Reply>,
+    pub backend: Arc<Backend>,
+}
+
+/// Sends `request` to the first target of the route that takes it.
+pub async fn forward(request: Request<Upload>, forward: Forward<'_>) -> Result<Served, Failure> {
+    let mut request = prepare(request);
+    let mut tried = Vec::new();
+    for backend in &forward.route.targets {
+        let Some(slot) = forward.route.reserve(backend) else {
+            continue;
+        };
+        tried.push(backend.name.clone());
+        // A pooled connection first; if it turns out closed before the
+        // request went out, a new one (which may fail as a connect).
+        let mut pooled = forward.pool.checkout(backend);
+        loop {
+            let fresh = pooled.is_none();
+            let mut sender = match pooled.take() {
+                Some(s) => s,
+                None => match pool::connect(backend, forward.config.connect.timeout).await {
+                    Ok(s) => {
+                        backend.live.count_connection();
+                        s
+                    }
+                    Err(e) => {
+                        route::connect_failed(backend, &e, forward.config.health.as_ref());
+                        break;
+                    }
+                },
+            };
+            let sent = Instant::now();
+            match sender.try_send_request(request).await {
+                Ok(response) => {
+                    let in_flight = InFlight {
+                        backend: Arc::clone(backend),
+                        slot,
+                        sent,
+                    };
+                    return Ok(Served {
+                        response: respond(response, in_flight, sender, &forward),
+                        backend: Arc::clone(backend),
+                    });
+                }
+                Err(mut e) => match e.take_message() {
+                    // Not written: safe to send elsewhere.
+                    Some(back) => {
+                        request = back;
+                        debug!(backend = %backend.name, fresh, error = %e.error(), "connection closed before the request was sent");
+                        if fresh {
+                            break;
+                        }
+                    }
+                    None => {
+                        backend.live.count_request(CodeClass::Error);
+                        let error = e.into_error();
+                        warn!(backend = %backend.name, %error, "backend failed after the request was sent");
+                        return Err(Failure::AfterSend {
+                            backend: backend.name.clone(),
+                            error,
+                        });
+                    }
+                },
+            }
+        }
+    }
+    Err(Failure::NoBackend { tried })
+}
+
+/// The response to pass on: hop-by-hop headers dropped, the backend named if
+/// asked, the body counted until its end; the connection goes back to the
+/// pool once that response is read.
+fn respond(
+    response: Response<hyper::body::Incoming>,
+    in_flight: InFlight,
+    sender: Sender,
+    forward: &Forward<'_>,
+) -> Response<Reply> {
+    let backend: &Backend = &in_flight.backend;
+    let live = &backend.live;
+    live.time_to_first_byte.observe(in_flight.sent.elapsed());
+    let status = response.status();
+    live.count_request(CodeClass::of(status.as_u16()));
+    if let Some(health) = &forward.config.health
+        && health.passive_status
+        && matches!(status.as_u16(), 502..=504)
+    {
+        route::answer_failed(backend, status.as_u16(), health);
+    } else {
+        live.count_answer_ok();
+    }
+    forward.pool.checkin(backend, sender);
+    let expose = forward
+        .config
+        .http
+        .expose_backend
+        .then(|| HeaderValue::from_bytes(backend.name.as_bytes()).ok())
+        .flatten();
+    let (mut parts, body) = response.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    if let Some(name) = expose {
+        parts
+            .headers
+            .insert(HeaderName::from_static(BACKEND_HEADER), name);
+    }
+    parts.version = Version::HTTP_11;
+    Response::from_parts(parts, Reply::download(Download::new(body, in_flight)))
+}
+
+/// The request as a backend gets it over HTTP/1.1: origin-form target, a
+/// `Host` header (from an HTTP/2 `:authority` if need be), no hop-by-hop
+/// headers.
+fn prepare(request: Request<Upload>) -> Request<Upload> {
+    let (mut parts, body) = request.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    if !parts.headers.contains_key(header::HOST)
+        && let Some(authority) = parts.uri.authority()
+        && let Ok(host) = HeaderValue::from_str(authority.as_str())
+    {
+        parts.headers.insert(header::HOST, host);
+    }
+    let path = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
+    if let Ok(uri) = path.parse::<Uri>() {
+        parts.uri = uri;
+    }
+    parts.version = Version::HTTP_11;
+    Request::from_parts(parts, body)
+}
+
+/// Removes hop-by-hop headers, and those the `Connection` header names.
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named.iter().chain(&HOP_BY_HOP) {
+        headers.remove(name);
+    }
+}
+
+/// A short plain-text answer from magpie itself.
+pub fn local(status: StatusCode, text: impl Into<Bytes>) -> Response<Reply> {
+    let mut r = Response::new(Reply::text(text));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_go_with_those_connection_names() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, "keep-alive, x-private".parse().unwrap());
+        h.insert("x-private", "1".parse().unwrap());
+        h.insert("keep-alive", "timeout=5".parse().unwrap());
+        h.insert(header::TRANSFER_ENCODING, "chunked".parse().unwrap());
+        h.insert("x-session-id", "s".parse().unwrap());
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-session-id"));
+    }
+}

@@ -1,0 +1,179 @@
+//! Session pins (`sessions: { ttl, max }`, `mode: http`): a key's first
+//! request is placed by the table; later requests of that key go to the same
+//! backend while the key keeps being used within `ttl` and that backend is up
+//! and in the table, even after a reload added replicas. New keys spread over
+//! the new table at once; live conversations keep their warm caches.
+//!
+//! The map is bounded (`max` entries, least recently used evicted first) and
+//! split into shards by key, so concurrent requests rarely wait on one lock.
+//! A pin names its backend by name: identity is the name, so a pin survives
+//! reloads that keep the backend. Without `sessions`, routing stays stateless
+//! and every instance agrees.
+
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lru::LruCache;
+use tokio::time::Instant;
+
+/// Shards of the map; a power of two.
+const SHARDS: usize = 16;
+
+struct Pin {
+    backend: Arc<str>,
+    last_used: Instant,
+}
+
+/// The pins of one process.
+pub struct Pins {
+    shards: Vec<Mutex<LruCache<u64, Pin>>>,
+    ttl: Duration,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    evictions: AtomicU64,
+}
+
+impl std::fmt::Debug for Pins {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pins")
+            .field("len", &self.len())
+            .field("ttl", &self.ttl)
+            .finish()
+    }
+}
+
+impl Pins {
+    /// A map of at most `max` pins (at least one per shard), each released
+    /// after `ttl` unused.
+    pub fn new(max: usize, ttl: Duration) -> Pins {
+        let per_shard = NonZeroUsize::new(max.div_ceil(SHARDS).max(1)).unwrap_or(NonZeroUsize::MIN);
+        Pins {
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(LruCache::new(per_shard)))
+                .collect(),
+            ttl,
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+        }
+    }
+
+    fn shard(&self, key: u64) -> std::sync::MutexGuard<'_, LruCache<u64, Pin>> {
+        // The low bits pick the table slot; the high ones pick the shard.
+        let m = &self.shards[(key >> 60) as usize % SHARDS];
+        m.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The backend `key` is pinned to, if the pin is alive; counts a hit or a
+    /// miss. An expired pin is removed.
+    pub fn get(&self, key: u64) -> Option<Arc<str>> {
+        let mut shard = self.shard(key);
+        let found = match shard.get(&key) {
+            Some(pin) if pin.last_used.elapsed() < self.ttl => Some(Arc::clone(&pin.backend)),
+            Some(_) => {
+                shard.pop(&key);
+                None
+            }
+            None => None,
+        };
+        drop(shard);
+        let counter = if found.is_some() {
+            &self.hits
+        } else {
+            &self.misses
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        found
+    }
+
+    /// What `key` is pinned to, without counting or refreshing it.
+    pub fn peek(&self, key: u64) -> Option<Arc<str>> {
+        let shard = self.shard(key);
+        shard
+            .peek(&key)
+            .filter(|pin| pin.last_used.elapsed() < self.ttl)
+            .map(|pin| Arc::clone(&pin.backend))
+    }
+
+    /// Pins `key` to `backend` (or refreshes the pin), as used now.
+    pub fn bind(&self, key: u64, backend: &str) {
+        let mut shard = self.shard(key);
+        if let Some(pin) = shard.get_mut(&key)
+            && &*pin.backend == backend
+        {
+            pin.last_used = Instant::now();
+            return;
+        }
+        let pin = Pin {
+            backend: Arc::from(backend),
+            last_used: Instant::now(),
+        };
+        if let Some((evicted, _)) = shard.push(key, pin)
+            && evicted != key
+        {
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Pins held now (expired ones not yet removed included).
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).len())
+            .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn hits(&self) -> u64 {
+        self.hits.load(Ordering::Relaxed)
+    }
+
+    pub fn misses(&self) -> u64 {
+        self.misses.load(Ordering::Relaxed)
+    }
+
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn pins_live_while_used_within_ttl() {
+        let pins = Pins::new(100, Duration::from_secs(60));
+        assert_eq!(pins.get(1), None);
+        pins.bind(1, "a");
+        tokio::time::advance(Duration::from_secs(50)).await;
+        assert_eq!(pins.get(1).as_deref(), Some("a"));
+        pins.bind(1, "a");
+        tokio::time::advance(Duration::from_secs(50)).await;
+        assert_eq!(pins.peek(1).as_deref(), Some("a"));
+        tokio::time::advance(Duration::from_secs(11)).await;
+        assert_eq!(pins.get(1), None);
+        assert_eq!((pins.hits(), pins.misses()), (1, 2));
+        assert!(pins.is_empty());
+    }
+
+    #[test]
+    fn the_map_is_bounded_and_evicts_the_least_recent() {
+        let pins = Pins::new(SHARDS, Duration::from_secs(60));
+        // Two keys in the same shard, one slot each.
+        let (k1, k2) = (1u64, 2u64);
+        pins.bind(k1, "a");
+        pins.bind(k2, "b");
+        assert_eq!(pins.peek(k1), None);
+        assert_eq!(pins.peek(k2).as_deref(), Some("b"));
+        assert_eq!(pins.evictions(), 1);
+        pins.bind(k2, "c");
+        assert_eq!(pins.peek(k2).as_deref(), Some("c"));
+        assert_eq!(pins.evictions(), 1);
+    }
+}
