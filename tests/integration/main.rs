@@ -7,6 +7,8 @@ mod bounded_load;
 mod config_files;
 mod failover;
 mod health;
+mod http_mode;
+mod http_support;
 mod proxy_protocol;
 mod reload;
 mod shutdown;

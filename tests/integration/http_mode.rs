@@ -1,0 +1,435 @@
+//! `mode: http`: one key per request, through real sockets and real HTTP
+//! clients (hyper's, over one keep-alive connection, as SDKs and gateways do).
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::http_support::*;
+use crate::support::*;
+
+/// `mode: http` keyed by `x-session-id`, `extra` YAML lines added.
+fn http_settings(extra: &str) -> String {
+    format!("mode: http\nkey:\n  from: header\n  header: x-session-id\n{extra}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_keep_alive_connection_carries_many_sessions() {
+    let backends = HyperBackends::start(&["a", "b", "c"]).await;
+    let magpie = Magpie::with(&http_settings(""), &backends.pairs()).await;
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    let mut seen: HashMap<String, Vec<String>> = HashMap::new();
+    // 20 sessions, two requests each, interleaved on one connection.
+    for round in 0..2 {
+        for s in 0..20 {
+            let session = format!("conv-{s}");
+            let backend = client.get_session(&session).await;
+            seen.entry(session).or_default().push(backend);
+        }
+        assert_eq!(seen.values().map(Vec::len).sum::<usize>(), 20 * (round + 1));
+    }
+    let mut per_backend: HashMap<String, usize> = HashMap::new();
+    for (session, backends_seen) in &seen {
+        assert!(
+            backends_seen.iter().all(|b| b == &backends_seen[0]),
+            "{session} was split: {backends_seen:?}"
+        );
+        assert_eq!(
+            backends_seen[0],
+            magpie.primary(magpie::key::text_key(session.as_bytes())),
+            "{session} is not on its table primary"
+        );
+        *per_backend.entry(backends_seen[0].clone()).or_default() += 1;
+    }
+    for name in ["a", "b", "c"] {
+        let share = per_backend.get(name).copied().unwrap_or(0) as f64 / 20.0;
+        assert!(
+            (0.15..=0.5).contains(&share),
+            "backend {name} took {share} of the sessions: {per_backend:?}"
+        );
+    }
+    magpie.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_from_json_bodies_and_header_precedence() {
+    let backends = HyperBackends::start(&["a", "b", "c"]).await;
+    let primary = |m: &Magpie, k: &str| m.primary(magpie::key::text_key(k.as_bytes()));
+
+    // Header first, body field when the header is absent.
+    let magpie = Magpie::with(
+        &http_settings("  body_field: prompt_cache_key\n"),
+        &backends.pairs(),
+    )
+    .await;
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    for s in 0..12 {
+        let key = format!("pck-{s}");
+        let json = format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}],"prompt_cache_key":"{key}"}}"#
+        );
+        assert_eq!(client.post_json(&json, None).await, primary(&magpie, &key));
+        // The header wins over the body.
+        let other = format!("hdr-{s}");
+        assert_eq!(
+            client.post_json(&json, Some(&other)).await,
+            primary(&magpie, &other)
+        );
+    }
+    magpie.stop().await;
+
+    // A JSON pointer into a nested object.
+    let settings = "mode: http\nkey:\n  from: body\n  body_field: /metadata/session_id\n";
+    let magpie = Magpie::with(settings, &backends.pairs()).await;
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    for s in 0..12 {
+        let key = format!("nested-{s}");
+        let json = format!(r#"{{"metadata":{{"user":"u","session_id":"{key}"}},"input":"x"}}"#);
+        assert_eq!(client.post_json(&json, None).await, primary(&magpie, &key));
+    }
+    // No such field: the fallback key, counted.
+    client.post_json(r#"{"metadata":{}}"#, None).await;
+    assert_eq!(
+        magpie
+            .shared
+            .stats
+            .fallbacks(magpie::key::FallbackReason::MissingField),
+        1
+    );
+    magpie.stop().await;
+}
+
+/// The client gets the first chunk while the backend still holds the second:
+/// nothing is buffered on the way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_responses_are_not_buffered() {
+    let backends = HyperBackends::start(&["a"]).await;
+    let magpie = Magpie::with(&http_settings(""), &backends.pairs()).await;
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    let response = client
+        .start(get("/stream").body(Full::default()).expect("a request"))
+        .await;
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    let first = within("the first chunk", body.frame())
+        .await
+        .expect("a frame")
+        .expect("no error")
+        .into_data()
+        .expect("data");
+    assert_eq!(&first[..], b"first from a\n");
+    // Only now may the backend send its second chunk.
+    backends.release(1);
+    let rest = within("the rest", body.collect())
+        .await
+        .expect("the rest")
+        .to_bytes();
+    assert_eq!(&rest[..], b"second\n");
+    magpie.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn big_bodies_pass_byte_for_byte_both_ways() {
+    const SIZE: usize = 64 << 20;
+    let backends = HyperBackends::start(&["a"]).await;
+    let magpie = Magpie::with(&http_settings(""), &backends.pairs()).await;
+    let mut client = KeepAlive::connect(magpie.addr).await;
+
+    let sent = Bytes::from(pseudo_random(SIZE, 3));
+    let request = Request::post("/echo")
+        .header("host", "magpie")
+        .header("x-session-id", "big")
+        .body(Full::new(sent.clone()))
+        .expect("a request");
+    let (response, echoed) = within_for(
+        Duration::from_secs(60),
+        "a 64 MiB echo",
+        client.send(request),
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    assert!(
+        echoed == sent,
+        "the echoed body differs ({} bytes back)",
+        echoed.len()
+    );
+
+    let request = get(&format!("/bytes/{SIZE}"))
+        .body(Full::default())
+        .expect("a request");
+    let (response, got) = within_for(
+        Duration::from_secs(60),
+        "a 64 MiB download",
+        client.send(request),
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    assert!(
+        got == pseudo_random(SIZE, 7),
+        "the download differs ({} bytes)",
+        got.len()
+    );
+    magpie.stop().await;
+}
+
+/// A backend dies: its sessions go to their second candidate, no other
+/// session moves, and once health marks it down no request fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_backend_moves_only_its_sessions() {
+    let mut backends = HyperBackends::start(&["a", "b", "c"]).await;
+    let settings = http_settings(
+        "health:\n  interval: 100ms\n  timeout: 50ms\n  fall: 1\n  rise: 1\n  http_path: /health\n",
+    );
+    let magpie = Magpie::with(&settings, &backends.pairs()).await;
+    let sessions: Vec<String> = (0..30).map(|s| format!("s-{s}")).collect();
+    let candidates: HashMap<String, Vec<String>> = sessions
+        .iter()
+        .map(|s| {
+            (
+                s.clone(),
+                magpie.candidates(magpie::key::text_key(s.as_bytes())),
+            )
+        })
+        .collect();
+    let victim = candidates["s-0"][0].clone();
+    backends.kill(&victim);
+    let down = magpie.backend(&victim);
+    within("the dead backend to be marked down", async {
+        while down.live.is_up() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    for s in &sessions {
+        let got = client.get_session(s).await;
+        let c = &candidates[s];
+        let expected = if c[0] == victim { &c[1] } else { &c[0] };
+        assert_eq!(&got, expected, "session {s} (candidates {c:?})");
+    }
+
+    // A backend that accepts connections but whose /health says 503.
+    let sick = candidates["s-0"]
+        .iter()
+        .find(|n| **n != victim)
+        .expect("another backend")
+        .clone();
+    backends.get(&sick).health.store(503, Ordering::SeqCst);
+    let sick_live = magpie.backend(&sick);
+    within("the sick backend to be marked down", async {
+        while sick_live.live.is_up() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let checks = sick_live
+        .live
+        .checks(magpie::backend::CheckOutcome::BadStatus);
+    assert!(checks >= 1, "{checks}");
+    magpie.stop().await;
+}
+
+/// Sixty concurrent streaming requests for one hot key with c = 1.25: the
+/// caps bind, and no backend ever holds more than its cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bounded_load_counts_requests_in_flight() {
+    const N: usize = 60;
+    let backends = HyperBackends::start(&["a", "b", "c"]).await;
+    let settings = format!(
+        "{}placement:\n  bounded_load: 1.25\nconnect:\n  attempts: 3\n",
+        http_settings("")
+    );
+    let magpie = Magpie::with(&settings, &backends.pairs()).await;
+    let mut streams = Vec::new();
+    for _ in 0..N {
+        let mut client = KeepAlive::connect(magpie.addr).await;
+        let response = client
+            .start(
+                get("/slow")
+                    .header("x-session-id", "hot")
+                    .body(Full::default())
+                    .expect("a request"),
+            )
+            .await;
+        assert_eq!(response.status(), 200);
+        streams.push((client, response));
+    }
+    // The cap for the last request: ceil(1.25 · 60 / 3) = 25.
+    let cap = 25;
+    for b in &backends.list {
+        let max = b.max_in_flight.load(Ordering::SeqCst);
+        assert!(
+            max <= cap,
+            "backend {} held {max} at once (cap {cap})",
+            b.name
+        );
+    }
+    let in_flight: u64 = backends
+        .list
+        .iter()
+        .map(|b| b.in_flight.load(Ordering::SeqCst))
+        .sum();
+    assert_eq!(in_flight, N as u64);
+    let spills: u64 = magpie
+        .active()
+        .iter()
+        .map(|(name, _)| magpie.backend(name).live.spills())
+        .sum();
+    assert!(spills > 0, "the caps never bound");
+    backends.release(N);
+    for (_, response) in streams {
+        within("a slow response to end", response.into_body().collect())
+            .await
+            .expect("the body");
+    }
+    magpie.stop().await;
+}
+
+/// Pins keep live sessions where they are when a reload adds a backend; new
+/// sessions use the new table; a pin unused for `ttl` is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_pins_survive_scale_up_and_expire() {
+    let backends = HyperBackends::start(&["a", "b", "c", "d"]).await;
+    let pairs = backends.pairs();
+    let settings = http_settings("sessions:\n  ttl: 1s\n  max: 1000\nreload:\n  watch: false\n");
+    let file = TempFile::new(
+        "magpie.yaml",
+        &config_yaml("127.0.0.1:0", &settings, &pairs[..3]),
+    );
+    let magpie = Magpie::start_file(&file.path).await;
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    let old: Vec<(String, String)> = {
+        let mut v = Vec::new();
+        for s in 0..40 {
+            let key = format!("old-{s}");
+            let b = client.get_session(&key).await;
+            v.push((key, b));
+        }
+        v
+    };
+    // Scale up to four: reload through SIGHUP's code path.
+    std::fs::write(&file.path, config_yaml("127.0.0.1:0", &settings, &pairs)).expect("rewrite");
+    let mut reloader =
+        magpie::reload::Reloader::new(file.path.clone(), std::sync::Arc::clone(&magpie.shared));
+    reloader.reload(true).await.expect("the reload applies");
+    assert_eq!(magpie.shared.snapshot.load().backends.len(), 4);
+    let mut moved_by_table = 0;
+    for (key, before) in &old {
+        assert_eq!(&client.get_session(key).await, before, "pinned {key} moved");
+        if magpie.primary(magpie::key::text_key(key.as_bytes())) != *before {
+            moved_by_table += 1;
+        }
+    }
+    assert!(
+        moved_by_table > 0,
+        "no pinned key would have moved without its pin"
+    );
+    let mut on_d = 0;
+    for s in 0..40 {
+        if client.get_session(&format!("new-{s}")).await == "d" {
+            on_d += 1;
+        }
+    }
+    assert!(on_d > 0, "no new session reached the new backend");
+    // Unused for longer than ttl: the pin is gone and the table decides.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let (key, _) = old
+        .iter()
+        .find(|(k, b)| magpie.primary(magpie::key::text_key(k.as_bytes())) != *b)
+        .expect("a key the table moved");
+    assert_eq!(
+        client.get_session(key).await,
+        magpie.primary(magpie::key::text_key(key.as_bytes()))
+    );
+    magpie.stop().await;
+}
+
+/// What a hostile or broken client gets: a status, never a panic, and the
+/// next client is served as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_its_status_and_harms_nobody() {
+    let backends = HyperBackends::start(&["a", "b"]).await;
+    let settings = "mode: http\nkey:\n  from: header\n  header: x-session-id\n  body_field: user\n  read_timeout: 300ms\n  max_bytes: 16777216\n";
+    let magpie = Magpie::with(settings, &backends.pairs()).await;
+    let raw = |bytes: Vec<u8>| async move {
+        let mut s = connect(magpie.addr).await;
+        s.write_all(&bytes).await.expect("send");
+        let mut out = Vec::new();
+        within("magpie to answer and close", s.read_to_end(&mut out))
+            .await
+            .ok();
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    // Not HTTP.
+    let answer = raw(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03garbage\r\n\r\n".to_vec()).await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer:?}");
+    // A head larger than max_bytes.
+    let mut big = b"GET / HTTP/1.1\r\nhost: m\r\nx-pad: ".to_vec();
+    big.extend(std::iter::repeat_n(b'a', 17 << 20));
+    big.extend_from_slice(b"\r\n\r\n");
+    let answer = raw(big).await;
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer:?}");
+    // A head that stops half-way: 408 after read_timeout.
+    let mut s = connect(magpie.addr).await;
+    s.write_all(b"GET / HTTP/1.1\r\nhost: m\r\n")
+        .await
+        .expect("send");
+    let mut out = Vec::new();
+    within("the 408", s.read_to_end(&mut out)).await.ok();
+    let answer = String::from_utf8_lossy(&out);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+    // A CR/LF smuggled into the key's value is not a header.
+    let answer =
+        raw(b"GET / HTTP/1.1\r\nhost: m\r\nx-session-id: a\rx-evil: 1\r\n\r\n".to_vec()).await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer:?}");
+
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    // A body that is not JSON despite its type: the fallback key, counted.
+    client.post_json("{not json", None).await;
+    assert_eq!(
+        magpie
+            .shared
+            .stats
+            .fallbacks(magpie::key::FallbackReason::NotJson),
+        1
+    );
+    // A 10 MB JSON body with the field at its end.
+    let filler = "x".repeat(10 << 20);
+    let json = format!(r#"{{"messages":[{{"content":"{filler}"}}],"user":"late-key"}}"#);
+    assert_eq!(
+        client.post_json(&json, None).await,
+        magpie.primary(magpie::key::text_key(b"late-key"))
+    );
+    // A client that leaves mid-stream: the backend's response is abandoned
+    // and counted, and its in-flight slot is given back.
+    let response = client
+        .start(
+            get("/slow")
+                .header("x-session-id", "leaver")
+                .body(Full::default())
+                .expect("a request"),
+        )
+        .await;
+    let backend = magpie.backend(&magpie.primary(magpie::key::text_key(b"leaver")));
+    assert_eq!(backend.live.active(), 1);
+    drop(response);
+    drop(client);
+    within("the abandoned request to be released", async {
+        while backend.live.active() > 0 || backend.live.client_aborts() == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    // And the next client is served as usual.
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    assert_eq!(
+        client.get_session("after").await,
+        magpie.primary(magpie::key::text_key(b"after"))
+    );
+    magpie.stop().await;
+}
