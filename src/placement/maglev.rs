@@ -45,7 +45,8 @@
 //! the following slots (wrapping), at most [`MAX_CANDIDATES`] of them, and a walk
 //! never passes more than one full table.
 
-use super::{MAX_CANDIDATES, NodeSet, PlacementError, Scheme, Seen};
+use super::walk::Walk;
+use super::{NodeSet, PlacementError, Scheme};
 use crate::hash::h64_parts;
 
 /// The table size magpie uses unless told otherwise (the paper's small size).
@@ -300,45 +301,13 @@ fn quotas(nodes: &NodeSet, m: u64) -> Vec<u64> {
 }
 
 /// Candidates for one key: the slot's owner, then new owners further on.
-#[derive(Debug, Clone)]
-pub struct MaglevCandidates<'a> {
-    table: &'a [u32],
-    pos: usize,
-    walked: usize,
-    limit: usize,
-    seen: Seen,
-}
-
-impl Iterator for MaglevCandidates<'_> {
-    type Item = usize;
-
-    fn next(&mut self) -> Option<usize> {
-        while self.seen.len() < self.limit && self.walked < self.table.len() {
-            let owner = self.table[self.pos];
-            self.pos += 1;
-            if self.pos == self.table.len() {
-                self.pos = 0;
-            }
-            self.walked += 1;
-            if self.seen.insert(owner) {
-                return Some(owner as usize);
-            }
-        }
-        None
-    }
-}
+pub type MaglevCandidates<'a> = Walk<'a, u32>;
 
 impl Scheme for Maglev {
     type Candidates<'a> = MaglevCandidates<'a>;
 
     fn candidates(&self, key: u64) -> MaglevCandidates<'_> {
-        MaglevCandidates {
-            table: &self.table,
-            pos: self.slot(key),
-            walked: 0,
-            limit: self.owners.min(MAX_CANDIDATES),
-            seen: Seen::new(),
-        }
+        Walk::new(&self.table, self.slot(key), self.owners)
     }
 
     #[inline]
@@ -504,7 +473,7 @@ mod tests {
             for k in 0..300u64 {
                 let key = h64(&k.to_be_bytes());
                 let c: Vec<usize> = m.candidates(key).collect();
-                assert_eq!(c.len(), n.min(MAX_CANDIDATES), "n={n}");
+                assert_eq!(c.len(), n.min(crate::placement::MAX_CANDIDATES), "n={n}");
                 assert_eq!(c[0], m.table()[m.slot(key)] as usize);
                 assert_eq!(m.primary(key), Some(c[0]));
                 let mut sorted = c.clone();

@@ -18,6 +18,7 @@ pub mod maglev;
 pub mod modn;
 pub mod rendezvous;
 pub mod ring;
+pub mod walk;
 
 pub use limits::{MAX_LAB_RING_POINTS, MAX_RING_POINTS, MAX_TABLE_SIZE, MAX_WEIGHT};
 

@@ -12,9 +12,9 @@
 
 use std::fmt::Write;
 
-use super::{
-    MAX_CANDIDATES, MAX_LAB_RING_POINTS, MAX_RING_POINTS, NodeSet, PlacementError, Scheme, Seen,
-};
+use super::walk::Walk;
+
+use super::{MAX_LAB_RING_POINTS, MAX_RING_POINTS, NodeSet, PlacementError, Scheme};
 use crate::hash::h64;
 
 /// A built ring.
@@ -117,45 +117,13 @@ impl Ring {
 }
 
 /// Candidates for one key: distinct nodes clockwise from the key's point.
-#[derive(Debug, Clone)]
-pub struct RingCandidates<'a> {
-    points: &'a [(u64, u32)],
-    pos: usize,
-    walked: usize,
-    limit: usize,
-    seen: Seen,
-}
-
-impl Iterator for RingCandidates<'_> {
-    type Item = usize;
-
-    fn next(&mut self) -> Option<usize> {
-        while self.seen.len() < self.limit && self.walked < self.points.len() {
-            let (_, node) = self.points[self.pos];
-            self.pos += 1;
-            if self.pos == self.points.len() {
-                self.pos = 0;
-            }
-            self.walked += 1;
-            if self.seen.insert(node) {
-                return Some(node as usize);
-            }
-        }
-        None
-    }
-}
+pub type RingCandidates<'a> = Walk<'a, (u64, u32)>;
 
 impl Scheme for Ring {
     type Candidates<'a> = RingCandidates<'a>;
 
     fn candidates(&self, key: u64) -> RingCandidates<'_> {
-        RingCandidates {
-            points: &self.points,
-            pos: self.point_for(key),
-            walked: 0,
-            limit: self.owners.min(MAX_CANDIDATES),
-            seen: Seen::new(),
-        }
+        Walk::new(&self.points, self.point_for(key), self.owners)
     }
 
     #[inline]
@@ -247,7 +215,7 @@ mod tests {
             for k in 0..200u64 {
                 let key = h64(&k.to_le_bytes());
                 let c: Vec<usize> = ring.candidates(key).collect();
-                assert_eq!(c.len(), n.min(MAX_CANDIDATES));
+                assert_eq!(c.len(), n.min(crate::placement::MAX_CANDIDATES));
                 assert_eq!(ring.primary(key), Some(c[0]));
                 let mut sorted = c.clone();
                 sorted.sort();
