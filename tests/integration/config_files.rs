@@ -60,10 +60,16 @@ fn the_reference_config_sets_every_section() {
     let llm =
         Config::load(&config_dir().join("llm-sessions.yaml")).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(llm.placement.bounded_load, Some(1.25));
-    assert!(
-        matches!(&llm.key, magpie::config::KeyConfig::Header { name, .. } if name == "x-session-id")
-    );
-    assert!(llm.health.is_some());
+    assert_eq!(llm.mode, magpie::config::Mode::Http);
+    assert!(matches!(
+        &llm.key,
+        magpie::config::KeyConfig::Header { name, body_field: Some(field), .. }
+            if name == "x-session-id" && field.text == "prompt_cache_key"
+    ));
+    let health = llm.health.as_ref().expect("health is on");
+    assert_eq!(health.http_path.as_deref(), Some("/health"));
+    assert!(health.passive_status);
+    assert!(llm.sessions.is_some());
 
     let sidecar =
         Config::load(&config_dir().join("sidecar.yaml")).unwrap_or_else(|e| panic!("{e}"));

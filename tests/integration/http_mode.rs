@@ -10,7 +10,6 @@ use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::http_support::*;
 use crate::support::*;
 
 /// `mode: http` keyed by `x-session-id`, `extra` YAML lines added.

@@ -8,7 +8,6 @@ mod config_files;
 mod failover;
 mod health;
 mod http_mode;
-mod http_support;
 mod proxy_protocol;
 mod reload;
 mod shutdown;

@@ -105,9 +105,8 @@ async fn bad_reload_keeps_the_running_table() {
     let file = TempFile::new("magpie.yaml", &good);
     let path = file.path.to_str().expect("UTF-8 temp path");
     let mut child = Child::spawn(&["run", "--config", path]);
-    let started = child.wait_for_line("magpie started").await;
-    let addr = listen_addr_in(&started);
-    let admin = admin_addr_in(&started);
+    let addr = child.listen_addr().await;
+    let admin = child.admin_addr().await;
     let before = backend_of(&http_get(addr, Some("alice")).await);
 
     // Line 4 is broken: a field `key` does not have.

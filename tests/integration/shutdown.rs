@@ -34,9 +34,8 @@ async fn sigterm_lets_an_in_flight_transfer_finish_then_exits_0() {
     );
     let path = file.path.to_str().expect("a UTF-8 temp path");
     let mut child = Child::spawn(&["run", "--config", path]);
-    let started = child.wait_for_line("magpie started").await;
-    let addr = listen_addr_in(&started);
-    let admin = admin_addr_in(&started);
+    let addr = child.listen_addr().await;
+    let admin = child.admin_addr().await;
 
     let data = pseudo_random(2 * PART, 42);
     let mut client = connect(addr).await;

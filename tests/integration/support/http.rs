@@ -13,8 +13,6 @@
 //! Each backend counts the requests in flight (max seen), so bounded-load
 //! tests can check the caps at every instant.
 
-#![allow(dead_code)]
-
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -30,7 +28,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{pseudo_random, within};
+use super::{pseudo_random, within};
 
 type Body = BoxBody<Bytes, Infallible>;
 

@@ -1,0 +1,139 @@
+//! magpie started in-process from a YAML string or file, and the configs tests write.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use magpie::app::{self, Running};
+use magpie::backend::Backend;
+use magpie::config::Config;
+use magpie::snapshot::Shared;
+
+use super::within;
+
+/// A running magpie; it shuts down when dropped.
+pub struct Magpie {
+    pub addr: SocketAddr,
+    /// The admin endpoint, when the config turns it on.
+    pub admin: Option<SocketAddr>,
+    pub shared: Arc<Shared>,
+    running: Option<Running>,
+    shutdown: CancellationToken,
+}
+
+impl Magpie {
+    /// Starts magpie from a complete YAML config.
+    pub async fn start(yaml: &str) -> Magpie {
+        let config = Config::parse(Path::new("test.yaml"), yaml)
+            .unwrap_or_else(|e| panic!("test config rejected:\n{e}\n--- config ---\n{yaml}"));
+        let shutdown = CancellationToken::new();
+        let running = app::start(config, shutdown.clone())
+            .await
+            .unwrap_or_else(|e| panic!("magpie did not start: {e}"));
+        Magpie::running(running, shutdown)
+    }
+
+    /// Starts magpie from a config file, which it then watches for reloads.
+    pub async fn start_file(path: &Path) -> Magpie {
+        let config = Config::load(path).unwrap_or_else(|e| panic!("test config rejected:\n{e}"));
+        let shutdown = CancellationToken::new();
+        let running = app::start(config, shutdown.clone())
+            .await
+            .unwrap_or_else(|e| panic!("magpie did not start: {e}"));
+        Magpie::running(running, shutdown)
+    }
+
+    fn running(running: Running, shutdown: CancellationToken) -> Magpie {
+        Magpie {
+            addr: running.listen[0],
+            admin: running.admin,
+            shared: Arc::clone(&running.shared),
+            running: Some(running),
+            shutdown,
+        }
+    }
+
+    /// Starts magpie on `127.0.0.1:0` with `settings` (YAML lines) in front of `backends`.
+    pub async fn with(settings: &str, backends: &[(String, SocketAddr)]) -> Magpie {
+        Magpie::start(&config_yaml("127.0.0.1:0", settings, backends)).await
+    }
+
+    /// The backends for `key`, primary first, by name.
+    pub fn candidates(&self, key: u64) -> Vec<String> {
+        self.shared
+            .snapshot
+            .load()
+            .candidates(key)
+            .map(|b| b.name.clone())
+            .collect()
+    }
+
+    pub fn primary(&self, key: u64) -> String {
+        self.candidates(key)
+            .into_iter()
+            .next()
+            .expect("a snapshot always has a candidate")
+    }
+
+    pub fn backend(&self, name: &str) -> Arc<Backend> {
+        Arc::clone(
+            self.shared
+                .snapshot
+                .load()
+                .backend(name)
+                .unwrap_or_else(|| panic!("no backend named {name}")),
+        )
+    }
+
+    /// Active connections per backend, in name order.
+    pub fn active(&self) -> Vec<(String, u64)> {
+        self.shared
+            .snapshot
+            .load()
+            .backends
+            .iter()
+            .map(|b| (b.name.clone(), b.live.active()))
+            .collect()
+    }
+
+    /// Stops accepting and waits until every connection is closed.
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(running) = self.running.take() {
+            within("magpie to shut down", running.wait()).await;
+        }
+    }
+}
+
+impl Drop for Magpie {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// A config: `listen`, admin off, `settings` (YAML lines, may be empty), `backends`.
+pub fn config_yaml(listen: &str, settings: &str, backends: &[(String, SocketAddr)]) -> String {
+    let mut yaml = format!("listen: \"{listen}\"\nadmin: off\n{settings}");
+    if !yaml.ends_with('\n') {
+        yaml.push('\n');
+    }
+    yaml.push_str("backends:\n");
+    for (name, addr) in backends {
+        yaml.push_str(&format!("  - name: {name}\n    addr: \"{addr}\"\n"));
+    }
+    yaml
+}
+
+/// [`config_yaml`] with the admin endpoint on `127.0.0.1:0`.
+pub fn config_yaml_with_admin(
+    listen: &str,
+    settings: &str,
+    backends: &[(String, SocketAddr)],
+) -> String {
+    config_yaml(listen, settings, backends).replace("admin: off", "admin: 127.0.0.1:0")
+}
+
+/// Header-mode settings keyed by `x-session-id`.
+pub const SESSION_KEY: &str = "key:\n  from: header\n  header: x-session-id\n";

@@ -1,0 +1,56 @@
+//! What every integration test needs: backends on `127.0.0.1:0`, magpie
+//! started in-process from a YAML string, a small HTTP client, and the built
+//! binary.
+//!
+//! Every wait that could hang goes through [`within`], so a broken proxy makes
+//! a test fail with a message instead of stalling the suite.
+
+#![allow(dead_code)]
+
+mod admin;
+mod backends;
+mod client;
+pub mod http;
+mod in_process;
+mod process;
+
+pub use admin::*;
+pub use backends::*;
+pub use client::*;
+pub use http::*;
+pub use in_process::*;
+pub use process::*;
+
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+/// The safety net on every await that could hang.
+pub const PATIENCE: Duration = Duration::from_secs(10);
+
+/// Awaits `f`, failing the test with `what` if it takes longer than [`PATIENCE`].
+pub async fn within<F: Future>(what: &str, f: F) -> F::Output {
+    within_for(PATIENCE, what, f).await
+}
+
+/// [`within`] with an explicit limit.
+pub async fn within_for<F: Future>(limit: Duration, what: &str, f: F) -> F::Output {
+    match tokio::time::timeout(limit, f).await {
+        Ok(out) => out,
+        Err(_) => panic!("timed out after {limit:?}: {what}"),
+    }
+}
+
+pub fn loopback(last: u8) -> IpAddr {
+    IpAddr::from([127, 0, 0, last])
+}
+
+/// An address nobody listens on: bound to an ephemeral port, then released,
+/// so connecting to it is refused.
+pub fn dead_addr() -> SocketAddr {
+    let listener =
+        std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port to learn a free one");
+    listener
+        .local_addr()
+        .expect("a bound listener has an address")
+}
