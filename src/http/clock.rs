@@ -81,9 +81,11 @@ impl Clock {
     }
 }
 
-/// A client socket with the head and idle deadlines of its [`Clock`].
+/// A client socket with the head and idle deadlines of its [`Clock`]. The
+/// socket is shared, so that after hyper is done with it the connection can
+/// still be closed gently ([`linger`]).
 pub struct Timed {
-    stream: TcpStream,
+    stream: Arc<TcpStream>,
     clock: Arc<Clock>,
     head_timeout: Duration,
     idle_timeout: Duration,
@@ -98,7 +100,7 @@ pub struct Timed {
 
 impl Timed {
     pub fn new(
-        stream: TcpStream,
+        stream: Arc<TcpStream>,
         clock: Arc<Clock>,
         head_timeout: Duration,
         idle_timeout: Duration,
@@ -155,7 +157,20 @@ impl AsyncRead for Timed {
             None => {}
         }
         let before = buf.filled().len();
-        let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
+        let polled = loop {
+            if let Err(e) = std::task::ready!(this.stream.poll_read_ready(cx)) {
+                return Poll::Ready(Err(e));
+            }
+            match this.stream.try_read(buf.initialize_unfilled()) {
+                Ok(n) => {
+                    buf.advance(n);
+                    break Poll::Ready(Ok(()));
+                }
+                // Readiness was stale; the next poll waits for fresh news.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        };
         let got = &buf.filled()[before..];
         if !got.is_empty() {
             if this.first_read {
@@ -173,30 +188,78 @@ impl AsyncRead for Timed {
 
 impl AsyncWrite for Timed {
     fn poll_write(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        loop {
+            std::task::ready!(self.stream.poll_write_ready(cx))?;
+            match self.stream.try_write(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                done => return Poll::Ready(done),
+            }
+        }
     }
 
     fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        loop {
+            std::task::ready!(self.stream.poll_write_ready(cx))?;
+            match self.stream.try_write_vectored(bufs) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                done => return Poll::Ready(done),
+            }
+        }
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
+        true
     }
 
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // Writes go straight to the socket.
+        Poll::Ready(Ok(()))
     }
 
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(socket2::SockRef::from(&*self.stream).shutdown(std::net::Shutdown::Write))
+    }
+}
+
+/// How long, and how much, a connection that ended with an error may still
+/// be read (and discarded) before it is closed.
+const LINGER_TIME: Duration = Duration::from_secs(2);
+const LINGER_BYTES: usize = 64 << 20;
+
+/// Closes a client connection gently after an error answer (`400`, `431`,
+/// `408`): stop writing, then read and discard what the client is still
+/// sending, until it closes or a short limit passes. Closing a socket with
+/// unread input sends a reset, and a reset can destroy the answer before the
+/// client reads it (nginx's "lingering close" does the same).
+pub async fn linger(stream: &TcpStream) {
+    if let Err(e) = socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Write) {
+        tracing::debug!(error = %e, "cannot shut down the client's write side");
+        return;
+    }
+    let mut sink = [0u8; 16 * 1024];
+    let mut read = 0;
+    let drain = async {
+        while read < LINGER_BYTES {
+            if stream.readable().await.is_err() {
+                return;
+            }
+            match stream.try_read(&mut sink) {
+                Ok(0) => return,
+                Ok(n) => read += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(_) => return,
+            }
+        }
+    };
+    if tokio::time::timeout(LINGER_TIME, drain).await.is_err() {
+        tracing::debug!("client still sending after the linger time; closing");
     }
 }

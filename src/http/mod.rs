@@ -80,13 +80,14 @@ impl HttpPath {
                 ..
             } => (*read_timeout, *max_bytes),
             _ => (
-                crate::config::DEFAULT_READ_TIMEOUT,
-                crate::config::DEFAULT_MAX_BYTES as usize,
+                crate::config::DEFAULT_HTTP_READ_TIMEOUT,
+                crate::config::DEFAULT_HTTP_MAX_BYTES as usize,
             ),
         };
         let clock = Clock::new();
+        let stream = Arc::new(stream);
         let io = Timed::new(
-            stream,
+            Arc::clone(&stream),
             Arc::clone(&clock),
             head_timeout,
             config.idle_timeout,
@@ -127,13 +128,17 @@ impl HttpPath {
                 }
             }
         };
-        if let Err(e) = ended {
-            debug!(%client, error = %e, "client connection ended with an error");
-        }
-        if clock.timed_out.load(std::sync::atomic::Ordering::Relaxed) {
+        let timed_out = clock.timed_out.load(std::sync::atomic::Ordering::Relaxed);
+        if timed_out {
             shared
                 .stats
                 .count_client_failure(ClientFailure::HeadTimeout);
+        }
+        if let Err(e) = ended {
+            debug!(%client, error = %e, "client connection ended with an error");
+            clock::linger(&stream).await;
+        } else if timed_out {
+            clock::linger(&stream).await;
         }
     }
 
