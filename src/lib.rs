@@ -1,54 +1,59 @@
-//! magpie: a Layer-4 consistent-hash TCP load balancer.
+//! magpie: a consistent-hash load balancer, per TCP connection (`mode: tcp`)
+//! or per HTTP request (`mode: http`).
 //!
 //! ```text
-//! YAML file ──parse──▶ RawConfig ──validate──▶ Config ──build──▶ Snapshot ──publish──▶ ArcSwap<Snapshot>
-//!                                                                                     │ load() once per connection
-//! accept ─▶ (PROXY header) ─▶ key ─▶ snapshot.candidates(key) ─▶ connect first that takes it ─▶ copy both ways
-//!                                                                                     │
-//!                                                      per-backend live state (atomics) ─▶ metrics / admin
+//! YAML file / DNS ──parse──▶ RawConfig ──validate──▶ Config ──build──▶ Snapshot ──publish──▶ ArcSwap<Snapshot>
+//!                                                                                           │ load() once per connection / request
+//! tcp:  accept ─▶ (PROXY header) ─▶ key from address or first bytes ─▶ route ─▶ connect first that takes it ─▶ copy both ways
+//! http: accept ─▶ each request: key from header / JSON body / address ─▶ route ─▶ pooled upstream ─▶ stream the response
+//!                                                                                           │
+//!                                                       per-backend live state (atomics) ─▶ stats ─▶ metrics / admin
 //! ```
 //!
-//! Each arrow is one module's job, and nothing flows backwards: the data path
-//! never writes config, and placement never does I/O.
+//! Each arrow is one module's job, and nothing flows backwards: the data
+//! paths never write config, placement never does I/O, admin never imports a
+//! data path, and both data paths ask [`route`] which backends take a key.
 //!
 //! | module | owns |
 //! |---|---|
+//! | [`app`] | start and run a whole magpie: listeners, admin, health, reload, drain |
+//! | [`config`] | YAML → `RawConfig` → validated `Config`, errors with file:line:column; defaults and bounds |
 //! | [`hash`] | `h64`, the one hash everything uses |
-//! | [`placement`] | pure placement schemes: Maglev, ring, rendezvous, jump, mod N, bounded loads |
-//! | [`simulate`] | the placement lab behind `magpie simulate` |
-//! | [`config`] | YAML → `RawConfig` → validated `Config`, errors with file:line:column |
-//! | [`snapshot`] | `Snapshot` (version, fingerprint, backends, table, settings), built from a `Config` |
-//! | [`backend`] | a backend's identity and live state (active, counters, health flag) |
-//! | [`key`] | the connection key: source IP, source address, or an HTTP header from the first bytes |
+//! | [`placement`] | pure placement schemes: Maglev, ring, rendezvous, jump, mod N, bounded loads; the candidate walk |
+//! | [`snapshot`] | `Snapshot` (version, fingerprint, backends, table, settings) and the `Shared` state it is published in |
+//! | [`backend`] | a backend's identity and live state (active, counters, health flag, histograms) |
+//! | [`key`] | keys from an address, a header value or a JSON body field; fallback reasons |
+//! | [`route`] | candidates + accept policy (health, bounded-load caps, attempts, fail-open) → the backends to try |
+//! | [`listener`] | the accept loop both data paths share: limits, back-off, graceful drain |
+//! | [`net`] | binding, socket options, connecting with a deadline, address types |
+//! | [`tcp`] | `mode: tcp`: one connection, its header key from the first bytes, copying both ways |
+//! | [`http`] | `mode: http`: each request's key, pooled upstreams, streamed bodies, head deadlines |
 //! | [`proxy_protocol`] | PROXY v1/v2 in from trusted peers, v2 out |
-//! | [`proxy`] | one connection: key → candidates → connect with fallback → copy → count |
-//! | [`server`] | listeners, the accept loop, limits, graceful drain |
+//! | [`sessions`] | session pins: a key's backend kept while the key is in use |
+//! | [`health`] | active checks (TCP or HTTP) with rise/fall; marks backends up or down (no table rebuild) |
 //! | [`reload`] | SIGHUP and file watching → parse → build → publish, or keep the old snapshot |
-//! | [`health`] | active checks with rise/fall; marks backends up or down (no table rebuild) |
-//! | [`metrics`] | global counters and their Prometheus export |
+//! | [`stats`] | the global counters the data paths bump, and latency histograms |
+//! | [`metrics`] | the Prometheus export of every counter |
 //! | [`admin`] | the read-only admin HTTP endpoint: metrics, health, table, route |
-//! | [`plan`] | what a config change would move, before it is made (`magpie plan`) |
-//! | [`demo`] | `magpie demo`: three HTTP backends and magpie in front of them |
+//! | [`lab`] | `magpie simulate`, `plan` and `demo` |
 
 pub mod admin;
 pub mod app;
 pub mod backend;
 pub mod config;
-pub mod demo;
 pub mod hash;
 pub mod health;
 pub mod http;
 pub mod key;
+pub mod lab;
 pub mod listener;
 pub mod metrics;
 pub mod net;
 pub mod placement;
-pub mod plan;
 pub mod proxy_protocol;
 pub mod reload;
 pub mod route;
 pub mod sessions;
-pub mod simulate;
 pub mod snapshot;
 pub mod stats;
 pub mod tcp;

@@ -59,7 +59,7 @@ enum Command {
         keys: Vec<String>,
     },
     /// Measure how hashing schemes move keys and balance load when a pool changes.
-    Simulate(magpie::simulate::SimulateArgs),
+    Simulate(magpie::lab::simulate::SimulateArgs),
     /// Show what changing OLD into NEW would move, before reloading.
     Plan {
         old: PathBuf,
@@ -93,7 +93,7 @@ fn main() -> ExitCode {
             verbose,
             keys,
         } => lookup(&config, verbose, &keys),
-        Command::Simulate(args) => magpie::simulate::main(&args)
+        Command::Simulate(args) => magpie::lab::simulate::main(&args)
             .map(|()| ExitCode::SUCCESS)
             .map_err(anyhow::Error::from),
         Command::Plan {
@@ -229,7 +229,7 @@ fn plan(
             .collect(),
         None => Vec::new(),
     };
-    let report = magpie::plan::compare(&old, &new, &keys)?;
+    let report = magpie::lab::plan::compare(&old, &new, &keys)?;
     if json {
         emit(&format!("{}\n", serde_json::to_string_pretty(&report)?))
     } else {
@@ -272,12 +272,12 @@ async fn demo(listen: SocketAddr, admin: SocketAddr) -> anyhow::Result<ExitCode>
     let shutdown = shutdown_on_signals()?;
     let mut backends = Vec::new();
     for name in ["demo-a", "demo-b", "demo-c"] {
-        let addr = magpie::demo::start_backend(name, "127.0.0.1:0".parse()?, shutdown.clone())
+        let addr = magpie::lab::demo::start_backend(name, "127.0.0.1:0".parse()?, shutdown.clone())
             .await
             .with_context(|| format!("cannot start demo backend {name}"))?;
         backends.push((name.to_string(), addr));
     }
-    let yaml = magpie::demo::config_yaml(listen, admin, &backends);
+    let yaml = magpie::lab::demo::config_yaml(listen, admin, &backends);
     let config =
         Config::parse(std::path::Path::new("<demo>"), &yaml).map_err(|e| anyhow::anyhow!("{e}"))?;
     let running = magpie::app::start(config, shutdown)

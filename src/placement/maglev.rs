@@ -42,7 +42,7 @@
 //! Lemire's "fast range") rather than `k mod M`: it avoids a 64-bit division on
 //! the hot path and is just as uniform for a uniform `k`, since it uses the high
 //! bits of the hash. Candidates are the slot's owner, then the distinct owners of
-//! the following slots (wrapping), at most [`MAX_CANDIDATES`] of them, and a walk
+//! the following slots (wrapping), at most `MAX_CANDIDATES` of them, and a walk
 //! never passes more than one full table.
 
 use super::walk::Walk;

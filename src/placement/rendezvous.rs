@@ -40,6 +40,48 @@ pub fn log_score(weight: u32, u: f64) -> f64 {
     -f64::from(weight) / u.ln()
 }
 
+/// How a node ranks for one key; the higher rank wins.
+///
+/// When every weighted node has the same weight, `-w / ln(u)` orders nodes
+/// exactly as `u` does, and `u` (the top 53 bits of the hash) exactly as the
+/// hash itself, so the hash is compared directly; otherwise the logarithmic
+/// method's score. Both the scheme below and the lab (`magpie simulate`,
+/// which hashes `"{n}|{key}"` per node) rank with this.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Rank {
+    Hash(u64),
+    Score(f64),
+}
+
+impl Rank {
+    #[inline]
+    pub fn of(weight: u32, hash: u64, uniform: bool) -> Rank {
+        if uniform {
+            Rank::Hash(hash)
+        } else {
+            Rank::Score(log_score(weight, unit_interval(hash)))
+        }
+    }
+
+    /// Total order between ranks made the same way.
+    #[inline]
+    pub fn order(self, other: Rank) -> Ordering {
+        match (self, other) {
+            (Rank::Hash(a), Rank::Hash(b)) => a.cmp(&b),
+            (Rank::Score(a), Rank::Score(b)) => a.total_cmp(&b),
+            // Never mixed within one lookup; order kinds so the result is total.
+            (Rank::Hash(_), Rank::Score(_)) => Ordering::Less,
+            (Rank::Score(_), Rank::Hash(_)) => Ordering::Greater,
+        }
+    }
+
+    /// Strictly higher than `other`.
+    #[inline]
+    pub fn beats(self, other: Rank) -> bool {
+        self.order(other) == Ordering::Greater
+    }
+}
+
 /// A built rendezvous scheme: one seed and weight per node index.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rendezvous {
@@ -65,23 +107,18 @@ impl Rendezvous {
         }
     }
 
-    /// Node `slot` (an entry of `self.nodes`)'s score for `key`.
+    /// Node `slot` (an entry of `self.nodes`)'s rank for `key`.
     #[inline]
-    fn score(&self, slot: usize, key: u64) -> f64 {
+    fn score(&self, slot: usize, key: u64) -> Rank {
         let (_, seed, weight) = self.nodes[slot];
-        let u = unit_interval(mix64(seed ^ key));
-        if self.uniform {
-            u
-        } else {
-            log_score(weight, u)
-        }
+        Rank::of(weight, mix64(seed ^ key), self.uniform)
     }
 }
 
-/// (score, node index) ordered best first: higher score, then lower index.
+/// (rank, node index) ordered best first: higher rank, then lower index.
 #[inline]
-fn better(a: (f64, u32), b: (f64, u32)) -> bool {
-    match a.0.total_cmp(&b.0) {
+fn better(a: (Rank, u32), b: (Rank, u32)) -> bool {
+    match a.0.order(b.0) {
         Ordering::Greater => true,
         Ordering::Less => false,
         Ordering::Equal => a.1 < b.1,
@@ -93,7 +130,7 @@ fn better(a: (f64, u32), b: (f64, u32)) -> bool {
 pub struct RendezvousCandidates<'a> {
     scheme: &'a Rendezvous,
     key: u64,
-    previous: Option<(f64, u32)>,
+    previous: Option<(Rank, u32)>,
     left: usize,
 }
 
@@ -104,7 +141,7 @@ impl Iterator for RendezvousCandidates<'_> {
         if self.left == 0 {
             return None;
         }
-        let mut best: Option<(f64, u32)> = None;
+        let mut best: Option<(Rank, u32)> = None;
         for slot in 0..self.scheme.nodes.len() {
             let this = (self.scheme.score(slot, self.key), self.scheme.nodes[slot].0);
             if self.previous.is_some_and(|p| !better(p, this)) {
@@ -153,10 +190,10 @@ mod tests {
                 let c: Vec<usize> = r.candidates(key).collect();
                 assert_eq!(c.len(), n.min(MAX_CANDIDATES));
                 // Brute force: sort every node by score.
-                let mut all: Vec<(f64, usize)> = (0..n)
+                let mut all: Vec<(Rank, usize)> = (0..n)
                     .map(|s| (r.score(s, key), r.nodes[s].0 as usize))
                     .collect();
-                all.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+                all.sort_by(|a, b| b.0.order(a.0).then(a.1.cmp(&b.1)));
                 let expected: Vec<usize> = all.iter().map(|x| x.1).take(c.len()).collect();
                 assert_eq!(c, expected);
             }

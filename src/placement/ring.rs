@@ -8,7 +8,7 @@
 //! so the proxy's ring and `magpie simulate` agree point for point.
 //!
 //! Candidates are the distinct nodes met walking clockwise from that point,
-//! primary first, at most [`MAX_CANDIDATES`], and never more than one lap.
+//! primary first, at most `MAX_CANDIDATES`, and never more than one lap.
 
 use std::fmt::Write;
 

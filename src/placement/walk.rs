@@ -5,7 +5,7 @@
 //! new owner met walking on, wrapping at the end: distinct, primary first, at
 //! most [`MAX_CANDIDATES`], never more than one lap, and the walk stops as soon
 //! as it has met every node that owns anything. No allocation: duplicates are
-//! caught by the inline [`Seen`] set.
+//! caught by the inline `Seen` set.
 
 use super::{MAX_CANDIDATES, Seen};
 
