@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::copy::{COPY_BUFFER, End, Pending, Transfer, copy_both_ways};
-use super::header_key::{HeaderKey, read_header_key};
+use super::header_key::{HeaderKey, Want, read_header_key};
 use crate::backend::{ActiveGuard, Backend};
 use crate::config::{Config, KeyConfig};
 use crate::key;
@@ -182,9 +182,11 @@ impl Connection {
                     &mut self.stream,
                     &mut first.buf,
                     &mut first.filled,
-                    *max_bytes,
-                    name,
-                    *read_timeout,
+                    Want {
+                        header: name,
+                        limit: *max_bytes,
+                        deadline: *read_timeout,
+                    },
                 )
                 .await;
                 match found {

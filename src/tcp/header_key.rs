@@ -50,6 +50,15 @@ pub fn scan_head(bytes: &[u8], header: &str) -> HeadScan {
     }
 }
 
+/// What to read: the header (lower-case), at most `limit` bytes of head,
+/// within `deadline`.
+#[derive(Debug, Clone, Copy)]
+pub struct Want<'a> {
+    pub header: &'a str,
+    pub limit: usize,
+    pub deadline: Duration,
+}
+
 /// The outcome of reading a header key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HeaderKey {
@@ -65,10 +74,13 @@ pub async fn read_header_key<S: AsyncRead + Unpin>(
     stream: &mut S,
     buf: &mut [u8],
     filled: &mut usize,
-    limit: usize,
-    header: &str,
-    deadline: Duration,
+    want: Want<'_>,
 ) -> HeaderKey {
+    let Want {
+        header,
+        limit,
+        deadline,
+    } = want;
     let limit = limit.min(buf.len());
     let read = async {
         loop {
@@ -131,9 +143,11 @@ mod tests {
             &mut server,
             &mut buf,
             &mut filled,
-            256,
-            "x-session-id",
-            Duration::from_secs(5),
+            Want {
+                header: "x-session-id",
+                limit: 256,
+                deadline: Duration::from_secs(5),
+            },
         )
         .await;
         assert_eq!(got, HeaderKey::Found(h64(b"s1")));
@@ -150,9 +164,11 @@ mod tests {
             &mut server,
             &mut buf,
             &mut filled,
-            256,
-            "x-session-id",
-            Duration::from_millis(200),
+            Want {
+                header: "x-session-id",
+                limit: 256,
+                deadline: Duration::from_millis(200),
+            },
         )
         .await;
         assert_eq!(got, HeaderKey::Fallback(FallbackReason::Timeout));
@@ -174,9 +190,11 @@ mod tests {
             &mut server,
             &mut buf,
             &mut filled,
-            64,
-            "x-session-id",
-            Duration::from_secs(5),
+            Want {
+                header: "x-session-id",
+                limit: 64,
+                deadline: Duration::from_secs(5),
+            },
         )
         .await;
         assert_eq!(got, HeaderKey::Fallback(FallbackReason::TooLarge));
@@ -190,9 +208,11 @@ mod tests {
             &mut server,
             &mut buf,
             &mut filled,
-            256,
-            "x-session-id",
-            Duration::from_secs(5),
+            Want {
+                header: "x-session-id",
+                limit: 256,
+                deadline: Duration::from_secs(5),
+            },
         )
         .await;
         assert_eq!(got, HeaderKey::Fallback(FallbackReason::Closed));
