@@ -40,6 +40,10 @@ enum Command {
     },
     /// Start three HTTP backends and magpie in front of them, keyed by x-session-id.
     Demo {
+        /// tcp: one key per connection; http: one key per request (header,
+        /// else the prompt_cache_key field of a JSON body).
+        #[arg(long, value_enum, default_value_t = DemoMode::Tcp)]
+        mode: DemoMode,
         /// Where magpie listens.
         #[arg(long, default_value = "127.0.0.1:7000")]
         listen: SocketAddr,
@@ -73,6 +77,13 @@ enum Command {
     },
 }
 
+/// `demo --mode`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum DemoMode {
+    Tcp,
+    Http,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
@@ -85,8 +96,16 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Check { config } => check(&config),
         Command::Run { config } => runtime().and_then(|rt| rt.block_on(run(config))),
-        Command::Demo { listen, admin } => {
-            runtime().and_then(|rt| rt.block_on(demo(listen, admin)))
+        Command::Demo {
+            mode,
+            listen,
+            admin,
+        } => {
+            let mode = match mode {
+                DemoMode::Tcp => magpie::config::Mode::Tcp,
+                DemoMode::Http => magpie::config::Mode::Http,
+            };
+            runtime().and_then(|rt| rt.block_on(demo(mode, listen, admin)))
         }
         Command::Lookup {
             config,
@@ -268,7 +287,12 @@ async fn run(path: PathBuf) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn demo(listen: SocketAddr, admin: SocketAddr) -> anyhow::Result<ExitCode> {
+async fn demo(
+    mode: magpie::config::Mode,
+    listen: SocketAddr,
+    admin: SocketAddr,
+) -> anyhow::Result<ExitCode> {
+    use magpie::config::Mode;
     let shutdown = shutdown_on_signals()?;
     let mut backends = Vec::new();
     for name in ["demo-a", "demo-b", "demo-c"] {
@@ -277,25 +301,51 @@ async fn demo(listen: SocketAddr, admin: SocketAddr) -> anyhow::Result<ExitCode>
             .with_context(|| format!("cannot start demo backend {name}"))?;
         backends.push((name.to_string(), addr));
     }
-    let yaml = magpie::lab::demo::config_yaml(listen, admin, &backends);
+    let yaml = magpie::lab::demo::config_yaml(mode, listen, admin, &backends);
     let config =
         Config::parse(std::path::Path::new("<demo>"), &yaml).map_err(|e| anyhow::anyhow!("{e}"))?;
     let running = magpie::app::start(config, shutdown)
         .await
         .context("cannot start magpie (a port taken? choose others with --listen and --admin)")?;
     let at = running.listen[0];
-    println!(
-        "magpie demo: three HTTP backends behind magpie on {at}, keyed by the x-session-id header.\n"
-    );
-    println!("The config it runs:\n\n{yaml}");
-    println!("Try (the same session always lands on the same backend):\n");
-    println!("  curl -s -H 'x-session-id: alice' http://{at}/");
-    println!("  curl -s -H 'x-session-id: bob'   http://{at}/");
-    println!(
+    let mut out = String::new();
+    let keyed = match mode {
+        Mode::Tcp => "each connection keyed by its x-session-id header",
+        Mode::Http => {
+            "each request keyed by its x-session-id header, else the prompt_cache_key of its JSON body"
+        }
+    };
+    writeln!(
+        out,
+        "magpie demo: three HTTP backends behind magpie on {at}, {keyed}.\n"
+    )?;
+    writeln!(out, "The config it runs:\n\n{yaml}")?;
+    writeln!(
+        out,
+        "Try (the same session always lands on the same backend):\n"
+    )?;
+    writeln!(out, "  curl -s -H 'x-session-id: alice' http://{at}/")?;
+    writeln!(out, "  curl -s -H 'x-session-id: bob'   http://{at}/")?;
+    writeln!(
+        out,
         "  for i in $(seq 1 9); do curl -s -H \"x-session-id: user-$i\" http://{at}/ | head -1; done"
-    );
-    println!("  curl -s http://{at}/        # no header: keyed by your source IP\n");
-    println!("Press Ctrl-C to stop.");
+    )?;
+    if mode == Mode::Http {
+        writeln!(
+            out,
+            "  curl -s http://{at}/ -H 'content-type: application/json' -d '{{\"prompt_cache_key\": \"alice\"}}'"
+        )?;
+        writeln!(
+            out,
+            "  curl -s -H 'x-session-id: a' http://{at}/ -: -H 'x-session-id: b' http://{at}/   # one connection, two sessions"
+        )?;
+    }
+    writeln!(
+        out,
+        "  curl -s http://{at}/        # no key: keyed by your source IP\n"
+    )?;
+    writeln!(out, "Press Ctrl-C to stop.")?;
+    emit(&out)?;
     running.wait().await;
     Ok(ExitCode::SUCCESS)
 }

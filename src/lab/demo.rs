@@ -13,6 +13,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
+use crate::config::Mode;
+
 /// The session header the demo hashes.
 pub const SESSION_HEADER: &str = "x-session-id";
 /// The largest request head a demo backend reads.
@@ -126,14 +128,25 @@ async fn serve_http(mut stream: TcpStream, name: &str) -> io::Result<()> {
     }
 }
 
-/// The demo's config: Maglev, keyed by `x-session-id`, in front of `backends`.
+/// The demo's config: Maglev, keyed by `x-session-id` (per connection, or per
+/// request with the `prompt_cache_key` body field as a second choice), in
+/// front of `backends`.
 pub fn config_yaml(
+    mode: Mode,
     listen: SocketAddr,
     admin: SocketAddr,
     backends: &[(String, SocketAddr)],
 ) -> String {
+    let (mode_line, body, http) = match mode {
+        Mode::Tcp => ("", "", ""),
+        Mode::Http => (
+            "mode: http\n",
+            "  body_field: prompt_cache_key\n",
+            "http:\n  expose_backend: true\n",
+        ),
+    };
     let mut yaml = format!(
-        "listen: \"{listen}\"\nadmin: \"{admin}\"\nmax_connections: 1000\nplacement:\n  algorithm: maglev\nkey:\n  from: header\n  header: {SESSION_HEADER}\n  fallback: source_ip\nbackends:\n"
+        "{mode_line}listen: \"{listen}\"\nadmin: \"{admin}\"\nmax_connections: 1000\nplacement:\n  algorithm: maglev\nkey:\n  from: header\n  header: {SESSION_HEADER}\n{body}  fallback: source_ip\n{http}backends:\n"
     );
     for (name, addr) in backends {
         yaml.push_str(&format!("  - name: {name}\n    addr: \"{addr}\"\n"));

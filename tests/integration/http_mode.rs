@@ -446,3 +446,33 @@ async fn bad_input_gets_its_status_and_harms_nobody() {
     );
     magpie.stop().await;
 }
+
+/// `magpie demo --mode http`: the binary's own demo keys each request, so two
+/// sessions on one connection reach their own backends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_routes_per_request() {
+    let mut child = Child::spawn(&[
+        "demo",
+        "--mode",
+        "http",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+    ]);
+    let addr = child.listen_addr().await;
+    let admin = child.admin_addr().await;
+    let mut client = KeepAlive::connect(addr).await;
+    for session in ["alice", "bob", "carol", "dave", "erin", "frank"] {
+        let got = client.get_session(session).await;
+        let (status, route) = admin_get(admin, &format!("/route?key={session}")).await;
+        assert_eq!(status, 200);
+        let route: serde_json::Value = serde_json::from_str(&route).expect("JSON");
+        assert_eq!(route["chosen"], got.as_str(), "{session}");
+    }
+    // And by the body, when there is no header.
+    let got = client
+        .post_json(r#"{"prompt_cache_key": "alice"}"#, None)
+        .await;
+    assert_eq!(got, client.get_session("alice").await);
+}
