@@ -94,6 +94,9 @@ pub struct Timed {
     armed: Option<Instant>,
     /// Nothing read yet (the HTTP/2 preface check is pending).
     first_read: bool,
+    /// Client bytes read before hyper took over (after a PROXY header);
+    /// handed out before anything else.
+    pending: Vec<u8>,
     /// HTTP/2: no deadlines here.
     h2: bool,
 }
@@ -113,8 +116,15 @@ impl Timed {
             sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
             armed: None,
             first_read: true,
+            pending: Vec::new(),
             h2: false,
         }
+    }
+
+    /// Hands `bytes` (already read from the client) out first.
+    pub fn with_pending(mut self, bytes: &[u8]) -> Timed {
+        self.pending = bytes.to_vec();
+        self
     }
 
     /// Whether the current deadline passed; arms the timer otherwise.
@@ -157,18 +167,25 @@ impl AsyncRead for Timed {
             None => {}
         }
         let before = buf.filled().len();
-        let polled = loop {
-            if let Err(e) = std::task::ready!(this.stream.poll_read_ready(cx)) {
-                return Poll::Ready(Err(e));
-            }
-            match this.stream.try_read(buf.initialize_unfilled()) {
-                Ok(n) => {
-                    buf.advance(n);
-                    break Poll::Ready(Ok(()));
+        let polled = if !this.pending.is_empty() {
+            let n = this.pending.len().min(buf.remaining());
+            buf.put_slice(&this.pending[..n]);
+            this.pending.drain(..n);
+            Poll::Ready(Ok(()))
+        } else {
+            loop {
+                if let Err(e) = std::task::ready!(this.stream.poll_read_ready(cx)) {
+                    return Poll::Ready(Err(e));
                 }
-                // Readiness was stale; the next poll waits for fresh news.
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Poll::Ready(Err(e)),
+                match this.stream.try_read(buf.initialize_unfilled()) {
+                    Ok(n) => {
+                        buf.advance(n);
+                        break Poll::Ready(Ok(()));
+                    }
+                    // Readiness was stale; the next poll waits for fresh news.
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                    Err(e) => return Poll::Ready(Err(e)),
+                }
             }
         };
         let got = &buf.filled()[before..];

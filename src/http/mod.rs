@@ -32,7 +32,7 @@ use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use self::body::Reply;
 use self::clock::{Clock, Timed};
@@ -41,6 +41,7 @@ use self::pool::Pool;
 use crate::config::KeyConfig;
 use crate::listener::Accepted;
 use crate::net::Client;
+use crate::proxy_protocol::{self, Origin};
 use crate::route::Route;
 use crate::snapshot::Shared;
 use crate::stats::ClientFailure;
@@ -59,7 +60,7 @@ impl HttpPath {
     /// side by side over HTTP/2), until it closes or shutdown.
     pub async fn serve_connection(self, accepted: Accepted) {
         let Accepted {
-            stream,
+            mut stream,
             peer,
             local: _,
             shared,
@@ -67,7 +68,32 @@ impl HttpPath {
             stop,
         } = accepted;
         let config = Arc::clone(&shared.snapshot.load().config);
-        let client = Client(peer.0);
+        // A trusted peer speaks PROXY first: its source is the client.
+        let mut first = Vec::new();
+        let mut filled = 0;
+        let client = if config.proxy_protocol.is_trusted(peer.0.ip()) {
+            first.resize(proxy_protocol::MAX_HEADER_BYTES, 0);
+            let header = proxy_protocol::read_header(
+                &mut stream,
+                &mut first,
+                &mut filled,
+                config.proxy_protocol.header_timeout,
+            )
+            .await;
+            match header {
+                Ok(Origin::Proxied { source, .. }) => Client(source),
+                Ok(Origin::Local) => Client(peer.0),
+                Err(e) => {
+                    warn!(%peer, error = %e, "refusing connection: bad PROXY header from a trusted peer");
+                    shared
+                        .stats
+                        .count_client_failure(ClientFailure::ProxyProtocol);
+                    return;
+                }
+            }
+        } else {
+            Client(peer.0)
+        };
         let (head_timeout, head_limit) = match &config.key {
             KeyConfig::Header {
                 read_timeout,
@@ -91,7 +117,8 @@ impl HttpPath {
             Arc::clone(&clock),
             head_timeout,
             config.idle_timeout,
-        );
+        )
+        .with_pending(&first[..filled]);
         drop(config);
 
         let service = {

@@ -476,3 +476,70 @@ async fn the_demo_routes_per_request() {
         .await;
     assert_eq!(got, client.get_session("alice").await);
 }
+
+/// A trusted peer's PROXY header makes its source the client in mode http
+/// too: with `key.from: source_ip`, every request of the connection is keyed
+/// by the address the header names, and the bytes after the header are the
+/// first request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_header_names_the_client_in_mode_http() {
+    let backends = HyperBackends::start(&["a", "b", "c"]).await;
+    let settings = "mode: http\nproxy_protocol:\n  accept_from: [127.0.0.1]\n";
+    let magpie = Magpie::with(settings, &backends.pairs()).await;
+    for last in 1..=12u8 {
+        let client: std::net::SocketAddr = format!("192.0.2.{last}:4000").parse().expect("literal");
+        let mut stream = connect(magpie.addr).await;
+        let mut sent = magpie::proxy_protocol::v2_header(client, magpie.addr);
+        sent.extend_from_slice(b"GET / HTTP/1.1\r\nhost: m\r\nconnection: close\r\n\r\n");
+        stream.write_all(&sent).await.expect("send");
+        let mut out = Vec::new();
+        within("the answer", stream.read_to_end(&mut out))
+            .await
+            .expect("read");
+        let text = String::from_utf8_lossy(&out);
+        let body = text.split("\r\n\r\n").nth(1).unwrap_or_default();
+        assert_eq!(
+            backend_in(body.as_bytes()),
+            magpie.primary(magpie::key::source_ip_key(client.ip())),
+            "{text}"
+        );
+    }
+    magpie.stop().await;
+}
+
+/// HTTP/2 with prior knowledge: streams of one connection are keyed one by one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_streams_are_keyed_one_by_one() {
+    let backends = HyperBackends::start(&["a", "b", "c"]).await;
+    let magpie = Magpie::with(&http_settings(""), &backends.pairs()).await;
+    let stream = connect(magpie.addr).await;
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .expect("an HTTP/2 handshake");
+    tokio::spawn(conn);
+    for s in 0..12 {
+        let session = format!("h2-{s}");
+        let request = Request::get(format!("http://magpie/{s}"))
+            .header("x-session-id", &session)
+            .body(Full::<Bytes>::default())
+            .expect("a request");
+        let response = within("an HTTP/2 response", sender.send_request(request))
+            .await
+            .expect("a response");
+        assert_eq!(response.status(), 200);
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes();
+        assert_eq!(
+            backend_in(&body),
+            magpie.primary(magpie::key::text_key(session.as_bytes()))
+        );
+    }
+    magpie.stop().await;
+}
