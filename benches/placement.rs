@@ -1,5 +1,5 @@
 //! Placement benchmarks: the hash, Maglev lookup and build, ring, rendezvous
-//! and bounded-load lookups. Keys and their hashes are made before timing
+//! and bounded-load lookups, and the candidate walks the proxy takes. Keys and their hashes are made before timing
 //! starts; every lookup goes through `black_box` so nothing is folded away.
 //!
 //! Run with `cargo bench --bench placement`; README records the medians.
@@ -98,6 +98,41 @@ fn rendezvous_lookup(c: &mut Criterion) {
     });
 }
 
+/// The candidate walk the proxy takes: its first candidate (every backend
+/// healthy), and a walk to the 64-candidate limit (everything down or full),
+/// for both tables the proxy serves from.
+fn candidates(c: &mut Criterion) {
+    let (_, hashes) = keys();
+    let set = pool(100);
+    let maglev = Maglev::new(&set, DEFAULT_TABLE_SIZE).expect("table");
+    let ring = Ring::new(&set, 100).expect("ring");
+    let mut i = 0;
+    c.bench_function("maglev/candidates first N=100", |b| {
+        b.iter(|| {
+            i = (i + 1) & (KEYS - 1);
+            maglev.candidates(black_box(hashes[i])).next()
+        })
+    });
+    c.bench_function("maglev/candidates all N=100", |b| {
+        b.iter(|| {
+            i = (i + 1) & (KEYS - 1);
+            maglev.candidates(black_box(hashes[i])).sum::<usize>()
+        })
+    });
+    c.bench_function("ring-100/candidates first N=100", |b| {
+        b.iter(|| {
+            i = (i + 1) & (KEYS - 1);
+            ring.candidates(black_box(hashes[i])).next()
+        })
+    });
+    c.bench_function("ring-100/candidates all N=100", |b| {
+        b.iter(|| {
+            i = (i + 1) & (KEYS - 1);
+            ring.candidates(black_box(hashes[i])).sum::<usize>()
+        })
+    });
+}
+
 /// Ring-100 over 100 nodes with bounded loads at c = 1.10: the mean load is
 /// 1/1.10 ≈ 90% of the cap, and loads spread ±15% around the mean, so about
 /// one node in six is full and some lookups walk past their primary.
@@ -141,6 +176,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = hash, maglev_lookup, maglev_build, ring_lookup, rendezvous_lookup, bounded_lookup
+    targets = hash, maglev_lookup, maglev_build, ring_lookup, rendezvous_lookup, candidates, bounded_lookup
 }
 criterion_main!(benches);
