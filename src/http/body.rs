@@ -22,6 +22,7 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tokio::time::Instant;
 
 use super::clock::Clock;
+use super::pool::{Pool, Sender};
 use crate::backend::{ActiveGuard, Backend};
 
 /// The error type of every body on this path.
@@ -105,12 +106,22 @@ impl Body for Upload {
 }
 
 /// A request in flight to a backend, from the moment it was sent.
-#[derive(Debug)]
 pub struct InFlight {
     pub backend: Arc<Backend>,
     /// The backend's in-flight slot (bounded load counts these).
     pub slot: ActiveGuard,
     pub sent: Instant,
+    /// The connection it went over, back to the pool at the response's end.
+    pub connection: (Arc<Pool>, Sender),
+}
+
+impl std::fmt::Debug for InFlight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InFlight")
+            .field("backend", &self.backend.name)
+            .field("sent", &self.sent)
+            .finish()
+    }
 }
 
 /// A backend's response body, counted and timed on its way to the client.
@@ -129,9 +140,15 @@ impl Download {
         }
     }
 
-    fn finish(&mut self) {
+    /// The response ended: time it, and give the connection back when the
+    /// body was read to its end (`complete`), else let it close.
+    fn finish(&mut self, complete: bool) {
         if let Some(f) = self.in_flight.take() {
             f.backend.live.request_duration.observe(f.sent.elapsed());
+            if complete {
+                let (pool, sender) = f.connection;
+                pool.checkin(f.backend.addr, sender);
+            }
         }
     }
 }
@@ -151,7 +168,8 @@ impl Body for Download {
                     f.backend.live.add_bytes_received(data.len() as u64);
                 }
             }
-            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => self.finish(),
+            Poll::Ready(None) => self.finish(true),
+            Poll::Ready(Some(Err(_))) => self.finish(false),
             Poll::Pending => {}
         }
         polled.map(|frame| frame.map(|r| r.map_err(BoxError::from)))
@@ -168,11 +186,19 @@ impl Body for Download {
 
 impl Drop for Download {
     fn drop(&mut self) {
-        // Dropped before its end: the client went away mid-response.
-        if let Some(f) = self.in_flight.take() {
-            f.backend.live.count_client_abort();
-            f.backend.live.request_duration.observe(f.sent.elapsed());
+        if self.in_flight.is_none() {
+            return;
         }
+        // An empty body (HEAD, 204, 304) is never polled: it ended all the same.
+        if self.body.is_end_stream() {
+            self.finish(true);
+            return;
+        }
+        // Dropped before its end: the client went away mid-response.
+        if let Some(f) = &self.in_flight {
+            f.backend.live.count_client_abort();
+        }
+        self.finish(false);
     }
 }
 

@@ -177,11 +177,9 @@ impl AsyncRead for Timed {
                 if let Err(e) = std::task::ready!(this.stream.poll_read_ready(cx)) {
                     return Poll::Ready(Err(e));
                 }
-                match this.stream.try_read(buf.initialize_unfilled()) {
-                    Ok(n) => {
-                        buf.advance(n);
-                        break Poll::Ready(Ok(()));
-                    }
+                // Into the unfilled part as it is: no zeroing per read.
+                match this.stream.try_read_buf(buf) {
+                    Ok(_) => break Poll::Ready(Ok(())),
                     // Readiness was stale; the next poll waits for fresh news.
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                     Err(e) => return Poll::Ready(Err(e)),

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::body::{Download, InFlight, Reply, Upload};
-use super::pool::{self, Pool, Sender};
+use super::pool::{self, Pool};
 use crate::backend::{Backend, CodeClass};
 use crate::config::Config;
 use crate::route::{self, Route};
@@ -90,12 +90,18 @@ pub async fn forward(request: Request<Upload>, forward: Forward<'_>) -> Result<S
             continue;
         };
         tried.push(backend.name.clone());
-        // A pooled connection first; if it turns out closed before the
-        // request went out, a new one (which may fail as a connect).
-        let mut pooled = forward.pool.checkout(backend);
+        // Pooled connections first; one that turns out closed before the
+        // request went out is dropped, and the next tried; then a new one
+        // (which may fail as a connect).
         loop {
+            let mut pooled = forward.pool.checkout(backend.addr);
+            if let Some(sender) = &mut pooled
+                && sender.ready().await.is_err()
+            {
+                continue;
+            }
             let fresh = pooled.is_none();
-            let mut sender = match pooled.take() {
+            let mut sender = match pooled {
                 Some(s) => s,
                 None => match pool::connect(backend, forward.config.connect.timeout).await {
                     Ok(s) => {
@@ -115,9 +121,10 @@ pub async fn forward(request: Request<Upload>, forward: Forward<'_>) -> Result<S
                         backend: Arc::clone(backend),
                         slot,
                         sent,
+                        connection: (Arc::clone(forward.pool), sender),
                     };
                     return Ok(Served {
-                        response: respond(response, in_flight, sender, &forward),
+                        response: respond(response, in_flight, &forward),
                         backend: Arc::clone(backend),
                     });
                 }
@@ -147,12 +154,11 @@ pub async fn forward(request: Request<Upload>, forward: Forward<'_>) -> Result<S
 }
 
 /// The response to pass on: hop-by-hop headers dropped, the backend named if
-/// asked, the body counted until its end; the connection goes back to the
-/// pool once that response is read.
+/// asked, the body counted until its end (its connection goes back to the
+/// pool then).
 fn respond(
     response: Response<hyper::body::Incoming>,
     in_flight: InFlight,
-    sender: Sender,
     forward: &Forward<'_>,
 ) -> Response<Reply> {
     let backend: &Backend = &in_flight.backend;
@@ -168,7 +174,6 @@ fn respond(
     } else {
         live.count_answer_ok();
     }
-    forward.pool.checkin(backend, sender);
     let expose = forward
         .config
         .http
@@ -198,13 +203,16 @@ fn prepare(request: Request<Upload>) -> Request<Upload> {
     {
         parts.headers.insert(header::HOST, host);
     }
-    let path = parts
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/");
-    if let Ok(uri) = path.parse::<Uri>() {
-        parts.uri = uri;
+    // HTTP/1 clients send origin-form already; HTTP/2 gives a full URI.
+    if parts.uri.scheme().is_some() || parts.uri.authority().is_some() {
+        let path = parts
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/");
+        if let Ok(uri) = path.parse::<Uri>() {
+            parts.uri = uri;
+        }
     }
     parts.version = Version::HTTP_11;
     Request::from_parts(parts, body)

@@ -3,15 +3,15 @@
 //!
 //! A connection is opened on demand (`net::connect`, counted against the
 //! backend like a TCP-path connect), handed to hyper's HTTP/1.1 client, and
-//! returned to its backend's idle list once its response has been read to the
-//! end. Idle lists are bounded ([`MAX_IDLE_PER_BACKEND`]) and an idle
+//! returned to its backend's idle list by the response body when the client
+//! has read it to the end (a response abandoned half-way closes its
+//! connection instead). Idle lists are bounded ([`MAX_IDLE_PER_BACKEND`]) and an idle
 //! connection is not reused after [`IDLE_TIMEOUT`]: servers such as uvicorn
 //! (vLLM, SGLang) close idle keep-alive connections after 5 s, and a request
-//! sent on a connection the server is closing is lost. Identity is the
-//! backend's name and address, as for its live state, so a reload that keeps
-//! a backend keeps its connections.
+//! sent on a connection the server is closing is lost. Connections are kept
+//! by backend address, so a reload that keeps a backend keeps them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -38,51 +38,51 @@ struct Idle {
     since: Instant,
 }
 
-/// The idle connections of every backend.
+/// The idle connections of every backend, by address (addresses are unique
+/// within a pool, and a connection to an address serves whichever backend
+/// has it).
 #[derive(Default)]
 pub struct Pool {
-    idle: Mutex<HashMap<(String, SocketAddr), Vec<Idle>>>,
+    idle: Mutex<HashMap<SocketAddr, VecDeque<Idle>>>,
 }
 
 impl Pool {
-    /// An idle connection to `backend` that can take a request now, if any.
-    /// Connections that closed or idled out are dropped on the way.
-    pub fn checkout(&self, backend: &Backend) -> Option<Sender> {
+    /// The most recently used idle connection to `addr` that is still open
+    /// and fresh, if any; older or closed ones met on the way are dropped.
+    /// Its last response was read to the end, so it is ready for a request
+    /// as soon as its connection task has noticed (`SendRequest::ready`).
+    pub fn checkout(&self, addr: SocketAddr) -> Option<Sender> {
         let mut idle = lock(&self.idle);
-        let list = idle.get_mut(&(backend.name.clone(), backend.addr))?;
-        while let Some(entry) = list.pop() {
-            if entry.since.elapsed() < IDLE_TIMEOUT && entry.sender.is_ready() {
+        let list = idle.get_mut(&addr)?;
+        while let Some(entry) = list.pop_back() {
+            if entry.since.elapsed() < IDLE_TIMEOUT && !entry.sender.is_closed() {
                 return Some(entry.sender);
             }
         }
         None
     }
 
-    /// Returns `sender` to `backend`'s idle list once its current response
-    /// has been read to the end (or drops it if the connection closes).
-    pub fn checkin(self: &Arc<Self>, backend: &Backend, mut sender: Sender) {
-        let pool = Arc::clone(self);
-        let id = (backend.name.clone(), backend.addr);
-        tokio::spawn(async move {
-            if sender.ready().await.is_err() {
-                return;
-            }
-            let mut idle = lock(&pool.idle);
-            let list = idle.entry(id).or_default();
-            list.retain(|e| e.since.elapsed() < IDLE_TIMEOUT && !e.sender.is_closed());
-            if list.len() < MAX_IDLE_PER_BACKEND {
-                list.push(Idle {
-                    sender,
-                    since: Instant::now(),
-                });
-            }
-        });
-    }
-
-    /// Forgets idle connections to backends no longer in `keep` (after a
-    /// reload removed them); dropping a sender closes its connection.
-    pub fn retain(&self, keep: impl Fn(&str, SocketAddr) -> bool) {
-        lock(&self.idle).retain(|(name, addr), _| keep(name, *addr));
+    /// Puts `sender` back once the response it carried has been read to the
+    /// end. Entries are kept in the order they came back, so the ones that
+    /// idled out are at the front.
+    pub fn checkin(&self, addr: SocketAddr, sender: Sender) {
+        if sender.is_closed() {
+            return;
+        }
+        let mut idle = lock(&self.idle);
+        let list = idle.entry(addr).or_default();
+        while list
+            .front()
+            .is_some_and(|e| e.since.elapsed() >= IDLE_TIMEOUT)
+        {
+            list.pop_front();
+        }
+        if list.len() < MAX_IDLE_PER_BACKEND {
+            list.push_back(Idle {
+                sender,
+                since: Instant::now(),
+            });
+        }
     }
 }
 
