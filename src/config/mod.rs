@@ -208,6 +208,26 @@ pub struct ProxyProtocolConfig {
     pub send_v2: bool,
 }
 
+impl KeyConfig {
+    /// `(read_timeout, max_bytes)` of a key read from the request (header or
+    /// body); `None` for address keys.
+    pub fn reading(&self) -> Option<(Duration, usize)> {
+        match self {
+            KeyConfig::Header {
+                read_timeout,
+                max_bytes,
+                ..
+            }
+            | KeyConfig::Body {
+                read_timeout,
+                max_bytes,
+                ..
+            } => Some((*read_timeout, *max_bytes)),
+            KeyConfig::SourceIp | KeyConfig::SourceAddr => None,
+        }
+    }
+}
+
 impl ProxyProtocolConfig {
     pub fn is_trusted(&self, peer: IpAddr) -> bool {
         let peer = crate::net::canonical_ip(peer);

@@ -38,7 +38,6 @@ use self::body::Reply;
 use self::clock::{Clock, Timed};
 use self::forward::{Forward, local};
 use self::pool::Pool;
-use crate::config::KeyConfig;
 use crate::listener::Accepted;
 use crate::net::Client;
 use crate::proxy_protocol::{self, Origin};
@@ -94,22 +93,10 @@ impl HttpPath {
         } else {
             Client(peer.0)
         };
-        let (head_timeout, head_limit) = match &config.key {
-            KeyConfig::Header {
-                read_timeout,
-                max_bytes,
-                ..
-            }
-            | KeyConfig::Body {
-                read_timeout,
-                max_bytes,
-                ..
-            } => (*read_timeout, *max_bytes),
-            _ => (
-                crate::config::DEFAULT_HTTP_READ_TIMEOUT,
-                crate::config::DEFAULT_HTTP_MAX_BYTES as usize,
-            ),
-        };
+        let (head_timeout, head_limit) = config.key.reading().unwrap_or((
+            crate::config::DEFAULT_HTTP_READ_TIMEOUT,
+            crate::config::DEFAULT_HTTP_MAX_BYTES as usize,
+        ));
         let clock = Clock::new();
         let stream = Arc::new(stream);
         let io = Timed::new(
@@ -182,6 +169,7 @@ impl HttpPath {
             Ok(found) => found,
             Err(e) => {
                 debug!(%client, error = %e, "request body failed while reading its key");
+                shared.stats.count_client_failure(ClientFailure::BadRequest);
                 return local(
                     StatusCode::BAD_REQUEST,
                     "magpie: the request body could not be read\n",

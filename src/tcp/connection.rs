@@ -62,10 +62,10 @@ impl Connection {
     pub async fn serve(mut self) {
         let snapshot = self.shared.snapshot.load_full();
         let config = Arc::clone(&snapshot.config);
-        let buf_len = match &config.key {
-            KeyConfig::Header { max_bytes, .. } => COPY_BUFFER.max(*max_bytes),
-            _ => COPY_BUFFER,
-        };
+        let buf_len = config
+            .key
+            .reading()
+            .map_or(COPY_BUFFER, |(_, max_bytes)| COPY_BUFFER.max(max_bytes));
         let mut first = FirstBytes {
             buf: vec![0u8; buf_len],
             filled: 0,

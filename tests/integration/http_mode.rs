@@ -396,6 +396,23 @@ async fn bad_input_gets_its_status_and_harms_nobody() {
     within("the 408", s.read_to_end(&mut out)).await.ok();
     let answer = String::from_utf8_lossy(&out);
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+    // A body that stops half-way while it is read for the key: 400, counted.
+    let mut s = connect(magpie.addr).await;
+    s.write_all(b"POST / HTTP/1.1\r\nhost: m\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"user\": ")
+        .await
+        .expect("send");
+    s.shutdown().await.expect("half-close");
+    let mut out = Vec::new();
+    within("the 400", s.read_to_end(&mut out)).await.ok();
+    let answer = String::from_utf8_lossy(&out);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer:?}");
+    assert_eq!(
+        magpie
+            .shared
+            .stats
+            .client_failures(magpie::stats::ClientFailure::BadRequest),
+        1
+    );
     // A CR/LF smuggled into the key's value is not a header.
     let answer =
         raw(b"GET / HTTP/1.1\r\nhost: m\r\nx-session-id: a\rx-evil: 1\r\n\r\n".to_vec()).await;
