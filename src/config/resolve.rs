@@ -19,11 +19,21 @@ pub enum ResolveError {
     NoAddress(String),
     #[error("host {host:?} does not resolve: {source}")]
     Lookup { host: String, source: io::Error },
+    #[error("host {0:?} is not resolved here (only ip:port is accepted offline)")]
+    Offline(String),
+}
+
+/// Whether host names go to the system resolver, or are refused (parsing
+/// untrusted text, as the fuzz targets do, must not make DNS queries).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Names {
+    Resolve,
+    Offline,
 }
 
 /// `ip:port` as is; `host:port` through the system resolver, first address.
 /// `text` is trimmed already.
-pub fn backend_addr(text: &str) -> Result<SocketAddr, ResolveError> {
+pub fn backend_addr(text: &str, names: Names) -> Result<SocketAddr, ResolveError> {
     if let Ok(addr) = text.parse::<SocketAddr>() {
         return Ok(addr);
     }
@@ -32,6 +42,9 @@ pub fn backend_addr(text: &str) -> Result<SocketAddr, ResolveError> {
     };
     if host.is_empty() || port.parse::<u16>().is_err() {
         return Err(ResolveError::NotHostPort(text.to_string()));
+    }
+    if names == Names::Offline {
+        return Err(ResolveError::Offline(host.to_string()));
     }
     match text.to_socket_addrs() {
         Ok(mut addrs) => addrs
@@ -51,18 +64,18 @@ mod tests {
     #[test]
     fn literal_addresses_skip_the_resolver() {
         assert_eq!(
-            backend_addr("127.0.0.1:8001").unwrap(),
+            backend_addr("127.0.0.1:8001", Names::Resolve).unwrap(),
             "127.0.0.1:8001".parse().unwrap()
         );
         assert_eq!(
-            backend_addr("[::1]:8001").unwrap(),
+            backend_addr("[::1]:8001", Names::Resolve).unwrap(),
             "[::1]:8001".parse().unwrap()
         );
     }
 
     #[test]
     fn names_resolve_through_the_system() {
-        let addr = backend_addr("localhost:8002").unwrap();
+        let addr = backend_addr("localhost:8002", Names::Resolve).unwrap();
         assert!(addr.ip().is_loopback());
         assert_eq!(addr.port(), 8002);
     }
@@ -70,20 +83,29 @@ mod tests {
     #[test]
     fn malformed_addresses_are_named() {
         assert!(matches!(
-            backend_addr("127.0.0.1"),
+            backend_addr("127.0.0.1", Names::Resolve),
             Err(ResolveError::NoPort(_))
         ));
         assert!(matches!(
-            backend_addr("gpu-0"),
+            backend_addr("gpu-0", Names::Resolve),
             Err(ResolveError::NoPort(_))
         ));
         assert!(matches!(
-            backend_addr(":80"),
+            backend_addr(":80", Names::Resolve),
             Err(ResolveError::NotHostPort(_))
         ));
         assert!(matches!(
-            backend_addr("gpu-0:http"),
+            backend_addr("gpu-0:http", Names::Resolve),
             Err(ResolveError::NotHostPort(_))
         ));
+    }
+
+    #[test]
+    fn offline_refuses_names_and_takes_literals() {
+        assert!(matches!(
+            backend_addr("localhost:8002", Names::Offline),
+            Err(ResolveError::Offline(h)) if h == "localhost"
+        ));
+        assert!(backend_addr("[::1]:8001", Names::Offline).is_ok());
     }
 }

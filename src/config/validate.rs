@@ -36,13 +36,15 @@ mod settings;
 
 pub(super) struct Validator<'a> {
     file: &'a Path,
+    names: resolve::Names,
     errors: Vec<ConfigError>,
 }
 
 impl<'a> Validator<'a> {
-    pub(super) fn new(file: &'a Path) -> Self {
+    pub(super) fn new(file: &'a Path, names: resolve::Names) -> Self {
         Validator {
             file,
+            names,
             errors: Vec::new(),
         }
     }
@@ -347,7 +349,7 @@ impl<'a> Validator<'a> {
 
     /// Resolution is resolve.rs's job; this only puts its error in place.
     fn resolve(&mut self, s: &Spanned<String>) -> Option<SocketAddr> {
-        match resolve::backend_addr(s.value.trim()) {
+        match resolve::backend_addr(s.value.trim(), self.names) {
             Ok(addr) => Some(addr),
             Err(e) => {
                 self.err(&s.referenced, e.to_string());
