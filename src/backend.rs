@@ -179,8 +179,13 @@ pub struct Live {
     went_up: AtomicU64,
     went_down: AtomicU64,
     /// Fired when connections to this backend must close: it was removed and
-    /// its `drain_timeout` passed.
-    closing: CancellationToken,
+    /// its `drain_timeout` passed. Replaced by a fresh one when the backend
+    /// is put back, so connections made after that are not born closed.
+    closing: std::sync::Mutex<CancellationToken>,
+    /// Bumped when the backend leaves the table and when it comes back: a
+    /// drain timer closes connections only if nothing happened since it
+    /// started.
+    removals: AtomicU64,
 }
 
 impl Default for Live {
@@ -206,7 +211,8 @@ impl Default for Live {
             checks: Default::default(),
             went_up: AtomicU64::new(0),
             went_down: AtomicU64::new(0),
-            closing: CancellationToken::new(),
+            closing: std::sync::Mutex::new(CancellationToken::new()),
+            removals: AtomicU64::new(0),
         }
     }
 }
@@ -377,9 +383,46 @@ impl Live {
         self.bytes_received.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// Resolves when connections to this backend must be closed.
-    pub fn closing(&self) -> &CancellationToken {
-        &self.closing
+    /// Fires when connections to this backend must be closed.
+    pub fn closing(&self) -> CancellationToken {
+        self.closing_token().clone()
+    }
+
+    fn closing_token(&self) -> std::sync::MutexGuard<'_, CancellationToken> {
+        // Poisoned only if a thread panicked holding it; the token is fine.
+        self.closing.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The backend left the table.
+    pub fn removed(&self) {
+        self.removals.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How often the backend left or rejoined the table: a drain timer
+    /// started now closes connections only if this is unchanged when it fires.
+    pub fn removals(&self) -> u64 {
+        self.removals.load(Ordering::Relaxed)
+    }
+
+    /// The backend is back in the table: pending drain timers are called off,
+    /// and a token already fired is replaced for the connections to come.
+    pub fn put_back(&self) {
+        self.removals.fetch_add(1, Ordering::Relaxed);
+        let mut token = self.closing_token();
+        if token.is_cancelled() {
+            *token = CancellationToken::new();
+        }
+    }
+
+    /// The drain timer of `removal` fired: closes the backend's connections
+    /// unless it was put back (or removed again) since.
+    pub fn drain_timer_fired(&self, removal: u64) -> bool {
+        let token = self.closing_token();
+        if self.removals.load(Ordering::Relaxed) != removal {
+            return false;
+        }
+        token.cancel();
+        true
     }
 }
 

@@ -172,13 +172,13 @@ fn schedule_drain(backend: &Arc<Backend>, drain_timeout: Option<Duration>) {
     info!(backend = %backend.name, open, "backend removed; its connections drain");
     if let Some(timeout) = drain_timeout {
         let backend = Arc::clone(backend);
+        let removal = backend.live.removals();
         tokio::spawn(async move {
             tokio::time::sleep(timeout).await;
             let open = backend.live.active();
-            if open > 0 {
+            if backend.live.drain_timer_fired(removal) && open > 0 {
                 warn!(backend = %backend.name, open, "drain_timeout passed; closing its connections");
             }
-            backend.live.closing().cancel();
         });
     }
 }
@@ -259,5 +259,78 @@ fn watch_dir(path: &Path, tx: mpsc::UnboundedSender<()>) -> Option<notify::Recom
             warn!(dir = %dir.display(), error = %e, "cannot watch the config directory; reload on SIGHUP or poll only");
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn snapshot(text: &str, version: u64, shared: Option<&Shared>) -> Snapshot {
+        let config = Arc::new(Config::parse(Path::new("t.yaml"), text).unwrap());
+        let carry = shared.map(Shared::carry).unwrap_or_else(HashMap::new);
+        Snapshot::build(config, version, &carry).unwrap()
+    }
+
+    const WITH_D: &str = "listen: 127.0.0.1:7000\ndrain_timeout: 2s\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n  - {name: d, addr: 127.0.0.1:8004}\n";
+    const WITHOUT_D: &str = "listen: 127.0.0.1:7000\ndrain_timeout: 2s\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n";
+
+    /// Removes `d` (its drain timer starts), and returns it.
+    fn remove_d(shared: &Shared, version: u64) -> Arc<Backend> {
+        let removed = shared.publish(snapshot(WITHOUT_D, version, Some(shared)));
+        assert_eq!(removed.len(), 1);
+        schedule_drain(&removed[0], Some(Duration::from_secs(2)));
+        Arc::clone(&removed[0])
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_backend_put_back_before_its_drain_timeout_is_not_closed() {
+        let shared = Shared::new(snapshot(WITH_D, 1, None));
+        let open = shared.snapshot.load().backend("d").unwrap().live.reserve();
+        let d = remove_d(&shared, 2);
+        shared.publish(snapshot(WITH_D, 3, Some(&shared)));
+        let back = Arc::clone(shared.snapshot.load().backend("d").unwrap());
+        assert!(Arc::ptr_eq(&back.live, &d.live), "state carried over");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(
+            !back.live.closing().is_cancelled(),
+            "the old drain closed it"
+        );
+        drop(open);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_drain_timeout_closes_what_is_still_open_and_a_later_return_is_fresh() {
+        let shared = Shared::new(snapshot(WITH_D, 1, None));
+        let open = shared.snapshot.load().backend("d").unwrap().live.reserve();
+        let d = remove_d(&shared, 2);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(d.live.closing().is_cancelled());
+        // Put back while the closed connection is still winding down: new
+        // connections must not inherit the cancelled token.
+        shared.publish(snapshot(WITH_D, 3, Some(&shared)));
+        let back = Arc::clone(shared.snapshot.load().backend("d").unwrap());
+        assert!(!back.live.closing().is_cancelled());
+        drop(open);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn removed_again_the_second_drain_timer_counts() {
+        let shared = Shared::new(snapshot(WITH_D, 1, None));
+        let open = shared.snapshot.load().backend("d").unwrap().live.reserve();
+        remove_d(&shared, 2);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        shared.publish(snapshot(WITH_D, 3, Some(&shared)));
+        let d = remove_d(&shared, 4);
+        // The first timer fires at 2 s, the second at 3 s.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(
+            !d.live.closing().is_cancelled(),
+            "closed by the first removal's timer"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(d.live.closing().is_cancelled());
+        drop(open);
     }
 }

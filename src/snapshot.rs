@@ -279,8 +279,17 @@ impl Shared {
             .cloned()
             .collect();
         let mut retired = lock(&self.retired);
-        // A backend that came back is no longer retired.
-        retired.retain(|r| !next.backends.iter().any(|n| Arc::ptr_eq(&n.live, &r.live)));
+        // A backend that came back is no longer retired, and its drain is off.
+        retired.retain(|r| {
+            let back = next.backends.iter().any(|n| Arc::ptr_eq(&n.live, &r.live));
+            if back {
+                r.live.put_back();
+            }
+            !back
+        });
+        for b in &removed {
+            b.live.removed();
+        }
         retired.extend(removed.iter().cloned());
         drop(retired);
         self.version.send_replace(next.version);

@@ -101,6 +101,7 @@ pub async fn copy_both_ways(
             tokio::time::sleep_until(last + idle).await;
         }
     };
+    let closing = live.closing();
     tokio::select! {
         result = async { tokio::try_join!(up, down) } => match result {
             Ok(_) => End::Done,
@@ -109,7 +110,7 @@ pub async fn copy_both_ways(
         },
         _ = idle_watch => End::Idle,
         _ = transfer.stop.cancelled() => End::Stopped,
-        _ = live.closing().cancelled() => End::Drained,
+        _ = closing.cancelled() => End::Drained,
     }
 }
 

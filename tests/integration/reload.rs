@@ -322,6 +322,60 @@ async fn removed_backends_drain_then_close_after_drain_timeout() {
     magpie.stop().await;
 }
 
+/// A backend removed and put back before its `drain_timeout` passed is a
+/// member like any other: the old drain timer neither closes its open
+/// connections nor the ones made after it fired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_put_back_before_its_drain_timeout_keeps_serving() {
+    let backends = RawBackends::start(&["a", "b"], Behaviour::GreetEcho).await;
+    let settings = "key:\n  from: source_addr\nreload:\n  watch: false\ndrain_timeout: 300ms\n";
+    let both = config_yaml("127.0.0.1:0", settings, &backends.list);
+    let file = TempFile::new("magpie.yaml", &both);
+    let magpie = Magpie::start_file(&file.path).await;
+    let mut on_b = None;
+    for _ in 0..64 {
+        let mut stream = connect(magpie.addr).await;
+        if read_greeting(&mut stream).await == "b" {
+            on_b = Some(stream);
+            break;
+        }
+    }
+    let mut on_b = on_b.expect("a connection on b");
+    let mut reloader = Reloader::new(file.path.clone(), Arc::clone(&magpie.shared));
+    std::fs::write(
+        &file.path,
+        config_yaml("127.0.0.1:0", settings, &backends.list[..1]),
+    )
+    .expect("remove b");
+    assert!(matches!(
+        reloader.reload(false).await,
+        Ok(Outcome::Applied { .. })
+    ));
+    std::fs::write(&file.path, &both).expect("put b back");
+    assert!(matches!(
+        reloader.reload(false).await,
+        Ok(Outcome::Applied { .. })
+    ));
+    // Past the first drain timer: the open connection is still served.
+    let mut byte = [0u8; 1];
+    let closed =
+        tokio::time::timeout(std::time::Duration::from_millis(800), on_b.read(&mut byte)).await;
+    assert!(closed.is_err(), "b's connection ended: {closed:?}");
+    echo(&mut on_b, b"still served").await;
+    // New connections to b are served too.
+    let mut served_by_b = 0;
+    for _ in 0..64 {
+        let mut stream = connect(magpie.addr).await;
+        if read_greeting(&mut stream).await == "b" {
+            echo(&mut stream, b"new on b").await;
+            served_by_b += 1;
+        }
+    }
+    assert!(served_by_b > 0, "no new connection reached b");
+    drop(on_b);
+    magpie.stop().await;
+}
+
 /// `idle_timeout` closes a connection with no traffic in either direction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_are_closed() {
