@@ -31,6 +31,7 @@ use tracing::debug;
 use crate::key::key_for_text;
 use crate::route::Route;
 use crate::snapshot::{Shared, Snapshot};
+use crate::stats::Exhausted;
 
 type Body = Full<Bytes>;
 
@@ -46,8 +47,7 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: Cancell
             accepted = listener.accept() => match accepted {
                 Ok(pair) => pair,
                 Err(e) => {
-                    debug!(error = %e, "admin accept failed");
-                    shared.stats.count_accept_error();
+                    crate::listener::accept_failed(&e, &shared.stats, Exhausted::AdminAccept).await;
                     continue;
                 }
             },

@@ -26,7 +26,9 @@ use tracing::{debug, info, warn};
 
 use crate::backend::{Backend, CheckOutcome};
 use crate::config::HealthConfig;
+use crate::net::is_resource_exhaustion;
 use crate::snapshot::Shared;
+use crate::stats::Exhausted;
 
 /// How often to look again for a `health` section when there is none.
 const IDLE_RECHECK: Duration = Duration::from_secs(1);
@@ -53,6 +55,11 @@ pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
                     let Ok((backend, outcome)) = done else {
                         continue;
                     };
+                    // magpie out of fds or memory says nothing about the backend.
+                    let Some(outcome) = outcome else {
+                        shared.stats.count_exhausted(Exhausted::HealthCheck);
+                        continue;
+                    };
                     match backend.live.record_check(outcome, health.rise, health.fall) {
                         Some(true) => info!(backend = %backend.name, "backend is up"),
                         Some(false) => {
@@ -73,8 +80,9 @@ pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
 }
 
 /// One check within `health.timeout`: a TCP connect, or an HTTP `GET` of
-/// `health.http_path` whose status must be in `health.expect_status`.
-pub async fn probe(backend: &Backend, health: &HealthConfig) -> CheckOutcome {
+/// `health.http_path` whose status must be in `health.expect_status`. `None`
+/// when magpie itself is out of file descriptors or memory: no verdict.
+pub async fn probe(backend: &Backend, health: &HealthConfig) -> Option<CheckOutcome> {
     let check = async {
         let stream = tokio::net::TcpStream::connect(backend.addr).await?;
         match &health.http_path {
@@ -87,15 +95,19 @@ pub async fn probe(backend: &Backend, health: &HealthConfig) -> CheckOutcome {
             if outcome != CheckOutcome::Ok {
                 debug!(backend = %backend.name, outcome = outcome.as_str(), "health check failed");
             }
-            outcome
+            Some(outcome)
+        }
+        Ok(Err(e)) if is_resource_exhaustion(&e) => {
+            debug!(backend = %backend.name, error = %e, "health check skipped: magpie is out of resources");
+            None
         }
         Ok(Err(e)) => {
             debug!(backend = %backend.name, error = %e, "health check failed");
-            CheckOutcome::Failed
+            Some(CheckOutcome::Failed)
         }
         Err(_) => {
             debug!(backend = %backend.name, "health check timed out");
-            CheckOutcome::Timeout
+            Some(CheckOutcome::Timeout)
         }
     }
 }

@@ -26,6 +26,8 @@ use tokio::net::TcpStream;
 
 use crate::net::{Local, Peer, is_resource_exhaustion, tune_stream};
 use crate::snapshot::Shared;
+use crate::stats::{Exhausted, Stats};
+use crate::throttle::Throttle;
 
 /// Pause after an accept error that more accepting cannot fix (no fds, no memory).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -105,6 +107,25 @@ pub async fn serve<H, F>(
     info!("all connections closed");
 }
 
+/// Counts a failed accept; when magpie is out of file descriptors or memory,
+/// logs it (at most once a second) and backs off, since accepting again at
+/// once would fail the same way and spin. Used by the admin endpoint too.
+pub async fn accept_failed(error: &std::io::Error, stats: &Stats, during: Exhausted) {
+    // One budget per listener kind, so a busy one does not hide the other.
+    static EXHAUSTED_LOG: [Throttle; Exhausted::ALL.len()] =
+        [const { Throttle::new(Duration::from_secs(1)) }; Exhausted::ALL.len()];
+    stats.count_accept_error();
+    if is_resource_exhaustion(error) {
+        stats.count_exhausted(during);
+        if let Some(held_back) = EXHAUSTED_LOG[during as usize].allow() {
+            warn!(%error, during = during.as_str(), held_back, "accept failed: magpie is out of resources; backing off");
+        }
+        tokio::time::sleep(ACCEPT_BACKOFF).await;
+    } else {
+        debug!(%error, "accept failed");
+    }
+}
+
 async fn accept_loop<H, F>(listener: TcpListener, acceptor: Acceptor<H>)
 where
     H: Fn(Accepted) -> F,
@@ -121,13 +142,7 @@ where
         let (stream, peer) = match accepted {
             Ok(pair) => pair,
             Err(e) => {
-                stats.count_accept_error();
-                if is_resource_exhaustion(&e) {
-                    warn!(error = %e, "accept failed: out of resources; backing off");
-                    tokio::time::sleep(ACCEPT_BACKOFF).await;
-                } else {
-                    debug!(error = %e, "accept failed");
-                }
+                accept_failed(&e, stats, Exhausted::Accept).await;
                 continue;
             }
         };

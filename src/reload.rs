@@ -265,11 +265,10 @@ fn watch_dir(path: &Path, tx: mpsc::UnboundedSender<()>) -> Option<notify::Recom
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
 
     fn snapshot(text: &str, version: u64, shared: Option<&Shared>) -> Snapshot {
         let config = Arc::new(Config::parse(Path::new("t.yaml"), text).unwrap());
-        let carry = shared.map(Shared::carry).unwrap_or_else(HashMap::new);
+        let carry = shared.map(Shared::carry).unwrap_or_default();
         Snapshot::build(config, version, &carry).unwrap()
     }
 

@@ -25,8 +25,11 @@ use tracing::warn;
 
 use crate::backend::{ActiveGuard, Backend, ConnectFailure};
 use crate::config::{AllDown, HealthConfig};
+use crate::net::is_resource_exhaustion;
 use crate::placement::{MAX_CANDIDATES, bounded};
 use crate::snapshot::Snapshot;
+use crate::stats::{Exhausted, Stats};
+use crate::throttle::Throttle;
 
 /// Why a candidate was passed over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -165,9 +168,34 @@ fn select(snapshot: &Snapshot, key: u64, mut on_skip: impl FnMut(&Backend, Skip)
     Route { targets, caps }
 }
 
-/// Counts a failed data-path connect against `backend` and, with passive
-/// health on, marks it down after `passive_failures` in a row.
-pub fn connect_failed(backend: &Backend, error: &io::Error, health: Option<&HealthConfig>) {
+/// Whose fault a failed connect was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Blame {
+    /// The backend's: the next candidate may do better.
+    Backend,
+    /// magpie's own (out of file descriptors, buffers or memory): every
+    /// candidate would fail the same way, and no backend is to blame.
+    Local,
+}
+
+/// Counts a failed data-path connect. Against `backend` (and, with passive
+/// health on, marking it down after `passive_failures` in a row) unless
+/// magpie itself ran out of resources: that is counted in `stats`, logged at
+/// most once a second, and leaves every backend's health alone.
+pub fn connect_failed(
+    backend: &Backend,
+    error: &io::Error,
+    health: Option<&HealthConfig>,
+    stats: &Stats,
+) -> Blame {
+    static EXHAUSTED_LOG: Throttle = Throttle::new(std::time::Duration::from_secs(1));
+    if is_resource_exhaustion(error) {
+        stats.count_exhausted(Exhausted::Connect);
+        if let Some(held_back) = EXHAUSTED_LOG.allow() {
+            warn!(backend = %backend.name, %error, held_back, "cannot open a connection: magpie is out of resources (raise the file descriptor limit or lower max_connections); not counted against the backend");
+        }
+        return Blame::Local;
+    }
     let consecutive = backend
         .live
         .count_connect_failure(ConnectFailure::of(error));
@@ -179,6 +207,7 @@ pub fn connect_failed(backend: &Backend, error: &io::Error, health: Option<&Heal
     {
         warn!(backend = %backend.name, failures = consecutive, "marked down after consecutive connect failures");
     }
+    Blame::Backend
 }
 
 /// Counts a `502`/`503`/`504` answer from `backend` (`health.passive_status`)

@@ -21,14 +21,17 @@ pub enum ClientFailure {
     HeadTimeout,
     /// `mode: http`: the client's body failed while it was read for the key.
     BadRequest,
+    /// magpie ran out of file descriptors or memory connecting to a backend.
+    LocalResources,
 }
 
 impl ClientFailure {
-    pub const ALL: [ClientFailure; 4] = [
+    pub const ALL: [ClientFailure; 5] = [
         ClientFailure::NoBackend,
         ClientFailure::ProxyProtocol,
         ClientFailure::HeadTimeout,
         ClientFailure::BadRequest,
+        ClientFailure::LocalResources,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -37,6 +40,39 @@ impl ClientFailure {
             ClientFailure::ProxyProtocol => "proxy_protocol",
             ClientFailure::HeadTimeout => "head_timeout",
             ClientFailure::BadRequest => "bad_request",
+            ClientFailure::LocalResources => "local_resources",
+        }
+    }
+}
+
+/// Where magpie itself ran out of something (file descriptors, socket
+/// buffers, memory): EMFILE, ENFILE, ENOBUFS, ENOMEM. Never a backend's fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exhausted {
+    /// Accepting a client connection.
+    Accept,
+    /// Accepting an admin connection.
+    AdminAccept,
+    /// Opening a connection to a backend.
+    Connect,
+    /// Opening a health check's connection (the check is skipped).
+    HealthCheck,
+}
+
+impl Exhausted {
+    pub const ALL: [Exhausted; 4] = [
+        Exhausted::Accept,
+        Exhausted::AdminAccept,
+        Exhausted::Connect,
+        Exhausted::HealthCheck,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Exhausted::Accept => "accept",
+            Exhausted::AdminAccept => "admin_accept",
+            Exhausted::Connect => "connect",
+            Exhausted::HealthCheck => "health_check",
         }
     }
 }
@@ -51,6 +87,7 @@ pub struct Stats {
     accepted: AtomicU64,
     reloads_ok: AtomicU64,
     reloads_failed: AtomicU64,
+    exhausted: [AtomicU64; Exhausted::ALL.len()],
 }
 
 impl Stats {
@@ -84,6 +121,14 @@ impl Stats {
 
     pub fn client_failures(&self, why: ClientFailure) -> u64 {
         self.client_failures[why as usize].load(Ordering::Relaxed)
+    }
+
+    pub fn count_exhausted(&self, during: Exhausted) {
+        self.exhausted[during as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn exhausted(&self, during: Exhausted) -> u64 {
+        self.exhausted[during as usize].load(Ordering::Relaxed)
     }
 
     pub fn count_accepted(&self) {

@@ -20,7 +20,8 @@ use super::body::{Download, InFlight, Reply, Upload};
 use super::pool::{self, Pool};
 use crate::backend::{Backend, CodeClass};
 use crate::config::Config;
-use crate::route::{self, Route};
+use crate::route::{self, Blame, Route};
+use crate::stats::{ClientFailure, Stats};
 
 /// The header that names the backend, when `http.expose_backend` is on.
 pub const BACKEND_HEADER: &str = "x-magpie-backend";
@@ -42,6 +43,7 @@ pub struct Forward<'a> {
     pub route: &'a Route,
     pub config: &'a Config,
     pub pool: &'a Arc<Pool>,
+    pub stats: &'a Stats,
 }
 
 /// Why a request reached no backend.
@@ -49,6 +51,8 @@ pub struct Forward<'a> {
 pub enum Failure {
     /// Every target was down, full or refused the connection.
     NoBackend { tried: Vec<String> },
+    /// magpie itself ran out of file descriptors or memory connecting.
+    LocalResources,
     /// The backend failed after the request was (at least partly) written.
     AfterSend {
         backend: String,
@@ -57,7 +61,15 @@ pub enum Failure {
 }
 
 impl Failure {
-    /// The one-line body of the `502`.
+    /// How it is counted in `magpie_client_failures_total`.
+    pub fn client_failure(&self) -> ClientFailure {
+        match self {
+            Failure::LocalResources => ClientFailure::LocalResources,
+            Failure::NoBackend { .. } | Failure::AfterSend { .. } => ClientFailure::NoBackend,
+        }
+    }
+
+    /// The one-line answer: `503` when magpie is out of resources, else `502`.
     pub fn reply(&self) -> Response<Reply> {
         let text = match self {
             Failure::NoBackend { tried } if tried.is_empty() => {
@@ -67,6 +79,13 @@ impl Failure {
                 "magpie: no backend took the request (tried {})\n",
                 tried.join(", ")
             ),
+            Failure::LocalResources => {
+                return local(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "magpie: out of local resources (file descriptors or memory); try again\n"
+                        .to_string(),
+                );
+            }
             Failure::AfterSend { backend, error } => {
                 format!("magpie: backend {backend} failed after the request was sent: {error}\n")
             }
@@ -109,7 +128,11 @@ pub async fn forward(request: Request<Upload>, forward: Forward<'_>) -> Result<S
                         s
                     }
                     Err(e) => {
-                        route::connect_failed(backend, &e, forward.config.health.as_ref());
+                        let health = forward.config.health.as_ref();
+                        if route::connect_failed(backend, &e, health, forward.stats) == Blame::Local
+                        {
+                            return Err(Failure::LocalResources);
+                        }
                         break;
                     }
                 },

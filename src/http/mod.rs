@@ -193,6 +193,7 @@ impl HttpPath {
             route: &route,
             config: &config,
             pool: &self.pool,
+            stats: &shared.stats,
         };
         match forward::forward(request, forward).await {
             Ok(served) => {
@@ -202,7 +203,7 @@ impl HttpPath {
                 served.response
             }
             Err(failure) => {
-                shared.stats.count_client_failure(ClientFailure::NoBackend);
+                shared.stats.count_client_failure(failure.client_failure());
                 failure.reply()
             }
         }

@@ -169,7 +169,13 @@ pub const FAMILIES: &[(&str, MetricType, &[&str], &str)] = &[
         "magpie_client_failures_total",
         COUNTER,
         &["reason"],
-        "Client connections (mode http: requests) that reached no backend, by reason (no_backend, proxy_protocol, head_timeout, bad_request).",
+        "Client connections (mode http: requests) that reached no backend, by reason (no_backend, proxy_protocol, head_timeout, bad_request, local_resources).",
+    ),
+    (
+        "magpie_resource_exhaustion_total",
+        COUNTER,
+        &["during"],
+        "Times magpie itself ran out of file descriptors, socket buffers or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM), by what it was doing (accept, admin_accept, connect, health_check); never counted against a backend.",
     ),
     (
         "magpie_session_pins",

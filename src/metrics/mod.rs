@@ -19,7 +19,7 @@ use crate::backend::Backend;
 use crate::config::Mode;
 use crate::key::FallbackReason;
 use crate::snapshot::Shared;
-use crate::stats::ClientFailure;
+use crate::stats::{ClientFailure, Exhausted};
 
 /// The collector behind `/metrics`.
 pub struct Exporter {
@@ -158,6 +158,13 @@ impl Collector for Exporter {
             &[],
             stats.accept_errors() as f64,
         );
+        for during in Exhausted::ALL {
+            f.add(
+                "magpie_resource_exhaustion_total",
+                &[("during", during.as_str())],
+                stats.exhausted(during) as f64,
+            );
+        }
         for why in ClientFailure::ALL {
             f.add(
                 "magpie_client_failures_total",

@@ -22,9 +22,9 @@ use crate::key;
 use crate::listener::Accepted;
 use crate::net::{Client, Local, Peer};
 use crate::proxy_protocol::{self, Origin};
-use crate::route::{self, Route};
+use crate::route::{self, Blame, Route};
 use crate::snapshot::Shared;
-use crate::stats::ClientFailure;
+use crate::stats::{ClientFailure, Stats};
 
 /// One accepted connection and what serving it needs.
 pub struct Connection {
@@ -85,12 +85,16 @@ impl Connection {
         drop(snapshot);
 
         // 4. Connect to the first that does.
-        let Some((backend, mut upstream, _active)) = connect_first(&route, &config).await else {
-            warn!(%client, tried = route.targets.len(), "no backend took the connection; closing client");
-            self.shared
-                .stats
-                .count_client_failure(ClientFailure::NoBackend);
-            return;
+        let stats = &self.shared.stats;
+        let (backend, mut upstream, _active) = match connect_first(&route, &config, stats).await {
+            Ok(connected) => connected,
+            Err(failure) => {
+                if failure == ClientFailure::NoBackend {
+                    warn!(%client, tried = route.targets.len(), "no backend took the connection; closing client");
+                }
+                stats.count_client_failure(failure);
+                return;
+            }
         };
         debug!(%client, backend = %backend.name, "connected");
 
@@ -204,11 +208,13 @@ impl Connection {
 
 /// Connects to the first target of `route` that takes the connection, with
 /// the connect timeout per attempt. A target that filled up since the route
-/// was planned is skipped without a connect.
+/// was planned is skipped without a connect. When magpie itself is out of
+/// resources, the others are not tried.
 async fn connect_first(
     route: &Route,
     config: &Config,
-) -> Option<(Arc<Backend>, TcpStream, ActiveGuard)> {
+    stats: &Stats,
+) -> Result<(Arc<Backend>, TcpStream, ActiveGuard), ClientFailure> {
     for backend in &route.targets {
         let Some(guard) = route.reserve(backend) else {
             continue;
@@ -216,10 +222,15 @@ async fn connect_first(
         match crate::net::connect(backend.addr, config.connect.timeout).await {
             Ok(stream) => {
                 backend.live.count_connection();
-                return Some((Arc::clone(backend), stream, guard));
+                return Ok((Arc::clone(backend), stream, guard));
             }
-            Err(e) => route::connect_failed(backend, &e, config.health.as_ref()),
+            Err(e) => {
+                if route::connect_failed(backend, &e, config.health.as_ref(), stats) == Blame::Local
+                {
+                    return Err(ClientFailure::LocalResources);
+                }
+            }
         }
     }
-    None
+    Err(ClientFailure::NoBackend)
 }

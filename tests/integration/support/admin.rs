@@ -59,3 +59,21 @@ pub fn admin_addr_in(line: &str) -> SocketAddr {
         .parse()
         .unwrap_or_else(|e| panic!("bad admin address in {line:?}: {e}"))
 }
+
+/// The sum of every sample of metric `name` in a Prometheus text exposition
+/// whose labels contain each of `labels` (`key="value"` strings).
+pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (metric, rest) = match series.split_once('{') {
+                Some((m, rest)) => (m, rest),
+                None => (series, ""),
+            };
+            (metric == name && labels.iter().all(|l| rest.contains(l)))
+                .then(|| value.parse::<f64>().ok())
+                .flatten()
+        })
+        .sum()
+}

@@ -195,6 +195,26 @@ async fn serve_raw(mut stream: TcpStream, name: &str, behaviour: Behaviour) -> V
     received
 }
 
+/// The greeting's backend name, or `None` when the connection closed (or
+/// was reset) before a whole greeting arrived.
+pub async fn try_read_greeting(stream: &mut TcpStream) -> Option<String> {
+    let mut line = Vec::new();
+    within("the backend's greeting line or a close", async {
+        loop {
+            let mut byte = [0u8; 1];
+            match stream.read(&mut byte).await {
+                Ok(0) | Err(_) => return None,
+                Ok(_) if byte[0] == b'\n' => break,
+                Ok(_) => line.push(byte[0]),
+            }
+            assert!(line.len() < 256, "greeting line too long: {line:?}");
+        }
+        let text = String::from_utf8_lossy(&line).into_owned();
+        Some(text.strip_prefix("backend: ").unwrap_or(&text).to_string())
+    })
+    .await
+}
+
 /// Reads the `backend: NAME\n` line a [`Behaviour::GreetEcho`] backend sends first.
 pub async fn read_greeting(stream: &mut TcpStream) -> String {
     let mut line = Vec::new();

@@ -57,15 +57,32 @@ pub struct Child {
 
 impl Child {
     pub fn spawn(args: &[&str]) -> Child {
-        let mut process = tokio::process::Command::new(magpie_bin())
-            .args(args)
+        let mut command = tokio::process::Command::new(magpie_bin());
+        command.args(args);
+        Child::spawn_command(command)
+    }
+
+    /// Runs magpie with at most `fds` open file descriptors (`ulimit -n`).
+    pub fn spawn_with_fd_limit(fds: u32, args: &[&str]) -> Child {
+        let mut command = tokio::process::Command::new("sh");
+        command
+            .arg("-c")
+            .arg("ulimit -n \"$0\" && exec \"$@\"")
+            .arg(fds.to_string())
+            .arg(magpie_bin())
+            .args(args);
+        Child::spawn_command(command)
+    }
+
+    fn spawn_command(mut command: tokio::process::Command) -> Child {
+        let mut process = command
             .env("RUST_LOG", "info")
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .kill_on_drop(true)
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", magpie_bin()));
+            .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
         let stderr = process.stderr.take().expect("stderr is piped");
         let (tx, lines) = mpsc::unbounded_channel();
         tokio::spawn(async move {

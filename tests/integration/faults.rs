@@ -1,0 +1,164 @@
+//! What magpie's own limits must not break: running out of file descriptors
+//! is magpie's problem, never a backend's, and never a busy loop.
+
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+
+use crate::support::*;
+
+/// A file descriptor limit low enough to reach with a few dozen connections.
+const FD_LIMIT: u32 = 48;
+
+async fn metrics(admin: std::net::SocketAddr) -> String {
+    let (status, body) = admin_get(admin, "/metrics").await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// At the fd limit a backend connect fails with EMFILE: that is counted as
+/// magpie's resource exhaustion, the client is closed, and no backend is
+/// blamed or marked down (passive health would otherwise take out every
+/// healthy backend, and `when_all_down: refuse` would make it an outage).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_fds_on_connect_blames_no_backend() {
+    let backends = RawBackends::start(&["a", "b", "c"], Behaviour::GreetEcho).await;
+    let settings = "key:\n  from: source_addr\nreload:\n  watch: false\nhealth:\n  interval: 1h\n  passive_failures: 1\n  when_all_down: refuse\n";
+    let file = TempFile::new(
+        "magpie.yaml",
+        &config_yaml_with_admin("127.0.0.1:0", settings, &backends.list),
+    );
+    let path = file.path.to_str().expect("UTF-8 path");
+    let mut child = Child::spawn_with_fd_limit(FD_LIMIT, &["run", "--config", path]);
+    let listen = child.listen_addr().await;
+    let admin = child.admin_addr().await;
+
+    // A proxied connection costs magpie two fds. An idle admin connection
+    // costs one: closing it when a client is stuck in the backlog (no fd to
+    // accept it) frees exactly the fd that accept then takes, leaving none
+    // for the backend connect.
+    let spare = tokio::net::TcpStream::connect(admin)
+        .await
+        .expect("idle admin connection");
+    let mut spare = Some(spare);
+    let mut held = Vec::new();
+    let mut refused = false;
+    for _ in 0..FD_LIMIT {
+        let mut stream = connect(listen).await;
+        let greeting = match tokio::time::timeout(
+            Duration::from_secs(1),
+            try_read_greeting(&mut stream),
+        )
+        .await
+        {
+            Ok(greeting) => greeting,
+            Err(_stuck_in_the_backlog) => {
+                drop(spare.take().expect("stuck only once"));
+                try_read_greeting(&mut stream).await
+            }
+        };
+        match greeting {
+            Some(_) => held.push(stream),
+            None => {
+                refused = true;
+                break;
+            }
+        }
+    }
+    assert!(
+        refused,
+        "never reached the fd limit with {} connections",
+        held.len()
+    );
+    drop(held);
+    drop(spare);
+
+    // Once fds are free again, every backend is still up and unblamed.
+    let mut stream = connect(listen).await;
+    assert!(
+        try_read_greeting(&mut stream).await.is_some(),
+        "a new connection after the fds came back"
+    );
+    let text = metrics(admin).await;
+    assert!(
+        metric_sum(
+            &text,
+            "magpie_resource_exhaustion_total",
+            &["during=\"connect\""]
+        ) >= 1.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric_sum(&text, "magpie_backend_connect_failures_total", &[]),
+        0.0,
+        "{text}"
+    );
+    assert_eq!(metric_sum(&text, "magpie_backend_up", &[]), 3.0, "{text}");
+    assert!(
+        metric_sum(
+            &text,
+            "magpie_client_failures_total",
+            &["reason=\"local_resources\""]
+        ) >= 1.0,
+        "{text}"
+    );
+    child.wait_for_line("magpie is out of resources").await;
+}
+
+/// At the fd limit a pending admin connection cannot be accepted; the admin
+/// accept loop backs off like the data path's instead of retrying millions of
+/// times a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_fds_the_admin_accept_loop_backs_off() {
+    let backends = RawBackends::start(&["a"], Behaviour::GreetEcho).await;
+    // Header mode: a client that sends nothing holds one fd and no backend
+    // connection until its read_timeout.
+    let settings = format!("{SESSION_KEY}  read_timeout: 1m\nreload:\n  watch: false\n");
+    let file = TempFile::new(
+        "magpie.yaml",
+        &config_yaml_with_admin("127.0.0.1:0", &settings, &backends.list),
+    );
+    let path = file.path.to_str().expect("UTF-8 path");
+    let mut child = Child::spawn_with_fd_limit(FD_LIMIT, &["run", "--config", path]);
+    let listen = child.listen_addr().await;
+    let admin = child.admin_addr().await;
+
+    // More silent clients than fds: the rest wait in the backlog.
+    let mut silent = Vec::new();
+    for _ in 0..FD_LIMIT + 8 {
+        silent.push(connect(listen).await);
+    }
+    // An admin connection magpie cannot accept while the fds are gone.
+    let mut scrape = tokio::net::TcpStream::connect(admin)
+        .await
+        .expect("admin backlog");
+    scrape
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("request into the backlog");
+    child.wait_for_line("during=\"admin_accept\"").await;
+    // Let it sit at the limit for a while; a spinning loop fails millions of
+    // accepts in this time, a backing-off one about ten per second per listener.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(silent);
+    let body = String::from_utf8(
+        within("the queued admin request", read_until_closed(&mut scrape))
+            .await
+            .expect("admin answer"),
+    )
+    .expect("UTF-8");
+    let errors = metric_sum(&body, "magpie_accept_errors_total", &[]);
+    assert!(errors >= 1.0, "{body}");
+    assert!(
+        errors < 200.0,
+        "{errors} failed accepts in about half a second: the loop spins"
+    );
+    assert!(
+        metric_sum(
+            &body,
+            "magpie_resource_exhaustion_total",
+            &["during=\"admin_accept\""]
+        ) >= 1.0,
+        "{body}"
+    );
+}
