@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use notify::event::{AccessKind, AccessMode, EventKind, ModifyKind};
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -241,14 +242,33 @@ async fn run(
     }
 }
 
-/// Watches the directory holding `path`; every event sends a tick.
+/// Whether a directory event can have changed a file's content: a write, a
+/// create, a rename or move (an editor's save, a ConfigMap's symlink swap), a
+/// removal. Opening, reading and closing a file unwritten cannot: magpie's
+/// own re-read is such an event, and reacting to it would re-read forever.
+/// Metadata changes (`touch`, `chmod`) cannot either.
+pub fn can_change_content(kind: &EventKind) -> bool {
+    match kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        EventKind::Access(_) => false,
+        EventKind::Modify(ModifyKind::Metadata(_)) => false,
+        EventKind::Create(_)
+        | EventKind::Modify(_)
+        | EventKind::Remove(_)
+        | EventKind::Any
+        | EventKind::Other => true,
+    }
+}
+
+/// Watches the directory holding `path`; every event that can change a
+/// file's content sends a tick.
 fn watch_dir(path: &Path, tx: mpsc::UnboundedSender<()>) -> Option<notify::RecommendedWatcher> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
     let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if event.is_ok() {
+        if event.is_ok_and(|e| can_change_content(&e.kind)) {
             // The receiver is gone only when reloading stopped.
             let _closed = tx.send(());
         }
@@ -270,6 +290,28 @@ mod tests {
         let config = Arc::new(Config::parse(Path::new("t.yaml"), text).unwrap());
         let carry = shared.map(Shared::carry).unwrap_or_default();
         Snapshot::build(config, version, &carry).unwrap()
+    }
+
+    #[test]
+    fn only_events_that_can_change_content_trigger_a_read() {
+        use notify::event::{CreateKind, DataChange, MetadataKind, RemoveKind, RenameMode};
+        for kind in [
+            EventKind::Access(AccessKind::Open(AccessMode::Any)),
+            EventKind::Access(AccessKind::Read),
+            EventKind::Access(AccessKind::Close(AccessMode::Read)),
+            EventKind::Modify(ModifyKind::Metadata(MetadataKind::Any)),
+        ] {
+            assert!(!can_change_content(&kind), "{kind:?}");
+        }
+        for kind in [
+            EventKind::Access(AccessKind::Close(AccessMode::Write)),
+            EventKind::Create(CreateKind::File),
+            EventKind::Modify(ModifyKind::Data(DataChange::Any)),
+            EventKind::Modify(ModifyKind::Name(RenameMode::To)),
+            EventKind::Remove(RemoveKind::File),
+        ] {
+            assert!(can_change_content(&kind), "{kind:?}");
+        }
     }
 
     const WITH_D: &str = "listen: 127.0.0.1:7000\ndrain_timeout: 2s\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n  - {name: d, addr: 127.0.0.1:8004}\n";

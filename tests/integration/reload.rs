@@ -201,6 +201,45 @@ async fn file_replacements_are_picked_up() {
     magpie.stop().await;
 }
 
+/// magpie's own re-read of the file (open, read, close unwritten) is not a
+/// change: after a reload, the file is left alone until something writes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watch_does_not_trigger_itself() {
+    use notify::Watcher;
+    let backends = HttpBackends::start(&["a", "b"]).await;
+    let yaml = |n: usize| config_yaml("127.0.0.1:0", SESSION_KEY, &backends.list[..n]);
+    let file = TempFile::new("magpie.yaml", &yaml(1));
+    let magpie = Magpie::start_file(&file.path).await;
+    let mut versions = magpie.shared.versions();
+    std::fs::write(&file.path, yaml(2)).expect("write a change");
+    within("the change to be reloaded", versions.changed())
+        .await
+        .expect("magpie is running");
+    // From now on, any open of the file is magpie reading it again.
+    let (tx, mut opens) = tokio::sync::mpsc::unbounded_channel();
+    let mut spy = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        if let Ok(e) = event
+            && matches!(
+                e.kind,
+                notify::EventKind::Access(notify::event::AccessKind::Open(_))
+            )
+        {
+            let _ = tx.send(e);
+        }
+    })
+    .expect("inotify");
+    spy.watch(&file.path, notify::RecursiveMode::NonRecursive)
+        .expect("watch the config file");
+    // A self-triggering watch re-reads every ~150 ms; give it four chances.
+    let reread = tokio::time::timeout(std::time::Duration::from_millis(700), opens.recv()).await;
+    assert!(
+        reread.is_err(),
+        "magpie re-read an unchanged file: {reread:?}"
+    );
+    assert_eq!(magpie.shared.stats.reloads(false), 0);
+    magpie.stop().await;
+}
+
 /// Backends whose name and address are unchanged keep their counters (and
 /// their open connections' count) across a reload.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
