@@ -48,12 +48,41 @@ pub fn check_fd_limit(max_connections: usize) {
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: SocketAddr, source: io::Error },
+    /// `place` is `file:line:column` of the address in the config.
+    #[error("{place}: cannot listen on {addr}: {}", bind_problem(error))]
+    Bind {
+        addr: SocketAddr,
+        place: String,
+        error: io::Error,
+    },
     #[error(transparent)]
     Snapshot(#[from] SnapshotError),
     #[error("table build was interrupted")]
     BuildAborted,
+}
+
+fn bind_error(config: &Config, addr: SocketAddr, error: io::Error) -> StartError {
+    StartError::Bind {
+        addr,
+        place: config.place_of(addr),
+        error,
+    }
+}
+
+/// Why a bind failed, in words an operator can act on.
+fn bind_problem(error: &io::Error) -> String {
+    match error.kind() {
+        io::ErrorKind::AddrInUse => {
+            "the address is already in use (another process listens on it)".to_string()
+        }
+        io::ErrorKind::AddrNotAvailable => {
+            "no interface of this machine has that address".to_string()
+        }
+        io::ErrorKind::PermissionDenied => {
+            "permission denied (ports below 1024 need root or CAP_NET_BIND_SERVICE)".to_string()
+        }
+        _ => error.to_string(),
+    }
 }
 
 /// A started magpie: where it listens, its shared state, and its task.
@@ -89,12 +118,12 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     let mut listeners = Vec::new();
     let mut listen = Vec::new();
     for &addr in &config.listen {
-        let listener = bind(addr).map_err(|source| StartError::Bind { addr, source })?;
+        let listener = bind(addr).map_err(|error| bind_error(&config, addr, error))?;
         listen.push(listener.local_addr().unwrap_or(addr));
         listeners.push(listener);
     }
     let admin_listener = match config.admin {
-        Some(addr) => Some(bind(addr).map_err(|source| StartError::Bind { addr, source })?),
+        Some(addr) => Some(bind(addr).map_err(|error| bind_error(&config, addr, error))?),
         None => None,
     };
     let admin = admin_listener.as_ref().and_then(|l| l.local_addr().ok());

@@ -34,11 +34,6 @@ const DEBOUNCE: Duration = Duration::from_millis(150);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReloadError {
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
     #[error("{0}")]
     Config(ConfigErrors),
     #[error("{0}")]
@@ -104,13 +99,12 @@ impl Reloader {
     }
 
     async fn try_reload(&mut self, force: bool) -> Result<Outcome, ReloadError> {
-        let bytes = tokio::fs::read(&self.path)
+        let path = self.path.clone();
+        let text = tokio::task::spawn_blocking(move || crate::config::file::read(&path))
             .await
-            .map_err(|source| ReloadError::Read {
-                path: self.path.clone(),
-                source,
-            })?;
-        let content = h64(&bytes);
+            .map_err(|_| ReloadError::Interrupted)?
+            .map_err(|e| ReloadError::Config(ConfigErrors::of_file(&self.path, &e)))?;
+        let content = h64(text.as_bytes());
         if !force && self.last_content == Some(content) {
             return Ok(Outcome::Unchanged);
         }
@@ -120,7 +114,6 @@ impl Reloader {
         let carry = self.shared.carry();
         let path = self.path.clone();
         let built = tokio::task::spawn_blocking(move || -> Result<Snapshot, ReloadError> {
-            let text = String::from_utf8_lossy(&bytes);
             let mut config = Config::parse(&path, &text).map_err(ReloadError::Config)?;
             keep_restart_settings(&mut config, &current.config);
             Ok(Snapshot::build(

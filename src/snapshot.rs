@@ -125,10 +125,17 @@ impl Snapshot {
             Algorithm::Maglev => Table::Maglev(Maglev::new(&nodes, config.placement.table_size)?),
             Algorithm::Ring => Table::Ring(Ring::new(&nodes, config.placement.points_per_weight)?),
         };
+        // In the node set's order (by name); a map, since a scan per node
+        // would be quadratic in the pool size.
+        let by_name: HashMap<&str, &crate::config::BackendConfig> = config
+            .backends
+            .iter()
+            .map(|b| (b.name.as_str(), b))
+            .collect();
         let backends: Vec<Arc<Backend>> = nodes
             .nodes()
             .iter()
-            .filter_map(|n| config.backends.iter().find(|b| b.name == n.name))
+            .filter_map(|n| by_name.get(n.name.as_str()).copied())
             .map(|b| {
                 let live = carry
                     .get(&(b.name.clone(), b.addr))

@@ -22,6 +22,7 @@ use serde::Deserialize;
 
 pub use crate::key::json::FieldPath;
 
+pub mod file;
 mod raw;
 mod resolve;
 mod validate;
@@ -58,9 +59,57 @@ impl fmt::Display for ConfigError {
     }
 }
 
+/// A line and column in the config file (1-based).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Place {
+    pub line: u64,
+    pub column: u64,
+}
+
+/// Where the socket addresses are written: one place per `listen` address,
+/// and the admin address's.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Places {
+    pub listen: Vec<Place>,
+    pub admin: Option<Place>,
+}
+
+impl Config {
+    /// `file:line:column` of `addr` as a `listen` or `admin` address, for
+    /// messages about binding it.
+    pub fn place_of(&self, addr: SocketAddr) -> String {
+        let place = self
+            .listen
+            .iter()
+            .position(|&l| l == addr)
+            .and_then(|i| self.places.listen.get(i).copied())
+            .or(self.places.admin.filter(|_| self.admin == Some(addr)));
+        match place {
+            Some(p) => format!("{}:{}:{}", self.source.display(), p.line, p.column),
+            None => self.source.display().to_string(),
+        }
+    }
+}
+
 /// All the problems found in one config file (never empty).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl ConfigErrors {
+    /// The file could not be read as a config at all.
+    pub fn of_file(path: &Path, e: &file::FileError) -> ConfigErrors {
+        let (line, column) = match e {
+            file::FileError::NotUtf8 { line, column } => (*line, *column),
+            _ => (0, 0),
+        };
+        ConfigErrors(vec![ConfigError {
+            file: path.to_path_buf(),
+            line,
+            column,
+            problem: e.to_string(),
+        }])
+    }
+}
 
 impl fmt::Display for ConfigErrors {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -145,6 +194,9 @@ pub struct Config {
     pub content_hash: u64,
     pub listen: Vec<SocketAddr>,
     pub admin: Option<SocketAddr>,
+    /// Where `listen` and `admin` are written, so that a bind error at start
+    /// can point at the line.
+    pub places: Places,
     pub placement: PlacementConfig,
     pub key: KeyConfig,
     pub connect: ConnectConfig,
@@ -364,14 +416,7 @@ pub use crate::placement::{MAX_RING_POINTS, MAX_TABLE_SIZE, MAX_WEIGHT};
 impl Config {
     /// Reads, parses and validates `path`.
     pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            ConfigErrors(vec![ConfigError {
-                file: path.to_path_buf(),
-                line: 0,
-                column: 0,
-                problem: format!("cannot read: {e}"),
-            }])
-        })?;
+        let text = file::read(path).map_err(|e| ConfigErrors::of_file(path, &e))?;
         Config::parse(path, &text)
     }
 

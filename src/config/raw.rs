@@ -20,7 +20,7 @@ use super::{Algorithm, AllDown, ConfigError, Fallback, Mode};
 pub struct RawConfig {
     #[serde(default)]
     pub(super) mode: Option<Spanned<Mode>>,
-    pub(super) listen: Spanned<OneOrMany<Spanned<String>>>,
+    pub(super) listen: Spanned<Listen>,
     #[serde(default)]
     pub(super) admin: Option<Spanned<String>>,
     #[serde(default)]
@@ -50,12 +50,50 @@ pub struct RawConfig {
     pub(super) backends: Spanned<Vec<Spanned<RawBackend>>>,
 }
 
-/// `listen: 127.0.0.1:7000` and `listen: [a, b]` both work.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub(super) enum OneOrMany<T> {
-    One(T),
-    Many(Vec<T>),
+/// `listen: 127.0.0.1:7000` and `listen: [a, b]` both work. Read by hand
+/// rather than as an untagged enum: that would lose each item's place and
+/// answer anything else with "did not match any variant".
+#[derive(Debug)]
+pub(super) enum Listen {
+    /// One address; its place is the `listen` value's.
+    One(String),
+    Many(Vec<Spanned<String>>),
+}
+
+impl<'de> Deserialize<'de> for Listen {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct ListenVisitor;
+        impl<'de> serde::de::Visitor<'de> for ListenVisitor {
+            type Value = Listen;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an ip:port address such as 127.0.0.1:7000, or a list of them")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Listen, E> {
+                Ok(Listen::One(v.to_string()))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Listen, E> {
+                Err(E::custom(format!(
+                    "listen {v} is a number; write an ip:port address such as 0.0.0.0:{v}"
+                )))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Listen, E> {
+                Err(E::custom(format!(
+                    "listen {v} is a number; write an ip:port address such as 0.0.0.0:{v}"
+                )))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Listen, A::Error> {
+                let mut items = Vec::new();
+                while let Some(item) = seq.next_element()? {
+                    items.push(item);
+                }
+                Ok(Listen::Many(items))
+            }
+        }
+        d.deserialize_any(ListenVisitor)
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -233,18 +271,52 @@ impl<'de> Deserialize<'de> for HumanDuration {
 /// duplicate key comes back as one [`ConfigError`] with its place. `file`
 /// only names the source.
 pub(super) fn from_yaml(file: &Path, text: &str) -> Result<RawConfig, ConfigError> {
-    serde_saphyr::from_str(text).map_err(|e| {
+    let options = serde_saphyr::options! {
+        budget: serde_saphyr::budget! {
+            max_nodes: MAX_YAML_NODES,
+            max_events: 4 * MAX_YAML_NODES,
+        },
+    };
+    serde_saphyr::from_str_with_options(text, options).map_err(|e| {
         let (line, column) = e
             .location()
             .map(|l| (l.line(), l.column()))
             .unwrap_or((0, 0));
+        let problem = match e.without_snippet() {
+            serde_saphyr::Error::Budget { breach, .. } => over_budget(breach),
+            _ => first_line_of(&e.to_string()),
+        };
         ConfigError {
             file: file.to_path_buf(),
             line,
             column,
-            problem: first_line_of(&e.to_string()),
+            problem,
         }
     })
+}
+
+/// The most YAML values (scalars, lists, maps) a config may hold: room for
+/// about 200,000 backends written one per line.
+pub const MAX_YAML_NODES: usize = 1_000_000;
+
+/// A YAML parsing limit, said in words.
+fn over_budget(breach: &serde_saphyr::budget::BudgetBreach) -> String {
+    use serde_saphyr::budget::BudgetBreach as B;
+    match breach {
+        B::Nodes { .. } | B::Events { .. } => {
+            format!(
+                "the file holds more than {MAX_YAML_NODES} YAML values, more than a config may have"
+            )
+        }
+        B::Depth { depth } => {
+            format!("the YAML is nested {depth} levels deep; a config needs a handful")
+        }
+        B::Aliases { .. } | B::Anchors { .. } | B::AliasAnchorRatio { .. } => {
+            "the YAML uses too many aliases or anchors (an alias bomb?); a config needs few or none"
+                .to_string()
+        }
+        other => format!("the YAML exceeds a parsing limit ({other:?})"),
+    }
 }
 
 /// serde-saphyr renders an error with a source snippet over several lines,

@@ -231,6 +231,36 @@ fn every_listed_mistake_is_rejected() {
             "listen: 127.0.0.1:7000\nreload: {poll_interval: 18446744073709551615s}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
             "test.yaml:2:25: reload.poll_interval 584542046090years 7months 15days 17h 5m 3s is too long (at most 1day)",
         ),
+        // Listen addresses: each error in its place, in words.
+        (
+            "listen: 7000\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+            "listen 7000 is a number; write an ip:port address such as 0.0.0.0:7000",
+        ),
+        (
+            "listen: [127.0.0.1:7000, nope]\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+            "test.yaml:1:26: listen address \"nope\" is not an ip:port address",
+        ),
+        (
+            "listen: localhost:7000\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+            "test.yaml:1:9: listen address \"localhost:7000\" is not an ip:port address",
+        ),
+        // Self-loops through wildcard addresses.
+        (
+            "listen: 127.0.0.1:7000\nbackends:\n  - {name: a, addr: \"0.0.0.0:7000\"}\n",
+            "test.yaml:3:21: backend \"a\" at 0.0.0.0:7000 reaches magpie's own listener 127.0.0.1:7000: that would loop",
+        ),
+        (
+            "listen: 0.0.0.0:7000\nbackends:\n  - {name: a, addr: 127.0.0.1:7000}\n",
+            "test.yaml:3:21: backend \"a\" at 127.0.0.1:7000 reaches magpie's own listener 0.0.0.0:7000: that would loop",
+        ),
+        (
+            "listen: \"[::]:7000\"\nbackends:\n  - {name: a, addr: \"[::1]:7000\"}\n",
+            "test.yaml:3:21: backend \"a\" at [::1]:7000 reaches magpie's own listener [::]:7000: that would loop",
+        ),
+        (
+            "listen: 127.0.0.1:7000\nadmin: 0.0.0.0:9090\nbackends:\n  - {name: a, addr: 127.0.0.1:9090}\n",
+            "reaches magpie's own listener 0.0.0.0:9090",
+        ),
         // What each mode allows.
         (
             "listen: 127.0.0.1:7000

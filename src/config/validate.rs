@@ -21,13 +21,14 @@ use std::time::Duration;
 
 use serde_saphyr::{Location, Spanned};
 
-use super::raw::{HumanDuration, OneOrMany, RawBackend, RawConfig, RawPlacement};
+use super::raw::{HumanDuration, Listen, RawBackend, RawConfig, RawPlacement};
 use super::resolve;
 use super::{
     Algorithm, BackendConfig, Config, ConfigError, ConfigErrors, DEFAULT_ADMIN,
     DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_POINTS_PER_WEIGHT,
     DEFAULT_SHUTDOWN_GRACE, MAX_DRAIN_TIMEOUT, MAX_IDLE_TIMEOUT, MAX_MAX_CONNECTIONS,
-    MAX_RING_POINTS, MAX_SHUTDOWN_GRACE, MAX_TABLE_SIZE, MAX_WEIGHT, Mode, PlacementConfig,
+    MAX_RING_POINTS, MAX_SHUTDOWN_GRACE, MAX_TABLE_SIZE, MAX_WEIGHT, Mode, Place, PlacementConfig,
+    Places,
 };
 use crate::placement::maglev;
 
@@ -129,8 +130,9 @@ impl<'a> Validator<'a> {
 
     pub(super) fn validate(mut self, raw: RawConfig) -> Result<Config, ConfigErrors> {
         let mode = raw.mode.map(|m| m.value).unwrap_or_default();
-        let listen = self.listen(raw.listen);
-        let admin = self.admin(raw.admin, &listen);
+        let mut places = Places::default();
+        let listen = self.listen(raw.listen, &mut places);
+        let admin = self.admin(raw.admin, &listen, &mut places);
         let backends = self.backends(raw.backends, &listen, admin);
         let placement = self.placement(raw.placement, &backends);
         let key = self.key(raw.key, mode);
@@ -177,6 +179,7 @@ impl<'a> Validator<'a> {
                 content_hash: 0,
                 listen,
                 admin,
+                places,
                 placement,
                 key,
                 connect,
@@ -211,10 +214,14 @@ impl<'a> Validator<'a> {
         }
     }
 
-    fn listen(&mut self, raw: Spanned<OneOrMany<Spanned<String>>>) -> Vec<SocketAddr> {
+    fn listen(&mut self, raw: Spanned<Listen>, places: &mut Places) -> Vec<SocketAddr> {
         let items = match raw.value {
-            OneOrMany::One(one) => vec![one],
-            OneOrMany::Many(many) => many,
+            Listen::One(one) => vec![Spanned {
+                value: one,
+                referenced: raw.referenced,
+                defined: raw.defined,
+            }],
+            Listen::Many(many) => many,
         };
         if items.is_empty() {
             self.err(&raw.referenced, "listen needs at least one address");
@@ -229,19 +236,26 @@ impl<'a> Validator<'a> {
                     );
                 } else {
                     out.push(addr);
+                    places.listen.push(place(&item.referenced));
                 }
             }
         }
         out
     }
 
-    fn admin(&mut self, raw: Option<Spanned<String>>, listen: &[SocketAddr]) -> Option<SocketAddr> {
+    fn admin(
+        &mut self,
+        raw: Option<Spanned<String>>,
+        listen: &[SocketAddr],
+        places: &mut Places,
+    ) -> Option<SocketAddr> {
         let raw = match raw {
             None => return DEFAULT_ADMIN.parse().ok(),
             Some(r) if r.value.trim() == "off" => return None,
             Some(r) => r,
         };
         let addr = self.socket_addr(&raw, "admin address")?;
+        places.admin = Some(place(&raw.referenced));
         if addr.port() != 0 && listen.contains(&addr) {
             self.err(
                 &raw.referenced,
@@ -265,6 +279,11 @@ impl<'a> Validator<'a> {
             return Vec::new();
         }
         let mut out: Vec<BackendConfig> = Vec::new();
+        // Names and addresses seen so far (an address maps to its index in
+        // `out`): checking each backend against a list would be quadratic.
+        let mut names = std::collections::HashSet::new();
+        let mut addrs: std::collections::HashMap<SocketAddr, usize> =
+            std::collections::HashMap::new();
         for entry in raw.value {
             let b = entry.value;
             let name = b.name.value.trim().to_string();
@@ -279,7 +298,7 @@ impl<'a> Validator<'a> {
                 );
                 continue;
             }
-            if out.iter().any(|o| o.name == name) {
+            if !names.insert(name.clone()) {
                 self.err(
                     &b.name.referenced,
                     format!(
@@ -292,22 +311,24 @@ impl<'a> Validator<'a> {
             let Some(addr) = self.resolve(&b.addr) else {
                 continue;
             };
-            if let Some(other) = out.iter().find(|o| o.addr == addr) {
+            if let Some(&other) = addrs.get(&addr) {
                 self.err(
                     &b.addr.referenced,
                     format!(
                         "backend {name:?} has the same address {addr} as backend {:?}",
-                        other.name
+                        out[other].name
                     ),
                 );
                 continue;
             }
-            if listen.contains(&addr) || admin == Some(addr) {
+            if let Some(own) = listen.iter().chain(&admin).find(|&&own| reaches(addr, own)) {
                 self.err(
                     &b.addr.referenced,
-                    format!(
-                        "backend {name:?} points at magpie's own address {addr}: that would loop"
-                    ),
+                    if addr == *own {
+                        format!("backend {name:?} points at magpie's own address {addr}: that would loop")
+                    } else {
+                        format!("backend {name:?} at {addr} reaches magpie's own listener {own}: that would loop")
+                    },
                 );
                 continue;
             }
@@ -330,6 +351,7 @@ impl<'a> Validator<'a> {
                 Some(z) => Some(z.value.trim().to_string()),
                 None => None,
             };
+            addrs.insert(addr, out.len());
             out.push(BackendConfig {
                 name,
                 addr_text,
@@ -452,6 +474,34 @@ impl<'a> Validator<'a> {
             ),
         }
     }
+}
+
+fn place(at: &Location) -> Place {
+    Place {
+        line: at.line(),
+        column: at.column(),
+    }
+}
+
+/// Whether connecting to `backend` would reach magpie's own socket `own`:
+/// the same address; or the same port where one side is a wildcard and
+/// the other a local address (a listener on `0.0.0.0:P` takes connections to
+/// every local IPv4 address, and connecting to `0.0.0.0:P` reaches
+/// `127.0.0.1:P`). Port 0 (any port) cannot be checked.
+fn reaches(backend: SocketAddr, own: SocketAddr) -> bool {
+    if own.port() == 0 || backend.port() != own.port() || backend.is_ipv4() != own.is_ipv4() {
+        return backend == own && own.port() != 0;
+    }
+    let (b, o) = (backend.ip(), own.ip());
+    b == o
+        || (o.is_unspecified() && is_local(b))
+        || (b.is_unspecified() && (o.is_loopback() || o.is_unspecified()))
+}
+
+/// Whether `ip` is an address of this machine: loopback, unspecified, or one
+/// a socket can bind to (a bind to a foreign address fails at once).
+fn is_local(ip: std::net::IpAddr) -> bool {
+    ip.is_loopback() || ip.is_unspecified() || std::net::UdpSocket::bind((ip, 0)).is_ok()
 }
 
 #[cfg(test)]

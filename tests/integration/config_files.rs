@@ -168,6 +168,112 @@ fn run_with_a_broken_file_exits_1_and_names_the_place() {
     );
 }
 
+/// What is not a regular config file is refused at once, with its kind: a
+/// FIFO would block `check` (and every reload) forever, `/dev/zero` would be
+/// read without end.
+#[test]
+fn special_files_are_refused_without_waiting() {
+    let dir = TempFile::new("placeholder", "");
+    let fifo = dir.path.with_file_name("fifo.yaml");
+    let made = Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo runs");
+    assert!(made.success());
+    for (path, said) in [
+        (
+            fifo.as_path(),
+            "fifo.yaml: is a FIFO, not a regular file: a config must be a file",
+        ),
+        (
+            Path::new("/dev/zero"),
+            "/dev/zero: is a character device, not a regular file",
+        ),
+        (
+            dir.path.parent().expect("dir"),
+            "is a directory, not a regular file",
+        ),
+    ] {
+        let out = check(path);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+        assert!(stderr.contains(said), "stderr: {stderr}");
+    }
+    // Over the size limit: a sparse file of 17 MiB.
+    let big = dir.path.with_file_name("big.yaml");
+    let file = std::fs::File::create(&big).expect("create");
+    file.set_len(17 << 20).expect("set_len");
+    let out = check(&big);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    assert!(
+        stderr.contains("big.yaml: is larger than 16 MiB (the most a config may be)"),
+        "stderr: {stderr}"
+    );
+}
+
+/// A large pool is fine (60,000 backends); a file with more than a million
+/// YAML values is refused in a sentence with its place, not a parser's
+/// internal counter.
+#[test]
+fn large_pools_pass_and_the_yaml_budget_is_said_in_words() {
+    let pool = |n: usize| {
+        let mut yaml = String::from(
+            "listen: 127.0.0.1:7000\nadmin: off\nplacement: {table_size: 6000011}\nbackends:\n",
+        );
+        for i in 0..n {
+            yaml.push_str(&format!(
+                "  - {{name: b{i}, addr: 127.0.0.2:{}}}\n",
+                1000 + i % 60000
+            ));
+        }
+        yaml
+    };
+    let file = TempFile::new("large.yaml", &pool(60_000));
+    let out = check(&file.path);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let file = TempFile::new("huge.yaml", &pool(200_001));
+    let out = check(&file.path);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    assert!(
+        stderr.contains("huge.yaml:200002:27: the file holds more than 1000000 YAML values, more than a config may have"),
+        "stderr: {stderr}"
+    );
+}
+
+/// A port in use is one sentence that names the config line and says why,
+/// without repeating the OS error.
+#[test]
+fn a_port_in_use_names_the_line_once() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr");
+    let file = TempFile::new(
+        "busy.yaml",
+        &format!(
+            "admin: off\nlisten:\n  - {addr}\nbackends:\n  - {{name: a, addr: 127.0.0.1:1}}\n"
+        ),
+    );
+    let out = Command::new(magpie_bin())
+        .args(["run", "--config"])
+        .arg(&file.path)
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", magpie_bin()));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    let expected = format!(
+        "busy.yaml:3:5: cannot listen on {addr}: the address is already in use (another process listens on it)\n"
+    );
+    assert!(stderr.ends_with(&expected), "stderr: {stderr}");
+    assert_eq!(stderr.matches("in use").count(), 1, "stderr: {stderr}");
+}
+
 /// Pins each example config's fingerprint and where a few keys go, through the
 /// real binary (`check` and `lookup`), so that a change inside magpie that
 /// remaps keys fails here loudly rather than in a fleet.

@@ -128,6 +128,7 @@ async fn out_of_fds_the_admin_accept_loop_backs_off() {
     for _ in 0..FD_LIMIT + 8 {
         silent.push(connect(listen).await);
     }
+    child.wait_for_line("during=\"accept\"").await;
     // An admin connection magpie cannot accept while the fds are gone.
     let mut scrape = tokio::net::TcpStream::connect(admin)
         .await

@@ -201,6 +201,35 @@ async fn file_replacements_are_picked_up() {
     magpie.stop().await;
 }
 
+/// A config replaced by a FIFO is refused at once (the running table stays);
+/// it never blocks the reload task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_in_place_of_the_config_fails_the_reload_at_once() {
+    let backends = HttpBackends::start(&["a"]).await;
+    let settings = format!("{SESSION_KEY}reload:\n  watch: false\n");
+    let file = TempFile::new(
+        "magpie.yaml",
+        &config_yaml("127.0.0.1:0", &settings, &backends.list),
+    );
+    let magpie = Magpie::start_file(&file.path).await;
+    std::fs::remove_file(&file.path).expect("remove");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&file.path)
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    let mut reloader = Reloader::new(file.path.clone(), Arc::clone(&magpie.shared));
+    let result = within("a reload of a FIFO", reloader.reload(true)).await;
+    let error = result.expect_err("a FIFO is not a config").to_string();
+    assert!(
+        error.ends_with("magpie.yaml: is a FIFO, not a regular file: a config must be a file"),
+        "{error}"
+    );
+    assert_eq!(magpie.shared.snapshot.load().version, 1);
+    assert_eq!(magpie.shared.stats.reloads(false), 1);
+    magpie.stop().await;
+}
+
 /// magpie's own re-read of the file (open, read, close unwritten) is not a
 /// change: after a reload, the file is left alone until something writes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
