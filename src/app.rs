@@ -19,7 +19,7 @@ use tracing::{info, warn};
 
 use crate::config::{Config, Mode};
 use crate::http::HttpPath;
-use crate::listener;
+use crate::listener::{self, Drained};
 use crate::net::bind;
 use crate::snapshot::{Shared, Snapshot, SnapshotError};
 
@@ -91,14 +91,22 @@ pub struct Running {
     /// Where the admin endpoint listens, if it is on.
     pub admin: Option<SocketAddr>,
     pub shared: Arc<Shared>,
-    task: tokio::task::JoinHandle<()>,
+    task: tokio::task::JoinHandle<Drained>,
 }
 
 impl Running {
-    /// Resolves when magpie has shut down and every connection is closed.
-    pub async fn wait(self) {
-        if let Err(e) = self.task.await {
-            warn!(error = %e, "server task ended abnormally");
+    /// Resolves when magpie has shut down and every connection is closed,
+    /// with how many had to be cut when the grace period ended.
+    pub async fn wait(self) -> Drained {
+        match self.task.await {
+            Ok(drained) => drained,
+            Err(e) => {
+                tracing::error!(error = %e, "the server task failed");
+                Drained {
+                    cut: 0,
+                    failed: true,
+                }
+            }
         }
     }
 }
@@ -167,8 +175,9 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
                 crate::tcp::serve_connection,
             );
             tokio::spawn(async move {
-                serving.await;
+                let ended = serving.await;
                 drained.cancel();
+                ended
             })
         }
         Mode::Http => {
@@ -177,8 +186,9 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
                 path.clone().serve_connection(a)
             });
             tokio::spawn(async move {
-                serving.await;
+                let ended = serving.await;
                 drained.cancel();
+                ended
             })
         }
     };

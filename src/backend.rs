@@ -162,6 +162,9 @@ pub struct Live {
     requests: [AtomicU64; CodeClass::ALL.len()],
     /// Requests whose client went away before the response was complete.
     client_aborts: AtomicU64,
+    /// Connections aborted (reset) by either side and passed on as a reset to
+    /// the other, by the side that aborted.
+    resets: [AtomicU64; Side::ALL.len()],
     /// Upstream connections open (`mode: http`: pooled and busy ones).
     upstream_connections: AtomicU64,
     /// From sending a request to the response head (`mode: http`).
@@ -199,6 +202,7 @@ impl Default for Live {
             spills: AtomicU64::new(0),
             requests: Default::default(),
             client_aborts: AtomicU64::new(0),
+            resets: Default::default(),
             upstream_connections: AtomicU64::new(0),
             time_to_first_byte: Histogram::default(),
             request_duration: Histogram::default(),
@@ -383,6 +387,15 @@ impl Live {
         self.bytes_received.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// A connection through this backend was aborted by `by`.
+    pub fn count_reset(&self, by: Side) {
+        self.resets[by as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn resets(&self, by: Side) -> u64 {
+        self.resets[by as usize].load(Ordering::Relaxed)
+    }
+
     /// Fires when connections to this backend must be closed.
     pub fn closing(&self) -> CancellationToken {
         self.closing_token().clone()
@@ -423,6 +436,24 @@ impl Live {
         }
         token.cancel();
         true
+    }
+}
+
+/// One end of a proxied connection, for counting which one aborted it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Client,
+    Backend,
+}
+
+impl Side {
+    pub const ALL: [Side; 2] = [Side::Client, Side::Backend];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Side::Client => "client",
+            Side::Backend => "backend",
+        }
     }
 }
 

@@ -68,7 +68,8 @@ pub async fn serve<H, F>(
     shared: Arc<Shared>,
     shutdown: CancellationToken,
     handler: H,
-) where
+) -> Drained
+where
     H: Fn(Accepted) -> F + Clone + Send + 'static,
     F: Future<Output = ()> + Send + 'static,
 {
@@ -96,15 +97,36 @@ pub async fn serve<H, F>(
     let grace = shared.snapshot.load().config.shutdown_grace;
     let open = tracker.len();
     info!(open, grace = ?grace, "shutting down: no new connections; waiting for open ones");
+    let mut cut = 0;
     if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
+        cut = tracker.len();
         warn!(
-            open = tracker.len(),
-            "grace period over; closing the remaining connections"
+            cut,
+            "grace period over; resetting the remaining connections"
         );
         acceptor.hard_stop.cancel();
         tracker.wait().await;
     }
     info!("all connections closed");
+    Drained { cut, failed: false }
+}
+
+/// How the drain at shutdown ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Drained {
+    /// Connections still open when the grace period ended, closed with a
+    /// reset (0: every connection finished on its own).
+    pub cut: usize,
+    /// The serving task itself failed (a bug): the drain is not known to
+    /// have finished.
+    pub failed: bool,
+}
+
+impl Drained {
+    /// Whether every connection ended on its own and nothing failed.
+    pub fn is_clean(&self) -> bool {
+        self.cut == 0 && !self.failed
+    }
 }
 
 /// Counts a failed accept; when magpie is out of file descriptors or memory,

@@ -265,10 +265,18 @@ fn shutdown_on_signals() -> anyhow::Result<CancellationToken> {
     let t = token.clone();
     tokio::spawn(async move {
         tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down (a second signal exits at once)"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down (a second signal exits at once)"),
         }
         t.cancel();
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::warn!(
+            "second signal: exiting now with status {EXIT_CUT}; open connections are cut"
+        );
+        std::process::exit(i32::from(EXIT_CUT));
     });
     Ok(token)
 }
@@ -283,9 +291,22 @@ async fn run(path: PathBuf) -> anyhow::Result<ExitCode> {
     };
     let shutdown = shutdown_on_signals()?;
     let running = magpie::app::start(config, shutdown).await?;
-    running.wait().await;
-    Ok(ExitCode::SUCCESS)
+    let drained = running.wait().await;
+    if drained.is_clean() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        tracing::warn!(
+            cut = drained.cut,
+            "exiting with status {EXIT_CUT}: connections were cut"
+        );
+        Ok(ExitCode::from(EXIT_CUT))
+    }
 }
+
+/// Exit status when open connections were cut: the shutdown grace ran out,
+/// or a second SIGTERM/SIGINT asked for an immediate exit. (1 is a config or
+/// start error; 0 a clean shutdown.)
+const EXIT_CUT: u8 = 2;
 
 async fn demo(
     mode: magpie::config::Mode,

@@ -112,6 +112,15 @@ pub async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStrea
     Ok(stream)
 }
 
+/// Makes the coming close of `stream` an abort: with SO_LINGER 0 the kernel
+/// sends a reset instead of a FIN, so the peer cannot take a cut-off stream
+/// for a complete one.
+pub fn reset_on_close(stream: &TcpStream) {
+    if let Err(e) = SockRef::from(stream).set_linger(Some(Duration::ZERO)) {
+        debug!(error = %e, "cannot set SO_LINGER");
+    }
+}
+
 /// Whether an I/O error means this process ran out of something (file
 /// descriptors, buffers, memory) rather than that a peer misbehaved: EMFILE,
 /// ENFILE, ENOBUFS, ENOMEM.

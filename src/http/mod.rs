@@ -39,7 +39,7 @@ use self::clock::{Clock, Timed};
 use self::forward::{Forward, local};
 use self::pool::Pool;
 use crate::listener::Accepted;
-use crate::net::Client;
+use crate::net::{Client, reset_on_close};
 use crate::proxy_protocol::{self, Origin};
 use crate::route::Route;
 use crate::snapshot::Shared;
@@ -138,7 +138,12 @@ impl HttpPath {
                 connection.as_mut().graceful_shutdown();
                 tokio::select! {
                     ended = connection.as_mut() => ended,
-                    _ = stop.cancelled() => Ok(()),
+                    _ = stop.cancelled() => {
+                        // The grace is over: the client sees a reset, not
+                        // a response that merely stops.
+                        reset_on_close(&stream);
+                        Ok(())
+                    }
                 }
             }
         };

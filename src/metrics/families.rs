@@ -8,7 +8,7 @@ use prometheus::proto::{
     Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType,
 };
 
-use crate::backend::{Backend, CheckOutcome, CodeClass, ConnectFailure};
+use crate::backend::{Backend, CheckOutcome, CodeClass, ConnectFailure, Side};
 use crate::stats::{self, LATENCY_BUCKETS};
 
 use MetricType::{COUNTER, GAUGE, HISTOGRAM};
@@ -32,6 +32,12 @@ pub const FAMILIES: &[(&str, MetricType, &[&str], &str)] = &[
         COUNTER,
         &["backend", "addr", "reason"],
         "Failed connects to the backend on the data path, by reason (refused, timeout, error).",
+    ),
+    (
+        "magpie_backend_resets_total",
+        COUNTER,
+        &["backend", "addr", "by"],
+        "Connections through the backend aborted (reset) by one side, by which (client, backend); magpie passes the reset on to the other side.",
     ),
     (
         "magpie_backend_received_bytes_total",
@@ -342,6 +348,13 @@ impl Families {
             &l,
             live.connections() as f64,
         );
+        for by in Side::ALL {
+            self.add(
+                "magpie_backend_resets_total",
+                &[l[0], l[1], ("by", by.as_str())],
+                live.resets(by) as f64,
+            );
+        }
         for why in ConnectFailure::ALL {
             let l = [l[0], l[1], ("reason", why.as_str())];
             self.add(

@@ -16,11 +16,11 @@ use tracing::{debug, warn};
 
 use super::copy::{COPY_BUFFER, End, Pending, Transfer, copy_both_ways};
 use super::header_key::{HeaderKey, Want, read_header_key};
-use crate::backend::{ActiveGuard, Backend};
+use crate::backend::{ActiveGuard, Backend, Side};
 use crate::config::{Config, KeyConfig};
 use crate::key;
 use crate::listener::Accepted;
-use crate::net::{Client, Local, Peer};
+use crate::net::{Client, Local, Peer, reset_on_close};
 use crate::proxy_protocol::{self, Origin};
 use crate::route::{self, Blame, Route};
 use crate::snapshot::Shared;
@@ -128,8 +128,21 @@ impl Connection {
                     .stats
                     .count_client_failure(ClientFailure::ProxyProtocol);
             }
-            End::Error(e) => {
-                debug!(%client, backend = %backend.name, error = %e, "connection ended with an error")
+            End::Aborted(side, e) => {
+                // Pass the abort on: the other side gets a reset too.
+                let other = match side {
+                    Side::Client => &upstream,
+                    Side::Backend => &self.stream,
+                };
+                reset_on_close(other);
+                backend.live.count_reset(side);
+                debug!(%client, backend = %backend.name, aborted_by = side.as_str(), error = %e, "connection aborted; passing the reset on")
+            }
+            End::Stopped => {
+                // The shutdown grace is over: cut, and say so to both sides.
+                reset_on_close(&self.stream);
+                reset_on_close(&upstream);
+                debug!(%client, backend = %backend.name, "shutdown grace over; connection reset")
             }
             other => {
                 debug!(%client, backend = %backend.name, end = ?other, "connection closed")

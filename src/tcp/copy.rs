@@ -16,22 +16,25 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Side};
 use crate::proxy_protocol::{self, Signature};
 
 /// Size of each direction's copy buffer (HAProxy's default `bufsize` too).
 pub const COPY_BUFFER: usize = 16 * 1024;
 
-/// How a copy ended, for the debug log.
+/// How a copy ended.
 #[derive(Debug)]
 pub enum End {
     Done,
     Idle,
+    /// The shutdown grace is over while bytes could still flow.
     Stopped,
     Drained,
     /// An untrusted peer started with a PROXY signature.
     Refused,
-    Error(io::Error),
+    /// One side's socket failed (typically a reset): the other side must see
+    /// an abort too, not a clean end.
+    Aborted(Side, io::Error),
 }
 
 /// The client's bytes read before the copy started (a header key's request
@@ -71,7 +74,10 @@ pub async fn copy_both_ways(
     let (mut up_r, mut up_w) = upstream.split();
     let live = &transfer.backend.live;
     let up = pipe(
-        (&mut client_r, &mut up_w),
+        Direction {
+            from: (&mut client_r, Side::Client),
+            to: (&mut up_w, Side::Backend),
+        },
         pending,
         transfer.check_signature,
         |n| {
@@ -80,7 +86,10 @@ pub async fn copy_both_ways(
         },
     );
     let down = pipe(
-        (&mut up_r, &mut client_w),
+        Direction {
+            from: (&mut up_r, Side::Backend),
+            to: (&mut client_w, Side::Client),
+        },
         Pending {
             buf: &mut down_buf,
             filled: 0,
@@ -106,7 +115,7 @@ pub async fn copy_both_ways(
         result = async { tokio::try_join!(up, down) } => match result {
             Ok(_) => End::Done,
             Err(PipeError::Refused) => End::Refused,
-            Err(PipeError::Io(e)) => End::Error(e),
+            Err(PipeError::Io(side, e)) => End::Aborted(side, e),
         },
         _ = idle_watch => End::Idle,
         _ = transfer.stop.cancelled() => End::Stopped,
@@ -117,20 +126,21 @@ pub async fn copy_both_ways(
 #[derive(Debug)]
 enum PipeError {
     Refused,
-    Io(io::Error),
+    /// Reading from or writing to this side failed.
+    Io(Side, io::Error),
 }
 
-impl From<io::Error> for PipeError {
-    fn from(e: io::Error) -> Self {
-        PipeError::Io(e)
-    }
+/// One direction: bytes read from `from` are written to `to`.
+struct Direction<'a, R, W> {
+    from: (&'a mut R, Side),
+    to: (&'a mut W, Side),
 }
 
 /// Copies `from` into `to` until EOF, then shuts down `to`'s write half.
 /// The pending bytes are sent first. With `check_signature`, the stream must
 /// not begin with a PROXY signature.
 async fn pipe<R, W>(
-    (from, to): (&mut R, &mut W),
+    direction: Direction<'_, R, W>,
     pending: Pending<'_>,
     mut check_signature: bool,
     mut on_bytes: impl FnMut(u64),
@@ -139,25 +149,33 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
+    let Direction {
+        from: (from, from_side),
+        to: (to, to_side),
+    } = direction;
+    let read_failed = |e| PipeError::Io(from_side, e);
+    let write_failed = |e| PipeError::Io(to_side, e);
     let Pending { buf, mut filled } = pending;
     loop {
         while check_signature {
             match proxy_protocol::signature(&buf[..filled]) {
                 Signature::Yes => return Err(PipeError::Refused),
                 Signature::No => check_signature = false,
-                Signature::Maybe => match from.read(&mut buf[filled..]).await? {
-                    0 => check_signature = false,
-                    n => filled += n,
-                },
+                Signature::Maybe => {
+                    match from.read(&mut buf[filled..]).await.map_err(read_failed)? {
+                        0 => check_signature = false,
+                        n => filled += n,
+                    }
+                }
             }
         }
         if filled > 0 {
-            to.write_all(&buf[..filled]).await?;
+            to.write_all(&buf[..filled]).await.map_err(write_failed)?;
             on_bytes(filled as u64);
         }
-        filled = from.read(buf).await?;
+        filled = from.read(buf).await.map_err(read_failed)?;
         if filled == 0 {
-            to.shutdown().await?;
+            to.shutdown().await.map_err(write_failed)?;
             return Ok(());
         }
     }
@@ -166,6 +184,13 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn both<'a, R, W>(from: &'a mut R, to: &'a mut W) -> Direction<'a, R, W> {
+        Direction {
+            from: (from, Side::Client),
+            to: (to, Side::Backend),
+        }
+    }
 
     #[tokio::test]
     async fn pipe_replays_then_copies_then_shuts_down() {
@@ -180,7 +205,7 @@ mod tests {
             buf: &mut buf,
             filled: 3,
         };
-        pipe((&mut a, &mut b_peer), pending, true, |n| total += n)
+        pipe(both(&mut a, &mut b_peer), pending, true, |n| total += n)
             .await
             .unwrap();
         let mut out = Vec::new();
@@ -207,7 +232,7 @@ mod tests {
             buf: &mut buf,
             filled: 0,
         };
-        let got = pipe((&mut a, &mut b_peer), pending, true, |_| {}).await;
+        let got = pipe(both(&mut a, &mut b_peer), pending, true, |_| {}).await;
         assert!(matches!(got, Err(PipeError::Refused)), "{got:?}");
         drop(writer.await.unwrap());
     }

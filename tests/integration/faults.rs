@@ -1,5 +1,6 @@
-//! What magpie's own limits must not break: running out of file descriptors
-//! is magpie's problem, never a backend's, and never a busy loop.
+//! What magpie's own limits and its peers' failures must not break: running
+//! out of file descriptors is magpie's problem, never a backend's, and never
+//! a busy loop; an abort on one side is an abort on the other.
 
 use std::time::Duration;
 
@@ -162,4 +163,99 @@ async fn out_of_fds_the_admin_accept_loop_backs_off() {
         ) >= 1.0,
         "{body}"
     );
+}
+
+/// A backend that sends a little and then resets: the client gets the bytes
+/// and then a reset, not a clean end (which, without length framing, would
+/// read as a complete answer). Counted per backend, by the side that reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_reset_reaches_the_client_as_a_reset() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let backend = vec![("r".to_string(), listener.local_addr().expect("addr"))];
+    tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.expect("accept");
+        stream.write_all(b"partial").await.expect("write");
+        // Let the bytes leave before the reset.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        socket2::SockRef::from(&stream)
+            .set_linger(Some(Duration::ZERO))
+            .expect("linger 0");
+    });
+    let magpie = Magpie::with("", &backend).await;
+    let mut client = connect(magpie.addr).await;
+    let mut got = Vec::new();
+    let ended = within("the reset", async {
+        let mut buf = [0u8; 64];
+        loop {
+            match tokio::io::AsyncReadExt::read(&mut client, &mut buf).await {
+                Ok(0) => return Ok(()),
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) => return Err(e),
+            }
+        }
+    })
+    .await;
+    assert_eq!(got, b"partial");
+    match ended {
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("the client saw {other:?}, not a reset"),
+    }
+    let live = magpie.backend("r").live.clone();
+    assert_eq!(live.resets(magpie::backend::Side::Backend), 1);
+    assert_eq!(live.resets(magpie::backend::Side::Client), 0);
+    magpie.stop().await;
+}
+
+/// A client that resets: the backend sees a reset too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_reset_reaches_the_backend_as_a_reset() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let backend = vec![("r".to_string(), listener.local_addr().expect("addr"))];
+    let (tx, seen) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.expect("accept");
+        let mut buf = [0u8; 64];
+        let mut first = [0u8; 5];
+        tokio::io::AsyncReadExt::read_exact(&mut stream, &mut first)
+            .await
+            .expect("hello");
+        let end = loop {
+            match tokio::io::AsyncReadExt::read(&mut stream, &mut buf).await {
+                Ok(0) => break Ok(()),
+                Ok(_) => {}
+                Err(e) => break Err(e.kind()),
+            }
+        };
+        let _ = tx.send(end);
+    });
+    let magpie = Magpie::with("", &backend).await;
+    let mut client = connect(magpie.addr).await;
+    client.write_all(b"hello").await.expect("send");
+    // The bytes are through once the backend's connection is counted.
+    within("the connection to be established", async {
+        while magpie.backend("r").live.bytes_sent() < 5 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    socket2::SockRef::from(&client)
+        .set_linger(Some(Duration::ZERO))
+        .expect("linger 0");
+    drop(client);
+    let end = within("the backend to see the end", seen)
+        .await
+        .expect("backend reports");
+    assert_eq!(end, Err(std::io::ErrorKind::ConnectionReset));
+    assert_eq!(
+        magpie
+            .backend("r")
+            .live
+            .resets(magpie::backend::Side::Client),
+        1
+    );
+    magpie.stop().await;
 }

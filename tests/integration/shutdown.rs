@@ -98,3 +98,67 @@ async fn sigterm_lets_an_in_flight_transfer_finish_then_exits_0() {
         child.log.join("\n")
     );
 }
+
+fn signal(child: &Child, which: &str) {
+    let status = std::process::Command::new("kill")
+        .args([which, &child.pid()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill {which} failed");
+}
+
+/// When the grace period ends with a transfer still open, the transfer is
+/// reset (a client without length framing must not take the cut for the
+/// end), and magpie exits with status 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grace_over_resets_what_is_open_and_exits_2() {
+    let backends = RawBackends::start(&["echo"], Behaviour::GreetEcho).await;
+    let file = TempFile::new(
+        "magpie.yaml",
+        &config_yaml("127.0.0.1:0", "shutdown_grace: 300ms\n", &backends.list),
+    );
+    let path = file.path.to_str().expect("a UTF-8 temp path");
+    let mut child = Child::spawn(&["run", "--config", path]);
+    let addr = child.listen_addr().await;
+    let mut client = connect(addr).await;
+    assert_eq!(read_greeting(&mut client).await, "echo");
+    signal(&child, "-TERM");
+    child.wait_for_line("no new connections").await;
+    let ended = within(
+        "the cut at the end of the grace",
+        read_until_closed(&mut client),
+    )
+    .await;
+    match ended {
+        Err(e) if e.kind() == ErrorKind::ConnectionReset => {}
+        other => panic!("the cut connection was not reset: {other:?}"),
+    }
+    let status = within("magpie to exit", child.process.wait())
+        .await
+        .expect("wait for magpie");
+    assert_eq!(status.code(), Some(2), "{}", child.log.join("\n"));
+    child.wait_for_line("cut=1").await;
+}
+
+/// A second SIGTERM (or SIGINT) during the drain exits at once, status 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_exits_at_once_with_status_2() {
+    let backends = RawBackends::start(&["echo"], Behaviour::GreetEcho).await;
+    let file = TempFile::new(
+        "magpie.yaml",
+        &config_yaml("127.0.0.1:0", "shutdown_grace: 1h\n", &backends.list),
+    );
+    let path = file.path.to_str().expect("a UTF-8 temp path");
+    let mut child = Child::spawn(&["run", "--config", path]);
+    let addr = child.listen_addr().await;
+    let mut client = connect(addr).await;
+    assert_eq!(read_greeting(&mut client).await, "echo");
+    signal(&child, "-TERM");
+    child.wait_for_line("no new connections").await;
+    signal(&child, "-INT");
+    let status = within("magpie to exit at the second signal", child.process.wait())
+        .await
+        .expect("wait for magpie");
+    assert_eq!(status.code(), Some(2), "{}", child.log.join("\n"));
+    drop(client);
+}
