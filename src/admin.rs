@@ -39,7 +39,7 @@ type Body = Full<Bytes>;
 const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Serves the admin endpoint on `listener` until `shutdown`.
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: CancellationToken) {
+pub async fn serve(listener: Arc<TcpListener>, shared: Arc<Shared>, shutdown: CancellationToken) {
     let registry = Arc::new(crate::metrics::registry(Arc::clone(&shared)));
     loop {
         let (stream, peer) = tokio::select! {
@@ -261,7 +261,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let stop = CancellationToken::new();
-        tokio::spawn(serve(listener, shared, stop.clone()));
+        tokio::spawn(serve(Arc::new(listener), shared, stop.clone()));
         let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
         stream
             .write_all(b"GET /metrics HTTP/1.1\r\n")

@@ -22,6 +22,7 @@ use crate::http::HttpPath;
 use crate::listener::{self, Drained};
 use crate::net::bind;
 use crate::snapshot::{Shared, Snapshot, SnapshotError};
+use crate::supervise::{self, Task};
 
 /// File descriptors kept aside for listeners, admin, health checks and logs.
 const FD_MARGIN: u64 = 64;
@@ -156,13 +157,18 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     // watch the active connections go down. It stops when the drain is done.
     let drained = CancellationToken::new();
     if let Some(listener) = admin_listener {
-        tokio::spawn(crate::admin::serve(
-            listener,
-            Arc::clone(&shared),
-            drained.clone(),
-        ));
+        let listener = Arc::new(listener);
+        let (shared, drained) = (Arc::clone(&shared), drained.clone());
+        supervise::spawn(Task::Admin, move || {
+            crate::admin::serve(Arc::clone(&listener), Arc::clone(&shared), drained.clone())
+        });
     }
-    tokio::spawn(crate::health::run(Arc::clone(&shared), shutdown.clone()));
+    {
+        let (shared, shutdown) = (Arc::clone(&shared), shutdown.clone());
+        supervise::spawn(Task::Health, move || {
+            crate::health::run(Arc::clone(&shared), shutdown.clone())
+        });
+    }
     if config.source.is_file() {
         crate::reload::spawn(config.source.clone(), Arc::clone(&shared), shutdown.clone());
     }

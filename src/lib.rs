@@ -34,6 +34,7 @@
 //! | [`reload`] | SIGHUP and file watching → parse → build → publish, or keep the old snapshot |
 //! | [`stats`] | the global counters the data paths bump, and latency histograms |
 //! | [`metrics`] | the Prometheus export of every counter |
+//! | [`supervise`] | long-lived tasks restarted (and counted) if they panic; the panic hook |
 //! | [`throttle`] | rate-limited log lines for conditions that can repeat thousands of times a second |
 //! | [`admin`] | the read-only admin HTTP endpoint: metrics, health, table, route |
 //! | [`lab`] | `magpie simulate`, `plan` and `demo` |
@@ -57,5 +58,6 @@ pub mod route;
 pub mod sessions;
 pub mod snapshot;
 pub mod stats;
+pub mod supervise;
 pub mod tcp;
 pub mod throttle;

@@ -27,6 +27,7 @@ use tokio::net::TcpStream;
 use crate::net::{Local, Peer, is_resource_exhaustion, tune_stream};
 use crate::snapshot::Shared;
 use crate::stats::{Exhausted, Stats};
+use crate::supervise::{self, Task};
 use crate::throttle::Throttle;
 
 /// Pause after an accept error that more accepting cannot fix (no fds, no memory).
@@ -82,7 +83,12 @@ where
     };
     let accept_loops: Vec<_> = listeners
         .into_iter()
-        .map(|listener| tokio::spawn(accept_loop(listener, acceptor.clone())))
+        .map(|listener| {
+            let (listener, acceptor) = (Arc::new(listener), acceptor.clone());
+            supervise::spawn(Task::Accept, move || {
+                accept_loop(Arc::clone(&listener), acceptor.clone())
+            })
+        })
         .collect();
 
     shutdown.cancelled().await;
@@ -148,7 +154,7 @@ pub async fn accept_failed(error: &std::io::Error, stats: &Stats, during: Exhaus
     }
 }
 
-async fn accept_loop<H, F>(listener: TcpListener, acceptor: Acceptor<H>)
+async fn accept_loop<H, F>(listener: Arc<TcpListener>, acceptor: Acceptor<H>)
 where
     H: Fn(Accepted) -> F,
     F: Future<Output = ()> + Send + 'static,

@@ -93,6 +93,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    magpie::supervise::install_panic_hook();
     let result = match cli.command {
         Command::Check { config } => check(&config),
         Command::Run { config } => runtime().and_then(|rt| rt.block_on(run(config))),

@@ -28,6 +28,7 @@ use crate::backend::Backend;
 use crate::config::{Config, ConfigErrors};
 use crate::hash::h64;
 use crate::snapshot::{Shared, Snapshot, SnapshotError};
+use crate::supervise::{self, Task};
 
 /// Quiet time after a file event before reloading: editors write in bursts.
 const DEBOUNCE: Duration = Duration::from_millis(150);
@@ -180,33 +181,65 @@ fn schedule_drain(backend: &Arc<Backend>, drain_timeout: Option<Duration>) {
 /// Starts reloading `path` until `shutdown`: on SIGHUP (forced), on changes in
 /// the file's directory (if `reload.watch`), and every `reload.poll_interval`
 /// (if set). The signal handler and the watch are in place when this returns,
-/// so no change made after it is missed.
+/// so no change made after it is missed. Should the loop ever panic, it is
+/// set up afresh and started again.
 pub fn spawn(path: PathBuf, shared: Arc<Shared>, shutdown: CancellationToken) {
-    let settings = shared.snapshot.load().config.reload.clone();
-    let reloader = Reloader::new(path.clone(), shared);
-    let hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-        Ok(s) => Some(s),
-        Err(e) => {
-            warn!(error = %e, "cannot handle SIGHUP; reload by file watch or poll only");
-            None
+    let mut first = Some(Sources::new(&path, &shared));
+    supervise::spawn(Task::Reload, move || {
+        let sources = first.take().unwrap_or_else(|| Sources::new(&path, &shared));
+        let reloader = Reloader::new(path.clone(), Arc::clone(&shared));
+        let shutdown = shutdown.clone();
+        async move {
+            // Held for as long as the loop runs: dropping it stops the watch.
+            let _watcher = sources.watcher;
+            run(
+                reloader,
+                sources.hup,
+                sources.events,
+                sources.poll,
+                shutdown,
+            )
+            .await;
         }
-    };
-    let (tx, events) = mpsc::unbounded_channel::<()>();
-    let watcher = if settings.watch {
-        watch_dir(&path, tx)
-    } else {
-        None
-    };
-    let poll = settings.poll_interval.map(|every| {
-        let mut interval = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        interval
     });
-    tokio::spawn(async move {
-        // Held for as long as the loop runs: dropping it stops the watch.
-        let _watcher = watcher;
-        run(reloader, hup, events, poll, shutdown).await;
-    });
+}
+
+/// What can start a reload: SIGHUP, directory events, the poll timer.
+struct Sources {
+    hup: Option<tokio::signal::unix::Signal>,
+    events: mpsc::UnboundedReceiver<()>,
+    watcher: Option<notify::RecommendedWatcher>,
+    poll: Option<tokio::time::Interval>,
+}
+
+impl Sources {
+    fn new(path: &Path, shared: &Shared) -> Sources {
+        let settings = shared.snapshot.load().config.reload.clone();
+        let hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                warn!(error = %e, "cannot handle SIGHUP; reload by file watch or poll only");
+                None
+            }
+        };
+        let (tx, events) = mpsc::unbounded_channel::<()>();
+        let watcher = if settings.watch {
+            watch_dir(path, tx)
+        } else {
+            None
+        };
+        let poll = settings.poll_interval.map(|every| {
+            let mut interval = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            interval
+        });
+        Sources {
+            hup,
+            events,
+            watcher,
+            poll,
+        }
+    }
 }
 
 async fn run(

@@ -178,6 +178,18 @@ pub const FAMILIES: &[(&str, MetricType, &[&str], &str)] = &[
         "Client connections (mode http: requests) that reached no backend, by reason (no_backend, proxy_protocol, head_timeout, bad_request, local_resources).",
     ),
     (
+        "magpie_task_restarts_total",
+        COUNTER,
+        &["task"],
+        "Long-lived tasks (accept, admin, health, reload) that panicked and were started again; any non-zero value is a bug to report.",
+    ),
+    (
+        "magpie_panics_total",
+        COUNTER,
+        &[],
+        "Panics in any task, connections included; any non-zero value is a bug to report.",
+    ),
+    (
         "magpie_resource_exhaustion_total",
         COUNTER,
         &["during"],

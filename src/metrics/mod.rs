@@ -20,6 +20,7 @@ use crate::config::Mode;
 use crate::key::FallbackReason;
 use crate::snapshot::Shared;
 use crate::stats::{ClientFailure, Exhausted};
+use crate::supervise::{self, Task};
 
 /// The collector behind `/metrics`.
 pub struct Exporter {
@@ -158,6 +159,14 @@ impl Collector for Exporter {
             &[],
             stats.accept_errors() as f64,
         );
+        for task in Task::ALL {
+            f.add(
+                "magpie_task_restarts_total",
+                &[("task", task.as_str())],
+                supervise::restarts(task) as f64,
+            );
+        }
+        f.add("magpie_panics_total", &[], supervise::panics() as f64);
         for during in Exhausted::ALL {
             f.add(
                 "magpie_resource_exhaustion_total",
