@@ -7,6 +7,7 @@
 //! | `GET /readyz` | 200 when a table is published and at least one backend is up, else 503 |
 //! | `GET /table` | JSON: version, fingerprint, algorithm, and every backend's name, address, weight, zone, up, active and share |
 //! | `GET /route?key=K` | JSON: the candidates for `K` in order, and the one a connection would be sent to now |
+//! | `GET /route?addr=A` | the same for a client at address `A` (in header and body modes: its fallback key) |
 //!
 //! No endpoint changes state. `/route` takes the key as text, the way
 //! `magpie lookup` does: a header value in header mode, an IP in `source_ip`
@@ -28,7 +29,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use crate::key::key_for_text;
+use crate::key::{key_for_address, key_for_text};
 use crate::route::Route;
 use crate::snapshot::{Shared, Snapshot};
 use crate::stats::Exhausted;
@@ -120,18 +121,33 @@ pub fn answer<B>(req: &Request<B>, shared: &Shared, registry: &Registry) -> Resp
             }
         }
         "/table" => json_response(StatusCode::OK, table_json(&snapshot)),
-        "/route" => match query_param(req.uri().query().unwrap_or(""), "key") {
-            None => json_response(StatusCode::BAD_REQUEST, json!({"error": "missing ?key="})),
-            Some(key_text) => match key_for_text(&snapshot.config.key, &key_text) {
-                Ok(key) => {
-                    let pin = shared.pins().and_then(|p| p.peek(key));
-                    let mut answer = route_json(&snapshot, &key_text, key);
-                    answer["pinned"] = json!(pin.as_deref());
-                    json_response(StatusCode::OK, answer)
-                }
-                Err(e) => json_response(StatusCode::BAD_REQUEST, json!({"error": e.to_string()})),
-            },
-        },
+        "/route" => {
+            let query = req.uri().query().unwrap_or("");
+            // ?key=K as the key mode reads it; ?addr=A as a client at A
+            // (in header and body modes: the fallback key).
+            let asked = match (query_param(query, "key"), query_param(query, "addr")) {
+                (Some(text), None) => Some((key_for_text(&snapshot.config.key, &text), text)),
+                (None, Some(text)) => Some((key_for_address(&snapshot.config.key, &text), text)),
+                _ => None,
+            };
+            match asked {
+                None => json_response(
+                    StatusCode::BAD_REQUEST,
+                    json!({"error": "give one of ?key=K or ?addr=IP[:PORT]"}),
+                ),
+                Some((key, key_text)) => match key {
+                    Ok(key) => {
+                        let pin = shared.pins().and_then(|p| p.peek(key));
+                        let mut answer = route_json(&snapshot, &key_text, key);
+                        answer["pinned"] = json!(pin.as_deref());
+                        json_response(StatusCode::OK, answer)
+                    }
+                    Err(e) => {
+                        json_response(StatusCode::BAD_REQUEST, json!({"error": e.to_string()}))
+                    }
+                },
+            }
+        }
         _ => text(
             StatusCode::NOT_FOUND,
             "not found; try /metrics, /healthz, /readyz, /table or /route?key=K\n",

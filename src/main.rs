@@ -58,6 +58,11 @@ enum Command {
         /// Also print the candidate list, in order.
         #[arg(short, long)]
         verbose: bool,
+        /// The keys are client addresses (ip or ip:port): print where such a
+        /// client goes when its request carries no key (the fallback key in
+        /// header and body modes).
+        #[arg(long)]
+        addr: bool,
         /// Keys as text: header values, or IPs (source_ip), or ip:port (source_addr).
         #[arg(required = true)]
         keys: Vec<String>,
@@ -111,8 +116,9 @@ fn main() -> ExitCode {
         Command::Lookup {
             config,
             verbose,
+            addr,
             keys,
-        } => lookup(&config, verbose, &keys),
+        } => lookup(&config, Lookup { verbose, addr }, &keys),
         Command::Simulate(args) => magpie::lab::simulate::main(&args)
             .map(|()| ExitCode::SUCCESS)
             .map_err(anyhow::Error::from),
@@ -207,13 +213,25 @@ fn build(path: &std::path::Path) -> anyhow::Result<Option<Snapshot>> {
     Ok(Some(snapshot))
 }
 
-fn lookup(path: &std::path::Path, verbose: bool, keys: &[String]) -> anyhow::Result<ExitCode> {
+/// How `lookup` reads and prints its keys.
+struct Lookup {
+    verbose: bool,
+    /// The keys are client addresses.
+    addr: bool,
+}
+
+fn lookup(path: &std::path::Path, how: Lookup, keys: &[String]) -> anyhow::Result<ExitCode> {
     let Some(snapshot) = build(path)? else {
         return Ok(ExitCode::FAILURE);
     };
+    let verbose = how.verbose;
     let mut out = String::new();
     for text in keys {
-        let key = magpie::key::key_for_text(&snapshot.config.key, text)?;
+        let key = if how.addr {
+            magpie::key::key_for_address(&snapshot.config.key, text)?
+        } else {
+            magpie::key::key_for_text(&snapshot.config.key, text)?
+        };
         let mut candidates = snapshot.candidates(key);
         let Some(primary) = candidates.next() else {
             anyhow::bail!("the table has no backend for {text:?}");

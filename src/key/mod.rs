@@ -56,7 +56,7 @@ pub fn fallback_key(fallback: Fallback, client: SocketAddr) -> u64 {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum KeyTextError {
-    #[error("{0:?} is not an IP address (the key is the source IP)")]
+    #[error("{0:?} is not an IP address (the key is the source IP; ip:port is accepted too)")]
     NotIp(String),
     #[error("{0:?} is not an ip:port address (the key is the source address)")]
     NotSocketAddr(String),
@@ -78,6 +78,34 @@ pub fn key_for_text(config: &crate::config::KeyConfig, text: &str) -> Result<u64
             .parse::<SocketAddr>()
             .map(source_addr_key)
             .map_err(|_| KeyTextError::NotSocketAddr(text.to_string())),
+    }
+}
+
+/// The key the proxy would use for a client at address `text` (`ip` or
+/// `ip:port`): in `source_ip`/`source_addr` mode the key itself; in header
+/// and body modes the fallback key a client gets when its request carries
+/// none. This is what `magpie lookup --addr` and `/route?addr=` hash.
+pub fn key_for_address(config: &crate::config::KeyConfig, text: &str) -> Result<u64, KeyTextError> {
+    use crate::config::KeyConfig;
+    let text = text.trim();
+    let by_ip = |text: &str| {
+        text.parse::<IpAddr>()
+            .or_else(|_| text.parse::<SocketAddr>().map(|a| a.ip()))
+            .map(source_ip_key)
+            .map_err(|_| KeyTextError::NotIp(text.to_string()))
+    };
+    let by_addr = |text: &str| {
+        text.parse::<SocketAddr>()
+            .map(source_addr_key)
+            .map_err(|_| KeyTextError::NotSocketAddr(text.to_string()))
+    };
+    match config {
+        KeyConfig::SourceIp => by_ip(text),
+        KeyConfig::SourceAddr => by_addr(text),
+        KeyConfig::Header { fallback, .. } | KeyConfig::Body { fallback, .. } => match fallback {
+            Fallback::SourceIp => by_ip(text),
+            Fallback::SourceAddr => by_addr(text),
+        },
     }
 }
 
@@ -189,5 +217,29 @@ mod tests {
             key_for_text(&KeyConfig::SourceAddr, "192.0.2.7:1000"),
             Ok(source_addr_key("192.0.2.7:1000".parse().unwrap()))
         );
+    }
+
+    #[test]
+    fn an_address_gives_the_fallback_key_in_header_mode() {
+        use crate::config::KeyConfig;
+        let client: SocketAddr = "127.0.0.1:5555".parse().unwrap();
+        for fallback in [Fallback::SourceIp, Fallback::SourceAddr] {
+            let header = KeyConfig::Header {
+                name: "x-session-id".into(),
+                body_field: None,
+                read_timeout: std::time::Duration::from_millis(200),
+                max_bytes: 8192,
+                fallback,
+            };
+            assert_eq!(
+                key_for_address(&header, "127.0.0.1:5555"),
+                Ok(fallback_key(fallback, client))
+            );
+        }
+        assert_eq!(
+            key_for_address(&KeyConfig::SourceIp, "127.0.0.1"),
+            Ok(source_ip_key(client.ip()))
+        );
+        assert!(key_for_address(&KeyConfig::SourceAddr, "127.0.0.1").is_err());
     }
 }

@@ -62,12 +62,10 @@ impl Connection {
     pub async fn serve(mut self) {
         let snapshot = self.shared.snapshot.load_full();
         let config = Arc::clone(&snapshot.config);
-        let buf_len = config
-            .key
-            .reading()
-            .map_or(COPY_BUFFER, |(_, max_bytes)| COPY_BUFFER.max(max_bytes));
+        // A header key's head may grow it up to `max_bytes`; once replayed,
+        // the copy shrinks it back to COPY_BUFFER.
         let mut first = FirstBytes {
-            buf: vec![0u8; buf_len],
+            buf: vec![0u8; COPY_BUFFER],
             filled: 0,
         };
 

@@ -39,9 +39,10 @@ pub enum End {
 
 /// The client's bytes read before the copy started (a header key's request
 /// head, say): `buf[..filled]` is sent to the backend first, and `buf` then
-/// serves as the client-to-backend copy buffer.
+/// serves as the client-to-backend copy buffer, cut back to [`COPY_BUFFER`]
+/// if a long head grew it.
 pub struct Pending<'a> {
-    pub buf: &'a mut [u8],
+    pub buf: &'a mut Vec<u8>,
     pub filled: usize,
 }
 
@@ -172,6 +173,11 @@ where
         if filled > 0 {
             to.write_all(&buf[..filled]).await.map_err(write_failed)?;
             on_bytes(filled as u64);
+            if buf.len() > COPY_BUFFER {
+                // A long head is replayed: give its memory back.
+                buf.truncate(COPY_BUFFER);
+                buf.shrink_to_fit();
+            }
         }
         filled = from.read(buf).await.map_err(read_failed)?;
         if filled == 0 {
@@ -212,6 +218,33 @@ mod tests {
         b.read_to_end(&mut out).await.unwrap();
         assert_eq!(out, b"pre-rest");
         assert_eq!(total, 8);
+    }
+
+    /// A head that grew the buffer to 1 MiB gives that memory back once it
+    /// is replayed: the connection keeps a COPY_BUFFER for the rest of its life.
+    #[tokio::test]
+    async fn a_grown_buffer_shrinks_after_its_replay() {
+        let (mut a, mut a_peer) = tokio::io::duplex(64);
+        let (mut b_peer, mut b) = tokio::io::duplex(2 << 20);
+        let mut buf = vec![b'h'; 1 << 20];
+        a_peer.write_all(b"tail").await.unwrap();
+        drop(a_peer);
+        let pending = Pending {
+            buf: &mut buf,
+            filled: 1 << 20,
+        };
+        pipe(both(&mut a, &mut b_peer), pending, false, |_| {})
+            .await
+            .unwrap();
+        assert_eq!(buf.len(), COPY_BUFFER);
+        assert!(
+            buf.capacity() < 2 * COPY_BUFFER,
+            "capacity {}",
+            buf.capacity()
+        );
+        let mut out = Vec::new();
+        b.read_to_end(&mut out).await.unwrap();
+        assert_eq!(out.len(), (1 << 20) + 4);
     }
 
     #[tokio::test]

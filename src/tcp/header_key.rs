@@ -14,8 +14,9 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::key::{FallbackReason, text_key};
 
-/// How many header lines a request head may have before we stop parsing it.
-const MAX_HEADERS: usize = 64;
+/// Header lines parsed without allocating; a head with more is parsed again
+/// with room for as many as it has lines.
+const STACK_HEADERS: usize = 64;
 
 /// What looking at a request head found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,25 +30,47 @@ pub enum HeadScan {
 }
 
 /// Looks for `header` (lower-case) in the HTTP/1.x request head at the start
-/// of `bytes`. Pure: no I/O, no allocation.
+/// of `bytes`. Pure: no I/O; allocates only for a head of more than 64
+/// header lines.
 pub fn scan_head(bytes: &[u8], header: &str) -> HeadScan {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut headers);
-    match req.parse(bytes) {
-        Ok(httparse::Status::Complete(_)) => {
-            match req
-                .headers
-                .iter()
-                .find(|h| h.name.eq_ignore_ascii_case(header))
-            {
-                Some(h) if !h.value.trim_ascii().is_empty() => HeadScan::Found(text_key(h.value)),
-                _ => HeadScan::Fallback(FallbackReason::MissingHeader),
-            }
+    let mut headers = [httparse::EMPTY_HEADER; STACK_HEADERS];
+    match scan_with(bytes, header, &mut headers) {
+        Err(httparse::Error::TooManyHeaders) => {
+            // A head cannot have more header lines than newlines.
+            let lines = bytes.iter().filter(|&&b| b == b'\n').count();
+            let mut headers = vec![httparse::EMPTY_HEADER; lines];
+            scan_with(bytes, header, &mut headers)
+                .unwrap_or(HeadScan::Fallback(FallbackReason::NotHttp))
         }
-        Ok(httparse::Status::Partial) => HeadScan::NeedMore,
-        // Includes TooManyHeaders: a head we will not parse is not HTTP to us.
         Err(_) => HeadScan::Fallback(FallbackReason::NotHttp),
+        Ok(scan) => scan,
     }
+}
+
+fn scan_with<'b>(
+    bytes: &'b [u8],
+    header: &str,
+    headers: &mut [httparse::Header<'b>],
+) -> Result<HeadScan, httparse::Error> {
+    let mut req = httparse::Request::new(headers);
+    Ok(match req.parse(bytes)? {
+        httparse::Status::Complete(_) => match req
+            .headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case(header))
+        {
+            Some(h) if !h.value.trim_ascii().is_empty() => HeadScan::Found(text_key(h.value)),
+            _ => HeadScan::Fallback(FallbackReason::MissingHeader),
+        },
+        httparse::Status::Partial => HeadScan::NeedMore,
+    })
+}
+
+/// Whether `bytes[from..]` (with three bytes before it, for a terminator
+/// split across reads) can hold the end of a request head: a blank line.
+fn may_end_head(bytes: &[u8], from: usize) -> bool {
+    let window = &bytes[from.saturating_sub(3)..];
+    window.windows(2).any(|w| w == b"\n\n") || window.windows(3).any(|w| w == b"\n\r\n")
 }
 
 /// What to read: the header (lower-case), at most `limit` bytes of head,
@@ -66,13 +89,18 @@ pub enum HeaderKey {
     Fallback(FallbackReason),
 }
 
-/// Reads from `stream` into `buf[*filled..limit]` until `scan_head` decides, the
-/// buffer reaches `limit`, the stream ends, or `deadline` passes. The bytes read
-/// stay in `buf[..*filled]` for the caller to replay. `buf[..*filled]` may
-/// already hold bytes read earlier (after a PROXY header).
+/// Reads from `stream` into `buf` (grown as needed, up to `limit` bytes) until
+/// the head decides, the limit is reached, the stream ends, or `deadline`
+/// passes. The bytes read stay in `buf[..*filled]` for the caller to replay;
+/// `buf[..*filled]` may already hold bytes read earlier (after a PROXY
+/// header).
+///
+/// The head is parsed again only when the new bytes may end it, or when it
+/// has doubled since the last parse (which also catches a stream that is not
+/// HTTP early): parsing costs O(n) overall, however the head is split.
 pub async fn read_header_key<S: AsyncRead + Unpin>(
     stream: &mut S,
-    buf: &mut [u8],
+    buf: &mut Vec<u8>,
     filled: &mut usize,
     want: Want<'_>,
 ) -> HeaderKey {
@@ -81,18 +109,28 @@ pub async fn read_header_key<S: AsyncRead + Unpin>(
         limit,
         deadline,
     } = want;
-    let limit = limit.min(buf.len());
     let read = async {
+        let mut parse_at = 0;
+        let mut scanned = 0;
         loop {
-            match scan_head(&buf[..*filled], header) {
-                HeadScan::Found(k) => return HeaderKey::Found(k),
-                HeadScan::Fallback(r) => return HeaderKey::Fallback(r),
-                HeadScan::NeedMore => {}
+            if *filled >= parse_at || may_end_head(&buf[..*filled], scanned) {
+                match scan_head(&buf[..*filled], header) {
+                    HeadScan::Found(k) => return HeaderKey::Found(k),
+                    HeadScan::Fallback(r) => return HeaderKey::Fallback(r),
+                    HeadScan::NeedMore => parse_at = (*filled * 2).max(1),
+                }
             }
+            scanned = *filled;
             if *filled >= limit {
                 return HeaderKey::Fallback(FallbackReason::TooLarge);
             }
-            match stream.read(&mut buf[*filled..limit]).await {
+            if *filled == buf.len() {
+                // Here `filled < limit`, so this grows the buffer.
+                let grown = (buf.len() * 2).max(MIN_GROWTH).min(limit);
+                buf.resize(grown, 0);
+            }
+            let end = buf.len().min(limit);
+            match stream.read(&mut buf[*filled..end]).await {
                 Ok(0) | Err(_) => return HeaderKey::Fallback(FallbackReason::Closed),
                 Ok(n) => *filled += n,
             }
@@ -103,6 +141,9 @@ pub async fn read_header_key<S: AsyncRead + Unpin>(
         Err(_) => HeaderKey::Fallback(FallbackReason::Timeout),
     }
 }
+
+/// The smallest step a head buffer grows by.
+const MIN_GROWTH: usize = 4096;
 
 #[cfg(test)]
 mod tests {
@@ -132,12 +173,81 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_head_with_more_than_64_headers_is_still_http() {
+        let mut head = b"GET / HTTP/1.1\r\nHost: x\r\n".to_vec();
+        for i in 0..200 {
+            head.extend_from_slice(format!("x-pad-{i}: {i}\r\n").as_bytes());
+        }
+        head.extend_from_slice(b"x-session-id: deep\r\n\r\n");
+        assert_eq!(
+            scan_head(&head, "x-session-id"),
+            HeadScan::Found(h64(b"deep"))
+        );
+    }
+
+    #[test]
+    fn a_blank_line_split_across_reads_is_seen() {
+        let head = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+        // However the last read split it, the new bytes may end the head.
+        for seen_before in 0..=head.len() {
+            assert!(may_end_head(head, seen_before), "new bytes from {seen_before}");
+        }
+        assert!(may_end_head(b"GET / HTTP/1.1\n\n", 15));
+        assert!(!may_end_head(b"GET / HTTP/1.1\r\nHost: x\r\n", 0));
+        // A blank line long gone is not looked at again.
+        assert!(!may_end_head(b"x\n\nabcdefgh", 8));
+    }
+
+    /// A 1 MiB head arriving 100 bytes at a time: found, replayed exactly,
+    /// and the buffer grew from nothing only as far as the head.
+    #[tokio::test]
+    async fn a_long_head_in_small_segments_is_read_whole() {
+        let mut head = b"POST / HTTP/1.1\r\n".to_vec();
+        while head.len() < (1 << 20) - 100 {
+            head.extend_from_slice(
+                b"x-pad: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n",
+            );
+        }
+        head.extend_from_slice(b"x-session-id: s9\r\n\r\n");
+        let (mut client, mut server) = tokio::io::duplex(100);
+        let sent = head.clone();
+        let writer = tokio::spawn(async move {
+            for chunk in sent.chunks(100) {
+                client.write_all(chunk).await.unwrap();
+            }
+            client
+        });
+        let mut buf = Vec::new();
+        let mut filled = 0;
+        let got = read_header_key(
+            &mut server,
+            &mut buf,
+            &mut filled,
+            Want {
+                header: "x-session-id",
+                limit: 2 << 20,
+                deadline: Duration::from_secs(30),
+            },
+        )
+        .await;
+        assert_eq!(got, HeaderKey::Found(h64(b"s9")));
+        assert_eq!(&buf[..filled], &head[..]);
+        assert!(
+            buf.len() < 2 * head.len(),
+            "buffer {} for a head of {}",
+            buf.len(),
+            head.len()
+        );
+        drop(writer.await.unwrap());
+    }
+
     #[tokio::test]
     async fn read_stops_at_complete_head_and_keeps_bytes() {
         let (mut client, mut server) = tokio::io::duplex(1024);
         let req = b"POST /v1/chat HTTP/1.1\r\nx-session-id: s1\r\ncontent-length: 2\r\n\r\nhi";
         client.write_all(req).await.unwrap();
-        let mut buf = vec![0u8; 256];
+        let mut buf = Vec::new();
         let mut filled = 0;
         let got = read_header_key(
             &mut server,
@@ -158,7 +268,7 @@ mod tests {
     async fn slow_client_falls_back_at_the_deadline() {
         let (mut client, mut server) = tokio::io::duplex(1024);
         client.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
-        let mut buf = vec![0u8; 256];
+        let mut buf = Vec::new();
         let mut filled = 0;
         let got = read_header_key(
             &mut server,
@@ -184,7 +294,7 @@ mod tests {
             .await
             .unwrap();
         client.write_all(&[b'a'; 200]).await.unwrap();
-        let mut buf = vec![0u8; 256];
+        let mut buf = Vec::new();
         let mut filled = 0;
         let got = read_header_key(
             &mut server,

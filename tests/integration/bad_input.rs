@@ -130,3 +130,68 @@ async fn max_connections_closes_the_excess_client_at_once() {
     }
     assert_eq!(magpie.backend("a").live.active(), 2);
 }
+
+/// A client whose request carries no key gets the fallback key; `lookup
+/// --addr` and `/route?addr=` answer for such a client, through the real
+/// binary, and name the backend that served it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookup_and_route_answer_for_a_fallback_client() {
+    let backends = RawBackends::start(&["a", "b", "c", "d"], Behaviour::GreetEcho).await;
+    let settings = format!("{SESSION_KEY}  fallback: source_ip\nreload:\n  watch: false\n");
+    let file = TempFile::new(
+        "magpie.yaml",
+        &config_yaml_with_admin("127.0.0.1:0", &settings, &backends.list),
+    );
+    let path = file.path.to_str().expect("UTF-8 path");
+    let mut child = Child::spawn(&["run", "--config", path]);
+    let addr = child.listen_addr().await;
+    let admin = child.admin_addr().await;
+    for last in [5u8, 6, 7] {
+        let source = loopback(last);
+        let mut client = connect_from(source, addr).await;
+        client
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .expect("a request without the header");
+        let served_by = read_greeting(&mut client).await;
+
+        let out = std::process::Command::new(magpie_bin())
+            .args(["lookup", "--addr", "--config", path, &source.to_string()])
+            .output()
+            .expect("run lookup");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let named = stdout.split('\t').nth(1).unwrap_or_default();
+        assert_eq!(named, served_by, "lookup --addr {source}: {stdout}");
+
+        let (status, body) = admin_get(admin, &format!("/route?addr={source}:4321")).await;
+        assert_eq!(status, 200, "{body}");
+        let answer: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        assert_eq!(answer["chosen"], served_by.as_str(), "{body}");
+    }
+}
+
+/// A valid request with more than 64 header lines keeps its key (it used to
+/// be taken for not-HTTP and fall back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_with_many_headers_keeps_its_key() {
+    let backends = RawBackends::start(&["a", "b", "c", "d"], Behaviour::GreetEcho).await;
+    let magpie = Magpie::with(SESSION_KEY, &backends.list).await;
+    for session in ["s1", "s2", "s3", "s4"] {
+        let mut request = String::from("GET / HTTP/1.1\r\nHost: x\r\n");
+        for i in 0..150 {
+            request.push_str(&format!("x-trace-{i}: {i}\r\n"));
+        }
+        request.push_str(&format!("x-session-id: {session}\r\n\r\n"));
+        let mut client = connect(magpie.addr).await;
+        client.write_all(request.as_bytes()).await.expect("send");
+        let served_by = read_greeting(&mut client).await;
+        assert_eq!(served_by, magpie.primary(key::text_key(session.as_bytes())));
+    }
+    assert_eq!(magpie.shared.stats.fallbacks(FallbackReason::NotHttp), 0);
+    magpie.stop().await;
+}
