@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
@@ -21,10 +21,15 @@ use crate::config::{Config, KeyConfig};
 use crate::key;
 use crate::listener::Accepted;
 use crate::net::{Client, Local, Peer, reset_on_close};
-use crate::proxy_protocol::{self, Origin};
+use crate::proxy_protocol::{self, Origin, Signature};
 use crate::route::{self, Blame, Route};
 use crate::snapshot::Shared;
 use crate::stats::{ClientFailure, Stats};
+use crate::throttle::Throttle;
+
+/// How long an untrusted peer (with PROXY input on) has to show its first
+/// bytes before magpie connects anyway and keeps watching them in the copy.
+pub const SIGNATURE_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// One accepted connection and what serving it needs.
 pub struct Connection {
@@ -73,9 +78,21 @@ impl Connection {
         let Some((client, local)) = self.origin(&config, &mut first).await else {
             return;
         };
-        // Untrusted peers must not pass a PROXY header on when PROXY input is on.
+        // Untrusted peers must not pass a PROXY header on when PROXY input is
+        // on: decided from their first bytes before any backend is touched,
+        // if they speak within SIGNATURE_WAIT; else watched in the copy.
         let pp = &config.proxy_protocol;
-        let check_signature = !pp.accept_from.is_empty() && !pp.is_trusted(self.peer.0.ip());
+        let mut check_signature = !pp.accept_from.is_empty() && !pp.is_trusted(self.peer.0.ip());
+        if check_signature {
+            match self.first_signature(&mut first).await {
+                Signature::Yes => {
+                    self.refuse_untrusted_header();
+                    return;
+                }
+                Signature::No => check_signature = false,
+                Signature::Maybe => {}
+            }
+        }
 
         // 2. The key; 3. who may take it.
         let key = self.key(&config, client, &mut first).await;
@@ -120,12 +137,7 @@ impl Connection {
         )
         .await;
         match end {
-            End::Refused => {
-                warn!(peer = %self.peer, "refusing connection: PROXY header from an untrusted peer");
-                self.shared
-                    .stats
-                    .count_client_failure(ClientFailure::ProxyProtocol);
-            }
+            End::Refused => self.refuse_untrusted_header(),
             End::Aborted(side, e) => {
                 // Pass the abort on: the other side gets a reset too.
                 let other = match side {
@@ -145,6 +157,40 @@ impl Connection {
             other => {
                 debug!(%client, backend = %backend.name, end = ?other, "connection closed")
             }
+        }
+    }
+
+    /// Reads the client's first bytes until they do or do not start with a
+    /// PROXY signature, for at most [`SIGNATURE_WAIT`]. `Maybe` when the
+    /// client said too little in that time (a server-speaks-first protocol).
+    async fn first_signature(&mut self, first: &mut FirstBytes) -> Signature {
+        let read = async {
+            loop {
+                match proxy_protocol::signature(&first.buf[..first.filled]) {
+                    Signature::Maybe => {}
+                    decided => return decided,
+                }
+                match self.stream.read(&mut first.buf[first.filled..]).await {
+                    // The client is done or gone: nothing to pass on.
+                    Ok(0) | Err(_) => return Signature::No,
+                    Ok(n) => first.filled += n,
+                }
+            }
+        };
+        tokio::time::timeout(SIGNATURE_WAIT, read)
+            .await
+            .unwrap_or(Signature::Maybe)
+    }
+
+    /// Counts, and logs at most once a second, a PROXY header from a peer
+    /// that is not trusted to send one.
+    fn refuse_untrusted_header(&self) {
+        static LOG: Throttle = Throttle::new(std::time::Duration::from_secs(1));
+        self.shared
+            .stats
+            .count_client_failure(ClientFailure::ProxyProtocol);
+        if let Some(held_back) = LOG.allow() {
+            warn!(peer = %self.peer, held_back, "refusing connection: PROXY header from an untrusted peer");
         }
     }
 

@@ -191,7 +191,10 @@ mod tests {
         let head = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
         // However the last read split it, the new bytes may end the head.
         for seen_before in 0..=head.len() {
-            assert!(may_end_head(head, seen_before), "new bytes from {seen_before}");
+            assert!(
+                may_end_head(head, seen_before),
+                "new bytes from {seen_before}"
+            );
         }
         assert!(may_end_head(b"GET / HTTP/1.1\n\n", 15));
         assert!(!may_end_head(b"GET / HTTP/1.1\r\nHost: x\r\n", 0));
