@@ -6,6 +6,7 @@ mod bad_input;
 mod bounded_load;
 mod config_files;
 mod failover;
+mod fuzz_corpus;
 mod health;
 mod http_mode;
 mod proxy_protocol;
