@@ -7,6 +7,7 @@ mod bounded_load;
 mod config_files;
 mod failover;
 mod faults;
+mod fuzz_corpus;
 mod health;
 mod http_mode;
 mod proxy_protocol;

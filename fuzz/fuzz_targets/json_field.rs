@@ -1,0 +1,27 @@
+#![no_main]
+
+use std::sync::LazyLock;
+
+use libfuzzer_sys::fuzz_target;
+use magpie::key::json::{FieldPath, json_field_key};
+
+// The body_field forms a config can name: a top-level field and JSON pointers.
+static PATHS: LazyLock<Vec<FieldPath>> = LazyLock::new(|| {
+    [
+        "prompt_cache_key",
+        "metadata.session_id",
+        "/metadata/session_id",
+        "/messages/0/content",
+        "/a~1b/~0c",
+    ]
+    .iter()
+    .map(|p| FieldPath::parse(p).expect("a valid path"))
+    .collect()
+});
+
+// A request body, searched for the key at each path.
+fuzz_target!(|data: &[u8]| {
+    for path in PATHS.iter() {
+        let _ = json_field_key(data, path);
+    }
+});
