@@ -137,7 +137,7 @@ pub fn answer<B>(req: &Request<B>, shared: &Shared, registry: &Registry) -> Resp
                 ),
                 Some((key, key_text)) => match key {
                     Ok(key) => {
-                        let pin = shared.pins().and_then(|p| p.peek(key));
+                        let pin = shared.sessions().and_then(|s| s.pins.peek(key));
                         let mut answer = route_json(&snapshot, &key_text, key);
                         answer["pinned"] = json!(pin.as_deref());
                         json_response(StatusCode::OK, answer)

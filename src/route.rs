@@ -77,16 +77,19 @@ impl Route {
     /// key's other candidates. A pin that cannot take the request is passed
     /// over like any candidate, and the route is the table's.
     pub fn plan_pinned(snapshot: &Snapshot, key: u64, pin: &Arc<Backend>) -> Route {
-        let mut route = Route::plan(snapshot, key);
-        let takes = pin.live.is_up() && pin.live.active() < Caps::of(pin, route.caps);
+        Route::plan(snapshot, key).pin_first(snapshot, pin)
+    }
+
+    /// This route with `pin` tried first, if it is up and under its cap.
+    pub fn pin_first(mut self, snapshot: &Snapshot, pin: &Arc<Backend>) -> Route {
+        let takes = pin.live.is_up() && pin.live.active() < Caps::of(pin, self.caps);
         if takes {
-            route.targets.retain(|b| !Arc::ptr_eq(b, pin));
-            route.targets.insert(0, Arc::clone(pin));
-            route
-                .targets
+            self.targets.retain(|b| !Arc::ptr_eq(b, pin));
+            self.targets.insert(0, Arc::clone(pin));
+            self.targets
                 .truncate(snapshot.config.connect.attempts as usize);
         }
-        route
+        self
     }
 
     /// The route a key would take now, counting nothing (admin `/route`).

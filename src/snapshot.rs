@@ -27,7 +27,7 @@ use crate::config::{Algorithm, Config};
 use crate::placement::maglev::Maglev;
 use crate::placement::ring::Ring;
 use crate::placement::{Node, NodeSet, PlacementError, Scheme};
-use crate::sessions::Pins;
+use crate::sessions::Sessions;
 use crate::stats::Stats;
 
 /// The table behind a snapshot.
@@ -227,27 +227,27 @@ pub struct Shared {
     /// The published version, for whoever waits for a reload to land.
     version: watch::Sender<u64>,
     /// Session pins (`sessions`), kept across reloads that keep their settings.
-    pins: ArcSwapOption<Pins>,
+    sessions: ArcSwapOption<Sessions>,
 }
 
 impl Shared {
     pub fn new(snapshot: Snapshot) -> Self {
         let limit = Arc::new(Semaphore::new(snapshot.config.max_connections));
         let (version, _) = watch::channel(snapshot.version);
-        let pins = ArcSwapOption::from(pins_for(&snapshot.config));
+        let sessions = ArcSwapOption::from(sessions_for(&snapshot.config));
         Shared {
             snapshot: ArcSwap::from_pointee(snapshot),
             stats: Stats::default(),
             retired: Mutex::new(Vec::new()),
             limit,
             version,
-            pins,
+            sessions,
         }
     }
 
-    /// The session pins, when `sessions` is configured.
-    pub fn pins(&self) -> Option<Arc<Pins>> {
-        self.pins.load_full()
+    /// The session pins (and their store), when `sessions` is configured.
+    pub fn sessions(&self) -> Option<Arc<Sessions>> {
+        self.sessions.load_full()
     }
 
     /// Follows the published version: `changed()` resolves on every publish.
@@ -274,7 +274,7 @@ impl Shared {
         let old_limit = self.snapshot.load().config.max_connections;
         let new_limit = next.config.max_connections;
         if next.config.sessions != self.snapshot.load().config.sessions {
-            self.pins.store(pins_for(&next.config));
+            self.sessions.store(sessions_for(&next.config));
         }
         let next = Arc::new(next);
         let old = self.snapshot.swap(Arc::clone(&next));
@@ -328,12 +328,9 @@ impl Shared {
     }
 }
 
-/// A fresh pin map for `config`'s `sessions`, if any.
-fn pins_for(config: &Config) -> Option<Arc<Pins>> {
-    config
-        .sessions
-        .as_ref()
-        .map(|s| Arc::new(Pins::new(s.max, s.ttl)))
+/// Fresh session pins for `config`'s `sessions`, if any.
+fn sessions_for(config: &Config) -> Option<Arc<Sessions>> {
+    config.sessions.as_ref().map(|s| Arc::new(Sessions::new(s)))
 }
 
 /// A poisoned lock only means another thread panicked while holding it; the

@@ -165,21 +165,44 @@ pub const LATENCY_BUCKETS: [f64; 16] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 ];
 
-/// A latency histogram with fixed buckets ([`LATENCY_BUCKETS`]): one relaxed
-/// atomic add per bucket boundary passed, no lock, no allocation.
-#[derive(Debug, Default)]
+/// Upper bounds (seconds) for fast operations on a nearby server (a session
+/// store round trip): 100 µs to 1 s.
+pub const FAST_BUCKETS: [f64; 12] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
+
+/// A latency histogram with fixed bounds ([`LATENCY_BUCKETS`] unless made
+/// [`with_bounds`](Histogram::with_bounds)): one relaxed atomic add per
+/// observation, no lock, no allocation.
+#[derive(Debug)]
 pub struct Histogram {
+    bounds: &'static [f64],
     /// Observations at or below each bound (not cumulative; the export sums).
-    buckets: [AtomicU64; LATENCY_BUCKETS.len()],
+    buckets: Box<[AtomicU64]>,
     count: AtomicU64,
     /// Sum of observations in microseconds.
     sum_micros: AtomicU64,
 }
 
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram::with_bounds(&LATENCY_BUCKETS)
+    }
+}
+
 impl Histogram {
+    pub fn with_bounds(bounds: &'static [f64]) -> Histogram {
+        Histogram {
+            bounds,
+            buckets: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            count: AtomicU64::new(0),
+            sum_micros: AtomicU64::new(0),
+        }
+    }
+
     pub fn observe(&self, d: std::time::Duration) {
         let secs = d.as_secs_f64();
-        if let Some(i) = LATENCY_BUCKETS.iter().position(|&b| secs <= b) {
+        if let Some(i) = self.bounds.iter().position(|&b| secs <= b) {
             self.buckets[i].fetch_add(1, Ordering::Relaxed);
         }
         self.count.fetch_add(1, Ordering::Relaxed);
@@ -187,15 +210,21 @@ impl Histogram {
         self.sum_micros.fetch_add(micros, Ordering::Relaxed);
     }
 
-    /// Cumulative counts per bound, in [`LATENCY_BUCKETS`] order.
-    pub fn cumulative(&self) -> [u64; LATENCY_BUCKETS.len()] {
-        let mut out = [0; LATENCY_BUCKETS.len()];
+    /// The upper bounds, in seconds.
+    pub fn bounds(&self) -> &'static [f64] {
+        self.bounds
+    }
+
+    /// Cumulative counts per bound, in [`Histogram::bounds`] order.
+    pub fn cumulative(&self) -> Vec<u64> {
         let mut running = 0;
-        for (o, b) in out.iter_mut().zip(&self.buckets) {
-            running += b.load(Ordering::Relaxed);
-            *o = running;
-        }
-        out
+        self.buckets
+            .iter()
+            .map(|b| {
+                running += b.load(Ordering::Relaxed);
+                running
+            })
+            .collect()
     }
 
     pub fn count(&self) -> u64 {

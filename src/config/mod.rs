@@ -332,6 +332,35 @@ pub struct SessionsConfig {
     pub ttl: Duration,
     /// At most this many pins; the least recently used goes first.
     pub max: usize,
+    /// `store: redis`: pins shared by every magpie using the same Redis
+    /// (the local map then caches them); `None` for `store: local`.
+    pub redis: Option<RedisConfig>,
+}
+
+/// Where shared pins live (`sessions.redis`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    /// `host:port`, resolved when connecting.
+    pub addr: String,
+    /// Prepended to every key magpie writes.
+    pub prefix: String,
+    /// The longest a request waits on the store before routing by the table.
+    pub timeout: Duration,
+    pub username: Option<String>,
+    pub password: Option<String>,
+}
+
+impl fmt::Debug for RedisConfig {
+    // The password stays out of logs and `check`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("addr", &self.addr)
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -365,6 +394,12 @@ pub const DEFAULT_SESSION_TTL: Duration = Duration::from_secs(30 * 60);
 pub const DEFAULT_SESSION_MAX: u64 = 100_000;
 pub const MAX_SESSION_TTL: Duration = Duration::from_secs(7 * DAY);
 pub const MAX_SESSION_MAX: u64 = 10_000_000;
+pub const DEFAULT_REDIS_ADDR: &str = "127.0.0.1:6379";
+pub const DEFAULT_REDIS_PREFIX: &str = "magpie:";
+pub const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_millis(20);
+pub const MAX_REDIS_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longer prefixes only cost memory in the store.
+pub const MAX_REDIS_PREFIX: usize = 64;
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 pub const DEFAULT_ATTEMPTS: u32 = 3;
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);

@@ -228,6 +228,32 @@ pub(super) struct RawSessions {
     pub(super) ttl: Option<Spanned<HumanDuration>>,
     #[serde(default)]
     pub(super) max: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub(super) store: Option<Spanned<StoreKind>>,
+    #[serde(default)]
+    pub(super) redis: Option<Spanned<RawRedis>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum StoreKind {
+    Local,
+    Redis,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRedis {
+    #[serde(default)]
+    pub(super) addr: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(super) prefix: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(super) timeout: Option<Spanned<HumanDuration>>,
+    #[serde(default)]
+    pub(super) username: Option<String>,
+    #[serde(default)]
+    pub(super) password: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -261,6 +261,23 @@ fn every_listed_mistake_is_rejected() {
             "listen: 127.0.0.1:7000\nadmin: 0.0.0.0:9090\nbackends:\n  - {name: a, addr: 127.0.0.1:9090}\n",
             "reaches magpie's own listener 0.0.0.0:9090",
         ),
+        // The shared session store.
+        (
+            "mode: http\nlisten: 127.0.0.1:7000\nsessions: {redis: {addr: 127.0.0.1:6379}}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+            "test.yaml:3:19: sessions.redis needs sessions.store: redis",
+        ),
+        (
+            "mode: http\nlisten: 127.0.0.1:7000\nsessions: {store: redis, redis: {addr: redis}}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+            "test.yaml:3:40: sessions.redis.addr \"redis\" is not host:port (write e.g. 127.0.0.1:6379)",
+        ),
+        (
+            "mode: http\nlisten: 127.0.0.1:7000\nsessions: {store: redis, redis: {timeout: 6s}}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+            "sessions.redis.timeout 6s is too long (at most 5s)",
+        ),
+        (
+            "mode: http\nlisten: 127.0.0.1:7000\nsessions: {store: memcached}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+            "unknown variant `memcached`",
+        ),
         // What each mode allows.
         (
             "listen: 127.0.0.1:7000
@@ -420,7 +437,8 @@ fn an_http_config_parses() {
         c.sessions,
         Some(SessionsConfig {
             ttl: Duration::from_secs(600),
-            max: 500
+            max: 500,
+            redis: None,
         })
     );
     let h = c.health.unwrap();

@@ -21,6 +21,7 @@
 pub mod body;
 pub mod clock;
 pub mod forward;
+pub mod pinning;
 pub mod pool;
 pub mod request_key;
 
@@ -184,14 +185,13 @@ impl HttpPath {
         if let Some(why) = found.fallback {
             shared.stats.count_fallback(why);
         }
-        let pins = shared.pins();
-        let pinned = pins
-            .as_ref()
-            .and_then(|p| p.get(found.key))
-            .and_then(|name| snapshot.backend(&name).cloned());
-        let route = match &pinned {
-            Some(pin) => Route::plan_pinned(&snapshot, found.key, pin),
-            None => Route::plan(&snapshot, found.key),
+        let sessions = shared.sessions();
+        let (route, pin_served) = match &sessions {
+            Some(sessions) => {
+                let pinned = pinning::route(sessions, &snapshot, found.key).await;
+                (pinned.route, pinned.pin_served)
+            }
+            None => (Route::plan(&snapshot, found.key), false),
         };
         drop(snapshot);
         let forward = Forward {
@@ -202,8 +202,12 @@ impl HttpPath {
         };
         match forward::forward(request, forward).await {
             Ok(served) => {
-                if let Some(pins) = &pins {
-                    pins.bind(found.key, &served.backend.name);
+                if let Some(sessions) = &sessions {
+                    if pin_served {
+                        sessions.pins.bind(found.key, &served.backend.name);
+                    } else {
+                        sessions.pins.touch(found.key);
+                    }
                 }
                 served.response
             }

@@ -9,7 +9,8 @@ use prometheus::proto::{
 };
 
 use crate::backend::{Backend, CheckOutcome, CodeClass, ConnectFailure, Side};
-use crate::stats::{self, LATENCY_BUCKETS};
+use crate::sessions::store::{OpResult, Store};
+use crate::stats;
 
 use MetricType::{COUNTER, GAUGE, HISTOGRAM};
 
@@ -178,6 +179,42 @@ pub const FAMILIES: &[(&str, MetricType, &[&str], &str)] = &[
         "Client connections (mode http: requests) that reached no backend, by reason (no_backend, proxy_protocol, head_timeout, bad_request, local_resources).",
     ),
     (
+        "magpie_session_store_operations_total",
+        COUNTER,
+        &["result"],
+        "Round trips to the shared session store (sessions.store: redis), by result (ok, error, timeout, skipped while backing off).",
+    ),
+    (
+        "magpie_session_store_seconds",
+        HISTOGRAM,
+        &[],
+        "Time of session store round trips that answered.",
+    ),
+    (
+        "magpie_session_store_fallbacks_total",
+        COUNTER,
+        &[],
+        "Requests routed by the table because the session store did not answer within its timeout (or was backing off).",
+    ),
+    (
+        "magpie_session_bindings_replaced_total",
+        COUNTER,
+        &[],
+        "Shared bindings to a backend that was down or gone, replaced by this instance.",
+    ),
+    (
+        "magpie_session_store_refreshes_total",
+        COUNTER,
+        &[],
+        "Background TTL refreshes of shared bindings sent (at most one per key per ttl/4).",
+    ),
+    (
+        "magpie_session_store_up",
+        GAUGE,
+        &[],
+        "1 while a connection to the session store is up, else 0 (also 0 without a store).",
+    ),
+    (
         "magpie_task_restarts_total",
         COUNTER,
         &["task"],
@@ -260,6 +297,42 @@ impl Families {
     }
 
     /// A histogram series from one of magpie's latency histograms.
+    /// The shared session store's families (zeros without one).
+    pub(super) fn add_session_store(&mut self, store: Option<&Store>) {
+        for result in OpResult::ALL {
+            self.add(
+                "magpie_session_store_operations_total",
+                &[("result", result.as_str())],
+                store.map_or(0, |s| s.stats.ops(result)) as f64,
+            );
+        }
+        let none = stats::Histogram::with_bounds(&stats::FAST_BUCKETS);
+        let latency = store.map_or(&none, |s| &s.stats.latency);
+        self.add_histogram("magpie_session_store_seconds", &[], latency);
+        let counters = [
+            (
+                "magpie_session_store_fallbacks_total",
+                store.map_or(0, |s| s.stats.fallbacks()),
+            ),
+            (
+                "magpie_session_bindings_replaced_total",
+                store.map_or(0, |s| s.stats.replaced()),
+            ),
+            (
+                "magpie_session_store_refreshes_total",
+                store.map_or(0, |s| s.stats.refreshes()),
+            ),
+        ];
+        for (name, value) in counters {
+            self.add(name, &[], value as f64);
+        }
+        self.add(
+            "magpie_session_store_up",
+            &[],
+            f64::from(u8::from(store.is_some_and(Store::is_connected))),
+        );
+    }
+
     fn add_histogram(&mut self, name: &str, labels: &[(&str, &str)], h: &stats::Histogram) {
         let Some((family, mut m)) = self.metric(name, labels) else {
             return;
@@ -268,7 +341,7 @@ impl Families {
         out.set_sample_count(h.count());
         out.set_sample_sum(h.sum_seconds());
         out.set_bucket(
-            LATENCY_BUCKETS
+            h.bounds()
                 .iter()
                 .zip(h.cumulative())
                 .map(|(&bound, count)| {

@@ -85,8 +85,8 @@ impl Collector for Exporter {
         for b in self.shared.retired() {
             f.add_backend(&b, None, requests);
         }
-        let pins = self.shared.pins();
-        let pins = pins.as_deref();
+        let sessions = self.shared.sessions();
+        let pins = sessions.as_deref().map(|s| &s.pins);
         f.add(
             "magpie_session_pins",
             &[],
@@ -107,6 +107,8 @@ impl Collector for Exporter {
             &[],
             pins.map_or(0, |p| p.evictions()) as f64,
         );
+        let store = sessions.as_deref().and_then(|s| s.store.as_deref());
+        f.add_session_store(store);
         f.add("magpie_table_version", &[], snapshot.version as f64);
         let algorithm = snapshot.table.algorithm().as_str();
         f.add(

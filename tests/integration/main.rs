@@ -12,6 +12,7 @@ mod health;
 mod http_mode;
 mod proxy_protocol;
 mod reload;
+mod shared_pins;
 mod shutdown;
 mod simulate;
 mod stickiness;

@@ -10,12 +10,15 @@
 use serde_saphyr::{Location, Spanned};
 
 use super::Validator;
-use crate::config::raw::{KeyFrom, RawHealth, RawHttp, RawKey, RawSessions, StatusRange};
+use crate::config::raw::{
+    KeyFrom, RawHealth, RawHttp, RawKey, RawRedis, RawSessions, StatusRange, StoreKind,
+};
 use crate::config::{
     DEFAULT_HTTP_MAX_BYTES, DEFAULT_HTTP_READ_TIMEOUT, DEFAULT_MAX_BYTES, DEFAULT_READ_TIMEOUT,
-    DEFAULT_SESSION_MAX, DEFAULT_SESSION_TTL, Fallback, FieldPath, HealthConfig, HttpConfig,
-    KeyConfig, MAX_HTTP_MAX_BYTES, MAX_MAX_BYTES, MAX_READ_TIMEOUT, MAX_SESSION_MAX,
-    MAX_SESSION_TTL, MIN_MAX_BYTES, Mode, SessionsConfig,
+    DEFAULT_REDIS_ADDR, DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT, DEFAULT_SESSION_MAX,
+    DEFAULT_SESSION_TTL, Fallback, FieldPath, HealthConfig, HttpConfig, KeyConfig,
+    MAX_HTTP_MAX_BYTES, MAX_MAX_BYTES, MAX_READ_TIMEOUT, MAX_REDIS_PREFIX, MAX_REDIS_TIMEOUT,
+    MAX_SESSION_MAX, MAX_SESSION_TTL, MIN_MAX_BYTES, Mode, RedisConfig, SessionsConfig,
 };
 
 impl Validator<'_> {
@@ -189,9 +192,80 @@ impl Validator<'_> {
             DEFAULT_SESSION_MAX,
             1..=MAX_SESSION_MAX,
         );
+        let redis = self.session_store(raw.value.store, raw.value.redis);
         Some(SessionsConfig {
             ttl,
             max: max as usize,
+            redis,
+        })
+    }
+
+    /// `sessions.store` and `sessions.redis`.
+    fn session_store(
+        &mut self,
+        store: Option<Spanned<StoreKind>>,
+        redis: Option<Spanned<RawRedis>>,
+    ) -> Option<RedisConfig> {
+        let kind = store.as_ref().map_or(StoreKind::Local, |s| s.value);
+        if kind == StoreKind::Local {
+            if let Some(redis) = redis {
+                self.err(
+                    &redis.referenced,
+                    "sessions.redis needs sessions.store: redis",
+                );
+            }
+            return None;
+        }
+        let raw = redis.map(|r| r.value).unwrap_or(RawRedis {
+            addr: None,
+            prefix: None,
+            timeout: None,
+            username: None,
+            password: None,
+        });
+        let addr = match raw.addr {
+            None => DEFAULT_REDIS_ADDR.to_string(),
+            Some(a) => {
+                let text = a.value.trim().to_string();
+                let port_ok = text
+                    .rsplit_once(':')
+                    .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+                if !port_ok {
+                    self.err(
+                        &a.referenced,
+                        format!("sessions.redis.addr {text:?} is not host:port (write e.g. 127.0.0.1:6379)"),
+                    );
+                }
+                text
+            }
+        };
+        let prefix = match raw.prefix {
+            None => DEFAULT_REDIS_PREFIX.to_string(),
+            Some(p) => {
+                if p.value.len() > MAX_REDIS_PREFIX {
+                    self.err(
+                        &p.referenced,
+                        format!(
+                            "sessions.redis.prefix is {} bytes long (at most {MAX_REDIS_PREFIX})",
+                            p.value.len()
+                        ),
+                    );
+                }
+                p.value
+            }
+        };
+        let timeout = self.positive(
+            raw.timeout,
+            "sessions.redis.timeout",
+            DEFAULT_REDIS_TIMEOUT,
+            MAX_REDIS_TIMEOUT,
+        );
+        Some(RedisConfig {
+            addr,
+            prefix,
+            timeout,
+            username: raw.username,
+            password: raw.password,
         })
     }
 

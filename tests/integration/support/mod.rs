@@ -13,6 +13,7 @@ mod client;
 pub mod http;
 mod in_process;
 mod process;
+mod redis;
 
 pub use admin::*;
 pub use backends::*;
@@ -20,6 +21,7 @@ pub use client::*;
 pub use http::*;
 pub use in_process::*;
 pub use process::*;
+pub use redis::*;
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};

@@ -10,6 +10,8 @@
 //! reloads that keep the backend. Without `sessions`, routing stays stateless
 //! and every instance agrees.
 
+pub mod store;
+
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -24,6 +26,8 @@ const SHARDS: usize = 16;
 struct Pin {
     backend: Arc<str>,
     last_used: Instant,
+    /// When the shared store last extended this pin's TTL (`store: redis`).
+    refreshed: Instant,
 }
 
 /// The pins of one process.
@@ -88,6 +92,29 @@ impl Pins {
         found
     }
 
+    /// Like [`Pins::get`], and whether the shared store's TTL for the pin is
+    /// due for a refresh (none for `every` so far); a due pin counts as
+    /// refreshed from now.
+    pub fn get_and_due(&self, key: u64, every: Duration) -> Option<(Arc<str>, bool)> {
+        let backend = self.get(key)?;
+        let mut shard = self.shard(key);
+        let due = match shard.peek_mut(&key) {
+            Some(pin) if pin.refreshed.elapsed() >= every => {
+                pin.refreshed = Instant::now();
+                true
+            }
+            _ => false,
+        };
+        Some((backend, due))
+    }
+
+    /// Uses the pin of `key` now (it lives another `ttl`).
+    pub fn touch(&self, key: u64) {
+        if let Some(pin) = self.shard(key).peek_mut(&key) {
+            pin.last_used = Instant::now();
+        }
+    }
+
     /// What `key` is pinned to, without counting or refreshing it.
     pub fn peek(&self, key: u64) -> Option<Arc<str>> {
         let shard = self.shard(key);
@@ -106,9 +133,11 @@ impl Pins {
             pin.last_used = Instant::now();
             return;
         }
+        let now = Instant::now();
         let pin = Pin {
             backend: Arc::from(backend),
-            last_used: Instant::now(),
+            last_used: now,
+            refreshed: now,
         };
         if let Some((evicted, _)) = shard.push(key, pin)
             && evicted != key
@@ -139,6 +168,31 @@ impl Pins {
 
     pub fn evictions(&self) -> u64 {
         self.evictions.load(Ordering::Relaxed)
+    }
+}
+
+/// The session pins of one process, and the shared store behind them.
+#[derive(Debug)]
+pub struct Sessions {
+    pub pins: Pins,
+    /// `store: redis`; `None` keeps pins in this process only.
+    pub store: Option<Arc<store::Store>>,
+    pub ttl: Duration,
+}
+
+impl Sessions {
+    /// Pins for `config`; a shared store starts connecting in the background.
+    pub fn new(config: &crate::config::SessionsConfig) -> Sessions {
+        let store = config.redis.clone().map(|redis| {
+            let store = Arc::new(store::Store::new(redis, config.ttl));
+            store.start();
+            store
+        });
+        Sessions {
+            pins: Pins::new(config.max, config.ttl),
+            store,
+            ttl: config.ttl,
+        }
     }
 }
 
