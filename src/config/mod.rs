@@ -244,6 +244,16 @@ pub enum KeyConfig {
         max_bytes: usize,
         fallback: Fallback,
     },
+    /// `mode: http`: the conversation's head in a chat body
+    /// ([`crate::key::conversation`]); a header, then a body field, when
+    /// configured and present, take precedence.
+    Conversation {
+        header: Option<String>,
+        body_field: Option<FieldPath>,
+        read_timeout: Duration,
+        max_bytes: usize,
+        fallback: Fallback,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -271,6 +281,11 @@ impl KeyConfig {
                 ..
             }
             | KeyConfig::Body {
+                read_timeout,
+                max_bytes,
+                ..
+            }
+            | KeyConfig::Conversation {
                 read_timeout,
                 max_bytes,
                 ..

@@ -116,6 +116,7 @@ pub(super) enum KeyFrom {
     SourceAddr,
     Header,
     Body,
+    Conversation,
 }
 
 #[derive(Debug, Deserialize)]

@@ -261,6 +261,10 @@ fn every_listed_mistake_is_rejected() {
             "listen: 127.0.0.1:7000\nadmin: 0.0.0.0:9090\nbackends:\n  - {name: a, addr: 127.0.0.1:9090}\n",
             "reaches magpie's own listener 0.0.0.0:9090",
         ),
+        (
+            "listen: 127.0.0.1:7000\nkey: {from: conversation}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+            "test.yaml:2:13: key.from: conversation needs mode: http",
+        ),
         // The shared session store.
         (
             "mode: http\nlisten: 127.0.0.1:7000\nsessions: {redis: {addr: 127.0.0.1:6379}}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",

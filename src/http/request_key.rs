@@ -1,9 +1,12 @@
-//! The key of one HTTP request: a header, a JSON body field, or the client's
-//! address, in the order the config gives.
+//! The key of one HTTP request: a header, a JSON body field, the
+//! conversation's head, or the client's address, in the order the config
+//! gives.
 //!
 //! With `key.from: header`, the header's value is the key; when the header is
 //! absent and `key.body_field` is set, the body is tried next. With `from:
-//! body`, the body field is the key. Reading a body for its key buffers it
+//! body`, the body field is the key. With `from: conversation`, a configured
+//! header, then a configured body field, then the conversation's head
+//! ([`crate::key::conversation`]). Reading a body for its key buffers it
 //! (at most `key.max_bytes`, within `key.read_timeout`); the bytes read are
 //! then sent on first, followed by the rest of the stream, so the backend
 //! receives the body unchanged. Only a JSON body (by `content-type`) is read.
@@ -17,7 +20,8 @@ use hyper::header::{CONTENT_TYPE, HeaderMap};
 use tokio::time::Instant;
 
 use super::body::Upload;
-use crate::config::{Fallback, KeyConfig};
+use crate::config::{Fallback, FieldPath, KeyConfig};
+use crate::key::conversation::conversation_key;
 use crate::key::json::json_field_key;
 use crate::key::{self, FallbackReason};
 use crate::net::Client;
@@ -41,7 +45,7 @@ pub async fn request_key(
     config: &KeyConfig,
     client: Client,
 ) -> Result<(RequestKey, Request<Upload>), BodyError> {
-    let (header, body_field, read_timeout, max_bytes, fallback) = match config {
+    let plan = match config {
         KeyConfig::SourceIp => return Ok(address(request, key::source_ip_key(client.0.ip()))),
         KeyConfig::SourceAddr => return Ok(address(request, key::source_addr_key(client.0))),
         KeyConfig::Header {
@@ -50,50 +54,97 @@ pub async fn request_key(
             read_timeout,
             max_bytes,
             fallback,
-        } => (
-            Some(name),
-            body_field.as_ref(),
-            *read_timeout,
-            *max_bytes,
-            *fallback,
-        ),
+        } => Plan {
+            header: Some(name),
+            body_field: body_field.as_ref(),
+            conversation: false,
+            read_timeout: *read_timeout,
+            max_bytes: *max_bytes,
+            fallback: *fallback,
+        },
         KeyConfig::Body {
             field,
             read_timeout,
             max_bytes,
             fallback,
-        } => (None, Some(field), *read_timeout, *max_bytes, *fallback),
+        } => Plan {
+            header: None,
+            body_field: Some(field),
+            conversation: false,
+            read_timeout: *read_timeout,
+            max_bytes: *max_bytes,
+            fallback: *fallback,
+        },
+        KeyConfig::Conversation {
+            header,
+            body_field,
+            read_timeout,
+            max_bytes,
+            fallback,
+        } => Plan {
+            header: header.as_ref(),
+            body_field: body_field.as_ref(),
+            conversation: true,
+            read_timeout: *read_timeout,
+            max_bytes: *max_bytes,
+            fallback: *fallback,
+        },
     };
     let (parts, body) = request.into_parts();
-    if let Some(value) = header.and_then(|h| header_value(&parts.headers, h)) {
+    if let Some(value) = plan.header.and_then(|h| header_value(&parts.headers, h)) {
         let found = RequestKey {
             key: key::text_key(value),
             fallback: None,
         };
         return Ok((found, Request::from_parts(parts, Upload::streaming(body))));
     }
-    let Some(field) = body_field else {
-        let fallen = fall_back(fallback, client, FallbackReason::MissingHeader);
-        return Ok((fallen, Request::from_parts(parts, Upload::streaming(body))));
-    };
-    if !is_json(&parts.headers) {
-        let fallen = fall_back(fallback, client, FallbackReason::NotJson);
+    if plan.body_field.is_none() && !plan.conversation {
+        let fallen = fall_back(plan.fallback, client, FallbackReason::MissingHeader);
         return Ok((fallen, Request::from_parts(parts, Upload::streaming(body))));
     }
-    let deadline = Instant::now() + read_timeout;
-    let (read, upload) = read_body(body, max_bytes, deadline).await?;
+    if !is_json(&parts.headers) {
+        let fallen = fall_back(plan.fallback, client, FallbackReason::NotJson);
+        return Ok((fallen, Request::from_parts(parts, Upload::streaming(body))));
+    }
+    let deadline = Instant::now() + plan.read_timeout;
+    let (read, upload) = read_body(body, plan.max_bytes, deadline).await?;
     let found = match read {
-        Read::Complete(ref bytes) => match json_field_key(bytes, field) {
+        Read::Complete(ref bytes) => match plan.body_key(bytes) {
             Ok(key) => RequestKey {
                 key,
                 fallback: None,
             },
-            Err(reason) => fall_back(fallback, client, reason),
+            Err(reason) => fall_back(plan.fallback, client, reason),
         },
-        Read::TooLarge => fall_back(fallback, client, FallbackReason::TooLarge),
-        Read::Timeout => fall_back(fallback, client, FallbackReason::Timeout),
+        Read::TooLarge => fall_back(plan.fallback, client, FallbackReason::TooLarge),
+        Read::Timeout => fall_back(plan.fallback, client, FallbackReason::Timeout),
     };
     Ok((found, Request::from_parts(parts, upload)))
+}
+
+/// Where a request's key may come from, in order.
+struct Plan<'c> {
+    header: Option<&'c String>,
+    body_field: Option<&'c FieldPath>,
+    /// The conversation's head, after the body field.
+    conversation: bool,
+    read_timeout: std::time::Duration,
+    max_bytes: usize,
+    fallback: Fallback,
+}
+
+impl Plan<'_> {
+    /// The key in a complete JSON body: the field, else the conversation.
+    fn body_key(&self, bytes: &[u8]) -> Result<u64, FallbackReason> {
+        let by_field = match self.body_field {
+            Some(field) => json_field_key(bytes, field),
+            None => Err(FallbackReason::MissingField),
+        };
+        match by_field {
+            Err(_) if self.conversation => conversation_key(bytes),
+            found => found,
+        }
+    }
 }
 
 /// The key is the client's address; the body is not looked at.

@@ -16,6 +16,7 @@
 //! The same text always gives the same key, so `magpie lookup KEY` and the
 //! admin `/route?key=` answer exactly what the proxy does.
 
+pub mod conversation;
 pub mod json;
 
 use std::net::{IpAddr, SocketAddr};
@@ -69,7 +70,9 @@ pub fn key_for_text(config: &crate::config::KeyConfig, text: &str) -> Result<u64
     use crate::config::KeyConfig;
     let text = text.trim();
     match config {
-        KeyConfig::Header { .. } | KeyConfig::Body { .. } => Ok(text_key(text.as_bytes())),
+        KeyConfig::Header { .. } | KeyConfig::Body { .. } | KeyConfig::Conversation { .. } => {
+            Ok(text_key(text.as_bytes()))
+        }
         KeyConfig::SourceIp => text
             .parse::<IpAddr>()
             .map(source_ip_key)
@@ -102,7 +105,9 @@ pub fn key_for_address(config: &crate::config::KeyConfig, text: &str) -> Result<
     match config {
         KeyConfig::SourceIp => by_ip(text),
         KeyConfig::SourceAddr => by_addr(text),
-        KeyConfig::Header { fallback, .. } | KeyConfig::Body { fallback, .. } => match fallback {
+        KeyConfig::Header { fallback, .. }
+        | KeyConfig::Body { fallback, .. }
+        | KeyConfig::Conversation { fallback, .. } => match fallback {
             Fallback::SourceIp => by_ip(text),
             Fallback::SourceAddr => by_addr(text),
         },
@@ -130,10 +135,12 @@ pub enum FallbackReason {
     FieldType,
     /// The body is not JSON (by content type or by content).
     NotJson,
+    /// `key.from: conversation`: the JSON body holds no user message.
+    NoConversation,
 }
 
 impl FallbackReason {
-    pub const ALL: [FallbackReason; 8] = [
+    pub const ALL: [FallbackReason; 9] = [
         FallbackReason::MissingHeader,
         FallbackReason::NotHttp,
         FallbackReason::TooLarge,
@@ -142,6 +149,7 @@ impl FallbackReason {
         FallbackReason::MissingField,
         FallbackReason::FieldType,
         FallbackReason::NotJson,
+        FallbackReason::NoConversation,
     ];
 
     /// The metric label.
@@ -155,6 +163,7 @@ impl FallbackReason {
             FallbackReason::MissingField => "missing_field",
             FallbackReason::FieldType => "field_type",
             FallbackReason::NotJson => "not_json",
+            FallbackReason::NoConversation => "no_conversation",
         }
     }
 

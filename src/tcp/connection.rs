@@ -231,7 +231,9 @@ impl Connection {
         match &config.key {
             KeyConfig::SourceIp => key::source_ip_key(client.0.ip()),
             // Validation allows body keys in mode http only.
-            KeyConfig::SourceAddr | KeyConfig::Body { .. } => key::source_addr_key(client.0),
+            KeyConfig::SourceAddr | KeyConfig::Body { .. } | KeyConfig::Conversation { .. } => {
+                key::source_addr_key(client.0)
+            }
             KeyConfig::Header {
                 name,
                 read_timeout,

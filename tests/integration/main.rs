@@ -5,6 +5,7 @@ mod admin;
 mod bad_input;
 mod bounded_load;
 mod config_files;
+mod conversation;
 mod failover;
 mod faults;
 mod fuzz_corpus;

@@ -36,7 +36,10 @@ impl Validator<'_> {
             .as_ref()
             .map(|f| f.referenced)
             .unwrap_or(Location::UNKNOWN);
-        if !matches!(from, KeyFrom::Header | KeyFrom::Body) {
+        if !matches!(
+            from,
+            KeyFrom::Header | KeyFrom::Body | KeyFrom::Conversation
+        ) {
             // Header settings under an address key are a silent mistake.
             let stray = [
                 raw.header.as_ref().map(|h| ("header", h.referenced)),
@@ -52,7 +55,7 @@ impl Validator<'_> {
             for (field, at) in stray.into_iter().flatten() {
                 self.err(
                     &at,
-                    format!("key.{field} only applies with key.from: header or body"),
+                    format!("key.{field} only applies with key.from: header, body or conversation"),
                 );
             }
             return match from {
@@ -129,17 +132,21 @@ impl Validator<'_> {
                 fallback,
             };
         }
-        let name = match &raw.header {
-            Some(h) => {
-                let name = h.value.trim().to_ascii_lowercase();
-                if name.is_empty() || !name.bytes().all(is_http_token_byte) {
-                    self.err(
-                        &h.referenced,
-                        format!("{:?} is not a valid HTTP header name", h.value),
-                    );
-                }
-                name
+        if from == KeyFrom::Conversation {
+            if mode == Mode::Tcp {
+                self.err(&from_at, "key.from: conversation needs mode: http");
             }
+            let header = raw.header.as_ref().map(|h| self.header_name(h));
+            return KeyConfig::Conversation {
+                header,
+                body_field,
+                read_timeout,
+                max_bytes,
+                fallback,
+            };
+        }
+        let name = match &raw.header {
+            Some(h) => self.header_name(h),
             None => {
                 self.err(&from_at, "key.from is header but key.header (the header name, e.g. x-session-id) is missing");
                 String::new()
@@ -152,6 +159,18 @@ impl Validator<'_> {
             max_bytes,
             fallback,
         }
+    }
+
+    /// A `key.header` name, lower-cased.
+    fn header_name(&mut self, h: &Spanned<String>) -> String {
+        let name = h.value.trim().to_ascii_lowercase();
+        if name.is_empty() || !name.bytes().all(is_http_token_byte) {
+            self.err(
+                &h.referenced,
+                format!("{:?} is not a valid HTTP header name", h.value),
+            );
+        }
+        name
     }
 
     /// The `http` section: only in `mode: http`.
