@@ -114,7 +114,7 @@ async fn bad_reload_keeps_the_running_table() {
     assert_eq!(lines[2], "key:");
     lines.insert(3, "  bogus: 1");
     std::fs::write(&file.path, lines.join("\n")).expect("write the broken config");
-    signal(&child, "-HUP");
+    child.signal("-HUP");
     child.wait_for_line("reload failed").await;
     let place = child.wait_for_line("magpie.yaml:").await;
     assert!(
@@ -132,7 +132,7 @@ async fn bad_reload_keeps_the_running_table() {
 
     // A fixed file applies.
     std::fs::write(&file.path, &good).expect("restore the config");
-    signal(&child, "-HUP");
+    child.signal("-HUP");
     child.wait_for_line("reloaded").await;
     assert!(
         admin_get(admin, "/metrics")
@@ -140,19 +140,11 @@ async fn bad_reload_keeps_the_running_table() {
             .1
             .contains("magpie_table_version 2")
     );
-    signal(&child, "-TERM");
+    child.signal("-TERM");
     let status = within("magpie to exit", child.process.wait())
         .await
         .expect("wait for magpie");
     assert!(status.success(), "{status}");
-}
-
-fn signal(child: &Child, which: &str) {
-    let status = std::process::Command::new("kill")
-        .args([which, &child.pid()])
-        .status()
-        .expect("run kill");
-    assert!(status.success(), "kill {which} failed");
 }
 
 /// An editor's write-then-rename and a Kubernetes ConfigMap symlink swap are

@@ -99,12 +99,29 @@ async fn sigterm_lets_an_in_flight_transfer_finish_then_exits_0() {
     );
 }
 
-fn signal(child: &Child, which: &str) {
-    let status = std::process::Command::new("kill")
-        .args([which, &child.pid()])
-        .status()
-        .expect("run kill");
-    assert!(status.success(), "kill {which} failed");
+/// magpie run as a process with `shutdown_grace`, one connection open through
+/// it, then SIGTERM: it is draining. The last value holds what must outlive
+/// the test's steps (the backend, the config file).
+async fn draining_with_one_open_connection(
+    grace: &str,
+) -> (Child, TcpStream, (RawBackends, TempFile)) {
+    let backends = RawBackends::start(&["echo"], Behaviour::GreetEcho).await;
+    let file = TempFile::new(
+        "magpie.yaml",
+        &config_yaml(
+            "127.0.0.1:0",
+            &format!("shutdown_grace: {grace}\n"),
+            &backends.list,
+        ),
+    );
+    let path = file.path.to_str().expect("a UTF-8 temp path");
+    let mut child = Child::spawn(&["run", "--config", path]);
+    let addr = child.listen_addr().await;
+    let mut client = connect(addr).await;
+    assert_eq!(read_greeting(&mut client).await, "echo");
+    child.signal("-TERM");
+    child.wait_for_line("no new connections").await;
+    (child, client, (backends, file))
 }
 
 /// When the grace period ends with a transfer still open, the transfer is
@@ -112,18 +129,7 @@ fn signal(child: &Child, which: &str) {
 /// end), and magpie exits with status 2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grace_over_resets_what_is_open_and_exits_2() {
-    let backends = RawBackends::start(&["echo"], Behaviour::GreetEcho).await;
-    let file = TempFile::new(
-        "magpie.yaml",
-        &config_yaml("127.0.0.1:0", "shutdown_grace: 300ms\n", &backends.list),
-    );
-    let path = file.path.to_str().expect("a UTF-8 temp path");
-    let mut child = Child::spawn(&["run", "--config", path]);
-    let addr = child.listen_addr().await;
-    let mut client = connect(addr).await;
-    assert_eq!(read_greeting(&mut client).await, "echo");
-    signal(&child, "-TERM");
-    child.wait_for_line("no new connections").await;
+    let (mut child, mut client, _held) = draining_with_one_open_connection("300ms").await;
     let ended = within(
         "the cut at the end of the grace",
         read_until_closed(&mut client),
@@ -143,19 +149,8 @@ async fn grace_over_resets_what_is_open_and_exits_2() {
 /// A second SIGTERM (or SIGINT) during the drain exits at once, status 2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_signal_exits_at_once_with_status_2() {
-    let backends = RawBackends::start(&["echo"], Behaviour::GreetEcho).await;
-    let file = TempFile::new(
-        "magpie.yaml",
-        &config_yaml("127.0.0.1:0", "shutdown_grace: 1h\n", &backends.list),
-    );
-    let path = file.path.to_str().expect("a UTF-8 temp path");
-    let mut child = Child::spawn(&["run", "--config", path]);
-    let addr = child.listen_addr().await;
-    let mut client = connect(addr).await;
-    assert_eq!(read_greeting(&mut client).await, "echo");
-    signal(&child, "-TERM");
-    child.wait_for_line("no new connections").await;
-    signal(&child, "-INT");
+    let (mut child, client, _held) = draining_with_one_open_connection("1h").await;
+    child.signal("-INT");
     let status = within("magpie to exit at the second signal", child.process.wait())
         .await
         .expect("wait for magpie");

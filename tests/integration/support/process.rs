@@ -144,6 +144,15 @@ impl Child {
             .unwrap_or_else(|| panic!("no addr=IP:PORT in {line:?}"))
     }
 
+    /// Sends a signal (`-TERM`, `-HUP`, ...) with `kill`.
+    pub fn signal(&self, which: &str) {
+        let status = std::process::Command::new("kill")
+            .args([which, &self.pid()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {which} failed");
+    }
+
     pub fn pid(&self) -> String {
         self.process
             .id()
