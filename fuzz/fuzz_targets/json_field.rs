@@ -3,6 +3,7 @@
 use std::sync::LazyLock;
 
 use libfuzzer_sys::fuzz_target;
+use magpie::key::conversation::conversation_key;
 use magpie::key::json::{FieldPath, json_field_key};
 
 // The body_field forms a config can name: a top-level field and JSON pointers.
@@ -19,9 +20,11 @@ static PATHS: LazyLock<Vec<FieldPath>> = LazyLock::new(|| {
     .collect()
 });
 
-// A request body, searched for the key at each path.
+// A request body, searched for the key at each path, and for its
+// conversation's head (key.from: conversation).
 fuzz_target!(|data: &[u8]| {
     for path in PATHS.iter() {
         let _ = json_field_key(data, path);
     }
+    let _ = conversation_key(data);
 });

@@ -80,5 +80,6 @@ fn json_field_corpus_is_keyed_or_falls_back() {
         for path in &paths {
             let _ = json_field_key(&bytes, path);
         }
+        let _ = magpie::key::conversation::conversation_key(&bytes);
     }
 }
