@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::BackendConfig;
-use crate::stats::Histogram;
+use crate::stats::{FAST_BUCKETS, Histogram};
 
 #[derive(Debug)]
 pub struct Backend {
@@ -157,7 +157,7 @@ pub struct Live {
     /// Bytes sent to the backend (received from clients).
     bytes_sent: AtomicU64,
     connect_failures: [AtomicU64; 3],
-    spills: AtomicU64,
+    spills: [AtomicU64; Spill::ALL.len()],
     /// Requests answered (`mode: http`), by code class.
     requests: [AtomicU64; CodeClass::ALL.len()],
     /// Requests whose client went away before the response was complete.
@@ -167,6 +167,13 @@ pub struct Live {
     resets: [AtomicU64; Side::ALL.len()],
     /// Upstream connections open (`mode: http`: pooled and busy ones).
     upstream_connections: AtomicU64,
+    /// Time to open a data-path connection (mode http: a fresh one).
+    pub connect_time: Histogram,
+    /// From connected to closed (`mode: tcp`).
+    pub connection_duration: Histogram,
+    /// Connections closed because neither side sent anything for
+    /// `idle_timeout` (`mode: tcp`).
+    idle_closes: AtomicU64,
     /// From sending a request to the response head (`mode: http`).
     pub time_to_first_byte: Histogram,
     /// From sending a request to the response's last byte (`mode: http`).
@@ -199,11 +206,14 @@ impl Default for Live {
             bytes_received: AtomicU64::new(0),
             bytes_sent: AtomicU64::new(0),
             connect_failures: Default::default(),
-            spills: AtomicU64::new(0),
+            spills: Default::default(),
             requests: Default::default(),
             client_aborts: AtomicU64::new(0),
             resets: Default::default(),
             upstream_connections: AtomicU64::new(0),
+            connect_time: Histogram::with_bounds(&FAST_BUCKETS),
+            connection_duration: Histogram::default(),
+            idle_closes: AtomicU64::new(0),
             time_to_first_byte: Histogram::default(),
             request_duration: Histogram::default(),
             // A backend starts up: traffic flows from the first moment, and
@@ -242,8 +252,14 @@ impl Live {
         self.connect_failures[why as usize].load(Ordering::Relaxed)
     }
 
-    pub fn spills(&self) -> u64 {
-        self.spills.load(Ordering::Relaxed)
+    /// Traffic passed over this backend for `why`.
+    pub fn spills(&self, why: Spill) -> u64 {
+        self.spills[why as usize].load(Ordering::Relaxed)
+    }
+
+    /// Spills for any reason.
+    pub fn spills_total(&self) -> u64 {
+        Spill::ALL.iter().map(|&why| self.spills(why)).sum()
     }
 
     pub fn is_up(&self) -> bool {
@@ -352,8 +368,8 @@ impl Live {
         self.upstream_connections.load(Ordering::Relaxed)
     }
 
-    pub fn count_spill(&self) {
-        self.spills.fetch_add(1, Ordering::Relaxed);
+    pub fn count_spill(&self, why: Spill) {
+        self.spills[why as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// A data-path connect failed; returns the consecutive failure count.
@@ -385,6 +401,15 @@ impl Live {
 
     pub fn add_bytes_received(&self, n: u64) {
         self.bytes_received.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// A connection was closed for idling.
+    pub fn count_idle_close(&self) {
+        self.idle_closes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn idle_closes(&self) -> u64 {
+        self.idle_closes.load(Ordering::Relaxed)
     }
 
     /// A connection through this backend was aborted by `by`.
@@ -436,6 +461,26 @@ impl Live {
         }
         token.cancel();
         true
+    }
+}
+
+/// Why a candidate was passed over (a spill to the next one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spill {
+    /// Health marked it down.
+    Down,
+    /// It had reached its bounded-load cap.
+    AtCap,
+}
+
+impl Spill {
+    pub const ALL: [Spill; 2] = [Spill::Down, Spill::AtCap];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Spill::Down => "down",
+            Spill::AtCap => "at_cap",
+        }
     }
 }
 

@@ -23,22 +23,13 @@ use std::sync::Arc;
 
 use tracing::warn;
 
-use crate::backend::{ActiveGuard, Backend, ConnectFailure};
+use crate::backend::{ActiveGuard, Backend, ConnectFailure, Spill};
 use crate::config::{AllDown, HealthConfig};
 use crate::net::is_resource_exhaustion;
 use crate::placement::{MAX_CANDIDATES, bounded};
 use crate::snapshot::Snapshot;
 use crate::stats::{Exhausted, Stats};
 use crate::throttle::Throttle;
-
-/// Why a candidate was passed over.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Skip {
-    /// Health marked it down.
-    Down,
-    /// It had reached its bounded-load cap.
-    AtCap,
-}
 
 /// The bounded-load caps in force when a route was planned.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -69,7 +60,7 @@ pub struct Route {
 impl Route {
     /// The route for traffic: skipped candidates are counted as spills.
     pub fn plan(snapshot: &Snapshot, key: u64) -> Route {
-        select(snapshot, key, |backend, _why| backend.live.count_spill())
+        select(snapshot, key, |backend, why| backend.live.count_spill(why))
     }
 
     /// The route for traffic whose key is pinned to `pin` (session pins):
@@ -111,7 +102,7 @@ impl Route {
         }
         let guard = backend.live.try_reserve(Caps::of(backend, self.caps));
         if guard.is_none() {
-            backend.live.count_spill();
+            backend.live.count_spill(Spill::AtCap);
         }
         guard
     }
@@ -119,7 +110,7 @@ impl Route {
 
 /// Walks `key`'s candidates and keeps those the policy accepts, calling
 /// `on_skip` for each one passed over.
-fn select(snapshot: &Snapshot, key: u64, mut on_skip: impl FnMut(&Backend, Skip)) -> Route {
+fn select(snapshot: &Snapshot, key: u64, mut on_skip: impl FnMut(&Backend, Spill)) -> Route {
     let config = &snapshot.config;
     let attempts = config.connect.attempts as usize;
     let caps = config.placement.bounded_load.map(|factor| Caps {
@@ -131,15 +122,15 @@ fn select(snapshot: &Snapshot, key: u64, mut on_skip: impl FnMut(&Backend, Skip)
     let mut skipped_down = false;
     for backend in snapshot.candidates(key) {
         let skip = if !backend.live.is_up() {
-            Some(Skip::Down)
+            Some(Spill::Down)
         } else if backend.live.active() >= Caps::of(backend, caps) {
-            Some(Skip::AtCap)
+            Some(Spill::AtCap)
         } else {
             None
         };
         match skip {
             Some(why) => {
-                skipped_down |= why == Skip::Down;
+                skipped_down |= why == Spill::Down;
                 on_skip(backend, why);
             }
             None => {
@@ -249,9 +240,9 @@ mod tests {
         let primary = s.backend(&order[0]).unwrap();
         primary.live.set_up(false);
         assert_eq!(names(&Route::preview(&s, 42)), [&order[1], &order[2]]);
-        assert_eq!(primary.live.spills(), 0);
+        assert_eq!(primary.live.spills_total(), 0);
         assert_eq!(names(&Route::plan(&s, 42)), [&order[1], &order[2]]);
-        assert_eq!(primary.live.spills(), 1);
+        assert_eq!(primary.live.spills_total(), 1);
     }
 
     #[test]
@@ -284,10 +275,10 @@ mod tests {
         let _held = primary.live.reserve();
         let route = Route::plan(&s, 5);
         assert_eq!(route.first().unwrap().name, order[1]);
-        assert_eq!(primary.live.spills(), 1);
+        assert_eq!(primary.live.spills_total(), 1);
         // Reserving on a full backend fails and counts another spill.
         assert!(route.reserve(&primary).is_none());
-        assert_eq!(primary.live.spills(), 2);
+        assert_eq!(primary.live.spills_total(), 2);
         assert!(route.reserve(route.first().unwrap()).is_some());
     }
 }

@@ -120,10 +120,12 @@ pub async fn forward(request: Request<Upload>, forward: Forward<'_>) -> Result<S
                 continue;
             }
             let fresh = pooled.is_none();
+            let connect_started = Instant::now();
             let mut sender = match pooled {
                 Some(s) => s,
                 None => match pool::connect(backend, forward.config.connect.timeout).await {
                     Ok(s) => {
+                        backend.live.connect_time.observe(connect_started.elapsed());
                         backend.live.count_connection();
                         s
                     }

@@ -8,7 +8,7 @@ use prometheus::proto::{
     Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType,
 };
 
-use crate::backend::{Backend, CheckOutcome, CodeClass, ConnectFailure, Side};
+use crate::backend::{Backend, CheckOutcome, CodeClass, ConnectFailure, Side, Spill};
 use crate::sessions::store::{OpResult, Store};
 use crate::stats;
 
@@ -55,8 +55,26 @@ pub const FAMILIES: &[(&str, MetricType, &[&str], &str)] = &[
     (
         "magpie_backend_spills_total",
         COUNTER,
+        &["backend", "addr", "reason"],
+        "Connections (mode http: requests) whose key this backend was a candidate for but which went elsewhere, by reason: down (health) or at_cap (bounded load).",
+    ),
+    (
+        "magpie_backend_idle_closes_total",
+        COUNTER,
         &["backend", "addr"],
-        "Connections (mode http: requests) whose key this backend was a candidate for but which went elsewhere, because it was down or at its bounded-load cap.",
+        "Connections (mode tcp) closed because neither side sent anything for idle_timeout.",
+    ),
+    (
+        "magpie_backend_connect_seconds",
+        HISTOGRAM,
+        &["backend", "addr"],
+        "Time to open a data-path connection to the backend (mode http: fresh connections only).",
+    ),
+    (
+        "magpie_backend_connection_duration_seconds",
+        HISTOGRAM,
+        &["backend", "addr"],
+        "Lifetime of proxied connections (mode tcp), from connected to closed.",
     ),
     (
         "magpie_backend_requests_total",
@@ -213,6 +231,12 @@ pub const FAMILIES: &[(&str, MetricType, &[&str], &str)] = &[
         GAUGE,
         &[],
         "1 while a connection to the session store is up, else 0 (also 0 without a store).",
+    ),
+    (
+        "magpie_build_info",
+        GAUGE,
+        &["version"],
+        "Always 1; the version label is magpie's.",
     ),
     (
         "magpie_task_restarts_total",
@@ -458,7 +482,24 @@ impl Families {
             &l,
             live.bytes_sent() as f64,
         );
-        self.add("magpie_backend_spills_total", &l, live.spills() as f64);
+        for why in Spill::ALL {
+            self.add(
+                "magpie_backend_spills_total",
+                &[l[0], l[1], ("reason", why.as_str())],
+                live.spills(why) as f64,
+            );
+        }
+        self.add(
+            "magpie_backend_idle_closes_total",
+            &l,
+            live.idle_closes() as f64,
+        );
+        self.add_histogram("magpie_backend_connect_seconds", &l, &live.connect_time);
+        self.add_histogram(
+            "magpie_backend_connection_duration_seconds",
+            &l,
+            &live.connection_duration,
+        );
         if let Some(share) = share {
             self.add(
                 "magpie_backend_up",

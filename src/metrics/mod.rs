@@ -52,6 +52,12 @@ pub fn registry(shared: Arc<Shared>) -> Registry {
     if let Err(e) = registry.register(Box::new(Exporter::new(shared))) {
         tracing::error!(error = %e, "cannot register metrics");
     }
+    // process_open_fds, process_max_fds, process_resident_memory_bytes,
+    // process_cpu_seconds_total, process_start_time_seconds, ...
+    let process = prometheus::process_collector::ProcessCollector::for_self();
+    if let Err(e) = registry.register(Box::new(process)) {
+        tracing::error!(error = %e, "cannot register process metrics");
+    }
     registry
 }
 
@@ -169,6 +175,11 @@ impl Collector for Exporter {
             );
         }
         f.add("magpie_panics_total", &[], supervise::panics() as f64);
+        f.add(
+            "magpie_build_info",
+            &[("version", env!("CARGO_PKG_VERSION"))],
+            1.0,
+        );
         for during in Exhausted::ALL {
             f.add(
                 "magpie_resource_exhaustion_total",

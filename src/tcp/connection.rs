@@ -112,6 +112,7 @@ impl Connection {
             }
         };
         debug!(%client, backend = %backend.name, "connected");
+        let connected = tokio::time::Instant::now();
 
         // 5. PROXY v2 out, then copy (starting with the bytes read so far).
         if config.proxy_protocol.send_v2 {
@@ -136,8 +137,16 @@ impl Connection {
             },
         )
         .await;
+        backend
+            .live
+            .connection_duration
+            .observe(connected.elapsed());
         match end {
             End::Refused => self.refuse_untrusted_header(),
+            End::Idle => {
+                backend.live.count_idle_close();
+                debug!(%client, backend = %backend.name, "idle_timeout passed; connection closed")
+            }
             End::Aborted(side, e) => {
                 // Pass the abort on: the other side gets a reset too.
                 let other = match side {
@@ -278,8 +287,10 @@ async fn connect_first(
         let Some(guard) = route.reserve(backend) else {
             continue;
         };
+        let started = tokio::time::Instant::now();
         match crate::net::connect(backend.addr, config.connect.timeout).await {
             Ok(stream) => {
+                backend.live.connect_time.observe(started.elapsed());
                 backend.live.count_connection();
                 return Ok((Arc::clone(backend), stream, guard));
             }

@@ -50,6 +50,30 @@ async fn metrics_parse_and_every_family_is_there_and_documented() {
         })
         .sum();
     assert_eq!(connections, 10.0);
+    // Every connect was timed; build and process families are there too.
+    assert_eq!(
+        metric_sum(&text, "magpie_backend_connect_seconds_count", &[]),
+        10.0
+    );
+    assert_eq!(
+        metric_sum(
+            &text,
+            "magpie_build_info",
+            &[&format!("version=\"{}\"", env!("CARGO_PKG_VERSION"))]
+        ),
+        1.0
+    );
+    for process in [
+        "process_open_fds",
+        "process_max_fds",
+        "process_resident_memory_bytes",
+        "process_start_time_seconds",
+    ] {
+        assert!(
+            metric_sum(&text, process, &[]) > 0.0,
+            "{process} missing or zero"
+        );
+    }
     magpie.stop().await;
 }
 

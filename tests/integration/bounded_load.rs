@@ -58,7 +58,11 @@ async fn hot_key_respects_the_cap(factor: f64, connections: u64) {
         "factor {factor}: the hot key should have spilled to every backend: {landed:?}"
     );
     assert!(
-        magpie.backend(&candidates[0]).live.spills() > 0,
+        magpie
+            .backend(&candidates[0])
+            .live
+            .spills(magpie::backend::Spill::AtCap)
+            > 0,
         "spills on the primary were not counted"
     );
     drop(held);

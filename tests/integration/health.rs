@@ -117,7 +117,11 @@ async fn connect_failures_mark_a_backend_down() {
         "two failed connects mark b down"
     );
     assert!(
-        magpie.backend("b").live.spills() >= 1,
+        magpie
+            .backend("b")
+            .live
+            .spills(magpie::backend::Spill::Down)
+            >= 1,
         "later keys of b are counted as spills"
     );
     magpie.stop().await;

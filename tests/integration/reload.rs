@@ -452,6 +452,14 @@ async fn idle_connections_are_closed() {
         started.elapsed() >= std::time::Duration::from_millis(250),
         "closed too early"
     );
+    let live = magpie.backend("a").live.clone();
+    within("the close to be counted", async {
+        while live.idle_closes() == 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert_eq!(live.connection_duration.count(), 1);
     magpie.stop().await;
 }
 
