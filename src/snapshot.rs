@@ -23,7 +23,7 @@ use blake2b_simd::Params;
 use tokio::sync::{Semaphore, watch};
 
 use crate::backend::{Backend, Live};
-use crate::config::{Algorithm, Config};
+use crate::config::{Algorithm, Config, Fallback, FieldPath, KeyConfig};
 use crate::placement::maglev::Maglev;
 use crate::placement::ring::Ring;
 use crate::placement::{Node, NodeSet, PlacementError, Scheme};
@@ -144,7 +144,7 @@ impl Snapshot {
                 Arc::new(Backend::new(b, live))
             })
             .collect();
-        let fingerprint = fingerprint(&table, &backends);
+        let fingerprint = fingerprint(&config, &table, &backends);
         let shares = table.shares();
         let build_time = started.elapsed();
         Ok(Snapshot {
@@ -185,25 +185,34 @@ impl Snapshot {
     }
 }
 
-fn fingerprint(table: &Table, backends: &[Arc<Backend>]) -> String {
+fn fingerprint(config: &Config, table: &Table, backends: &[Arc<Backend>]) -> String {
     let mut h = Params::new().hash_length(16).to_state();
+    // Everything that decides where a key goes: how keys are read, the
+    // table's owners and their addresses, and the load bound.
+    h.update(config.mode.as_str().as_bytes());
+    h.update(b"\0");
+    h.update(key_identity(&config.key).as_bytes());
+    h.update(b"\0");
+    match config.placement.bounded_load {
+        Some(c) => h.update(&c.to_bits().to_be_bytes()),
+        None => h.update(b"unbounded"),
+    };
+    for b in backends {
+        h.update(b.name.as_bytes());
+        h.update(b"\0");
+        h.update(b.addr.to_string().as_bytes());
+        h.update(b"\0");
+        h.update(&b.weight.to_be_bytes());
+    }
     match table {
         Table::Maglev(m) => {
             h.update(b"maglev\0");
-            for b in backends {
-                h.update(b.name.as_bytes());
-                h.update(b"\0");
-            }
             for &owner in m.table() {
                 h.update(&owner.to_be_bytes());
             }
         }
         Table::Ring(r) => {
             h.update(b"ring\0");
-            for b in backends {
-                h.update(b.name.as_bytes());
-                h.update(b"\0");
-            }
             for &(point, owner) in r.points() {
                 h.update(&point.to_be_bytes());
                 h.update(&owner.to_be_bytes());
@@ -211,6 +220,46 @@ fn fingerprint(table: &Table, backends: &[Arc<Backend>]) -> String {
         }
     }
     h.finalize().to_hex().to_string()
+}
+
+/// Where a key comes from, as text: the part of the key settings that
+/// decides keys (not the timeouts and byte limits of reading them).
+fn key_identity(key: &KeyConfig) -> String {
+    let fallback = |f: &Fallback| match f {
+        Fallback::SourceIp => "source_ip",
+        Fallback::SourceAddr => "source_addr",
+    };
+    let field = |f: Option<&FieldPath>| f.map_or(String::new(), |f| f.text.clone());
+    match key {
+        KeyConfig::SourceIp => "source_ip".to_string(),
+        KeyConfig::SourceAddr => "source_addr".to_string(),
+        KeyConfig::Header {
+            name,
+            body_field,
+            fallback: f,
+            ..
+        } => format!(
+            "header:{name}:{}:{}",
+            field(body_field.as_ref()),
+            fallback(f)
+        ),
+        KeyConfig::Body {
+            field: path,
+            fallback: f,
+            ..
+        } => format!("body:{}:{}", path.text, fallback(f)),
+        KeyConfig::Conversation {
+            header,
+            body_field,
+            fallback: f,
+            ..
+        } => format!(
+            "conversation:{}:{}:{}",
+            header.as_deref().unwrap_or(""),
+            field(body_field.as_ref()),
+            fallback(f)
+        ),
+    }
 }
 
 /// The one published snapshot and what lives beside it: global counters, the
@@ -368,6 +417,40 @@ mod tests {
         assert_eq!(sa.fingerprint.len(), 32);
         assert_eq!(sa.backends[0].name, "a");
         assert!((sa.shares.iter().sum::<f64>() - 1.0).abs() < 1e-9);
+    }
+
+    /// Two configs that route a key differently never share a fingerprint;
+    /// settings that move no key do not change it.
+    #[test]
+    fn the_fingerprint_covers_everything_that_routes_a_key() {
+        let base = "listen: 127.0.0.1:7000\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n  - {name: b, addr: 127.0.0.1:8002}\n";
+        let print = |text: &str| {
+            Snapshot::build(config(text), 1, &HashMap::new())
+                .unwrap()
+                .fingerprint
+        };
+        let reference = print(base);
+        let routing = [
+            base.replace("8002", "8003"),
+            base.replace("listen", "key: {from: header, header: x-a}\nlisten"),
+            base.replace("listen", "key: {from: source_addr}\nlisten"),
+            base.replace("listen", "placement: {bounded_load: 1.25}\nlisten"),
+        ];
+        let mut seen = vec![reference.clone()];
+        for text in &routing {
+            let f = print(text);
+            assert!(!seen.contains(&f), "same fingerprint for:\n{text}");
+            seen.push(f);
+        }
+        let header_a = print(&routing[1]);
+        assert_ne!(
+            header_a,
+            print(&base.replace("listen", "key: {from: header, header: x-b}\nlisten"))
+        );
+        assert_eq!(
+            reference,
+            print(&base.replace("listen", "idle_timeout: 5m\nlisten"))
+        );
     }
 
     #[test]

@@ -289,12 +289,12 @@ fn example_configs_route_as_pinned() {
     let golden: &[Golden] = &[
         (
             "magpie.yaml",
-            "39be31c1ba745a2b0c4d7f80353bca4f",
+            "5b0a29081530bb4aec74ad3ee50bf4f1",
             &[("alice", "app-1"), ("conv-7f3a", "app-2"), ("k3", "app-0")],
         ),
         (
             "llm-sessions.yaml",
-            "ecd98fe3ef997b6fdd403aa162ef30fa",
+            "df8c818f5397c654fcf87fab1c29a9e9",
             &[
                 ("alice", "gpu-0"),
                 ("bob", "gpu-3"),
@@ -303,7 +303,7 @@ fn example_configs_route_as_pinned() {
         ),
         (
             "sidecar.yaml",
-            "6e9c11e2b69edd2a5d1406b8d58caa89",
+            "9187bc9b67c5553406bbb0936ab9623d",
             &[
                 ("127.0.0.1", "worker-2"),
                 ("10.1.2.3", "worker-0"),
