@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::config::{Config, Mode};
+use crate::discovery::{Discovery, DiscoveryError};
 use crate::http::HttpPath;
 use crate::listener::{self, Drained};
 use crate::net::bind;
@@ -60,6 +61,8 @@ pub enum StartError {
     Snapshot(#[from] SnapshotError),
     #[error("table build was interrupted")]
     BuildAborted,
+    #[error(transparent)]
+    Discovery(#[from] DiscoveryError),
 }
 
 fn bind_error(config: &Config, addr: SocketAddr, error: io::Error) -> StartError {
@@ -117,7 +120,8 @@ impl Running {
 /// `config.source` when that is a file. Binding happens before this returns,
 /// so a port that is taken is an error here, not a log line later.
 pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Running, StartError> {
-    let config = Arc::new(config);
+    let discovery = Arc::new(Discovery::default());
+    let config = Arc::new(discovery.expand(config).await?);
     let build = Arc::clone(&config);
     let snapshot =
         tokio::task::spawn_blocking(move || Snapshot::build(build, 1, &Default::default()))
@@ -152,7 +156,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     if let Some(addr) = admin {
         info!(role = %"admin", %addr, "listening");
     }
-    let shared = Arc::new(Shared::new(snapshot));
+    let shared = Arc::new(Shared::with_discovery(snapshot, discovery));
     // The admin endpoint outlives the listeners: during a drain, operators
     // watch the active connections go down. It stops when the drain is done.
     let drained = CancellationToken::new();
@@ -169,7 +173,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
             crate::health::run(Arc::clone(&shared), shutdown.clone())
         });
     }
-    if config.source.is_file() {
+    if config.source.is_file() || config.discovery.is_some() {
         crate::reload::spawn(config.source.clone(), Arc::clone(&shared), shutdown.clone());
     }
     let task = match config.mode {

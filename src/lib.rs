@@ -18,6 +18,7 @@
 //! |---|---|
 //! | [`app`] | start and run a whole magpie: listeners, admin, health, reload, drain |
 //! | [`config`] | YAML → `RawConfig` → validated `Config`, errors with file:line:column; defaults and bounds |
+//! | [`discovery`] | `dns` and `srv` backends: resolved at start, on reload and every interval; last good answer kept |
 //! | [`hash`] | `h64`, the one hash everything uses |
 //! | [`placement`] | pure placement schemes: Maglev, ring, rendezvous, jump, mod N, bounded loads; the candidate walk |
 //! | [`snapshot`] | `Snapshot` (version, fingerprint, backends, table, settings) and the `Shared` state it is published in |
@@ -43,6 +44,7 @@ pub mod admin;
 pub mod app;
 pub mod backend;
 pub mod config;
+pub mod discovery;
 pub mod hash;
 pub mod health;
 pub mod http;

@@ -41,6 +41,8 @@ pub enum ReloadError {
     Build(#[from] SnapshotError),
     #[error("reload task was interrupted")]
     Interrupted,
+    #[error(transparent)]
+    Discovery(#[from] crate::discovery::DiscoveryError),
 }
 
 /// What a reload did.
@@ -112,21 +114,65 @@ impl Reloader {
         self.last_content = Some(content);
 
         let current = self.shared.snapshot.load_full();
-        let carry = self.shared.carry();
         let path = self.path.clone();
-        let built = tokio::task::spawn_blocking(move || -> Result<Snapshot, ReloadError> {
+        let running = Arc::clone(&current.config);
+        let config = tokio::task::spawn_blocking(move || -> Result<Config, ReloadError> {
             let mut config = Config::parse(&path, &text).map_err(ReloadError::Config)?;
-            keep_restart_settings(&mut config, &current.config);
-            Ok(Snapshot::build(
-                Arc::new(config),
-                current.version + 1,
-                &carry,
-            )?)
+            keep_restart_settings(&mut config, &running);
+            Ok(config)
         })
         .await
         .map_err(|_| ReloadError::Interrupted)??;
+        let config = self.shared.discovery.expand(config).await?;
+        self.publish(config, current.version + 1).await
+    }
 
-        let version = built.version;
+    /// Resolves the running config's `dns`/`srv` entries again and publishes
+    /// the result if the backends changed. Logged when it applies.
+    pub async fn rediscover(&mut self) -> Result<Outcome, ReloadError> {
+        let current = self.shared.snapshot.load_full();
+        if current.config.discovery.is_none() {
+            return Ok(Outcome::Unchanged);
+        }
+        let config = self
+            .shared
+            .discovery
+            .expand((*current.config).clone())
+            .await?;
+        let identity = |c: &Config| -> Vec<(String, std::net::SocketAddr, u32)> {
+            let mut v: Vec<_> = c
+                .backends
+                .iter()
+                .map(|b| (b.name.clone(), b.addr, b.weight))
+                .collect();
+            v.sort();
+            v
+        };
+        if identity(&config) == identity(&current.config) {
+            return Ok(Outcome::Unchanged);
+        }
+        let outcome = self.publish(config, current.version + 1).await?;
+        if let Outcome::Applied { version, removed } = &outcome {
+            let snapshot = self.shared.snapshot.load();
+            info!(
+                version,
+                fingerprint = %snapshot.fingerprint,
+                backends = snapshot.backends.len(),
+                removed = ?removed,
+                "backends changed in DNS; published"
+            );
+        }
+        Ok(outcome)
+    }
+
+    /// Builds a snapshot of `config` on a blocking thread and publishes it;
+    /// removed backends drain.
+    async fn publish(&self, config: Config, version: u64) -> Result<Outcome, ReloadError> {
+        let carry = self.shared.carry();
+        let built =
+            tokio::task::spawn_blocking(move || Snapshot::build(Arc::new(config), version, &carry))
+                .await
+                .map_err(|_| ReloadError::Interrupted)??;
         let drain_timeout = built.config.drain_timeout;
         let removed = self.shared.publish(built);
         for backend in &removed {
@@ -180,9 +226,10 @@ fn schedule_drain(backend: &Arc<Backend>, drain_timeout: Option<Duration>) {
 
 /// Starts reloading `path` until `shutdown`: on SIGHUP (forced), on changes in
 /// the file's directory (if `reload.watch`), and every `reload.poll_interval`
-/// (if set). The signal handler and the watch are in place when this returns,
-/// so no change made after it is missed. Should the loop ever panic, it is
-/// set up afresh and started again.
+/// (if set); and resolves `dns`/`srv` backends again every
+/// `discovery.interval`. The signal handler and the watch are in place when
+/// this returns, so no change made after it is missed. Should the loop ever
+/// panic, it is set up afresh and started again.
 pub fn spawn(path: PathBuf, shared: Arc<Shared>, shutdown: CancellationToken) {
     let mut first = Some(Sources::new(&path, &shared));
     supervise::spawn(Task::Reload, move || {
@@ -214,6 +261,16 @@ struct Sources {
 
 impl Sources {
     fn new(path: &Path, shared: &Shared) -> Sources {
+        let (tx, events) = mpsc::unbounded_channel::<()>();
+        if !path.is_file() {
+            // No file to reload (a config given as text): DNS discovery only.
+            return Sources {
+                hup: None,
+                events,
+                watcher: None,
+                poll: None,
+            };
+        }
         let settings = shared.snapshot.load().config.reload.clone();
         let hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
             Ok(s) => Some(s),
@@ -222,7 +279,6 @@ impl Sources {
                 None
             }
         };
-        let (tx, events) = mpsc::unbounded_channel::<()>();
         let watcher = if settings.watch {
             watch_dir(path, tx)
         } else {
@@ -249,23 +305,43 @@ async fn run(
     mut poll: Option<tokio::time::Interval>,
     shutdown: CancellationToken,
 ) {
+    let mut next_discovery = discovery_due(&reloader.shared);
     loop {
-        let force = tokio::select! {
+        let reload = tokio::select! {
             _ = shutdown.cancelled() => return,
             Some(()) = async { match hup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => {
                 info!("SIGHUP: reloading {}", reloader.path.display());
-                true
+                Some(true)
             }
             Some(()) = events.recv() => {
                 // Debounce: wait until the directory has been quiet for a moment.
                 while let Ok(Some(())) = tokio::time::timeout(DEBOUNCE, events.recv()).await {}
-                false
+                Some(false)
             }
-            _ = async { match poll.as_mut() { Some(p) => { p.tick().await; } None => std::future::pending().await } } => false,
+            _ = async { match poll.as_mut() { Some(p) => { p.tick().await; } None => std::future::pending().await } } => Some(false),
+            _ = async { match next_discovery { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => None,
         };
-        // Errors are logged and counted inside; the loop goes on.
-        let _outcome = reloader.reload(force).await;
+        // Errors are logged and counted inside (or, for DNS, the last good
+        // answers are kept); the loop goes on.
+        match reload {
+            Some(force) => {
+                let _outcome = reloader.reload(force).await;
+            }
+            None => {
+                if let Err(e) = reloader.rediscover().await {
+                    warn!("DNS discovery failed; the running table stays: {e}");
+                }
+            }
+        }
+        next_discovery = discovery_due(&reloader.shared);
     }
+}
+
+/// When the running config's `dns`/`srv` entries are due to be resolved
+/// again; `None` without discovery.
+fn discovery_due(shared: &Shared) -> Option<tokio::time::Instant> {
+    let every = shared.snapshot.load().config.discovery.as_ref()?.interval;
+    Some(tokio::time::Instant::now() + every)
 }
 
 /// Whether a directory event can have changed a file's content: a write, a

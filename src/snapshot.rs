@@ -24,6 +24,7 @@ use tokio::sync::{Semaphore, watch};
 
 use crate::backend::{Backend, Live};
 use crate::config::{Algorithm, Config, Fallback, FieldPath, KeyConfig};
+use crate::discovery::Discovery;
 use crate::placement::maglev::Maglev;
 use crate::placement::ring::Ring;
 use crate::placement::{Node, NodeSet, PlacementError, Scheme};
@@ -275,12 +276,20 @@ pub struct Shared {
     pub(crate) limit: Arc<Semaphore>,
     /// The published version, for whoever waits for a reload to land.
     version: watch::Sender<u64>,
+    /// DNS discovery's resolvers and last good answers.
+    pub discovery: Arc<Discovery>,
     /// Session pins (`sessions`), kept across reloads that keep their settings.
     sessions: ArcSwapOption<Sessions>,
 }
 
 impl Shared {
     pub fn new(snapshot: Snapshot) -> Self {
+        Shared::with_discovery(snapshot, Arc::default())
+    }
+
+    /// Shared state whose first snapshot was built with `discovery`'s
+    /// answers (so they are the last good ones).
+    pub fn with_discovery(snapshot: Snapshot, discovery: Arc<Discovery>) -> Self {
         let limit = Arc::new(Semaphore::new(snapshot.config.max_connections));
         let (version, _) = watch::channel(snapshot.version);
         let sessions = ArcSwapOption::from(sessions_for(&snapshot.config));
@@ -288,6 +297,7 @@ impl Shared {
             snapshot: ArcSwap::from_pointee(snapshot),
             stats: Stats::default(),
             retired: Mutex::new(Vec::new()),
+            discovery,
             limit,
             version,
             sessions,

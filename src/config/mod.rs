@@ -23,6 +23,7 @@ use serde::Deserialize;
 pub use crate::key::json::FieldPath;
 
 pub mod file;
+pub(crate) use validate::reaches;
 mod raw;
 mod resolve;
 mod validate;
@@ -211,7 +212,11 @@ pub struct Config {
     /// Session pins (`mode: http` only); `None` keeps routing stateless.
     pub sessions: Option<SessionsConfig>,
     /// In file order; placement sorts by name itself.
+    /// The backends: the ones written in the file, and once discovery ran,
+    /// the ones it found (`discovered`).
     pub backends: Vec<BackendConfig>,
+    /// `dns` and `srv` entries, resolved again every `discovery.interval`.
+    pub discovery: Option<DiscoveryConfig>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -392,6 +397,46 @@ pub struct BackendConfig {
     pub addr: SocketAddr,
     pub weight: u32,
     pub zone: Option<String>,
+    /// Found through a `dns` or `srv` entry, not written in the file.
+    pub discovered: bool,
+}
+
+/// Backends found through DNS (`backends[].dns`, `backends[].srv`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiscoveryConfig {
+    /// How often the names are resolved again.
+    pub interval: Duration,
+    /// The DNS server to ask; `None`: the system's resolver configuration.
+    pub resolver: Option<SocketAddr>,
+    pub sources: Vec<SourceConfig>,
+}
+
+/// One `dns` or `srv` entry of `backends`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceConfig {
+    pub source: Source,
+    /// `dns`: every address's weight; `srv` takes the records' weights.
+    pub weight: u32,
+    pub zone: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// Every A/AAAA answer for `host` is a backend on `port`, named by its
+    /// address.
+    Dns { host: String, port: u16 },
+    /// Each target of the SRV records of `name` (lowest priority only) is a
+    /// backend named `target:port`, weighted by the record.
+    Srv { name: String },
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Dns { host, port } => write!(f, "dns {host}:{port}"),
+            Source::Srv { name } => write!(f, "srv {name}"),
+        }
+    }
 }
 
 // Defaults, named once so README, the example config and the code agree.
@@ -458,6 +503,9 @@ pub const MAX_PASSIVE_FAILURES: u32 = 1000;
 /// Polling faster than this costs more than it finds.
 pub const MIN_POLL_INTERVAL: Duration = Duration::from_millis(100);
 pub const MAX_POLL_INTERVAL: Duration = Duration::from_secs(DAY);
+pub const DEFAULT_DISCOVERY_INTERVAL: Duration = Duration::from_secs(10);
+pub const MIN_DISCOVERY_INTERVAL: Duration = Duration::from_millis(100);
+pub const MAX_DISCOVERY_INTERVAL: Duration = Duration::from_secs(HOUR);
 
 // What a table build may cost is placement's to say; validation checks the
 // same numbers, so a config that passes always builds.

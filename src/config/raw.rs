@@ -48,6 +48,17 @@ pub struct RawConfig {
     #[serde(default)]
     pub(super) sessions: Option<Spanned<RawSessions>>,
     pub(super) backends: Spanned<Vec<Spanned<RawBackend>>>,
+    #[serde(default)]
+    pub(super) discovery: Option<Spanned<RawDiscovery>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDiscovery {
+    #[serde(default)]
+    pub(super) interval: Option<Spanned<HumanDuration>>,
+    #[serde(default)]
+    pub(super) resolver: Option<Spanned<String>>,
 }
 
 /// `listen: 127.0.0.1:7000` and `listen: [a, b]` both work. Read by hand
@@ -269,8 +280,16 @@ pub(super) struct RawReload {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawBackend {
-    pub(super) name: Spanned<String>,
-    pub(super) addr: Spanned<String>,
+    #[serde(default)]
+    pub(super) name: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(super) addr: Option<Spanned<String>>,
+    /// `host:port`: every address the name resolves to is a backend.
+    #[serde(default)]
+    pub(super) dns: Option<Spanned<String>>,
+    /// `_service._proto.name`: targets, ports and weights from SRV records.
+    #[serde(default)]
+    pub(super) srv: Option<Spanned<String>>,
     #[serde(default)]
     pub(super) weight: Option<Spanned<u32>>,
     #[serde(default)]

@@ -265,6 +265,35 @@ fn every_listed_mistake_is_rejected() {
             "listen: 127.0.0.1:7000\nkey: {from: conversation}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
             "test.yaml:2:13: key.from: conversation needs mode: http",
         ),
+        // DNS discovery.
+        (
+            "listen: 127.0.0.1:7000\nbackends:\n  - {name: a, dns: \"pool:80\"}\n",
+            "test.yaml:3:5: a dns or srv backend entry has no name: its backends are named by what the name resolves to",
+        ),
+        (
+            "listen: 127.0.0.1:7000\nbackends:\n  - {dns: pool}\n",
+            "test.yaml:3:11: dns \"pool\" is not host:port (write e.g. vllm.default.svc.cluster.local:8000)",
+        ),
+        (
+            "listen: 127.0.0.1:7000\nbackends:\n  - {srv: pool.test}\n",
+            "is not a service name",
+        ),
+        (
+            "listen: 127.0.0.1:7000\nbackends:\n  - {name: a}\n",
+            "test.yaml:3:5: a backend needs name and addr (or dns: host:port, or srv: _service._proto.name)",
+        ),
+        (
+            "listen: 127.0.0.1:7000\ndiscovery: {interval: 10s}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+            "test.yaml:2:12: discovery needs a backend entry with dns or srv",
+        ),
+        (
+            "listen: 127.0.0.1:7000\ndiscovery: {interval: 10ms}\nbackends:\n  - {dns: \"pool:80\"}\n",
+            "discovery.interval 10ms is too short (at least 100ms)",
+        ),
+        (
+            "listen: 127.0.0.1:7000\ndiscovery: {resolver: dns.local}\nbackends:\n  - {dns: \"pool:80\"}\n",
+            "discovery.resolver \"dns.local\" is not an ip:port address",
+        ),
         // The shared session store.
         (
             "mode: http\nlisten: 127.0.0.1:7000\nsessions: {redis: {addr: 127.0.0.1:6379}}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",

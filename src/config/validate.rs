@@ -28,10 +28,11 @@ use super::{
     DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_POINTS_PER_WEIGHT,
     DEFAULT_SHUTDOWN_GRACE, MAX_DRAIN_TIMEOUT, MAX_IDLE_TIMEOUT, MAX_MAX_CONNECTIONS,
     MAX_RING_POINTS, MAX_SHUTDOWN_GRACE, MAX_TABLE_SIZE, MAX_WEIGHT, Mode, Place, PlacementConfig,
-    Places,
+    Places, SourceConfig,
 };
 use crate::placement::maglev;
 
+mod discovery;
 mod modes;
 mod settings;
 
@@ -133,7 +134,8 @@ impl<'a> Validator<'a> {
         let mut places = Places::default();
         let listen = self.listen(raw.listen, &mut places);
         let admin = self.admin(raw.admin, &listen, &mut places);
-        let backends = self.backends(raw.backends, &listen, admin);
+        let (backends, sources) = self.backends(raw.backends, &listen, admin);
+        let discovery = self.discovery(raw.discovery, sources);
         let placement = self.placement(raw.placement, &backends);
         let key = self.key(raw.key, mode);
         let connect = self.connect(raw.connect);
@@ -194,6 +196,7 @@ impl<'a> Validator<'a> {
                 http,
                 sessions,
                 backends,
+                discovery,
             })
         } else {
             self.errors.sort_by_key(|e| (e.line, e.column));
@@ -270,13 +273,14 @@ impl<'a> Validator<'a> {
         raw: Spanned<Vec<Spanned<RawBackend>>>,
         listen: &[SocketAddr],
         admin: Option<SocketAddr>,
-    ) -> Vec<BackendConfig> {
+    ) -> (Vec<BackendConfig>, Vec<SourceConfig>) {
+        let mut sources = Vec::new();
         if raw.value.is_empty() {
             self.err(
                 &raw.referenced,
                 "backends is empty: at least one backend is needed",
             );
-            return Vec::new();
+            return (Vec::new(), sources);
         }
         let mut out: Vec<BackendConfig> = Vec::new();
         // Names and addresses seen so far (an address maps to its index in
@@ -286,34 +290,45 @@ impl<'a> Validator<'a> {
             std::collections::HashMap::new();
         for entry in raw.value {
             let b = entry.value;
-            let name = b.name.value.trim().to_string();
+            if b.dns.is_some() || b.srv.is_some() {
+                sources.extend(self.source(b, &entry.referenced));
+                continue;
+            }
+            let (Some(b_name), Some(b_addr)) = (b.name, b.addr) else {
+                self.err(
+                    &entry.referenced,
+                    "a backend needs name and addr (or dns: host:port, or srv: _service._proto.name)",
+                );
+                continue;
+            };
+            let name = b_name.value.trim().to_string();
             if name.is_empty() {
-                self.err(&b.name.referenced, "backend name is empty");
+                self.err(&b_name.referenced, "backend name is empty");
                 continue;
             }
             if name.chars().any(|c| c.is_control() || c.is_whitespace()) {
                 self.err(
-                    &b.name.referenced,
+                    &b_name.referenced,
                     format!("backend name {name:?} contains whitespace or control characters"),
                 );
                 continue;
             }
             if !names.insert(name.clone()) {
                 self.err(
-                    &b.name.referenced,
+                    &b_name.referenced,
                     format!(
                         "duplicate backend name {name:?}: names are identities and must be unique"
                     ),
                 );
                 continue;
             }
-            let addr_text = b.addr.value.trim().to_string();
-            let Some(addr) = self.resolve(&b.addr) else {
+            let addr_text = b_addr.value.trim().to_string();
+            let Some(addr) = self.resolve(&b_addr) else {
                 continue;
             };
             if let Some(&other) = addrs.get(&addr) {
                 self.err(
-                    &b.addr.referenced,
+                    &b_addr.referenced,
                     format!(
                         "backend {name:?} has the same address {addr} as backend {:?}",
                         out[other].name
@@ -323,7 +338,7 @@ impl<'a> Validator<'a> {
             }
             if let Some(own) = listen.iter().chain(&admin).find(|&&own| reaches(addr, own)) {
                 self.err(
-                    &b.addr.referenced,
+                    &b_addr.referenced,
                     if addr == *own {
                         format!("backend {name:?} points at magpie's own address {addr}: that would loop")
                     } else {
@@ -358,15 +373,16 @@ impl<'a> Validator<'a> {
                 addr,
                 weight,
                 zone,
+                discovered: false,
             });
         }
-        if !out.is_empty() && out.iter().all(|b| b.weight == 0) {
+        if !out.is_empty() && out.iter().all(|b| b.weight == 0) && sources.is_empty() {
             self.err(
                 &raw.referenced,
                 "every backend has weight 0: nothing could take a connection",
             );
         }
-        out
+        (out, sources)
     }
 
     /// Resolution is resolve.rs's job; this only puts its error in place.
@@ -488,7 +504,7 @@ fn place(at: &Location) -> Place {
 /// the other a local address (a listener on `0.0.0.0:P` takes connections to
 /// every local IPv4 address, and connecting to `0.0.0.0:P` reaches
 /// `127.0.0.1:P`). Port 0 (any port) cannot be checked.
-fn reaches(backend: SocketAddr, own: SocketAddr) -> bool {
+pub(crate) fn reaches(backend: SocketAddr, own: SocketAddr) -> bool {
     if own.port() == 0 || backend.port() != own.port() || backend.is_ipv4() != own.is_ipv4() {
         return backend == own && own.port() != 0;
     }

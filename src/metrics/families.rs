@@ -233,6 +233,12 @@ pub const FAMILIES: &[(&str, MetricType, &[&str], &str)] = &[
         "1 while a connection to the session store is up, else 0 (also 0 without a store).",
     ),
     (
+        "magpie_discovery_lookups_total",
+        COUNTER,
+        &["result"],
+        "DNS lookups of dns/srv backend entries, by result (ok, empty, error); a failed or empty one keeps the last good answer.",
+    ),
+    (
         "magpie_build_info",
         GAUGE,
         &["version"],

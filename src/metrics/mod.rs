@@ -17,6 +17,7 @@ use prometheus::{Encoder, Registry, TextEncoder};
 
 use crate::backend::Backend;
 use crate::config::Mode;
+use crate::discovery::Lookup;
 use crate::key::FallbackReason;
 use crate::snapshot::Shared;
 use crate::stats::{ClientFailure, Exhausted};
@@ -180,6 +181,13 @@ impl Collector for Exporter {
             &[("version", env!("CARGO_PKG_VERSION"))],
             1.0,
         );
+        for result in Lookup::ALL {
+            f.add(
+                "magpie_discovery_lookups_total",
+                &[("result", result.as_str())],
+                self.shared.discovery.lookups(result) as f64,
+            );
+        }
         for during in Exhausted::ALL {
             f.add(
                 "magpie_resource_exhaustion_total",

@@ -10,6 +10,7 @@
 mod admin;
 mod backends;
 mod client;
+mod dns;
 pub mod http;
 mod in_process;
 mod process;
@@ -18,6 +19,7 @@ mod redis;
 pub use admin::*;
 pub use backends::*;
 pub use client::*;
+pub use dns::*;
 pub use http::*;
 pub use in_process::*;
 pub use process::*;

@@ -1,0 +1,171 @@
+//! DNS discovery against a name server started by the test: backends follow
+//! the records, unchanged ones keep their live state, and a failed, empty or
+//! silent answer keeps the last good set.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use crate::support::*;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+fn ip(last: u8) -> IpAddr {
+    IpAddr::from([127, 0, 0, last])
+}
+
+/// Demo HTTP backends named b1, b2, ... on 127.0.0.1, .2, ... all on `port`.
+async fn backends_on(port: u16, count: u8) -> Vec<HttpBackends> {
+    let mut all = Vec::new();
+    for last in 1..=count {
+        let bind = SocketAddr::new(ip(last), port);
+        all.push(HttpBackends::start_on(bind, &[&format!("b{last}")]).await);
+    }
+    all
+}
+
+fn config(dns: SocketAddr, entry: &str) -> String {
+    format!(
+        "listen: 127.0.0.1:0\nadmin: off\nkey: {{from: source_addr}}\ndiscovery: {{interval: 100ms, resolver: \"{dns}\"}}\nbackends:\n  - {entry}\n"
+    )
+}
+
+fn names(magpie: &Magpie) -> Vec<String> {
+    magpie
+        .shared
+        .snapshot
+        .load()
+        .backends
+        .iter()
+        .map(|b| b.name.clone())
+        .collect()
+}
+
+async fn next_version(magpie: &Magpie, what: &str) {
+    let mut versions = magpie.shared.versions();
+    within(what, versions.changed())
+        .await
+        .expect("magpie is running");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dns_backends_follow_their_records_and_survive_bad_answers() {
+    use magpie::discovery::Lookup;
+    let port = free_port();
+    let _backends = backends_on(port, 3).await;
+    let dns = DnsServer::start().await;
+    dns.set_addresses("pool.test", &[ip(2), ip(1)]);
+    let magpie = Magpie::start(&config(dns.addr, &format!("{{dns: \"pool.test:{port}\"}}"))).await;
+    assert_eq!(
+        names(&magpie),
+        [format!("127.0.0.1:{port}"), format!("127.0.0.2:{port}")]
+    );
+    for _ in 0..4 {
+        let body = http_get(magpie.addr, None).await;
+        assert!(body.contains("b1") || body.contains("b2"), "{body}");
+    }
+    let first = magpie.backend(&format!("127.0.0.1:{port}"));
+
+    // A third address: published like a reload; the others keep their state.
+    dns.set_addresses("pool.test", &[ip(1), ip(2), ip(3)]);
+    next_version(&magpie, "the new address to be published").await;
+    assert_eq!(names(&magpie).len(), 3);
+    assert!(Arc::ptr_eq(
+        &first.live,
+        &magpie.backend(&format!("127.0.0.1:{port}")).live
+    ));
+
+    // The name disappears, then the server goes silent: the set stays.
+    let version = magpie.shared.snapshot.load().version;
+    let discovery = Arc::clone(&magpie.shared.discovery);
+    let failed_before = discovery.lookups(Lookup::Failed);
+    dns.set_addresses("pool.test", &[]);
+    within("two failed lookups", async {
+        while discovery.lookups(Lookup::Failed) < failed_before + 2 {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    dns.set_addresses("pool.test", &[ip(1), ip(2), ip(3)]);
+    dns.set_silent(true);
+    let failed_before = discovery.lookups(Lookup::Failed);
+    within("a timed-out lookup", async {
+        while discovery.lookups(Lookup::Failed) == failed_before {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(
+        magpie.shared.snapshot.load().version,
+        version,
+        "a bad answer changed the pool"
+    );
+    assert_eq!(names(&magpie).len(), 3);
+    let body = http_get(magpie.addr, None).await;
+    assert!(body.contains('b'), "{body}");
+
+    // Answers again, with one address gone.
+    dns.set_silent(false);
+    dns.set_addresses("pool.test", &[ip(3)]);
+    within("the shrunk set to be published", async {
+        while names(&magpie).len() != 1 {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(http_get(magpie.addr, None).await.contains("b3"));
+    magpie.stop().await;
+}
+
+/// SRV records name the backends `target:port` and weight them; only the
+/// lowest priority value is used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn srv_records_give_names_ports_and_weights() {
+    let port = free_port();
+    let _backends = backends_on(port, 3).await;
+    let dns = DnsServer::start().await;
+    dns.set_services(
+        "_http._tcp.pool.test",
+        &[
+            (10, 2, port, "a.test"),
+            (10, 1, port, "b.test"),
+            (20, 5, port, "c.test"),
+        ],
+    );
+    dns.set_addresses("a.test", &[ip(1)]);
+    dns.set_addresses("b.test", &[ip(2)]);
+    dns.set_addresses("c.test", &[ip(3)]);
+    let magpie = Magpie::start(&config(dns.addr, "{srv: _http._tcp.pool.test}")).await;
+    let snapshot = magpie.shared.snapshot.load();
+    let got: Vec<(String, SocketAddr, u32)> = snapshot
+        .backends
+        .iter()
+        .map(|b| (b.name.clone(), b.addr, b.weight))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (format!("a.test:{port}"), SocketAddr::new(ip(1), port), 2),
+            (format!("b.test:{port}"), SocketAddr::new(ip(2), port), 1),
+        ]
+    );
+    drop(snapshot);
+    magpie.stop().await;
+}
+
+/// With no answer at all, magpie does not start, and says which entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_first_answer_no_start() {
+    let dns = DnsServer::start().await;
+    let text = config(dns.addr, "{dns: \"missing.test:8000\"}");
+    let parsed =
+        magpie::config::Config::parse(std::path::Path::new("t.yaml"), &text).expect("valid");
+    let started = magpie::app::start(parsed, tokio_util::sync::CancellationToken::new()).await;
+    let error = started.err().expect("no backend, no start").to_string();
+    assert!(error.contains("dns missing.test:8000"), "{error}");
+    assert!(error.contains("no earlier answer"), "{error}");
+}
