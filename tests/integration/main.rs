@@ -6,6 +6,7 @@ mod bad_input;
 mod bounded_load;
 mod config_files;
 mod conversation;
+mod deploy;
 mod discovery;
 mod failover;
 mod faults;
