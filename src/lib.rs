@@ -39,6 +39,7 @@
 //! | [`throttle`] | rate-limited log lines for conditions that can repeat thousands of times a second |
 //! | [`admin`] | the read-only admin HTTP endpoint: metrics, health, table, route |
 //! | [`lab`] | `magpie simulate`, `plan` and `demo` |
+//! | [`probe`] | `magpie probe`: one HTTP `GET`, exit 0 on 2xx (container health checks) |
 
 pub mod admin;
 pub mod app;
@@ -54,6 +55,7 @@ pub mod listener;
 pub mod metrics;
 pub mod net;
 pub mod placement;
+pub mod probe;
 pub mod proxy_protocol;
 pub mod reload;
 pub mod route;

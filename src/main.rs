@@ -80,6 +80,13 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// GET an http://host:port/path URL; exit 0 on a 2xx answer, else 1 (for health checks).
+    Probe {
+        url: String,
+        /// How long the connect and the answer may take together.
+        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+    },
 }
 
 /// `demo --mode`.
@@ -128,6 +135,7 @@ fn main() -> ExitCode {
             keys,
             json,
         } => plan(&old, &new, keys.as_deref(), json),
+        Command::Probe { url, timeout } => Ok(magpie::probe::run(&url, timeout)),
     };
     match result {
         Ok(code) => code,

@@ -13,6 +13,7 @@ mod faults;
 mod fuzz_corpus;
 mod health;
 mod http_mode;
+mod probe;
 mod proxy_protocol;
 mod reload;
 mod shared_pins;
