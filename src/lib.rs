@@ -17,6 +17,7 @@
 //! | module | owns |
 //! |---|---|
 //! | [`app`] | start and run a whole magpie: listeners, admin, health, reload, drain |
+//! | [`check`] | what `magpie check` prints: listeners, routing settings, pool, fingerprint, warnings |
 //! | [`config`] | YAML → `RawConfig` → validated `Config`, errors with file:line:column; defaults and bounds |
 //! | [`discovery`] | `dns` and `srv` backends: resolved at start, on reload and every interval; last good answer kept |
 //! | [`hash`] | `h64`, the one hash everything uses |
@@ -44,6 +45,7 @@
 pub mod admin;
 pub mod app;
 pub mod backend;
+pub mod check;
 pub mod config;
 pub mod discovery;
 pub mod hash;

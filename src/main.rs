@@ -172,39 +172,12 @@ fn check(path: &std::path::Path) -> anyhow::Result<ExitCode> {
     let Some(snapshot) = build(path)? else {
         return Ok(ExitCode::FAILURE);
     };
-    let config = &snapshot.config;
-    let mut out = String::new();
-    writeln!(out, "{}: ok", path.display())?;
-    let listen: Vec<String> = config.listen.iter().map(|a| a.to_string()).collect();
-    writeln!(out, "listen:      {}", listen.join(", "))?;
-    match config.admin {
-        Some(a) => writeln!(out, "admin:       {a}")?,
-        None => writeln!(out, "admin:       off")?,
-    }
-    writeln!(out, "algorithm:   {:?}", snapshot.table.algorithm())?;
-    writeln!(out, "fingerprint: {}", snapshot.fingerprint)?;
-    writeln!(out, "backends:")?;
-    for (b, share) in snapshot.backends.iter().zip(&snapshot.shares) {
-        writeln!(
-            out,
-            "  {:<20} {:<22} weight {:>5}  share {:>6.2}%{}",
-            b.name,
-            b.addr.to_string(),
-            b.weight,
-            share * 100.0,
-            b.zone
-                .as_deref()
-                .map(|z| format!("  zone {z}"))
-                .unwrap_or_default()
-        )?;
-    }
-    if let magpie::snapshot::Table::Maglev(m) = &snapshot.table
-        && let Some(w) =
-            magpie::placement::maglev::sparse_warning(m.table_size(), snapshot.backends.len())
-    {
-        writeln!(out, "warning: {w}")?;
-    }
-    emit(&out)
+    let env = magpie::check::Environment::detect();
+    emit(&magpie::check::report(
+        &path.display().to_string(),
+        &snapshot,
+        env,
+    )?)
 }
 
 /// Loads and builds a config, or prints its errors.
@@ -215,6 +188,15 @@ fn build(path: &std::path::Path) -> anyhow::Result<Option<Snapshot>> {
             eprintln!("{errors}");
             return Ok(None);
         }
+    };
+    // `dns` and `srv` entries are resolved as `run` would.
+    let config = if config.discovery.is_some() {
+        let discovery = magpie::discovery::Discovery::default();
+        runtime()?
+            .block_on(discovery.expand(config))
+            .with_context(|| format!("{}", path.display()))?
+    } else {
+        config
     };
     let snapshot = Snapshot::build(Arc::new(config), 1, &HashMap::new())
         .with_context(|| format!("{}", path.display()))?;

@@ -169,3 +169,34 @@ async fn no_first_answer_no_start() {
     assert!(error.contains("dns missing.test:8000"), "{error}");
     assert!(error.contains("no earlier answer"), "{error}");
 }
+
+/// `magpie check` resolves `dns` entries as `run` would, and shows them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_resolves_and_shows_discovery() {
+    let dns = DnsServer::start().await;
+    dns.set_addresses("pool.test", &[ip(7), ip(6)]);
+    let file = TempFile::new(
+        "magpie.yaml",
+        &config(dns.addr, "{dns: \"pool.test:8000\"}"),
+    );
+    let out = tokio::process::Command::new(magpie_bin())
+        .args(["check", "--config"])
+        .arg(&file.path)
+        .output()
+        .await
+        .expect("run check");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("discovery:   dns pool.test:8000 every 100ms"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("127.0.0.6:8000") && stdout.contains("127.0.0.7:8000"),
+        "{stdout}"
+    );
+}

@@ -1,0 +1,291 @@
+//! What `magpie check` prints: where magpie listens, the settings that decide
+//! where keys go and what clients must send, the pool with each backend's
+//! table share, the fingerprint, and warnings for settings that often
+//! surprise. Pure: it reads a built snapshot and the environment it is told.
+
+use std::fmt::Write as _;
+
+use crate::config::{Config, KeyConfig};
+use crate::snapshot::{Snapshot, Table};
+
+/// Where `check` runs, for the warnings that depend on it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Environment {
+    /// In a container (Docker, Kubernetes, Podman).
+    pub in_container: bool,
+}
+
+impl Environment {
+    /// Looks at this process's surroundings.
+    pub fn detect() -> Environment {
+        let in_container = std::path::Path::new("/.dockerenv").exists()
+            || std::path::Path::new("/run/.containerenv").exists()
+            || std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+        Environment { in_container }
+    }
+}
+
+/// A PROXY `accept_from` block this large is more than the load balancers in
+/// front of magpie: every other client in it is refused.
+const WIDE_V4_PREFIX: u8 = 16;
+const WIDE_V6_PREFIX: u8 = 48;
+
+/// The report `check` prints for `snapshot`, built from `file`.
+pub fn report(
+    file: &str,
+    snapshot: &Snapshot,
+    env: Environment,
+) -> Result<String, std::fmt::Error> {
+    let config = &snapshot.config;
+    let mut out = String::new();
+    writeln!(out, "{file}: ok")?;
+    let listen: Vec<String> = config.listen.iter().map(|a| a.to_string()).collect();
+    writeln!(out, "listen:      {}", listen.join(", "))?;
+    match config.admin {
+        Some(a) => writeln!(out, "admin:       {a}")?,
+        None => writeln!(out, "admin:       off")?,
+    }
+    writeln!(out, "mode:        {}", config.mode.as_str())?;
+    writeln!(out, "key:         {}", key_text(&config.key))?;
+    writeln!(out, "proxy in:    {}", proxy_in(config))?;
+    let send = if config.proxy_protocol.send_v2 {
+        "v2 (every backend connection starts with a PROXY v2 header)"
+    } else {
+        "none"
+    };
+    writeln!(out, "proxy out:   {send}")?;
+    writeln!(out, "health:      {}", health_text(config))?;
+    let bounded = config
+        .placement
+        .bounded_load
+        .map_or("off".to_string(), |c| format!("{c} x fair share"));
+    writeln!(out, "bounded:     {bounded}")?;
+    writeln!(out, "sessions:    {}", sessions_text(config))?;
+    if let Some(d) = &config.discovery {
+        let sources: Vec<String> = d.sources.iter().map(|s| s.source.to_string()).collect();
+        let resolver = d.resolver.map_or("system".to_string(), |r| r.to_string());
+        writeln!(
+            out,
+            "discovery:   {} every {} (resolver {resolver})",
+            sources.join(", "),
+            humantime::format_duration(d.interval)
+        )?;
+    }
+    writeln!(out, "algorithm:   {:?}", snapshot.table.algorithm())?;
+    writeln!(out, "fingerprint: {}", snapshot.fingerprint)?;
+    writeln!(out, "backends:")?;
+    for (b, share) in snapshot.backends.iter().zip(&snapshot.shares) {
+        writeln!(
+            out,
+            "  {:<20} {:<22} weight {:>5}  share {:>6.2}%{}",
+            b.name,
+            b.addr.to_string(),
+            b.weight,
+            share * 100.0,
+            b.zone
+                .as_deref()
+                .map(|z| format!("  zone {z}"))
+                .unwrap_or_default()
+        )?;
+    }
+    for w in warnings(snapshot, env) {
+        writeln!(out, "warning: {w}")?;
+    }
+    Ok(out)
+}
+
+/// Settings that often surprise.
+pub fn warnings(snapshot: &Snapshot, env: Environment) -> Vec<String> {
+    let config = &snapshot.config;
+    let mut out = Vec::new();
+    if let Table::Maglev(m) = &snapshot.table
+        && let Some(w) =
+            crate::placement::maglev::sparse_warning(m.table_size(), snapshot.backends.len())
+    {
+        out.push(w);
+    }
+    for net in &config.proxy_protocol.accept_from {
+        let wide = match net {
+            ipnet::IpNet::V4(n) => n.prefix_len() < WIDE_V4_PREFIX,
+            ipnet::IpNet::V6(n) => n.prefix_len() < WIDE_V6_PREFIX,
+        };
+        if wide {
+            out.push(format!(
+                "proxy_protocol.accept_from has {net}: every peer in it must send a PROXY header, so a client there that connects directly is refused; list only the load balancers in front of magpie"
+            ));
+        }
+    }
+    if env.in_container {
+        for addr in config.listen.iter().chain(&config.admin) {
+            if addr.ip().is_loopback() {
+                out.push(format!(
+                    "{addr} is a loopback address and magpie runs in a container: nothing outside the container reaches it; listen on 0.0.0.0 (or [::])"
+                ));
+            }
+        }
+    }
+    if config.health.is_none() {
+        out.push("no health section: a dead backend is not taken out of the rotation; every connection to it costs a failed connect before the next candidate".to_string());
+    }
+    out
+}
+
+fn key_text(key: &KeyConfig) -> String {
+    let fallback = |f: &crate::config::Fallback| match f {
+        crate::config::Fallback::SourceIp => "source_ip",
+        crate::config::Fallback::SourceAddr => "source_addr",
+    };
+    match key {
+        KeyConfig::SourceIp => "source_ip".to_string(),
+        KeyConfig::SourceAddr => "source_addr".to_string(),
+        KeyConfig::Header {
+            name,
+            body_field,
+            fallback: f,
+            ..
+        } => match body_field {
+            Some(field) => format!(
+                "header {name}, then body field {}, else {}",
+                field.text,
+                fallback(f)
+            ),
+            None => format!("header {name}, else {}", fallback(f)),
+        },
+        KeyConfig::Body {
+            field, fallback: f, ..
+        } => {
+            format!("body field {}, else {}", field.text, fallback(f))
+        }
+        KeyConfig::Conversation {
+            header,
+            body_field,
+            fallback: f,
+            ..
+        } => {
+            let mut parts = Vec::new();
+            parts.extend(header.as_ref().map(|h| format!("header {h}")));
+            parts.extend(
+                body_field
+                    .as_ref()
+                    .map(|b| format!("body field {}", b.text)),
+            );
+            parts.push("the conversation's head".to_string());
+            format!("{}, else {}", parts.join(", then "), fallback(f))
+        }
+    }
+}
+
+fn proxy_in(config: &Config) -> String {
+    let from = &config.proxy_protocol.accept_from;
+    if from.is_empty() {
+        return "off (a PROXY header from anyone is refused)".to_string();
+    }
+    let nets: Vec<String> = from.iter().map(|n| n.to_string()).collect();
+    format!(
+        "required from {} (within {})",
+        nets.join(", "),
+        humantime::format_duration(config.proxy_protocol.header_timeout)
+    )
+}
+
+fn health_text(config: &Config) -> String {
+    let Some(h) = &config.health else {
+        return "off".to_string();
+    };
+    let check = match &h.http_path {
+        Some(path) => format!(
+            "HTTP GET {path} ({}-{})",
+            h.expect_status.start(),
+            h.expect_status.end()
+        ),
+        None => "TCP connect".to_string(),
+    };
+    format!(
+        "{check} every {}, timeout {}, rise {}, fall {}, passive after {} failed connects",
+        humantime::format_duration(h.interval),
+        humantime::format_duration(h.timeout),
+        h.rise,
+        h.fall,
+        h.passive_failures
+    )
+}
+
+fn sessions_text(config: &Config) -> String {
+    let Some(s) = &config.sessions else {
+        return "off (stateless: every instance routes alike)".to_string();
+    };
+    let store = match &s.redis {
+        Some(r) => format!(
+            "shared in redis {} (timeout {})",
+            r.addr,
+            humantime::format_duration(r.timeout)
+        ),
+        None => "in this process".to_string(),
+    };
+    format!(
+        "pins for {}, at most {}, {store}",
+        humantime::format_duration(s.ttl),
+        s.max
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+    use std::sync::Arc;
+
+    fn snapshot(text: &str) -> Snapshot {
+        let config = Config::parse(Path::new("t.yaml"), text).unwrap();
+        Snapshot::build(Arc::new(config), 1, &Default::default()).unwrap()
+    }
+
+    #[test]
+    fn the_report_shows_what_decides_routing() {
+        let s = snapshot(
+            "mode: http\nlisten: 127.0.0.1:7000\nkey: {from: header, header: x-id, body_field: prompt_cache_key}\nproxy_protocol: {accept_from: [10.0.0.0/8]}\nhealth: {http_path: /health}\nplacement: {bounded_load: 1.25}\nsessions: {ttl: 10m}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+        );
+        let text = report("t.yaml", &s, Environment::default()).unwrap();
+        for needle in [
+            "mode:        http",
+            "key:         header x-id, then body field prompt_cache_key, else source_ip",
+            "proxy in:    required from 10.0.0.0/8",
+            "proxy out:   none",
+            "health:      HTTP GET /health (200-299) every 2s",
+            "bounded:     1.25 x fair share",
+            "sessions:    pins for 10m, at most 100000, in this process",
+            "warning: proxy_protocol.accept_from has 10.0.0.0/8",
+        ] {
+            assert!(text.contains(needle), "{needle:?} not in:\n{text}");
+        }
+        assert!(!text.contains("loopback"), "{text}");
+        let s = snapshot(
+            "listen: 127.0.0.1:7000\nproxy_protocol: {accept_from: [10.0.0.5/32], send: v2}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+        );
+        let text = report("t.yaml", &s, Environment::default()).unwrap();
+        assert!(text.contains("proxy out:   v2"), "{text}");
+        assert!(
+            !text.contains("accept_from has"),
+            "a single load balancer is not wide: {text}"
+        );
+    }
+
+    #[test]
+    fn loopback_in_a_container_and_no_health_are_warned_about() {
+        let s = snapshot(
+            "listen: 127.0.0.1:7000\nadmin: 127.0.0.1:9090\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+        );
+        let w = warnings(&s, Environment { in_container: true });
+        assert_eq!(
+            w.iter().filter(|w| w.contains("loopback")).count(),
+            2,
+            "{w:?}"
+        );
+        assert!(w.iter().any(|w| w.contains("no health section")), "{w:?}");
+        assert!(
+            warnings(&s, Environment::default())
+                .iter()
+                .all(|w| !w.contains("loopback"))
+        );
+    }
+}
