@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use crate::config::{Config, KeyConfig};
+use crate::config::{Config, Fallback, KeyConfig};
 use crate::snapshot::{Snapshot, Table};
 
 /// Where `check` runs, for the warnings that depend on it.
@@ -131,10 +131,7 @@ pub fn warnings(snapshot: &Snapshot, env: Environment) -> Vec<String> {
 }
 
 fn key_text(key: &KeyConfig) -> String {
-    let fallback = |f: &crate::config::Fallback| match f {
-        crate::config::Fallback::SourceIp => "source_ip",
-        crate::config::Fallback::SourceAddr => "source_addr",
-    };
+    let fallback = |f: &Fallback| f.as_str();
     match key {
         KeyConfig::SourceIp => "source_ip".to_string(),
         KeyConfig::SourceAddr => "source_addr".to_string(),

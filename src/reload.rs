@@ -80,17 +80,9 @@ impl Reloader {
     pub async fn reload(&mut self, force: bool) -> Result<Outcome, ReloadError> {
         let result = self.try_reload(force).await;
         match &result {
-            Ok(Outcome::Applied { version, removed }) => {
+            Ok(outcome @ Outcome::Applied { .. }) => {
                 self.shared.stats.count_reload(true);
-                let snapshot = self.shared.snapshot.load();
-                info!(
-                    version,
-                    fingerprint = %snapshot.fingerprint,
-                    backends = snapshot.backends.len(),
-                    removed = ?removed,
-                    build_ms = snapshot.build_time.as_secs_f64() * 1000.0,
-                    "reloaded"
-                );
+                self.log_applied(outcome, "reloaded");
             }
             Ok(Outcome::Unchanged) => {}
             Err(e) => {
@@ -152,17 +144,23 @@ impl Reloader {
             return Ok(Outcome::Unchanged);
         }
         let outcome = self.publish(config, current.version + 1).await?;
-        if let Outcome::Applied { version, removed } = &outcome {
+        self.log_applied(&outcome, "backends changed in DNS; published");
+        Ok(outcome)
+    }
+
+    /// One line for a published snapshot.
+    fn log_applied(&self, outcome: &Outcome, what: &str) {
+        if let Outcome::Applied { version, removed } = outcome {
             let snapshot = self.shared.snapshot.load();
             info!(
                 version,
                 fingerprint = %snapshot.fingerprint,
                 backends = snapshot.backends.len(),
                 removed = ?removed,
-                "backends changed in DNS; published"
+                build_ms = snapshot.build_time.as_secs_f64() * 1000.0,
+                "{what}"
             );
         }
-        Ok(outcome)
     }
 
     /// Builds a snapshot of `config` on a blocking thread and publishes it;

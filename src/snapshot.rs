@@ -226,10 +226,7 @@ fn fingerprint(config: &Config, table: &Table, backends: &[Arc<Backend>]) -> Str
 /// Where a key comes from, as text: the part of the key settings that
 /// decides keys (not the timeouts and byte limits of reading them).
 fn key_identity(key: &KeyConfig) -> String {
-    let fallback = |f: &Fallback| match f {
-        Fallback::SourceIp => "source_ip",
-        Fallback::SourceAddr => "source_addr",
-    };
+    let fallback = |f: &Fallback| f.as_str();
     let field = |f: Option<&FieldPath>| f.map_or(String::new(), |f| f.text.clone());
     match key {
         KeyConfig::SourceIp => "source_ip".to_string(),

@@ -154,6 +154,16 @@ pub enum Fallback {
     SourceAddr,
 }
 
+impl Fallback {
+    /// As written in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Fallback::SourceIp => "source_ip",
+            Fallback::SourceAddr => "source_addr",
+        }
+    }
+}
+
 /// What a lookup does when every candidate is marked down.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
