@@ -14,7 +14,7 @@ use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use super::copy::{COPY_BUFFER, End, Pending, Transfer, copy_both_ways};
+use super::copy::{End, Pending, Transfer, copy_both_ways};
 use super::header_key::{HeaderKey, Want, read_header_key};
 use crate::backend::{ActiveGuard, Backend, Side};
 use crate::config::{Config, KeyConfig};
@@ -67,10 +67,10 @@ impl Connection {
     pub async fn serve(mut self) {
         let snapshot = self.shared.snapshot.load_full();
         let config = Arc::clone(&snapshot.config);
-        // A header key's head may grow it up to `max_bytes`; once replayed,
-        // the copy shrinks it back to COPY_BUFFER.
+        // Empty until a PROXY header, a signature check or a header key
+        // reads into it; freed once its bytes are replayed.
         let mut first = FirstBytes {
-            buf: vec![0u8; COPY_BUFFER],
+            buf: Vec::new(),
             filled: 0,
         };
 
@@ -173,6 +173,10 @@ impl Connection {
     /// PROXY signature, for at most [`SIGNATURE_WAIT`]. `Maybe` when the
     /// client said too little in that time (a server-speaks-first protocol).
     async fn first_signature(&mut self, first: &mut FirstBytes) -> Signature {
+        // A signature is decided within its first 12 bytes.
+        if first.buf.len() < first.filled + 64 {
+            first.buf.resize(first.filled + 64, 0);
+        }
         let read = async {
             loop {
                 match proxy_protocol::signature(&first.buf[..first.filled]) {
@@ -212,6 +216,7 @@ impl Connection {
         if !pp.is_trusted(self.peer.0.ip()) {
             return Some(own);
         }
+        first.buf.resize(proxy_protocol::MAX_HEADER_BYTES, 0);
         let header = proxy_protocol::read_header(
             &mut self.stream,
             &mut first.buf,

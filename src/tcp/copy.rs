@@ -1,17 +1,25 @@
 //! Copying one connection's bytes both ways until both sides are done.
 //!
-//! Two buffers per connection, one per direction, with no allocation per
-//! read. Half-close is honoured: one side's EOF shuts down the other side's
-//! write half while the other direction keeps flowing. Activity in either
-//! direction resets the idle timer. The copy ends early when the connection
-//! idles out, when the shutdown grace is over, or when its backend was removed
-//! and its `drain_timeout` passed.
+//! Each direction waits for its socket to become readable holding no
+//! buffer; only then does it take a 16 KiB buffer from a shared pool, read
+//! and write until the socket has nothing more, and give the buffer back. An
+//! idle connection holds no copy buffer at all, however long it stays open;
+//! a streaming one holds one per busy direction. The bytes a header key read
+//! before the copy started are sent first and then freed.
+//!
+//! Half-close is honoured: one side's EOF shuts down the other side's write
+//! half while the other direction keeps flowing. Activity in either direction
+//! resets the idle timer. The copy ends early when the connection idles out,
+//! when the shutdown grace is over, or when its backend was removed and its
+//! `drain_timeout` passed. A failed read or write is an abort by that side.
 
 use std::io;
+use std::net::Shutdown;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use socket2::SockRef;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -19,8 +27,40 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::{Backend, Side};
 use crate::proxy_protocol::{self, Signature};
 
-/// Size of each direction's copy buffer (HAProxy's default `bufsize` too).
+/// Size of a copy buffer (HAProxy's default `bufsize` too).
 pub const COPY_BUFFER: usize = 16 * 1024;
+
+/// Buffers kept for reuse; beyond this, returned buffers are freed (4 MiB).
+const POOL_MAX: usize = 256;
+
+static POOL: Mutex<Vec<Box<[u8]>>> = Mutex::new(Vec::new());
+
+/// A copy buffer from the pool (or a new one), given back when dropped.
+struct PoolBuffer(Option<Box<[u8]>>);
+
+impl PoolBuffer {
+    fn take() -> PoolBuffer {
+        let reused = POOL.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        PoolBuffer(Some(
+            reused.unwrap_or_else(|| vec![0u8; COPY_BUFFER].into_boxed_slice()),
+        ))
+    }
+
+    fn bytes(&mut self) -> &mut [u8] {
+        self.0.as_deref_mut().unwrap_or_default()
+    }
+}
+
+impl Drop for PoolBuffer {
+    fn drop(&mut self) {
+        if let Some(buf) = self.0.take() {
+            let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
+            if pool.len() < POOL_MAX {
+                pool.push(buf);
+            }
+        }
+    }
+}
 
 /// How a copy ended.
 #[derive(Debug)]
@@ -38,9 +78,8 @@ pub enum End {
 }
 
 /// The client's bytes read before the copy started (a header key's request
-/// head, say): `buf[..filled]` is sent to the backend first, and `buf` then
-/// serves as the client-to-backend copy buffer, cut back to [`COPY_BUFFER`]
-/// if a long head grew it.
+/// head, say): `buf[..filled]` is sent to the backend first; then `buf` is
+/// emptied and its memory freed.
 pub struct Pending<'a> {
     pub buf: &'a mut Vec<u8>,
     pub filled: usize,
@@ -69,38 +108,32 @@ pub async fn copy_both_ways(
     let started = Instant::now();
     let last_activity = AtomicU64::new(0);
     let touch = || last_activity.store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
-    let mut down_buf = vec![0u8; COPY_BUFFER];
-
-    let (mut client_r, mut client_w) = client.split();
-    let (mut up_r, mut up_w) = upstream.split();
+    let (client, upstream) = (&*client, &*upstream);
     let live = &transfer.backend.live;
-    let up = pipe(
-        Direction {
-            from: (&mut client_r, Side::Client),
-            to: (&mut up_w, Side::Backend),
-        },
-        pending,
-        transfer.check_signature,
-        |n| {
+    let up = async {
+        let mut pending = pending;
+        if transfer.check_signature {
+            refuse_signature(client, &mut pending).await?;
+        }
+        let (buf, filled) = (pending.buf, pending.filled);
+        if filled > 0 {
+            write_all(upstream, &buf[..filled])
+                .await
+                .map_err(|e| PipeError::Io(Side::Backend, e))?;
+            live.add_bytes_sent(filled as u64);
+            touch();
+        }
+        *buf = Vec::new();
+        pump((client, Side::Client), (upstream, Side::Backend), |n| {
             live.add_bytes_sent(n);
             touch();
-        },
-    );
-    let down = pipe(
-        Direction {
-            from: (&mut up_r, Side::Backend),
-            to: (&mut client_w, Side::Client),
-        },
-        Pending {
-            buf: &mut down_buf,
-            filled: 0,
-        },
-        false,
-        |n| {
-            live.add_bytes_received(n);
-            touch();
-        },
-    );
+        })
+        .await
+    };
+    let down = pump((upstream, Side::Backend), (client, Side::Client), |n| {
+        live.add_bytes_received(n);
+        touch();
+    });
     let idle = transfer.idle_timeout;
     let idle_watch = async {
         loop {
@@ -131,142 +164,148 @@ enum PipeError {
     Io(Side, io::Error),
 }
 
-/// One direction: bytes read from `from` are written to `to`.
-struct Direction<'a, R, W> {
-    from: (&'a mut R, Side),
-    to: (&'a mut W, Side),
-}
-
-/// Copies `from` into `to` until EOF, then shuts down `to`'s write half.
-/// The pending bytes are sent first. With `check_signature`, the stream must
-/// not begin with a PROXY signature.
-async fn pipe<R, W>(
-    direction: Direction<'_, R, W>,
-    pending: Pending<'_>,
-    mut check_signature: bool,
-    mut on_bytes: impl FnMut(u64),
-) -> Result<(), PipeError>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    let Direction {
-        from: (from, from_side),
-        to: (to, to_side),
-    } = direction;
-    let read_failed = |e| PipeError::Io(from_side, e);
-    let write_failed = |e| PipeError::Io(to_side, e);
-    let Pending { buf, mut filled } = pending;
+/// Reads the client's first bytes into `pending` until they do or do not
+/// start with a PROXY signature.
+async fn refuse_signature(client: &TcpStream, pending: &mut Pending<'_>) -> Result<(), PipeError> {
     loop {
-        while check_signature {
-            match proxy_protocol::signature(&buf[..filled]) {
-                Signature::Yes => return Err(PipeError::Refused),
-                Signature::No => check_signature = false,
-                Signature::Maybe => {
-                    match from.read(&mut buf[filled..]).await.map_err(read_failed)? {
-                        0 => check_signature = false,
-                        n => filled += n,
-                    }
-                }
-            }
+        match proxy_protocol::signature(&pending.buf[..pending.filled]) {
+            Signature::Yes => return Err(PipeError::Refused),
+            Signature::No => return Ok(()),
+            Signature::Maybe => {}
         }
-        if filled > 0 {
-            to.write_all(&buf[..filled]).await.map_err(write_failed)?;
-            on_bytes(filled as u64);
-            if buf.len() > COPY_BUFFER {
-                // A long head is replayed: give its memory back.
-                buf.truncate(COPY_BUFFER);
-                buf.shrink_to_fit();
-            }
+        if pending.buf.len() < pending.filled + 64 {
+            pending.buf.resize(pending.filled + 64, 0);
         }
-        filled = from.read(buf).await.map_err(read_failed)?;
-        if filled == 0 {
-            to.shutdown().await.map_err(write_failed)?;
-            return Ok(());
+        client
+            .readable()
+            .await
+            .map_err(|e| PipeError::Io(Side::Client, e))?;
+        match client.try_read(&mut pending.buf[pending.filled..]) {
+            Ok(0) => return Ok(()),
+            Ok(n) => pending.filled += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(PipeError::Io(Side::Client, e)),
         }
     }
+}
+
+/// Copies `from` into `to` until EOF, then shuts down `to`'s write half. A
+/// buffer is held only from the moment `from` is readable until it has
+/// nothing more to give.
+async fn pump(
+    (from, from_side): (&TcpStream, Side),
+    (to, to_side): (&TcpStream, Side),
+    mut on_bytes: impl FnMut(u64),
+) -> Result<(), PipeError> {
+    loop {
+        from.readable()
+            .await
+            .map_err(|e| PipeError::Io(from_side, e))?;
+        let mut buf = PoolBuffer::take();
+        loop {
+            match from.try_read(buf.bytes()) {
+                Ok(0) => {
+                    drop(buf);
+                    return match SockRef::from(to).shutdown(Shutdown::Write) {
+                        // Already gone: the other direction will say so.
+                        Ok(()) => Ok(()),
+                        Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(()),
+                        Err(e) => Err(PipeError::Io(to_side, e)),
+                    };
+                }
+                Ok(n) => {
+                    write_all(to, &buf.bytes()[..n])
+                        .await
+                        .map_err(|e| PipeError::Io(to_side, e))?;
+                    on_bytes(n as u64);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(PipeError::Io(from_side, e)),
+            }
+        }
+    }
+}
+
+/// Writes all of `data` to `to`, waiting for room as needed.
+async fn write_all(to: &TcpStream, mut data: &[u8]) -> io::Result<()> {
+    while !data.is_empty() {
+        to.writable().await?;
+        match to.try_write(data) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => data = &data[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
 
-    fn both<'a, R, W>(from: &'a mut R, to: &'a mut W) -> Direction<'a, R, W> {
-        Direction {
-            from: (from, Side::Client),
-            to: (to, Side::Backend),
-        }
+    /// A connected pair of loopback sockets.
+    async fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (a, b) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        (a.unwrap(), b.unwrap().0)
     }
 
     #[tokio::test]
-    async fn pipe_replays_then_copies_then_shuts_down() {
-        let (mut a, mut a_peer) = tokio::io::duplex(64);
-        let (mut b_peer, mut b) = tokio::io::duplex(64);
-        let mut buf = vec![0u8; 16];
-        buf[..3].copy_from_slice(b"pre");
-        a_peer.write_all(b"-rest").await.unwrap();
-        drop(a_peer);
+    async fn pump_copies_then_shuts_down_and_keeps_no_buffer() {
+        let (mut writer, from) = pair().await;
+        let (to, mut reader) = pair().await;
+        let data: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
+        let sent = data.clone();
+        let feeding = tokio::spawn(async move {
+            writer.write_all(&sent).await.unwrap();
+            writer.shutdown().await.unwrap();
+            writer
+        });
         let mut total = 0;
-        let pending = Pending {
-            buf: &mut buf,
-            filled: 3,
-        };
-        pipe(both(&mut a, &mut b_peer), pending, true, |n| total += n)
-            .await
-            .unwrap();
-        let mut out = Vec::new();
-        b.read_to_end(&mut out).await.unwrap();
-        assert_eq!(out, b"pre-rest");
-        assert_eq!(total, 8);
-    }
-
-    /// A head that grew the buffer to 1 MiB gives that memory back once it
-    /// is replayed: the connection keeps a COPY_BUFFER for the rest of its life.
-    #[tokio::test]
-    async fn a_grown_buffer_shrinks_after_its_replay() {
-        let (mut a, mut a_peer) = tokio::io::duplex(64);
-        let (mut b_peer, mut b) = tokio::io::duplex(2 << 20);
-        let mut buf = vec![b'h'; 1 << 20];
-        a_peer.write_all(b"tail").await.unwrap();
-        drop(a_peer);
-        let pending = Pending {
-            buf: &mut buf,
-            filled: 1 << 20,
-        };
-        pipe(both(&mut a, &mut b_peer), pending, false, |_| {})
-            .await
-            .unwrap();
-        assert_eq!(buf.len(), COPY_BUFFER);
-        assert!(
-            buf.capacity() < 2 * COPY_BUFFER,
-            "capacity {}",
-            buf.capacity()
+        let (pumped, out) = tokio::join!(
+            pump((&from, Side::Client), (&to, Side::Backend), |n| total += n),
+            async {
+                let mut out = Vec::new();
+                reader.read_to_end(&mut out).await.unwrap();
+                out
+            }
         );
-        let mut out = Vec::new();
-        b.read_to_end(&mut out).await.unwrap();
-        assert_eq!(out.len(), (1 << 20) + 4);
+        pumped.unwrap();
+        assert_eq!(out, data);
+        assert_eq!(total, data.len() as u64);
+        drop(feeding.await.unwrap());
     }
 
     #[tokio::test]
-    async fn pipe_refuses_a_proxy_signature_split_across_reads() {
-        let (mut a, mut a_peer) = tokio::io::duplex(64);
-        let (mut b_peer, _b) = tokio::io::duplex(64);
-        let mut buf = vec![0u8; 64];
-        a_peer.write_all(b"PRO").await.unwrap();
+    async fn a_proxy_signature_split_across_reads_is_refused() {
+        let (mut peer, client) = pair().await;
         let writer = tokio::spawn(async move {
+            peer.write_all(b"PRO").await.unwrap();
             tokio::task::yield_now().await;
-            a_peer
-                .write_all(b"XY TCP4 1.2.3.4 5.6.7.8 1 2\r\n")
+            peer.write_all(b"XY TCP4 1.2.3.4 5.6.7.8 1 2\r\n")
                 .await
                 .unwrap();
-            a_peer
+            peer
         });
-        let pending = Pending {
+        let mut buf = Vec::new();
+        let mut pending = Pending {
             buf: &mut buf,
             filled: 0,
         };
-        let got = pipe(both(&mut a, &mut b_peer), pending, true, |_| {}).await;
+        let got = refuse_signature(&client, &mut pending).await;
         assert!(matches!(got, Err(PipeError::Refused)), "{got:?}");
         drop(writer.await.unwrap());
+    }
+
+    #[test]
+    fn buffers_go_back_to_the_pool() {
+        drop(PoolBuffer::take());
+        // Other tests take and give back buffers too: at least this one is there.
+        assert!(!POOL.lock().unwrap().is_empty());
+        assert_eq!(PoolBuffer::take().bytes().len(), COPY_BUFFER);
     }
 }
