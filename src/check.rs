@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use crate::config::{Config, Fallback, KeyConfig};
+use crate::config::{Config, KeyConfig};
 use crate::snapshot::{Snapshot, Table};
 
 /// Where `check` runs, for the warnings that depend on it.
@@ -131,44 +131,16 @@ pub fn warnings(snapshot: &Snapshot, env: Environment) -> Vec<String> {
 }
 
 fn key_text(key: &KeyConfig) -> String {
-    let fallback = |f: &Fallback| f.as_str();
-    match key {
-        KeyConfig::SourceIp => "source_ip".to_string(),
-        KeyConfig::SourceAddr => "source_addr".to_string(),
-        KeyConfig::Header {
-            name,
-            body_field,
-            fallback: f,
-            ..
-        } => match body_field {
-            Some(field) => format!(
-                "header {name}, then body field {}, else {}",
-                field.text,
-                fallback(f)
-            ),
-            None => format!("header {name}, else {}", fallback(f)),
-        },
-        KeyConfig::Body {
-            field, fallback: f, ..
-        } => {
-            format!("body field {}, else {}", field.text, fallback(f))
-        }
-        KeyConfig::Conversation {
-            header,
-            body_field,
-            fallback: f,
-            ..
-        } => {
-            let mut parts = Vec::new();
-            parts.extend(header.as_ref().map(|h| format!("header {h}")));
-            parts.extend(
-                body_field
-                    .as_ref()
-                    .map(|b| format!("body field {}", b.text)),
-            );
-            parts.push("the conversation's head".to_string());
-            format!("{}, else {}", parts.join(", then "), fallback(f))
-        }
+    let k = key.sources();
+    let mut parts = Vec::new();
+    parts.extend(k.header.map(|h| format!("header {h}")));
+    parts.extend(k.body_field.map(|b| format!("body field {b}")));
+    if k.conversation {
+        parts.push("the conversation's head".to_string());
+    }
+    match k.fallback {
+        Some(f) => format!("{}, else {}", parts.join(", then "), f.as_str()),
+        None => k.from.to_string(),
     }
 }
 

@@ -23,7 +23,7 @@ use blake2b_simd::Params;
 use tokio::sync::{Semaphore, watch};
 
 use crate::backend::{Backend, Live};
-use crate::config::{Algorithm, Config, Fallback, FieldPath, KeyConfig};
+use crate::config::{Algorithm, Config, Fallback, KeyConfig};
 use crate::discovery::Discovery;
 use crate::placement::maglev::Maglev;
 use crate::placement::ring::Ring;
@@ -223,41 +223,16 @@ fn fingerprint(config: &Config, table: &Table, backends: &[Arc<Backend>]) -> Str
     h.finalize().to_hex().to_string()
 }
 
-/// Where a key comes from, as text: the part of the key settings that
-/// decides keys (not the timeouts and byte limits of reading them).
+/// Where a key comes from, as text (see [`crate::config::KeySources`]).
 fn key_identity(key: &KeyConfig) -> String {
-    let fallback = |f: &Fallback| f.as_str();
-    let field = |f: Option<&FieldPath>| f.map_or(String::new(), |f| f.text.clone());
-    match key {
-        KeyConfig::SourceIp => "source_ip".to_string(),
-        KeyConfig::SourceAddr => "source_addr".to_string(),
-        KeyConfig::Header {
-            name,
-            body_field,
-            fallback: f,
-            ..
-        } => format!(
-            "header:{name}:{}:{}",
-            field(body_field.as_ref()),
-            fallback(f)
-        ),
-        KeyConfig::Body {
-            field: path,
-            fallback: f,
-            ..
-        } => format!("body:{}:{}", path.text, fallback(f)),
-        KeyConfig::Conversation {
-            header,
-            body_field,
-            fallback: f,
-            ..
-        } => format!(
-            "conversation:{}:{}:{}",
-            header.as_deref().unwrap_or(""),
-            field(body_field.as_ref()),
-            fallback(f)
-        ),
-    }
+    let k = key.sources();
+    format!(
+        "{}:{}:{}:{}",
+        k.from,
+        k.header.unwrap_or(""),
+        k.body_field.unwrap_or(""),
+        k.fallback.map_or("", Fallback::as_str)
+    )
 }
 
 /// The one published snapshot and what lives beside it: global counters, the

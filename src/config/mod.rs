@@ -285,7 +285,71 @@ pub struct ProxyProtocolConfig {
     pub send_v2: bool,
 }
 
+/// Where a key is looked for, in order, and what is used when none is found:
+/// the part of the key settings that decides keys (not the timeouts and byte
+/// limits of reading them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeySources<'a> {
+    /// `key.from` as written.
+    pub from: &'static str,
+    pub header: Option<&'a str>,
+    pub body_field: Option<&'a str>,
+    /// The conversation's head (`from: conversation`).
+    pub conversation: bool,
+    /// `None` for address keys, which always find their key.
+    pub fallback: Option<Fallback>,
+}
+
 impl KeyConfig {
+    pub fn sources(&self) -> KeySources<'_> {
+        let none = KeySources {
+            from: "source_ip",
+            header: None,
+            body_field: None,
+            conversation: false,
+            fallback: None,
+        };
+        match self {
+            KeyConfig::SourceIp => none,
+            KeyConfig::SourceAddr => KeySources {
+                from: "source_addr",
+                ..none
+            },
+            KeyConfig::Header {
+                name,
+                body_field,
+                fallback,
+                ..
+            } => KeySources {
+                from: "header",
+                header: Some(name),
+                body_field: body_field.as_ref().map(|f| f.text.as_str()),
+                fallback: Some(*fallback),
+                ..none
+            },
+            KeyConfig::Body {
+                field, fallback, ..
+            } => KeySources {
+                from: "body",
+                body_field: Some(&field.text),
+                fallback: Some(*fallback),
+                ..none
+            },
+            KeyConfig::Conversation {
+                header,
+                body_field,
+                fallback,
+                ..
+            } => KeySources {
+                from: "conversation",
+                header: header.as_deref(),
+                body_field: body_field.as_ref().map(|f| f.text.as_str()),
+                conversation: true,
+                fallback: Some(*fallback),
+            },
+        }
+    }
+
     /// `(read_timeout, max_bytes)` of a key read from the request (header or
     /// body); `None` for address keys.
     pub fn reading(&self) -> Option<(Duration, usize)> {

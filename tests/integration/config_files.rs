@@ -303,7 +303,7 @@ fn example_configs_route_as_pinned() {
         ),
         (
             "sidecar.yaml",
-            "9187bc9b67c5553406bbb0936ab9623d",
+            "d84ece23554150e511da694ba7d81ba8",
             &[
                 ("127.0.0.1", "worker-2"),
                 ("10.1.2.3", "worker-0"),
