@@ -1,0 +1,77 @@
+//! Every default and every bound a config value has, named once so README,
+//! the example configs, validation and the code agree.
+
+use std::ops::RangeInclusive;
+use std::time::Duration;
+
+// Defaults, named once so README, the example config and the code agree.
+pub const DEFAULT_POINTS_PER_WEIGHT: u32 = 160;
+pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_millis(200);
+pub const DEFAULT_MAX_BYTES: u64 = 8192;
+/// `mode: http`: a request head (and a body read for its key) may take this
+/// long; a body is large and may cross a slow link.
+pub const DEFAULT_HTTP_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// `mode: http`: the most of a request head, and of a body read for its key.
+pub const DEFAULT_HTTP_MAX_BYTES: u64 = 1 << 20;
+pub const MAX_HTTP_MAX_BYTES: u64 = 64 << 20;
+pub const DEFAULT_EXPECT_STATUS: RangeInclusive<u16> = 200..=299;
+pub const DEFAULT_SESSION_TTL: Duration = Duration::from_secs(30 * 60);
+pub const DEFAULT_SESSION_MAX: u64 = 100_000;
+pub const MAX_SESSION_TTL: Duration = Duration::from_secs(7 * DAY);
+pub const MAX_SESSION_MAX: u64 = 10_000_000;
+pub const DEFAULT_REDIS_ADDR: &str = "127.0.0.1:6379";
+pub const DEFAULT_REDIS_PREFIX: &str = "magpie:";
+pub const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_millis(20);
+pub const MAX_REDIS_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longer prefixes only cost memory in the store.
+pub const MAX_REDIS_PREFIX: usize = 64;
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+pub const DEFAULT_ATTEMPTS: u32 = 3;
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
+pub const DEFAULT_MAX_CONNECTIONS: u64 = 10_000;
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+pub const DEFAULT_PROXY_HEADER_TIMEOUT: Duration = Duration::from_secs(3);
+pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(2);
+pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(1);
+pub const DEFAULT_RISE: u32 = 2;
+pub const DEFAULT_FALL: u32 = 3;
+pub const DEFAULT_PASSIVE_FAILURES: u32 = 3;
+
+// Bounds. Every duration and count an operator writes has an upper bound, so
+// a slip (an extra zero, `s` for `ms`, a pasted u64) is an error with a line
+// and column instead of a deadline that overflows `Instant` in a running task
+// or a semaphore that panics at start. Each is far above any sane setting.
+const MINUTE: u64 = 60;
+const HOUR: u64 = 60 * MINUTE;
+const DAY: u64 = 24 * HOUR;
+
+/// The smallest header buffer: room for a request line and little else.
+pub const MIN_MAX_BYTES: u64 = 16;
+pub const MAX_MAX_BYTES: u64 = 1 << 20;
+/// Above anything one process serves, and far below tokio's semaphore limit
+/// (`usize::MAX >> 3` permits), which panics when exceeded.
+pub const MAX_MAX_CONNECTIONS: u64 = 1_000_000;
+/// A lookup yields at most this many distinct candidates, so more attempts
+/// could never be made.
+pub const MAX_ATTEMPTS: u32 = crate::placement::MAX_CANDIDATES as u32;
+pub const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(5 * MINUTE);
+pub const MAX_READ_TIMEOUT: Duration = Duration::from_secs(5 * MINUTE);
+pub const MAX_PROXY_HEADER_TIMEOUT: Duration = Duration::from_secs(5 * MINUTE);
+pub const MAX_IDLE_TIMEOUT: Duration = Duration::from_secs(7 * DAY);
+pub const MAX_SHUTDOWN_GRACE: Duration = Duration::from_secs(HOUR);
+pub const MAX_DRAIN_TIMEOUT: Duration = Duration::from_secs(7 * DAY);
+pub const MAX_HEALTH_INTERVAL: Duration = Duration::from_secs(HOUR);
+pub const MAX_HEALTH_TIMEOUT: Duration = Duration::from_secs(5 * MINUTE);
+/// For both `health.rise` and `health.fall`.
+pub const MAX_RISE_FALL: u32 = 100;
+pub const MAX_PASSIVE_FAILURES: u32 = 1000;
+/// Polling faster than this costs more than it finds.
+pub const MIN_POLL_INTERVAL: Duration = Duration::from_millis(100);
+pub const MAX_POLL_INTERVAL: Duration = Duration::from_secs(DAY);
+pub const DEFAULT_DISCOVERY_INTERVAL: Duration = Duration::from_secs(10);
+pub const MIN_DISCOVERY_INTERVAL: Duration = Duration::from_millis(100);
+pub const MAX_DISCOVERY_INTERVAL: Duration = Duration::from_secs(HOUR);
+
+// What a table build may cost is placement's to say; validation checks the
+// same numbers, so a config that passes always builds.
+pub use crate::placement::{MAX_RING_POINTS, MAX_TABLE_SIZE, MAX_WEIGHT};
