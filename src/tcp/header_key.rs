@@ -151,6 +151,15 @@ mod tests {
     use crate::hash::h64;
     use tokio::io::AsyncWriteExt;
 
+    /// The session header, at most `limit` bytes, within `deadline`.
+    fn want(limit: usize, deadline: Duration) -> Want<'static> {
+        Want {
+            header: "x-session-id",
+            limit,
+            deadline,
+        }
+    }
+
     #[test]
     fn scan_finds_header_case_insensitively() {
         let head = b"GET / HTTP/1.1\r\nHost: x\r\nX-Session-ID:  abc \r\n\r\nbody";
@@ -227,11 +236,7 @@ mod tests {
             &mut server,
             &mut buf,
             &mut filled,
-            Want {
-                header: "x-session-id",
-                limit: 2 << 20,
-                deadline: Duration::from_secs(30),
-            },
+            want(2 << 20, Duration::from_secs(30)),
         )
         .await;
         assert_eq!(got, HeaderKey::Found(h64(b"s9")));
@@ -256,11 +261,7 @@ mod tests {
             &mut server,
             &mut buf,
             &mut filled,
-            Want {
-                header: "x-session-id",
-                limit: 256,
-                deadline: Duration::from_secs(5),
-            },
+            want(256, Duration::from_secs(5)),
         )
         .await;
         assert_eq!(got, HeaderKey::Found(h64(b"s1")));
@@ -277,11 +278,7 @@ mod tests {
             &mut server,
             &mut buf,
             &mut filled,
-            Want {
-                header: "x-session-id",
-                limit: 256,
-                deadline: Duration::from_millis(200),
-            },
+            want(256, Duration::from_millis(200)),
         )
         .await;
         assert_eq!(got, HeaderKey::Fallback(FallbackReason::Timeout));
@@ -303,11 +300,7 @@ mod tests {
             &mut server,
             &mut buf,
             &mut filled,
-            Want {
-                header: "x-session-id",
-                limit: 64,
-                deadline: Duration::from_secs(5),
-            },
+            want(64, Duration::from_secs(5)),
         )
         .await;
         assert_eq!(got, HeaderKey::Fallback(FallbackReason::TooLarge));
@@ -321,11 +314,7 @@ mod tests {
             &mut server,
             &mut buf,
             &mut filled,
-            Want {
-                header: "x-session-id",
-                limit: 256,
-                deadline: Duration::from_secs(5),
-            },
+            want(256, Duration::from_secs(5)),
         )
         .await;
         assert_eq!(got, HeaderKey::Fallback(FallbackReason::Closed));

@@ -7,13 +7,6 @@ use std::sync::Arc;
 
 use crate::support::*;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
-
 fn ip(last: u8) -> IpAddr {
     IpAddr::from([127, 0, 0, last])
 }

@@ -58,3 +58,12 @@ pub fn dead_addr() -> SocketAddr {
         .local_addr()
         .expect("a bound listener has an address")
 }
+
+/// A loopback port nothing listens on right now (for servers that must be
+/// given a port, such as redis-server, or several addresses on one port).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}

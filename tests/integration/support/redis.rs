@@ -16,10 +16,7 @@ impl RedisServer {
     /// Starts `redis-server` (the Debian package `redis-server`) on a free
     /// port, with nothing written to disk, and waits until it answers PING.
     pub async fn start() -> RedisServer {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        let port = super::free_port();
         let mut server = RedisServer {
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
             process: None,
