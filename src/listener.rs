@@ -23,6 +23,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
 use tokio::net::TcpStream;
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::net::{Local, Peer, is_resource_exhaustion, tune_stream};
 use crate::snapshot::Shared;
@@ -47,6 +48,8 @@ pub struct Accepted {
     pub shutdown: CancellationToken,
     /// Fired when the shutdown grace is over: close now.
     pub stop: CancellationToken,
+    /// The connection's `max_connections` slot, given back when it is dropped.
+    pub slot: OwnedSemaphorePermit,
 }
 
 /// What every accept loop shares.
@@ -185,17 +188,16 @@ where
         };
         tune_stream(&stream);
         let local = stream.local_addr().ok().or(listening).unwrap_or(peer);
-        let serving = (acceptor.handler)(Accepted {
+        // The handler's future is spawned as it is: wrapping it in another
+        // async block would store it twice in the task.
+        acceptor.tracker.spawn((acceptor.handler)(Accepted {
             stream,
             peer: Peer(peer),
             local: Local(local),
             shared: Arc::clone(&acceptor.shared),
             shutdown: acceptor.shutdown.clone(),
             stop: acceptor.hard_stop.clone(),
-        });
-        acceptor.tracker.spawn(async move {
-            serving.await;
-            drop(permit);
-        });
+            slot: permit,
+        }));
     }
 }

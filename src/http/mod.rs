@@ -66,6 +66,7 @@ impl HttpPath {
             shared,
             shutdown,
             stop,
+            slot: _slot,
         } = accepted;
         let config = Arc::clone(&shared.snapshot.load().config);
         // A trusted peer speaks PROXY first: its source is the client.

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
@@ -42,6 +43,8 @@ pub struct Connection {
     shared: Arc<Shared>,
     /// Fired when the shutdown grace is over: close now.
     stop: CancellationToken,
+    /// The `max_connections` slot, held until the connection ends.
+    _slot: OwnedSemaphorePermit,
 }
 
 /// The client's first bytes, read before a backend was chosen (a PROXY
@@ -59,6 +62,7 @@ impl Connection {
             local: accepted.local,
             shared: accepted.shared,
             stop: accepted.stop,
+            _slot: accepted.slot,
         }
     }
 
@@ -123,10 +127,10 @@ impl Connection {
             }
         }
         let end = copy_both_ways(
-            &mut self.stream,
-            &mut upstream,
+            &self.stream,
+            &upstream,
             Pending {
-                buf: &mut first.buf,
+                buf: std::mem::take(&mut first.buf),
                 filled: first.filled,
             },
             Transfer {

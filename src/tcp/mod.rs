@@ -13,7 +13,8 @@ pub mod connection;
 pub mod copy;
 pub mod header_key;
 
-/// Serves one accepted connection of the TCP path.
-pub async fn serve_connection(accepted: crate::listener::Accepted) {
-    connection::Connection::new(accepted).serve().await;
+/// Serves one accepted connection of the TCP path. A plain function, not an
+/// `async fn`: its future is the connection's own, not a second one around it.
+pub fn serve_connection(accepted: crate::listener::Accepted) -> impl Future<Output = ()> {
+    connection::Connection::new(accepted).serve()
 }
