@@ -10,8 +10,8 @@
 //!
 //! Linux only. Elsewhere the API is the same but [`Pipe::new`] (and so
 //! [`PooledPipe::take`]) fails with `ErrorKind::Unsupported`, as creating a
-//! pipe can fail on Linux too (`EMFILE`), and the copy falls back to its
-//! buffers in both cases.
+//! pipe can fail on Linux too (`EMFILE`): in both cases the caller copies
+//! through buffers instead, so no config is refused for it.
 //!
 //! How a direction of the copy uses it:
 //!
@@ -45,11 +45,12 @@ use std::sync::Mutex;
 /// The size asked for each pipe. It is Linux's default with 4 KiB pages (16
 /// slots), so a pipe of this size costs nothing beyond a plain one against
 /// the per-user pipe budget (`fs.pipe-user-pages-soft`, 64 MiB by default:
-/// about 1,000 such pipes); it is four copy buffers, so one splice does the
-/// work of four read/write pairs, and a socket rarely has more ready at once.
-/// A pipe that comes out smaller (the user is over the budget) is grown to
-/// this size if the kernel allows and used as it is if not; a larger one
-/// (64 KiB pages) is kept as it is.
+/// about 1,000 such pipes, shared by every pipe in flight); it is four copy
+/// buffers, so one splice does the work of four read/write pairs. Larger
+/// pipes would save calls but spend that budget faster. A pipe that comes
+/// out smaller (the user is over the budget) is grown to this size if the
+/// kernel allows and used as it is if not; a larger one (64 KiB pages, where
+/// 64 KiB would be a single slot) is kept as it is.
 pub const PIPE_SIZE: usize = 64 * 1024;
 
 /// Empty pipes kept for reuse: 128 descriptors, at most 4 MiB of pipe budget
@@ -113,10 +114,14 @@ impl Pipe {
         self.in_pipe == 0
     }
 
-    /// Moves up to `max` bytes (and at most the free capacity) from `from`
-    /// into the pipe. `Err(WouldBlock)` only when the pipe was empty, so it
-    /// always means that `from` has nothing now.
+    /// Moves up to `max` bytes (more than zero; at most the free capacity)
+    /// from `from` into the pipe. `Err(WouldBlock)` only when the pipe was
+    /// empty, so it always means that `from` has nothing now.
     pub fn fill_from(&mut self, from: impl AsFd, max: usize) -> io::Result<Fill> {
+        if max == 0 {
+            // A zero-length splice answers 0, which would read as EOF.
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "max is 0"));
+        }
         let room = self.capacity - self.in_pipe;
         if room == 0 {
             return Ok(Fill::Full);
@@ -133,7 +138,10 @@ impl Pipe {
     }
 
     /// Moves bytes from the pipe into `to`; `Ok(0)` only when the pipe is
-    /// empty, `Err(WouldBlock)` when `to` has no room.
+    /// empty, `Err(WouldBlock)` when `to` has no room. A peer that is gone
+    /// answers `EPIPE` or `ECONNRESET`, the bytes staying in the pipe. (splice
+    /// cannot pass `MSG_NOSIGNAL`: `EPIPE` also raises SIGPIPE, which Rust's
+    /// runtime ignores in every binary before `main`.)
     pub fn drain_into(&mut self, to: impl AsFd) -> io::Result<usize> {
         if self.in_pipe == 0 {
             return Ok(0);
@@ -520,6 +528,35 @@ mod tests {
         feeding.abort();
     }
 
+    #[tokio::test]
+    async fn draining_into_a_closed_peer_is_an_error_and_keeps_the_bytes() {
+        let (to, reader) = pair().await;
+        drop(reader);
+        let (mut a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        b.set_nonblocking(true).unwrap();
+        let mut pipe = Pipe::new().unwrap();
+        for _ in 0..100 {
+            a.write_all(&[7; 1000]).unwrap();
+            assert!(matches!(pipe.fill_from(&b, usize::MAX), Ok(Fill::Moved(_))));
+            // The first bytes may go out before the peer's reset comes back.
+            match pipe.drain_into(&to) {
+                Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
+                Err(e) => {
+                    assert!(
+                        matches!(
+                            e.kind(),
+                            io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+                        ),
+                        "{e}"
+                    );
+                    assert!(pipe.in_pipe() >= 1000, "{}", pipe.in_pipe());
+                    return;
+                }
+            }
+        }
+        panic!("draining into a closed peer never failed");
+    }
+
     #[test]
     fn an_empty_pipe_is_reused_and_one_holding_bytes_is_closed() {
         static PIPES: PipePool = PipePool::new(1);
@@ -553,5 +590,7 @@ mod tests {
         b.set_nonblocking(true).unwrap();
         let e = pipe.fill_from(&b, usize::MAX).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        let e = pipe.fill_from(&b, 0).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
     }
 }
