@@ -1,11 +1,12 @@
 //! What `magpie check` prints: where magpie listens, the settings that decide
-//! where keys go and what clients must send, the pool with each backend's
-//! table share, the fingerprint, and warnings for settings that often
-//! surprise. Pure: it reads a built snapshot and the environment it is told.
+//! where keys go and what clients must send, how mode tcp copies bytes, the
+//! pool with each backend's table share, the fingerprint, and warnings for
+//! settings that often surprise. Pure: it reads a built snapshot and the
+//! environment it is told.
 
 use std::fmt::Write as _;
 
-use crate::config::{Config, KeyConfig};
+use crate::config::{Config, CopyMode, KeyConfig, Mode, SPLICE_AFTER};
 use crate::snapshot::{Snapshot, Table};
 
 /// Where `check` runs, for the warnings that depend on it.
@@ -46,6 +47,9 @@ pub fn report(
         None => writeln!(out, "admin:       off")?,
     }
     writeln!(out, "mode:        {}", config.mode.as_str())?;
+    if config.mode == Mode::Tcp {
+        writeln!(out, "copy:        {}", copy_text(config.copy))?;
+    }
     writeln!(out, "key:         {}", key_text(&config.key))?;
     writeln!(out, "proxy in:    {}", proxy_in(config))?;
     let send = if config.proxy_protocol.send_v2 {
@@ -144,6 +148,23 @@ fn key_text(key: &KeyConfig) -> String {
     }
 }
 
+fn copy_text(copy: CopyMode) -> String {
+    let how = match copy {
+        CopyMode::Auto => format!(
+            "buffered, then splice(2) once a direction has moved {} KiB",
+            SPLICE_AFTER / 1024
+        ),
+        CopyMode::Buffered => "through userspace buffers".to_string(),
+        CopyMode::Splice => "splice(2) through pipes, no userspace copy".to_string(),
+    };
+    let here = if copy != CopyMode::Buffered && !cfg!(target_os = "linux") {
+        "; splice(2) is Linux only, so buffered here"
+    } else {
+        ""
+    };
+    format!("{copy} ({how}{here})")
+}
+
 fn proxy_in(config: &Config) -> String {
     let from = &config.proxy_protocol.accept_from;
     if from.is_empty() {
@@ -228,11 +249,18 @@ mod tests {
             assert!(text.contains(needle), "{needle:?} not in:\n{text}");
         }
         assert!(!text.contains("loopback"), "{text}");
+        assert!(!text.contains("copy:"), "copy is mode tcp's: {text}");
         let s = snapshot(
             "listen: 127.0.0.1:7000\nproxy_protocol: {accept_from: [10.0.0.5/32], send: v2}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
         );
         let text = report("t.yaml", &s, Environment::default()).unwrap();
         assert!(text.contains("proxy out:   v2"), "{text}");
+        assert!(
+            text.contains(
+                "copy:        auto (buffered, then splice(2) once a direction has moved 256 KiB"
+            ),
+            "{text}"
+        );
         assert!(
             !text.contains("accept_from has"),
             "a single load balancer is not wide: {text}"

@@ -41,6 +41,11 @@
 //! | [`admin`] | the read-only admin HTTP endpoint: metrics, health, table, route |
 //! | [`lab`] | `magpie simulate`, `plan` and `demo` |
 //! | [`probe`] | `magpie probe`: one HTTP `GET`, exit 0 on 2xx (container health checks) |
+//!
+//! `unsafe` is denied everywhere but [`tcp::pipe`], whose splice(2) calls
+//! have no safe wrapper.
+
+#![deny(unsafe_code)]
 
 pub mod admin;
 pub mod app;

@@ -1,5 +1,7 @@
 //! The `magpie` command line. `anyhow` lives here only.
 
+#![deny(unsafe_code)]
+
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;

@@ -429,10 +429,13 @@ mod tests {
             header_a,
             print(&base.replace("listen", "key: {from: header, header: x-b}\nlisten"))
         );
-        assert_eq!(
-            reference,
-            print(&base.replace("listen", "idle_timeout: 5m\nlisten"))
-        );
+        for moves_no_key in ["idle_timeout: 5m", "copy: splice", "copy: buffered"] {
+            assert_eq!(
+                reference,
+                print(&base.replace("listen", &format!("{moves_no_key}\nlisten"))),
+                "{moves_no_key}"
+            );
+        }
     }
 
     #[test]

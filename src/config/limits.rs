@@ -36,6 +36,12 @@ pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(1);
 pub const DEFAULT_RISE: u32 = 2;
 pub const DEFAULT_FALL: u32 = 3;
 pub const DEFAULT_PASSIVE_FAILURES: u32 = 3;
+/// `copy: auto`: a direction turns from buffers to splice(2) once it has
+/// moved more than this. Below it, a pipe (two descriptors, two splice
+/// calls per chunk) costs more than the copy it saves; above it the transfer
+/// is bulk (a download, a stream) and saving the copy pays. Not a setting:
+/// `buffered` and `splice` cover the cases where it is wrong.
+pub const SPLICE_AFTER: u64 = 256 * 1024;
 
 // Bounds. Every duration and count an operator writes has an upper bound, so
 // a slip (an extra zero, `s` for `ms`, a pasted u64) is an error with a line

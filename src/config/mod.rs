@@ -196,6 +196,38 @@ impl Mode {
     }
 }
 
+/// How `mode: tcp` copies a connection's bytes (`copy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CopyMode {
+    /// Each direction starts buffered and turns to splice once it has moved
+    /// more than [`SPLICE_AFTER`] bytes: short exchanges never pay for a
+    /// pipe, bulk transfers skip the copy through userspace.
+    #[default]
+    Auto,
+    /// Through pooled 16 KiB buffers in userspace.
+    Buffered,
+    /// splice(2) through pooled pipes (buffered where no pipe can be had:
+    /// not Linux, or out of descriptors).
+    Splice,
+}
+
+impl CopyMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CopyMode::Auto => "auto",
+            CopyMode::Buffered => "buffered",
+            CopyMode::Splice => "splice",
+        }
+    }
+}
+
+impl fmt::Display for CopyMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// `tcp` or `http`; a change needs a restart, like `listen`.
@@ -215,6 +247,9 @@ pub struct Config {
     pub connect: ConnectConfig,
     pub idle_timeout: Duration,
     pub max_connections: usize,
+    /// `mode: tcp`: how bytes are copied. Not in the fingerprint: it does
+    /// not change where a key goes.
+    pub copy: CopyMode,
     pub shutdown_grace: Duration,
     pub drain_timeout: Option<Duration>,
     pub proxy_protocol: ProxyProtocolConfig,

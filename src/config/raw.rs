@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
-use super::{Algorithm, AllDown, ConfigError, Fallback, Mode};
+use super::{Algorithm, AllDown, ConfigError, CopyMode, Fallback, Mode};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -33,6 +33,8 @@ pub struct RawConfig {
     pub(super) idle_timeout: Option<Spanned<HumanDuration>>,
     #[serde(default)]
     pub(super) max_connections: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub(super) copy: Option<Spanned<CopyMode>>,
     #[serde(default)]
     pub(super) shutdown_grace: Option<Spanned<HumanDuration>>,
     #[serde(default)]

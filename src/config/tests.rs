@@ -25,6 +25,22 @@ fn minimal_config_gets_defaults() {
     assert_eq!(c.max_connections, 10_000);
     assert_eq!(c.backends[0].weight, 1);
     assert!(c.health.is_none());
+    assert_eq!(c.copy, CopyMode::Auto);
+}
+
+#[test]
+fn each_copy_mode_parses() {
+    for (text, want) in [
+        ("auto", CopyMode::Auto),
+        ("buffered", CopyMode::Buffered),
+        ("splice", CopyMode::Splice),
+    ] {
+        let c = parse(&format!("copy: {text}\n{MINIMAL}")).unwrap();
+        assert_eq!(c.copy, want);
+        assert_eq!(c.copy.to_string(), text);
+        let c = parse(&format!("mode: tcp\ncopy: {text}\n{MINIMAL}")).unwrap();
+        assert_eq!(c.copy, want);
+    }
 }
 
 #[test]
@@ -423,6 +439,23 @@ backends:
   - {name: a, addr: 127.0.0.1:8001}
 ",
             "sessions.max",
+        ),
+        (
+            "mode: http
+listen: 127.0.0.1:7000
+copy: splice
+backends:
+  - {name: a, addr: 127.0.0.1:8001}
+",
+            "test.yaml:3:7: copy applies to mode tcp only",
+        ),
+        (
+            "listen: 127.0.0.1:7000
+copy: zerocopy
+backends:
+  - {name: a, addr: 127.0.0.1:8001}
+",
+            "test.yaml:2:7: unknown variant `zerocopy`, expected one of auto, buffered, splice",
         ),
         (
             "mode: udp

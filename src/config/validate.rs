@@ -168,6 +168,7 @@ impl<'a> Validator<'a> {
         {
             self.err(&send.referenced, "proxy_protocol.send needs mode: tcp (in mode http, upstream connections are pooled and carry many clients)");
         }
+        let copy = self.copy(raw.copy, mode);
         let proxy_protocol = self.proxy_protocol(raw.proxy_protocol);
         let health = raw.health.map(|h| self.health(h, mode));
         let reload = self.reload(raw.reload);
@@ -188,6 +189,7 @@ impl<'a> Validator<'a> {
                 idle_timeout,
                 // At most MAX_MAX_CONNECTIONS, so this fits any usize.
                 max_connections: max_connections as usize,
+                copy,
                 shutdown_grace,
                 drain_timeout,
                 proxy_protocol,

@@ -1,11 +1,11 @@
-//! Validation of what depends on `mode`: the key (`key.*`), the `http` and
-//! `sessions` sections, and the HTTP parts of `health`.
+//! Validation of what depends on `mode`: the key (`key.*`), `copy`, the
+//! `http` and `sessions` sections, and the HTTP parts of `health`.
 //!
 //! Part of [`Validator`]. A setting that means nothing in the chosen mode is
 //! an error at its line and column rather than silently ignored: a body key,
 //! `http.*`, `sessions` or `health.passive_status` in `mode: tcp`; sending
-//! PROXY headers in `mode: http` (its upstream connections are pooled and
-//! carry many clients).
+//! PROXY headers (its upstream connections are pooled and carry many
+//! clients) or `copy` (hyper moves the bytes) in `mode: http`.
 
 use serde_saphyr::{Location, Spanned};
 
@@ -14,11 +14,12 @@ use crate::config::raw::{
     KeyFrom, RawHealth, RawHttp, RawKey, RawRedis, RawSessions, StatusRange, StoreKind,
 };
 use crate::config::{
-    DEFAULT_HTTP_MAX_BYTES, DEFAULT_HTTP_READ_TIMEOUT, DEFAULT_MAX_BYTES, DEFAULT_READ_TIMEOUT,
-    DEFAULT_REDIS_ADDR, DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT, DEFAULT_SESSION_MAX,
-    DEFAULT_SESSION_TTL, Fallback, FieldPath, HealthConfig, HttpConfig, KeyConfig,
-    MAX_HTTP_MAX_BYTES, MAX_MAX_BYTES, MAX_READ_TIMEOUT, MAX_REDIS_PREFIX, MAX_REDIS_TIMEOUT,
-    MAX_SESSION_MAX, MAX_SESSION_TTL, MIN_MAX_BYTES, Mode, RedisConfig, SessionsConfig,
+    CopyMode, DEFAULT_HTTP_MAX_BYTES, DEFAULT_HTTP_READ_TIMEOUT, DEFAULT_MAX_BYTES,
+    DEFAULT_READ_TIMEOUT, DEFAULT_REDIS_ADDR, DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT,
+    DEFAULT_SESSION_MAX, DEFAULT_SESSION_TTL, Fallback, FieldPath, HealthConfig, HttpConfig,
+    KeyConfig, MAX_HTTP_MAX_BYTES, MAX_MAX_BYTES, MAX_READ_TIMEOUT, MAX_REDIS_PREFIX,
+    MAX_REDIS_TIMEOUT, MAX_SESSION_MAX, MAX_SESSION_TTL, MIN_MAX_BYTES, Mode, RedisConfig,
+    SessionsConfig,
 };
 
 impl Validator<'_> {
@@ -171,6 +172,20 @@ impl Validator<'_> {
             );
         }
         name
+    }
+
+    /// `copy`: only in `mode: tcp`.
+    pub(super) fn copy(&mut self, raw: Option<Spanned<CopyMode>>, mode: Mode) -> CopyMode {
+        let Some(raw) = raw else {
+            return CopyMode::default();
+        };
+        if mode != Mode::Tcp {
+            self.err(
+                &raw.referenced,
+                "copy applies to mode tcp only (in mode http, requests and responses are streamed by the HTTP stack)",
+            );
+        }
+        raw.value
     }
 
     /// The `http` section: only in `mode: http`.

@@ -1,0 +1,596 @@
+//! Zero-copy forwarding for `mode: tcp`: bytes go socket → pipe → socket
+//! with splice(2) and stay in the kernel, instead of being read into a copy
+//! buffer and written out again.
+//!
+//! This is the one module of magpie allowed to contain `unsafe` (the crate
+//! denies it everywhere else): pipe2(2), fcntl(2) and splice(2) have no safe
+//! wrapper in std, tokio or socket2. Each `unsafe` block is one libc call on
+//! descriptors this module owns or borrows for the call, with a `// SAFETY:`
+//! comment; the rest is safe Rust on top.
+//!
+//! Linux only. Elsewhere the API is the same but [`Pipe::new`] (and so
+//! [`PooledPipe::take`]) fails with `ErrorKind::Unsupported`, as creating a
+//! pipe can fail on Linux too (`EMFILE`): in both cases the caller copies
+//! through buffers instead, so no config is refused for it.
+//!
+//! How a direction of the copy uses it:
+//!
+//! 1. wait until the source is readable, holding no pipe; take one
+//!    ([`PooledPipe::take`]);
+//! 2. [`Pipe::fill_from`] the source until it answers `WouldBlock`,
+//!    [`Fill::Eof`] or [`Fill::Full`];
+//! 3. [`Pipe::drain_into`] the destination until the pipe is empty, waiting
+//!    for the destination to be writable (holding the pipe) on `WouldBlock`;
+//! 4. fill again; once a fill answers `WouldBlock` the pipe is empty: drop it
+//!    (it goes back to the pool) and wait for the source again.
+//!
+//! Byte counters follow the counts `drain_into` returns.
+//!
+//! **Source dry or pipe full?** splice answers `EAGAIN` both when the socket
+//! has nothing and when the pipe has no room, and the room is not
+//! `capacity - in_pipe`: a pipe holds a fixed number of slots (one per page
+//! of its size) and every piece of a socket's receive queue takes one, so a
+//! pipe can be full with far fewer bytes in it than its capacity. An empty
+//! pipe has every slot free, so only there does `EAGAIN` prove the source
+//! dry. [`Pipe::fill_from`] therefore answers `WouldBlock` only when the pipe
+//! was empty, and [`Fill::Full`] when it held bytes: drain first, then fill
+//! again, which settles it (HAProxy's rule too). So `WouldBlock` can be fed
+//! to tokio's `try_io`, which clears the source's readiness: it never does
+//! while the source may still hold bytes.
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Mutex;
+
+/// The size asked for each pipe. It is Linux's default with 4 KiB pages (16
+/// slots), so a pipe of this size costs nothing beyond a plain one against
+/// the per-user pipe budget (`fs.pipe-user-pages-soft`, 64 MiB by default:
+/// about 1,000 such pipes, shared by every pipe in flight); it is four copy
+/// buffers, so one splice does the work of four read/write pairs. Larger
+/// pipes would save calls but spend that budget faster. A pipe that comes
+/// out smaller (the user is over the budget) is grown to this size if the
+/// kernel allows and used as it is if not; a larger one (64 KiB pages, where
+/// 64 KiB would be a single slot) is kept as it is.
+pub const PIPE_SIZE: usize = 64 * 1024;
+
+/// Empty pipes kept for reuse: 128 descriptors, at most 4 MiB of pipe budget
+/// (an empty pipe holds no pages). Beyond this, given-back pipes are closed.
+pub const POOL_MAX: usize = 64;
+
+/// A non-blocking pipe and the count of bytes in it.
+#[derive(Debug)]
+pub struct Pipe {
+    read: OwnedFd,
+    write: OwnedFd,
+    /// In bytes, as granted by the kernel.
+    capacity: usize,
+    /// Bytes spliced in and not yet out: exact, since splice reports every
+    /// byte it moves.
+    in_pipe: usize,
+}
+
+/// What [`Pipe::fill_from`] did (`Err(WouldBlock)`: the source has nothing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fill {
+    /// This many bytes (more than zero) went into the pipe.
+    Moved(usize),
+    /// The source is at EOF; nothing was moved.
+    Eof,
+    /// The pipe has, or may have, no room: drain it before filling again.
+    /// The source may still hold bytes, so its readiness must stay set.
+    Full,
+}
+
+impl Pipe {
+    /// A new empty pipe (`O_NONBLOCK | O_CLOEXEC`) of about [`PIPE_SIZE`].
+    pub fn new() -> io::Result<Pipe> {
+        let (read, write) = sys::pipe()?;
+        let mut capacity = sys::pipe_size(write.as_fd())?;
+        if capacity < PIPE_SIZE {
+            // EPERM when this user is over the pipe budget: keep the small one.
+            if let Ok(granted) = sys::set_pipe_size(write.as_fd(), PIPE_SIZE) {
+                capacity = granted;
+            }
+        }
+        Ok(Pipe {
+            read,
+            write,
+            capacity,
+            in_pipe: 0,
+        })
+    }
+
+    /// The pipe's size in bytes (it may fill up sooner: see the module doc).
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Bytes in the pipe.
+    pub fn in_pipe(&self) -> usize {
+        self.in_pipe
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.in_pipe == 0
+    }
+
+    /// Moves up to `max` bytes (more than zero; at most the free capacity)
+    /// from `from` into the pipe. `Err(WouldBlock)` only when the pipe was
+    /// empty, so it always means that `from` has nothing now.
+    pub fn fill_from(&mut self, from: impl AsFd, max: usize) -> io::Result<Fill> {
+        if max == 0 {
+            // A zero-length splice answers 0, which would read as EOF.
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "max is 0"));
+        }
+        let room = self.capacity - self.in_pipe;
+        if room == 0 {
+            return Ok(Fill::Full);
+        }
+        match sys::splice(from.as_fd(), self.write.as_fd(), room.min(max)) {
+            Ok(0) => Ok(Fill::Eof),
+            Ok(n) => {
+                self.in_pipe += n;
+                Ok(Fill::Moved(n))
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && self.in_pipe > 0 => Ok(Fill::Full),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Moves bytes from the pipe into `to`; `Ok(0)` only when the pipe is
+    /// empty, `Err(WouldBlock)` when `to` has no room. A peer that is gone
+    /// answers `EPIPE` or `ECONNRESET`, the bytes staying in the pipe. (splice
+    /// cannot pass `MSG_NOSIGNAL`: `EPIPE` also raises SIGPIPE, which Rust's
+    /// runtime ignores in every binary before `main`.)
+    pub fn drain_into(&mut self, to: impl AsFd) -> io::Result<usize> {
+        if self.in_pipe == 0 {
+            return Ok(0);
+        }
+        match sys::splice(self.read.as_fd(), to.as_fd(), self.in_pipe)? {
+            // Only a pipe without writers reads as 0, and this one has ours.
+            0 => Err(io::ErrorKind::WriteZero.into()),
+            n => {
+                self.in_pipe -= n;
+                Ok(n)
+            }
+        }
+    }
+}
+
+/// A bounded stack of empty pipes. [`POOL`] is the one the copy uses.
+#[derive(Debug)]
+pub struct PipePool {
+    idle: Mutex<Vec<Pipe>>,
+    max: usize,
+}
+
+/// The pipes the copy takes from and gives back to.
+pub static POOL: PipePool = PipePool::new(POOL_MAX);
+
+impl PipePool {
+    pub const fn new(max: usize) -> PipePool {
+        PipePool {
+            idle: Mutex::new(Vec::new()),
+            max,
+        }
+    }
+
+    /// An empty pipe from the pool, or a new one. A creation error (`EMFILE`,
+    /// `ENFILE`, `Unsupported`) means: copy through buffers instead.
+    pub fn take(&'static self) -> io::Result<PooledPipe> {
+        let reused = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let pipe = match reused {
+            Some(pipe) => pipe,
+            None => Pipe::new()?,
+        };
+        Ok(PooledPipe {
+            pipe: Some(pipe),
+            pool: self,
+        })
+    }
+
+    /// Pipes waiting for reuse.
+    pub fn idle(&self) -> usize {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    fn give_back(&self, pipe: Pipe) {
+        // Bytes left in a pipe belong to a connection that ended mid-way: a
+        // pipe is reused only empty. Others, and any beyond `max`, are closed.
+        if pipe.is_empty() {
+            let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+            if idle.len() < self.max {
+                idle.push(pipe);
+            }
+        }
+    }
+}
+
+/// A pipe from a [`PipePool`], given back when dropped if empty.
+#[derive(Debug)]
+pub struct PooledPipe {
+    /// Always `Some` until dropped.
+    pipe: Option<Pipe>,
+    pool: &'static PipePool,
+}
+
+impl PooledPipe {
+    /// A pipe from [`POOL`].
+    pub fn take() -> io::Result<PooledPipe> {
+        POOL.take()
+    }
+}
+
+impl std::ops::Deref for PooledPipe {
+    type Target = Pipe;
+    fn deref(&self) -> &Pipe {
+        self.pipe
+            .as_ref()
+            .expect("a pooled pipe is present until dropped")
+    }
+}
+
+impl std::ops::DerefMut for PooledPipe {
+    fn deref_mut(&mut self) -> &mut Pipe {
+        self.pipe
+            .as_mut()
+            .expect("a pooled pipe is present until dropped")
+    }
+}
+
+impl Drop for PooledPipe {
+    fn drop(&mut self) {
+        if let Some(pipe) = self.pipe.take() {
+            self.pool.give_back(pipe);
+        }
+    }
+}
+
+#[cfg(target_os = "linux")]
+mod sys {
+    use std::io;
+    use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+    /// `pipe2(O_NONBLOCK | O_CLOEXEC)`: (read end, write end).
+    pub(super) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+        let mut fds: [libc::c_int; 2] = [-1, -1];
+        // SAFETY: `fds` is a writable array of two c_ints, which is all pipe2
+        // writes to.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) } == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: pipe2 succeeded, so both are open descriptors that nothing
+        // else owns; each gets exactly one owner here.
+        Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    }
+
+    pub(super) fn pipe_size(fd: BorrowedFd<'_>) -> io::Result<usize> {
+        // SAFETY: `fd` is open for the borrow; F_GETPIPE_SZ takes no argument
+        // and touches no memory of ours.
+        let size = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETPIPE_SZ) };
+        size_or_error(size)
+    }
+
+    /// Asks for `size` bytes; the kernel rounds up and answers what it granted.
+    pub(super) fn set_pipe_size(fd: BorrowedFd<'_>, size: usize) -> io::Result<usize> {
+        let size = libc::c_int::try_from(size).map_err(|_| io::ErrorKind::InvalidInput)?;
+        // SAFETY: `fd` is open for the borrow; F_SETPIPE_SZ takes an int by
+        // value and touches no memory of ours.
+        let granted = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETPIPE_SZ, size) };
+        size_or_error(granted)
+    }
+
+    fn size_or_error(n: libc::c_int) -> io::Result<usize> {
+        usize::try_from(n).map_err(|_| io::Error::last_os_error())
+    }
+
+    /// One non-blocking splice of at most `len` bytes from `from` to `to`
+    /// (one of them a pipe).
+    pub(super) fn splice(
+        from: BorrowedFd<'_>,
+        to: BorrowedFd<'_>,
+        len: usize,
+    ) -> io::Result<usize> {
+        loop {
+            // SAFETY: both descriptors are open for the borrow; null offsets
+            // (required for pipes and sockets) mean no memory of ours is
+            // read or written; the kernel moves at most `len` bytes between
+            // its own buffers.
+            let n = unsafe {
+                libc::splice(
+                    from.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    to.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    len,
+                    libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK,
+                )
+            };
+            match usize::try_from(n) {
+                Ok(n) => return Ok(n),
+                Err(_) => {
+                    let e = io::Error::last_os_error();
+                    if e.kind() != io::ErrorKind::Interrupted {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod sys {
+    use std::io;
+    use std::os::fd::{BorrowedFd, OwnedFd};
+
+    fn unsupported<T>() -> io::Result<T> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "splice(2) is Linux only",
+        ))
+    }
+
+    pub(super) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+        unsupported()
+    }
+
+    pub(super) fn pipe_size(_: BorrowedFd<'_>) -> io::Result<usize> {
+        unsupported()
+    }
+
+    pub(super) fn set_pipe_size(_: BorrowedFd<'_>, _: usize) -> io::Result<usize> {
+        unsupported()
+    }
+
+    pub(super) fn splice(_: BorrowedFd<'_>, _: BorrowedFd<'_>, _: usize) -> io::Result<usize> {
+        unsupported()
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+    use std::io::Write as _;
+    use std::os::fd::AsRawFd;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+    use tokio::net::{TcpListener, TcpStream};
+
+    /// A connected pair of loopback sockets.
+    async fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (a, b) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        (a.unwrap(), b.unwrap().0)
+    }
+
+    /// Bytes no short block repeats (xorshift), so a lost, doubled or
+    /// reordered stretch shows.
+    fn pattern(len: usize) -> Vec<u8> {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 24) as u8
+            })
+            .collect()
+    }
+
+    /// The loop the module doc describes, `from` → pipe → `to` until EOF;
+    /// returns the bytes moved.
+    async fn splice_all(from: &TcpStream, to: &TcpStream, pool: &'static PipePool) -> u64 {
+        let mut total = 0;
+        loop {
+            from.readable().await.unwrap();
+            let mut pipe = pool.take().unwrap();
+            loop {
+                match from.try_io(Interest::READABLE, || pipe.fill_from(from, usize::MAX)) {
+                    Ok(Fill::Moved(_)) => continue,
+                    Ok(Fill::Full) => total += drain(&mut pipe, to).await,
+                    Ok(Fill::Eof) => return total + drain(&mut pipe, to).await,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        assert!(pipe.is_empty(), "WouldBlock with bytes in the pipe");
+                        break;
+                    }
+                    Err(e) => panic!("fill: {e}"),
+                }
+            }
+        }
+    }
+
+    async fn drain(pipe: &mut Pipe, to: &TcpStream) -> u64 {
+        let mut total = 0;
+        while !pipe.is_empty() {
+            to.writable().await.unwrap();
+            match to.try_io(Interest::WRITABLE, || pipe.drain_into(to)) {
+                Ok(n) => total += n as u64,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => panic!("drain: {e}"),
+            }
+        }
+        total
+    }
+
+    #[tokio::test]
+    async fn bytes_go_socket_to_pipe_to_socket_unchanged() {
+        static PIPES: PipePool = PipePool::new(4);
+        let (mut writer, from) = pair().await;
+        let (to, mut reader) = pair().await;
+        let data = pattern(8 << 20);
+        let sent = data.clone();
+        let feeding = tokio::spawn(async move {
+            writer.write_all(&sent).await.unwrap();
+            writer.shutdown().await.unwrap();
+            writer
+        });
+        let splicing = tokio::spawn(async move {
+            let moved = splice_all(&from, &to, &PIPES).await;
+            // Closing `to` is the reader's EOF.
+            (moved, from)
+        });
+        let mut out = Vec::with_capacity(data.len());
+        reader.read_to_end(&mut out).await.unwrap();
+        let (moved, _from) = splicing.await.unwrap();
+        assert_eq!(moved, data.len() as u64);
+        assert_eq!(out.len(), data.len());
+        assert!(out == data, "the bytes changed on the way");
+        assert_eq!(PIPES.idle(), 1, "one empty pipe, back in the pool");
+        drop(feeding.await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn small_segments_fill_a_pipe_long_before_its_capacity() {
+        // Each 100-byte segment takes a pipe slot (a few may share one), so
+        // the 16 slots fill with a few KiB in the pipe and the rest still in
+        // the socket. Taking that EAGAIN for a dry source would clear the
+        // readiness and stall: no new byte arrives to set it again.
+        static PIPES: PipePool = PipePool::new(1);
+        let (mut writer, from) = pair().await;
+        let (to, mut reader) = pair().await;
+        writer.set_nodelay(true).unwrap();
+        let data = pattern(20_000);
+        for chunk in data.chunks(100) {
+            writer.write_all(chunk).await.unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        let splicing = tokio::spawn(async move { splice_all(&from, &to, &PIPES).await });
+        let mut out = vec![0; data.len()];
+        tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            reader.read_exact(&mut out),
+        )
+        .await
+        .expect("the copy stalled")
+        .unwrap();
+        assert!(out == data, "the bytes changed on the way");
+        writer.shutdown().await.unwrap();
+        assert_eq!(splicing.await.unwrap(), data.len() as u64);
+    }
+
+    #[tokio::test]
+    async fn eof_is_reported_after_the_last_byte() {
+        let (mut writer, from) = pair().await;
+        writer.write_all(b"last words").await.unwrap();
+        writer.shutdown().await.unwrap();
+        let mut pipe = Pipe::new().unwrap();
+        let mut got = 0;
+        loop {
+            from.readable().await.unwrap();
+            match from.try_io(Interest::READABLE, || pipe.fill_from(&from, usize::MAX)) {
+                Ok(Fill::Moved(n)) => got += n,
+                Ok(Fill::Eof) => break,
+                // The FIN is not in yet; the bytes stay in the pipe.
+                Ok(Fill::Full) => tokio::task::yield_now().await,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => panic!("fill: {e}"),
+            }
+        }
+        assert_eq!((got, pipe.in_pipe()), (10, 10));
+        assert_eq!(pipe.fill_from(&from, usize::MAX).unwrap(), Fill::Eof);
+    }
+
+    #[tokio::test]
+    async fn a_pipe_holding_bytes_answers_full_never_would_block() {
+        let (mut writer, from) = pair().await;
+        let feeding = tokio::spawn(async move {
+            writer.write_all(&pattern(1 << 20)).await.unwrap();
+            writer
+        });
+        let mut pipe = Pipe::new().unwrap();
+        assert!(pipe.capacity() > 0);
+        loop {
+            from.readable().await.unwrap();
+            match from.try_io(Interest::READABLE, || pipe.fill_from(&from, usize::MAX)) {
+                Ok(Fill::Moved(_)) => {}
+                Ok(Fill::Full) => break,
+                Ok(Fill::Eof) => panic!("unexpected EOF"),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => assert!(pipe.is_empty()),
+                Err(e) => panic!("fill: {e}"),
+            }
+        }
+        assert!(pipe.in_pipe() > 0 && pipe.in_pipe() <= pipe.capacity());
+        assert_eq!(pipe.fill_from(&from, usize::MAX).unwrap(), Fill::Full);
+        assert_eq!(pipe.fill_from(&from, 1).unwrap(), Fill::Full);
+        // Emptied, it takes bytes again (or says the source is dry).
+        let (to, mut reader) = pair().await;
+        let held = pipe.in_pipe();
+        assert_eq!(drain(&mut pipe, &to).await, held as u64);
+        let mut out = vec![0; held];
+        reader.read_exact(&mut out).await.unwrap();
+        assert_eq!(out, pattern(held));
+        match pipe.fill_from(&from, usize::MAX) {
+            Ok(Fill::Moved(_)) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            other => panic!("an empty pipe answered {other:?}"),
+        }
+        feeding.abort();
+    }
+
+    #[tokio::test]
+    async fn draining_into_a_closed_peer_is_an_error_and_keeps_the_bytes() {
+        let (to, reader) = pair().await;
+        drop(reader);
+        let (mut a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        b.set_nonblocking(true).unwrap();
+        let mut pipe = Pipe::new().unwrap();
+        for _ in 0..100 {
+            a.write_all(&[7; 1000]).unwrap();
+            assert!(matches!(pipe.fill_from(&b, usize::MAX), Ok(Fill::Moved(_))));
+            // The first bytes may go out before the peer's reset comes back.
+            match pipe.drain_into(&to) {
+                Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
+                Err(e) => {
+                    assert!(
+                        matches!(
+                            e.kind(),
+                            io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+                        ),
+                        "{e}"
+                    );
+                    assert!(pipe.in_pipe() >= 1000, "{}", pipe.in_pipe());
+                    return;
+                }
+            }
+        }
+        panic!("draining into a closed peer never failed");
+    }
+
+    #[test]
+    fn an_empty_pipe_is_reused_and_one_holding_bytes_is_closed() {
+        static PIPES: PipePool = PipePool::new(1);
+        let first = PIPES.take().unwrap();
+        let fds = (first.read.as_raw_fd(), first.write.as_raw_fd());
+        drop(first);
+        assert_eq!(PIPES.idle(), 1);
+        let mut again = PIPES.take().unwrap();
+        assert_eq!(PIPES.idle(), 0);
+        assert_eq!((again.read.as_raw_fd(), again.write.as_raw_fd()), fds);
+
+        // Beyond the pool's max, an empty pipe is closed.
+        let (second, third) = (PIPES.take().unwrap(), PIPES.take().unwrap());
+        drop(second);
+        drop(third);
+        assert_eq!(PIPES.idle(), 1);
+
+        let (mut a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        b.set_nonblocking(true).unwrap();
+        a.write_all(b"in flight").unwrap();
+        assert_eq!(again.fill_from(&b, usize::MAX).unwrap(), Fill::Moved(9));
+        drop(again);
+        assert_eq!(PIPES.idle(), 1, "only the empty pipe is kept");
+    }
+
+    #[test]
+    fn an_empty_pipe_drains_nothing_and_a_dry_source_would_block() {
+        let mut pipe = Pipe::new().unwrap();
+        let (_a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        assert_eq!(pipe.drain_into(&b).unwrap(), 0);
+        b.set_nonblocking(true).unwrap();
+        let e = pipe.fill_from(&b, usize::MAX).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        let e = pipe.fill_from(&b, 0).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+    }
+}
