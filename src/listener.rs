@@ -25,7 +25,7 @@ use tracing::{debug, info, warn};
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::net::{Local, Peer, is_resource_exhaustion, tune_stream};
+use crate::net::{Local, Peer, is_resource_exhaustion};
 use crate::snapshot::Shared;
 use crate::stats::{Exhausted, Stats};
 use crate::supervise::{self, Task};
@@ -162,7 +162,10 @@ where
     H: Fn(Accepted) -> F,
     F: Future<Output = ()> + Send + 'static,
 {
+    // A listener on one address needs no getsockname per connection to know
+    // where a client connected; a wildcard one does.
     let listening = listener.local_addr().ok();
+    let specific = listening.filter(|a| !a.ip().is_unspecified());
     let stats = &acceptor.shared.stats;
     loop {
         let accepted = tokio::select! {
@@ -186,8 +189,11 @@ where
             drop(stream);
             continue;
         };
-        tune_stream(&stream);
-        let local = stream.local_addr().ok().or(listening).unwrap_or(peer);
+        // TCP_NODELAY and keepalive come from the listening socket.
+        let local = match specific {
+            Some(addr) => addr,
+            None => stream.local_addr().ok().or(listening).unwrap_or(peer),
+        };
         // The handler's future is spawned as it is: wrapping it in another
         // async block would store it twice in the task.
         acceptor.tracker.spawn((acceptor.handler)(Accepted {

@@ -127,8 +127,8 @@ impl Connection {
             }
         }
         let end = copy_both_ways(
-            &self.stream,
-            &upstream,
+            &mut self.stream,
+            &mut upstream,
             Pending {
                 buf: std::mem::take(&mut first.buf),
                 filled: first.filled,
@@ -138,6 +138,7 @@ impl Connection {
                 idle_timeout: config.idle_timeout,
                 stop: &self.stop,
                 check_signature,
+                copy: config.copy,
             },
         )
         .await;

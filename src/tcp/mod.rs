@@ -8,10 +8,12 @@
 //! | [`connection`] | one connection: origin, key, route, connect, copy, count |
 //! | [`header_key`] | reading a header key from the first bytes, under a deadline |
 //! | [`copy`] | copying both ways with half-close, idle timeout, drain and stop |
+//! | [`direction`] | one direction: pooled buffers or pipes held only while bytes are in flight |
 //! | [`pipe`] | splice(2) through pooled pipes: socket → pipe → socket without a userspace copy (Linux) |
 
 pub mod connection;
 pub mod copy;
+pub mod direction;
 pub mod header_key;
 // The one module allowed `unsafe`: three libc calls (pipe2, fcntl, splice).
 #[allow(unsafe_code)]

@@ -67,7 +67,23 @@ async fn read_and_compare(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_64_mib_transfer_arrives_intact_in_both_directions() {
+async fn a_64_mib_transfer_arrives_intact_in_both_directions_buffered() {
+    transfer_64_mib("copy: buffered").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_64_mib_transfer_arrives_intact_in_both_directions_spliced() {
+    transfer_64_mib("copy: splice").await;
+}
+
+/// `auto`: each direction starts buffered and turns to splice mid-stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_64_mib_transfer_arrives_intact_in_both_directions_auto() {
+    transfer_64_mib("copy: auto").await;
+}
+
+/// 64 MiB each way at once, checked byte for byte on arrival, and counted.
+async fn transfer_64_mib(copy: &str) {
     let up: Arc<Vec<u8>> = Arc::new(pseudo_random(BIG, 0x9e37_79b9_7f4a_7c15));
     let down: Arc<Vec<u8>> = Arc::new(pseudo_random(BIG, 0xd1b5_4a32_d192_ed03));
     assert_ne!(up[..64], down[..64]);
@@ -91,7 +107,7 @@ async fn a_64_mib_transfer_arrives_intact_in_both_directions() {
             received
         })
     };
-    let magpie = Magpie::with("", &[("big".to_string(), backend_addr)]).await;
+    let magpie = Magpie::with(copy, &[("big".to_string(), backend_addr)]).await;
 
     let client = connect(magpie.addr).await;
     let (r, mut w) = client.into_split();
@@ -115,6 +131,20 @@ async fn a_64_mib_transfer_arrives_intact_in_both_directions() {
     assert_eq!(client_bad, None, "first corrupt byte, backend to client");
     assert_eq!(backend_got, BIG, "bytes the backend received");
     assert_eq!(backend_bad, None, "first corrupt byte, client to backend");
+    // The counters are added after each poll of the copy: wait for the close.
+    let live = &magpie.backend("big").live;
+    within("the connection to close", async {
+        while live.active() > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert_eq!(live.bytes_sent(), BIG as u64, "counted client to backend");
+    assert_eq!(
+        live.bytes_received(),
+        BIG as u64,
+        "counted backend to client"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
