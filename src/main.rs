@@ -148,8 +148,18 @@ fn main() -> ExitCode {
     }
 }
 
+/// One worker thread per CPU magpie may run on. Given a single CPU (a
+/// container limit, `taskset`), the runtime is a single-threaded one: the
+/// same work without the cross-thread queues and wakeups of a scheduler that
+/// has no other thread to hand work to.
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut builder = if cpus == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    builder
         .enable_all()
         .build()
         .context("cannot start the async runtime")
