@@ -187,20 +187,26 @@ impl Maglev {
 
 /// Largest-remainder quotas summing to exactly `m`, indexed like `nodes`.
 fn quotas(nodes: &NodeSet, m: u64) -> Vec<u64> {
-    let total = u128::from(nodes.total_weight());
+    // u64 is exact: M ≤ 2^24 and weights are u32, so M · w < 2^56, and the
+    // total weight of any pool that fits in memory is far below 2^64.
+    let total = nodes.total_weight();
     let mut quotas = Vec::with_capacity(nodes.len());
     let mut remainders = Vec::with_capacity(nodes.len());
     for (i, node) in nodes.nodes().iter().enumerate() {
-        let share = u128::from(m) * u128::from(node.weight);
-        quotas.push((share / total) as u64);
+        let share = m * u64::from(node.weight);
+        quotas.push(share / total);
         if node.weight > 0 {
             remainders.push((share % total, i));
         }
     }
-    let left = m - quotas.iter().sum::<u64>();
-    // Largest remainder first; equal remainders go to the earlier name.
-    remainders.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-    for &(_, i) in remainders.iter().take(left as usize) {
+    let left = (m - quotas.iter().sum::<u64>()) as usize;
+    // Largest remainder first; equal remainders go to the earlier name. Only
+    // which nodes are among the first `left` matters, not their order.
+    let order = |a: &(u64, usize), b: &(u64, usize)| b.0.cmp(&a.0).then(a.1.cmp(&b.1));
+    if left < remainders.len() {
+        remainders.select_nth_unstable_by(left, order);
+    }
+    for &(_, i) in remainders.iter().take(left) {
         quotas[i] += 1;
     }
     quotas
