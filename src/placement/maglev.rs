@@ -34,7 +34,8 @@
 //! counter, no division), each time its next free preferred slot. With equal
 //! quotas this is exactly the paper's round-robin; with unequal weights the
 //! heavier nodes take their turns evenly spread over the rounds instead of
-//! all at the end. Cost: `O(N · q_max)` turns plus the preference probes.
+//! all at the end. Cost: `O(N · q_max)` turns plus the preference probes;
+//! the `fill` module finds each turn's slot without changing which slot it is.
 //!
 //! # Lookup
 //!
@@ -45,9 +46,10 @@
 //! the following slots (wrapping), at most `MAX_CANDIDATES` of them, and a walk
 //! never passes more than one full table.
 
+mod fill;
+
 use super::walk::Walk;
 use super::{NodeSet, PlacementError, Scheme};
-use crate::hash::h64_parts;
 
 /// The table size magpie uses unless told otherwise (the paper's small size).
 pub const DEFAULT_TABLE_SIZE: u64 = 65537;
@@ -151,63 +153,7 @@ impl Maglev {
         let m = table_size;
         let quotas = quotas(nodes, m);
 
-        // Per weighted node: the next preferred slot, its skip, its quota and
-        // its turn credit. Only nodes with a quota take part.
-        struct Filler {
-            index: u32,
-            next: u32,
-            skip: u32,
-            /// `2 · skip mod M`, the stride of each of the two probe streams.
-            skip2: u32,
-            quota: u64,
-            credit: u64,
-        }
-        let q_max = quotas.iter().copied().max().unwrap_or(0);
-        let mut fillers: Vec<Filler> = nodes
-            .nodes()
-            .iter()
-            .zip(&quotas)
-            .enumerate()
-            .filter(|(_, (_, q))| **q > 0)
-            .map(|(i, (node, &quota))| {
-                let name = node.name.as_bytes();
-                let h = h64_parts(&[name, b"|maglev"]);
-                let offset = (h >> 32) % m;
-                let skip = (h & 0xffff_ffff) % (m - 1) + 1;
-                Filler {
-                    index: i as u32,
-                    next: offset as u32,
-                    skip: skip as u32,
-                    skip2: ((2 * skip) % m) as u32,
-                    quota,
-                    // Starting one short of a full turn makes the cumulative
-                    // count ceil(q·r/q_max): equal quotas take one slot per
-                    // round from the first round on, as in the paper.
-                    credit: q_max - 1,
-                }
-            })
-            .collect();
-
-        let m32 = m as u32;
-        let mut table = vec![EMPTY; m as usize];
-        // Which slots are taken, one bit each: 8 KiB at M = 65537, so the
-        // probes (about M·ln M of them in total) hit L1 instead of the table.
-        let mut taken = vec![0u64; (m as usize).div_ceil(64)];
-        for _round in 0..q_max {
-            for f in fillers.iter_mut() {
-                f.credit += f.quota;
-                if f.credit < q_max {
-                    continue;
-                }
-                f.credit -= q_max;
-                // Invariant: this node has quota left, so the table is not full
-                // and its full-cycle walk reaches a free slot.
-                let slot = next_free(&taken, f.next, f.skip, f.skip2, m32);
-                taken[slot as usize / 64] |= 1 << (slot % 64);
-                table[slot as usize] = f.index;
-                f.next = advance(slot, f.skip, m32);
-            }
-        }
+        let table = fill::fill(nodes, &quotas, m);
         debug_assert!(table.iter().all(|&o| o != EMPTY));
 
         let owners = quotas.iter().filter(|&&q| q > 0).count();
@@ -239,62 +185,28 @@ impl Maglev {
     }
 }
 
-/// `(pos + step) mod m` for `pos < m` and `step < m`, without a division.
-///
-/// Comparing `pos` against `m − step` (loop-invariant for a walk) rather than
-/// adding first and comparing the sum keeps the dependency chain from one
-/// position to the next at a compare and a conditional move; the build's
-/// probes are bound by that chain.
-#[inline]
-fn advance(pos: u32, step: u32, m: u32) -> u32 {
-    let back = m - step;
-    if pos >= back { pos - back } else { pos + step }
-}
-
-/// The first free slot on the walk `start, start + skip, start + 2·skip, …`
-/// (mod `m`), given `skip2 = 2·skip mod m`.
-///
-/// The walk is split into two streams of stride `2·skip`: `a` takes the even
-/// steps and `b` the odd ones, and `a` is tested before `b` each time, so the
-/// slots are still tested in walk order and the first free one wins, exactly
-/// as in a one-slot-at-a-time walk. The two position chains are independent,
-/// so the CPU computes them in parallel: this roughly doubles probe
-/// throughput, which is most of a build's cost.
-///
-/// The caller guarantees a free slot exists; since `m` is prime and
-/// `1 ≤ skip < m`, the walk visits every slot within `m` steps.
-fn next_free(taken: &[u64], start: u32, skip: u32, skip2: u32, m: u32) -> u32 {
-    let is_free = |slot: u32| taken[slot as usize / 64] & (1 << (slot % 64)) == 0;
-    let mut a = start;
-    let mut b = advance(start, skip, m);
-    loop {
-        if is_free(a) {
-            return a;
-        }
-        if is_free(b) {
-            return b;
-        }
-        a = advance(a, skip2, m);
-        b = advance(b, skip2, m);
-    }
-}
-
 /// Largest-remainder quotas summing to exactly `m`, indexed like `nodes`.
 fn quotas(nodes: &NodeSet, m: u64) -> Vec<u64> {
-    let total = u128::from(nodes.total_weight());
+    // u64 is exact: M ≤ 2^24 and weights are u32, so M · w < 2^56, and the
+    // total weight of any pool that fits in memory is far below 2^64.
+    let total = nodes.total_weight();
     let mut quotas = Vec::with_capacity(nodes.len());
     let mut remainders = Vec::with_capacity(nodes.len());
     for (i, node) in nodes.nodes().iter().enumerate() {
-        let share = u128::from(m) * u128::from(node.weight);
-        quotas.push((share / total) as u64);
+        let share = m * u64::from(node.weight);
+        quotas.push(share / total);
         if node.weight > 0 {
             remainders.push((share % total, i));
         }
     }
-    let left = m - quotas.iter().sum::<u64>();
-    // Largest remainder first; equal remainders go to the earlier name.
-    remainders.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-    for &(_, i) in remainders.iter().take(left as usize) {
+    let left = (m - quotas.iter().sum::<u64>()) as usize;
+    // Largest remainder first; equal remainders go to the earlier name. Only
+    // which nodes are among the first `left` matters, not their order.
+    let order = |a: &(u64, usize), b: &(u64, usize)| b.0.cmp(&a.0).then(a.1.cmp(&b.1));
+    if left < remainders.len() {
+        remainders.select_nth_unstable_by(left, order);
+    }
+    for &(_, i) in remainders.iter().take(left) {
         quotas[i] += 1;
     }
     quotas
@@ -319,7 +231,7 @@ impl Scheme for Maglev {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hash::h64;
+    use crate::hash::{h64, h64_parts};
     use crate::placement::Node;
 
     fn numbered(n: usize) -> NodeSet {

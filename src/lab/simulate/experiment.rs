@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use super::{MAX_KEYS, MAX_NODES, MAX_SALT, MAX_WEIGHT, SimulateArgs, SimulateError};
-use crate::hash::h64;
+use crate::hash::{h64, h64_many};
 use crate::placement::{Node, NodeSet};
 
 /// What happens to the pool.
@@ -231,18 +231,19 @@ pub(super) struct Key {
 }
 
 pub(super) fn plain_keys(experiment: &Experiment) -> Vec<Key> {
-    (0..experiment.keys)
-        .map(|i| {
-            let text = format!("user:{i}");
+    let texts: Vec<String> = (0..experiment.keys).map(|i| format!("user:{i}")).collect();
+    let mut hashes = Vec::with_capacity(texts.len());
+    h64_many(texts.iter().map(|t| t.as_bytes()), &mut hashes);
+    texts
+        .into_iter()
+        .zip(hashes)
+        .enumerate()
+        .map(|(i, (text, hash))| {
             let load = match experiment.hot {
-                Some(hot) if i % hot.every == 0 => hot.factor,
+                Some(hot) if (i as u64).is_multiple_of(hot.every) => hot.factor,
                 _ => 1.0,
             };
-            Key {
-                hash: h64(text.as_bytes()),
-                text,
-                load,
-            }
+            Key { text, hash, load }
         })
         .collect()
 }

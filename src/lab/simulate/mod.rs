@@ -20,6 +20,7 @@
 //! |---|---|
 //! | [`experiment`] | the validated experiment: options, pools before and after, keys |
 //! | [`place`] | placing every key with each scheme |
+//! | `parallel` | running independent placements side by side |
 //! | [`report`] | running the experiment into a [`Report`] (pure, deterministic) |
 //! | [`mod@render`] | the human-readable table |
 //!
@@ -28,6 +29,7 @@
 use std::io::Write as _;
 
 pub mod experiment;
+mod parallel;
 pub mod place;
 pub mod render;
 pub mod report;

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::experiment::{Key, Pool};
 use super::{BOUNDED_FACTOR, BOUNDED_POINTS, SimulateError};
-use crate::hash::h64_parts;
+use crate::hash::h64_many;
 use crate::placement::Scheme;
 use crate::placement::bounded;
 use crate::placement::jump::Jump;
@@ -120,38 +120,172 @@ pub(super) fn place(
             let m = Maglev::new(&pool.set, maglev::DEFAULT_TABLE_SIZE)?;
             by_scheme(&|h| m.primary(h))
         }
-        SchemeId::Rendezvous => place_rendezvous(pool, keys),
+        SchemeId::Rendezvous => place_rendezvous(&[pool], keys).pop().unwrap_or_default(),
         SchemeId::BoundedRing => place_bounded(pool, keys)?,
     })
 }
 
-/// The lab's rendezvous: the node with the highest rank for
-/// `h64("{n}|{key}")`, ties to the earlier node number. The ranking rule is
-/// the library's ([`Rank`]): the hash itself when every weighted node has
-/// the same weight, else the logarithmic method's score of that hash; only
-/// the per-node hash (by node number, the lab's convention) is the lab's own.
-fn place_rendezvous(pool: &Pool, keys: &[Key]) -> Vec<u32> {
-    let names: Vec<String> = pool.ids.iter().map(|id| format!("{id}|")).collect();
-    let positive: Vec<u32> = pool.weights.iter().copied().filter(|&w| w > 0).collect();
-    let uniform = positive.windows(2).all(|w| w[0] == w[1]);
-    keys.iter()
-        .map(|key| {
-            let mut best: Option<(Rank, u32)> = None;
-            for (j, name) in names.iter().enumerate() {
-                let w = pool.weights[j];
-                if w == 0 {
-                    continue;
-                }
-                let h = h64_parts(&[name.as_bytes(), key.text.as_bytes()]);
-                let rank = Rank::of(w, h, uniform);
-                // Strictly higher wins, so a tie stays with the earlier node.
-                if best.is_none_or(|(b, _)| rank.beats(b)) {
-                    best = Some((rank, pool.ids[j]));
-                }
+/// Node numbers per key on the pool before and after the change.
+pub(super) type Placed = (Vec<u32>, Vec<u32>);
+
+/// Places every key on both pools with every scheme, the independent pieces
+/// side by side ([`parallel`](super::parallel)); `(before, after)` node
+/// numbers per scheme, in [`SchemeId::ALL`] order. The same as calling
+/// [`place`] for each scheme and pool.
+pub(super) fn place_all(
+    before: &Pool,
+    after: &Pool,
+    keys: &[Key],
+) -> Result<Vec<Placed>, SimulateError> {
+    enum Job<'a> {
+        Side(SchemeId, &'a Pool),
+        /// Rendezvous for a range of keys, on both pools at once: a node's
+        /// hash for a key does not depend on the pool.
+        Rendezvous(std::ops::Range<usize>),
+    }
+    enum Done {
+        Side(Result<Vec<u32>, SimulateError>),
+        Rendezvous(Vec<Vec<u32>>),
+    }
+    // Longest first: the dense rings and bounded-ring's walk, then the
+    // rest; rendezvous, the most hashing by far, comes last in chunks small
+    // enough to even out the workers' finishing times.
+    let order = [
+        SchemeId::Ring1000,
+        SchemeId::BoundedRing,
+        SchemeId::Ring100,
+        SchemeId::Maglev,
+        SchemeId::Ring10,
+        SchemeId::Jump,
+        SchemeId::Ring1,
+        SchemeId::ModN,
+    ];
+    let mut jobs: Vec<Job> = order
+        .iter()
+        .flat_map(|&id| [Job::Side(id, before), Job::Side(id, after)])
+        .collect();
+    let chunk = keys.len().div_ceil(32).max(1024);
+    jobs.extend(
+        (0..keys.len())
+            .step_by(chunk)
+            .map(|start| Job::Rendezvous(start..keys.len().min(start + chunk))),
+    );
+    let done = super::parallel::map(jobs, |job| match job {
+        Job::Side(id, pool) => Done::Side(place(id, pool, keys)),
+        Job::Rendezvous(range) => {
+            Done::Rendezvous(place_rendezvous(&[before, after], &keys[range]))
+        }
+    });
+    let mut sides = Vec::new();
+    let (mut rv_before, mut rv_after) = (Vec::new(), Vec::new());
+    for d in done {
+        match d {
+            Done::Side(owners) => sides.push(owners?),
+            Done::Rendezvous(pair) => {
+                let mut pair = pair.into_iter();
+                rv_before.extend(pair.next().into_iter().flatten());
+                rv_after.extend(pair.next().into_iter().flatten());
             }
-            best.map_or(u32::MAX, |b| b.1)
+        }
+    }
+    let mut placed: Vec<(SchemeId, Placed)> =
+        order.iter().copied().zip(sides_in_pairs(sides)).collect();
+    placed.push((SchemeId::Rendezvous, (rv_before, rv_after)));
+    Ok(SchemeId::ALL
+        .iter()
+        .map(|id| {
+            placed
+                .iter_mut()
+                .find(|(x, _)| x == id)
+                .map(|(_, p)| std::mem::take(p))
+                .unwrap_or_default()
         })
-        .collect()
+        .collect())
+}
+
+/// `[a0, b0, a1, b1, …]` as `[(a0, b0), (a1, b1), …]`.
+fn sides_in_pairs(sides: Vec<Vec<u32>>) -> Vec<Placed> {
+    let mut sides = sides.into_iter();
+    std::iter::from_fn(|| Some((sides.next()?, sides.next()?))).collect()
+}
+
+/// The lab's rendezvous, on several pools at once: for each pool, the node
+/// with the highest rank for `h64("{n}|{key}")`, ties to the earlier node
+/// number. The ranking rule is the library's ([`Rank`]): the hash itself
+/// when every weighted node has the same weight, else the logarithmic
+/// method's score of that hash; only the per-node hash (by node number, the
+/// lab's convention) is the lab's own. Each (node, key) is hashed once
+/// whatever the number of pools, and many at a time ([`h64_many`]).
+fn place_rendezvous(pools: &[&Pool], keys: &[Key]) -> Vec<Vec<u32>> {
+    let weighted = |p: &'_ Pool| -> Vec<(u32, u32)> {
+        p.ids
+            .iter()
+            .zip(&p.weights)
+            .filter(|(_, w)| **w > 0)
+            .map(|(&id, &w)| (id, w))
+            .collect()
+    };
+    // Every weighted node of any pool, ascending; a node's weight is the
+    // same in every pool.
+    let mut union: Vec<u32> = pools
+        .iter()
+        .flat_map(|p| weighted(p))
+        .map(|(id, _)| id)
+        .collect();
+    union.sort_unstable();
+    union.dedup();
+    if union.is_empty() {
+        return pools.iter().map(|_| vec![u32::MAX; keys.len()]).collect();
+    }
+    let names: Vec<String> = union.iter().map(|id| format!("{id}|")).collect();
+    // Per pool: (position in `union`, weight, node number) in pool order,
+    // and whether its weighted nodes all weigh the same.
+    type Members = Vec<(usize, u32, u32)>;
+    let ranked: Vec<(Members, bool)> = pools
+        .iter()
+        .map(|p| {
+            let members = weighted(p);
+            let uniform = members.windows(2).all(|w| w[0].1 == w[1].1);
+            let members = members
+                .into_iter()
+                .map(|(id, w)| (union.partition_point(|&u| u < id), w, id))
+                .collect();
+            (members, uniform)
+        })
+        .collect();
+    let mut owners: Vec<Vec<u32>> = pools
+        .iter()
+        .map(|_| Vec::with_capacity(keys.len()))
+        .collect();
+    let (mut text, mut ends, mut hashes) = (Vec::new(), Vec::new(), Vec::new());
+    for batch in keys.chunks(64) {
+        text.clear();
+        ends.clear();
+        hashes.clear();
+        for key in batch {
+            for name in &names {
+                text.extend_from_slice(name.as_bytes());
+                text.extend_from_slice(key.text.as_bytes());
+                ends.push(text.len());
+            }
+        }
+        let starts = std::iter::once(0).chain(ends.iter().copied());
+        h64_many(starts.zip(&ends).map(|(a, &b)| &text[a..b]), &mut hashes);
+        for row in hashes.chunks(names.len()) {
+            for ((members, uniform), out) in ranked.iter().zip(owners.iter_mut()) {
+                let mut best: Option<(Rank, u32)> = None;
+                for &(at, w, id) in members {
+                    let rank = Rank::of(w, row[at], *uniform);
+                    // Strictly higher wins, so a tie stays with the earlier node.
+                    if best.is_none_or(|(b, _)| rank.beats(b)) {
+                        best = Some((rank, id));
+                    }
+                }
+                out.push(best.map_or(u32::MAX, |b| b.1));
+            }
+        }
+    }
+    owners
 }
 
 /// bounded-ring: keys in index order on the 100-point ring, each node capped at

@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use super::experiment::{Change, Experiment, Hot, Key, Pool, plain_keys, salted_keys};
-use super::place::{SchemeId, place};
+use super::place::{SchemeId, place_all};
 use super::{REPLICA_POINTS, SimulateError};
 use crate::placement::maglev;
 use crate::placement::ring::Ring;
@@ -145,9 +145,15 @@ pub fn run(experiment: &Experiment) -> Result<Report, SimulateError> {
     }
     let count = keys.len() as f64;
     let mut rows = Vec::with_capacity(SchemeId::ALL.len());
-    for scheme in SchemeId::ALL {
-        let a = place(scheme, &before, &keys)?;
-        let b = place(scheme, &after, &keys)?;
+    let placed = place_all(&before, &after, &keys)?;
+    let mut salted_placed = match &salted {
+        Some(s) => place_all(&before, &after, s)?
+            .into_iter()
+            .map(Some)
+            .collect(),
+        None => Vec::new(),
+    };
+    for (i, (scheme, (a, b))) in SchemeId::ALL.into_iter().zip(placed).enumerate() {
         let moved: Vec<usize> = (0..keys.len()).filter(|&k| a[k] != b[k]).collect();
         let only_to_new = match experiment.change {
             Change::Add(n) => moved.iter().all(|&k| b[k] == n),
@@ -212,11 +218,10 @@ pub fn run(experiment: &Experiment) -> Result<Report, SimulateError> {
             None => (None, None),
         };
         let (salted_load_peak_before, salted_load_peak_after) = match &salted {
-            Some(s) => {
-                let sa = place(scheme, &before, s)?;
-                let sb = place(scheme, &after, s)?;
-                (Some(load(&before, &sa, s)), Some(load(&after, &sb, s)))
-            }
+            Some(s) => match salted_placed.get_mut(i).and_then(Option::take) {
+                Some((sa, sb)) => (Some(load(&before, &sa, s)), Some(load(&after, &sb, s))),
+                None => (None, None),
+            },
             None => (None, None),
         };
         rows.push(Row {

@@ -2,7 +2,7 @@
 //! that pin the lab's conventions.
 
 use super::experiment::{Key, plain_keys, salted_keys};
-use super::place::place;
+use super::place::{place, place_all};
 use super::*;
 use crate::hash::h64;
 
@@ -410,4 +410,40 @@ fn lab_conventions_golden() {
     assert_eq!(got("jump"), [2, 1, 9, 3, 3]);
     assert_eq!(got("rendezvous"), [4, 4, 8, 9, 0]);
     assert_eq!(got("ring-100"), [8, 0, 6, 6, 4]);
+}
+
+/// Placing all schemes side by side gives what placing each scheme on each
+/// pool one at a time gives: joins, removals, weights (0 included) and a
+/// hot, salted key list.
+#[test]
+fn side_by_side_equals_one_at_a_time() {
+    let cases = [
+        args(3_000),
+        SimulateArgs {
+            remove: Some("3".into()),
+            ..args(3_000)
+        },
+        SimulateArgs {
+            weight: vec!["2=3".into(), "5=0".into(), "10=2".into()],
+            ..args(3_000)
+        },
+    ];
+    for a in cases {
+        let e = Experiment::from_args(&a).unwrap();
+        let (before, after) = e.pools().unwrap();
+        let plain = plain_keys(&e);
+        let hot = Hot {
+            fraction: 0.01,
+            factor: 10.0,
+            every: 100,
+        };
+        for keys in [plain.clone(), salted_keys(&plain, hot, 4)] {
+            let all = place_all(&before, &after, &keys).unwrap();
+            assert_eq!(all.len(), SchemeId::ALL.len());
+            for (id, (a, b)) in SchemeId::ALL.into_iter().zip(all) {
+                assert_eq!(a, place(id, &before, &keys).unwrap(), "{id} before");
+                assert_eq!(b, place(id, &after, &keys).unwrap(), "{id} after");
+            }
+        }
+    }
 }
