@@ -31,7 +31,9 @@ const FD_MARGIN: u64 = 64;
 /// Raises the soft RLIMIT_NOFILE as far as the hard limit allows, and warns
 /// if it still cannot hold `max_connections` (two descriptors each).
 pub fn check_fd_limit(max_connections: usize) {
-    let needed = 2 * max_connections as u64 + FD_MARGIN;
+    // Two per connection, and the pipes splice may hold (in use and pooled).
+    let pipes = 2 * (crate::tcp::pipe::MAX_IN_USE + crate::tcp::pipe::POOL_MAX) as u64;
+    let needed = 2 * max_connections as u64 + pipes + FD_MARGIN;
     let soft = match rlimit::increase_nofile_limit(needed.max(1 << 16)) {
         Ok(soft) => soft,
         Err(e) => {
@@ -43,7 +45,7 @@ pub fn check_fd_limit(max_connections: usize) {
         warn!(
             limit = soft,
             needed,
-            "open-file limit is below 2 x max_connections + {FD_MARGIN}: accepts will fail before max_connections is reached (raise `ulimit -n`)"
+            "open-file limit is below 2 x max_connections + {pipes} (splice pipes) + {FD_MARGIN}: accepts will fail before max_connections is reached (raise `ulimit -n`)"
         );
     }
 }

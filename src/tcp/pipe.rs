@@ -57,6 +57,14 @@ pub const PIPE_SIZE: usize = 64 * 1024;
 /// (an empty pipe holds no pages). Beyond this, given-back pipes are closed.
 pub const POOL_MAX: usize = 64;
 
+/// Pipes in use at once (2,048 descriptors, the per-user pipe budget's worth
+/// of 64 KiB pipes). A direction that finds them all taken copies through
+/// buffers: splice can never use the descriptors accepts need.
+pub const MAX_IN_USE: usize = 1024;
+
+/// Pipes taken from [`POOL`] and not yet given back.
+static IN_USE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// A non-blocking pipe and the count of bytes in it.
 #[derive(Debug)]
 pub struct Pipe {
@@ -178,10 +186,17 @@ impl PipePool {
     /// An empty pipe from the pool, or a new one. A creation error (`EMFILE`,
     /// `ENFILE`, `Unsupported`) means: copy through buffers instead.
     pub fn take(&'static self) -> io::Result<PooledPipe> {
+        use std::sync::atomic::Ordering;
+        if IN_USE.fetch_add(1, Ordering::Relaxed) >= MAX_IN_USE {
+            IN_USE.fetch_sub(1, Ordering::Relaxed);
+            return Err(io::Error::other("every pipe is in use"));
+        }
         let reused = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let pipe = match reused {
             Some(pipe) => pipe,
-            None => Pipe::new()?,
+            None => Pipe::new().inspect_err(|_| {
+                IN_USE.fetch_sub(1, Ordering::Relaxed);
+            })?,
         };
         Ok(PooledPipe {
             pipe: Some(pipe),
@@ -241,6 +256,7 @@ impl std::ops::DerefMut for PooledPipe {
 impl Drop for PooledPipe {
     fn drop(&mut self) {
         if let Some(pipe) = self.pipe.take() {
+            IN_USE.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
             self.pool.give_back(pipe);
         }
     }

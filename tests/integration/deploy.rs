@@ -21,7 +21,7 @@ use crate::support::*;
 /// Labels every scraped series has (added by Prometheus), and histogram buckets'.
 const ALWAYS_THERE_LABELS: &[&str] = &["instance", "job", "le"];
 
-/// magpie needs 2 x max_connections + this many file descriptors.
+/// magpie needs 2 x max_connections + its splice pipes + this many file descriptors.
 const FD_MARGIN: u64 = 64;
 
 const ALERTS: &[&str] = &[
@@ -159,10 +159,11 @@ fn systemd_unit_verifies_and_gives_magpie_what_it_needs() {
     let nofile: u64 = one("LimitNOFILE")
         .parse()
         .unwrap_or_else(|e| panic!("LimitNOFILE: {e}"));
-    let needed = 2 * DEFAULT_MAX_CONNECTIONS + FD_MARGIN;
+    let pipes = 2 * (magpie::tcp::pipe::MAX_IN_USE + magpie::tcp::pipe::POOL_MAX) as u64;
+    let needed = 2 * DEFAULT_MAX_CONNECTIONS + pipes + FD_MARGIN;
     assert!(
         nofile >= needed,
-        "LimitNOFILE {nofile} is below 2 x max_connections + {FD_MARGIN} = {needed}"
+        "LimitNOFILE {nofile} is below 2 x max_connections + {pipes} + {FD_MARGIN} = {needed}"
     );
     for key in ["AmbientCapabilities", "CapabilityBoundingSet"] {
         assert!(
