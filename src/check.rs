@@ -256,6 +256,14 @@ mod tests {
         let text = report("t.yaml", &s, Environment::default()).unwrap();
         assert!(text.contains("proxy out:   v2"), "{text}");
         assert!(
+            text.contains("copy:        buffered (through userspace buffers)"),
+            "{text}"
+        );
+        let s = snapshot(
+            "listen: 127.0.0.1:7000\ncopy: auto\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+        );
+        let text = report("t.yaml", &s, Environment::default()).unwrap();
+        assert!(
             text.contains(
                 "copy:        auto (buffered, then splice(2) once a direction has moved 256 KiB"
             ),

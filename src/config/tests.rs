@@ -25,7 +25,7 @@ fn minimal_config_gets_defaults() {
     assert_eq!(c.max_connections, 10_000);
     assert_eq!(c.backends[0].weight, 1);
     assert!(c.health.is_none());
-    assert_eq!(c.copy, CopyMode::Auto);
+    assert_eq!(c.copy, CopyMode::Buffered);
 }
 
 #[test]
