@@ -92,6 +92,18 @@ enum Held {
     Pipe(PooledPipe),
 }
 
+impl Held {
+    /// A buffer's or a head's bytes; nothing for a pipe (its bytes are in
+    /// the kernel).
+    fn bytes(&mut self) -> &mut [u8] {
+        match self {
+            Held::Buffer(buf) => buf.bytes(),
+            Held::Head(head) => head,
+            Held::Nothing | Held::Pipe(_) => &mut [],
+        }
+    }
+}
+
 pub(super) struct Direction {
     /// The side read from, the side written to.
     sides: (Side, Side),
@@ -180,11 +192,7 @@ impl Direction {
             // 1. Write what is held.
             match &mut self.held {
                 Held::Buffer(_) | Held::Head(_) if self.start < self.end => {
-                    let bytes = match &mut self.held {
-                        Held::Buffer(buf) => &buf.bytes()[self.start..self.end],
-                        Held::Head(head) => &head[self.start..self.end],
-                        _ => &[][..],
-                    };
+                    let bytes = &self.held.bytes()[self.start..self.end];
                     let n = ready!(Pin::new(&mut *to).poll_write(cx, bytes)).map_err(to_err)?;
                     if n == 0 {
                         return Poll::Ready(Err(to_err(io::ErrorKind::WriteZero.into())));
