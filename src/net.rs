@@ -27,7 +27,8 @@ use tracing::debug;
 
 /// Listen backlog (the kernel caps it at `net.core.somaxconn`).
 pub const BACKLOG: i32 = 1024;
-/// Keepalive on both sides: find dead peers of idle connections in ~2 minutes.
+/// Keepalive: probes start after an idle minute; on the client side (10 s
+/// apart, 6 of them) a dead peer of an idle connection is found in ~2 minutes.
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 const KEEPALIVE_RETRIES: u32 = 6;
