@@ -21,7 +21,7 @@ use magpie::snapshot::Snapshot;
 #[command(
     name = "magpie",
     version,
-    about = "A Layer-4 consistent-hash TCP load balancer"
+    about = "A consistent-hash load balancer, per TCP connection or per HTTP request"
 )]
 struct Cli {
     #[command(subcommand)]
