@@ -103,7 +103,7 @@ pub fn answer<B>(req: &Request<B>, shared: &Shared, registry: &Registry) -> Resp
             let up = snapshot
                 .backends
                 .iter()
-                .filter(|b| b.weight > 0 && b.live.is_up())
+                .filter(|b| b.weight > 0 && b.live.health.is_up())
                 .count();
             if up > 0 {
                 text(
@@ -166,8 +166,8 @@ pub fn table_json(snapshot: &Snapshot) -> serde_json::Value {
                 "addr": b.addr.to_string(),
                 "weight": b.weight,
                 "zone": b.zone,
-                "up": b.live.is_up(),
-                "active": b.live.active(),
+                "up": b.live.health.is_up(),
+                "active": b.live.load.active(),
                 "share": share,
             })
         })
@@ -191,8 +191,8 @@ pub fn route_json(snapshot: &Snapshot, key_text: &str, key: u64) -> serde_json::
             json!({
                 "name": b.name,
                 "addr": b.addr.to_string(),
-                "up": b.live.is_up(),
-                "active": b.live.active(),
+                "up": b.live.health.is_up(),
+                "active": b.live.load.active(),
                 "chosen": chosen.as_deref() == Some(b.name.as_str()),
             })
         })

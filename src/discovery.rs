@@ -29,6 +29,7 @@ use hickory_resolver::proto::rr::rdata::SRV;
 use tracing::warn;
 
 use crate::config::{BackendConfig, Config, DiscoveryConfig, Source, SourceConfig};
+use crate::label::labels;
 use crate::throttle::Throttle;
 
 /// How long one DNS question may take.
@@ -44,23 +45,12 @@ pub enum DiscoveryError {
     Empty,
 }
 
-/// What a lookup gave, for `magpie_discovery_lookups_total{result}`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Lookup {
-    Ok,
-    Empty,
-    Failed,
-}
-
-impl Lookup {
-    pub const ALL: [Lookup; 3] = [Lookup::Ok, Lookup::Empty, Lookup::Failed];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Lookup::Ok => "ok",
-            Lookup::Empty => "empty",
-            Lookup::Failed => "error",
-        }
+labels! {
+    /// What a lookup gave, for `magpie_discovery_lookups_total{result}`.
+    pub enum Lookup {
+        Ok => "ok",
+        Empty => "empty",
+        Failed => "error",
     }
 }
 
@@ -69,7 +59,7 @@ impl Lookup {
 pub struct Discovery {
     resolvers: Mutex<HashMap<Option<SocketAddr>, Arc<TokioResolver>>>,
     last_good: Mutex<HashMap<Source, Vec<BackendConfig>>>,
-    lookups: [AtomicU64; Lookup::ALL.len()],
+    lookups: [AtomicU64; Lookup::COUNT],
 }
 
 impl std::fmt::Debug for Discovery {
@@ -84,7 +74,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Discovery {
     pub fn lookups(&self, result: Lookup) -> u64 {
-        self.lookups[result as usize].load(Ordering::Relaxed)
+        self.lookups[result.index()].load(Ordering::Relaxed)
     }
 
     /// `config` with its `dns`/`srv` entries resolved: the file's backends
@@ -190,7 +180,7 @@ impl Discovery {
     }
 
     fn count(&self, result: Lookup) {
-        self.lookups[result as usize].fetch_add(1, Ordering::Relaxed);
+        self.lookups[result.index()].fetch_add(1, Ordering::Relaxed);
     }
 }
 

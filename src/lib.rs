@@ -58,6 +58,7 @@ pub mod health;
 pub mod http;
 pub mod key;
 pub mod lab;
+pub mod label;
 pub mod listener;
 pub mod metrics;
 pub mod net;

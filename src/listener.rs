@@ -143,12 +143,12 @@ impl Drained {
 /// once would fail the same way and spin. Used by the admin endpoint too.
 pub async fn accept_failed(error: &std::io::Error, stats: &Stats, during: Exhausted) {
     // One budget per listener kind, so a busy one does not hide the other.
-    static EXHAUSTED_LOG: [Throttle; Exhausted::ALL.len()] =
-        [const { Throttle::new(Duration::from_secs(1)) }; Exhausted::ALL.len()];
+    static EXHAUSTED_LOG: [Throttle; Exhausted::COUNT] =
+        [const { Throttle::new(Duration::from_secs(1)) }; Exhausted::COUNT];
     stats.count_accept_error();
     if is_resource_exhaustion(error) {
         stats.count_exhausted(during);
-        if let Some(held_back) = EXHAUSTED_LOG[during as usize].allow() {
+        if let Some(held_back) = EXHAUSTED_LOG[during.index()].allow() {
             warn!(%error, during = during.as_str(), held_back, "accept failed: magpie is out of resources; backing off");
         }
         tokio::time::sleep(ACCEPT_BACKOFF).await;

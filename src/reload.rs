@@ -207,15 +207,15 @@ fn keep_restart_settings(next: &mut Config, running: &Config) {
 /// Connections to a removed backend drain on their own; with a
 /// `drain_timeout`, whatever is still open then is closed.
 fn schedule_drain(backend: &Arc<Backend>, drain_timeout: Option<Duration>) {
-    let open = backend.live.active();
+    let open = backend.live.load.active();
     info!(backend = %backend.name, open, "backend removed; its connections drain");
     if let Some(timeout) = drain_timeout {
         let backend = Arc::clone(backend);
-        let removal = backend.live.removals();
+        let removal = backend.live.drain.removals();
         tokio::spawn(async move {
             tokio::time::sleep(timeout).await;
-            let open = backend.live.active();
-            if backend.live.drain_timer_fired(removal) && open > 0 {
+            let open = backend.live.load.active();
+            if backend.live.drain.timer_fired(removal) && open > 0 {
                 warn!(backend = %backend.name, open, "drain_timeout passed; closing its connections");
             }
         });
@@ -435,7 +435,7 @@ mod tests {
         assert!(Arc::ptr_eq(&back.live, &d.live), "state carried over");
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert!(
-            !back.live.closing().is_cancelled(),
+            !back.live.drain.closing().is_cancelled(),
             "the old drain closed it"
         );
         drop(open);
@@ -447,12 +447,12 @@ mod tests {
         let open = shared.snapshot.load().backend("d").unwrap().live.reserve();
         let d = remove_d(&shared, 2);
         tokio::time::sleep(Duration::from_secs(3)).await;
-        assert!(d.live.closing().is_cancelled());
+        assert!(d.live.drain.closing().is_cancelled());
         // Put back while the closed connection is still winding down: new
         // connections must not inherit the cancelled token.
         shared.publish(snapshot(WITH_D, 3, Some(&shared)));
         let back = Arc::clone(shared.snapshot.load().backend("d").unwrap());
-        assert!(!back.live.closing().is_cancelled());
+        assert!(!back.live.drain.closing().is_cancelled());
         drop(open);
     }
 
@@ -467,11 +467,11 @@ mod tests {
         // The first timer fires at 2 s, the second at 3 s.
         tokio::time::sleep(Duration::from_millis(1500)).await;
         assert!(
-            !d.live.closing().is_cancelled(),
+            !d.live.drain.closing().is_cancelled(),
             "closed by the first removal's timer"
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
-        assert!(d.live.closing().is_cancelled());
+        assert!(d.live.drain.closing().is_cancelled());
         drop(open);
     }
 }

@@ -18,18 +18,12 @@
 //! slot re-checks the cap atomically ([`Route::reserve`]): concurrent
 //! connections never push a backend past it.
 
-use std::io;
 use std::sync::Arc;
 
-use tracing::warn;
-
-use crate::backend::{ActiveGuard, Backend, ConnectFailure, Spill};
-use crate::config::{AllDown, HealthConfig};
-use crate::net::is_resource_exhaustion;
+use crate::backend::{ActiveGuard, Backend, Spill};
+use crate::config::AllDown;
 use crate::placement::{MAX_CANDIDATES, bounded};
 use crate::snapshot::Snapshot;
-use crate::stats::{Exhausted, Stats};
-use crate::throttle::Throttle;
 
 /// The bounded-load caps in force when a route was planned.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -60,7 +54,9 @@ pub struct Route {
 impl Route {
     /// The route for traffic: skipped candidates are counted as spills.
     pub fn plan(snapshot: &Snapshot, key: u64) -> Route {
-        select(snapshot, key, |backend, why| backend.live.count_spill(why))
+        select(snapshot, key, |backend, why| {
+            backend.live.traffic.count_spill(why)
+        })
     }
 
     /// The route for traffic whose key is pinned to `pin` (session pins):
@@ -73,7 +69,7 @@ impl Route {
 
     /// This route with `pin` tried first, if it is up and under its cap.
     pub fn pin_first(mut self, snapshot: &Snapshot, pin: &Arc<Backend>) -> Route {
-        let takes = pin.live.is_up() && pin.live.active() < Caps::of(pin, self.caps);
+        let takes = pin.live.health.is_up() && pin.live.load.active() < Caps::of(pin, self.caps);
         if takes {
             self.targets.retain(|b| !Arc::ptr_eq(b, pin));
             self.targets.insert(0, Arc::clone(pin));
@@ -102,7 +98,7 @@ impl Route {
         }
         let guard = backend.live.try_reserve(Caps::of(backend, self.caps));
         if guard.is_none() {
-            backend.live.count_spill(Spill::AtCap);
+            backend.live.traffic.count_spill(Spill::AtCap);
         }
         guard
     }
@@ -121,9 +117,9 @@ fn select(snapshot: &Snapshot, key: u64, mut on_skip: impl FnMut(&Backend, Spill
     let mut targets = Vec::with_capacity(attempts);
     let mut skipped_down = false;
     for backend in snapshot.candidates(key) {
-        let skip = if !backend.live.is_up() {
+        let skip = if !backend.live.health.is_up() {
             Some(Spill::Down)
-        } else if backend.live.active() >= Caps::of(backend, caps) {
+        } else if backend.live.load.active() >= Caps::of(backend, caps) {
             Some(Spill::AtCap)
         } else {
             None
@@ -162,60 +158,6 @@ fn select(snapshot: &Snapshot, key: u64, mut on_skip: impl FnMut(&Backend, Spill
     Route { targets, caps }
 }
 
-/// Whose fault a failed connect was.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Blame {
-    /// The backend's: the next candidate may do better.
-    Backend,
-    /// magpie's own (out of file descriptors, buffers or memory): every
-    /// candidate would fail the same way, and no backend is to blame.
-    Local,
-}
-
-/// Counts a failed data-path connect. Against `backend` (and, with passive
-/// health on, marking it down after `passive_failures` in a row) unless
-/// magpie itself ran out of resources: that is counted in `stats`, logged at
-/// most once a second, and leaves every backend's health alone.
-pub fn connect_failed(
-    backend: &Backend,
-    error: &io::Error,
-    health: Option<&HealthConfig>,
-    stats: &Stats,
-) -> Blame {
-    static EXHAUSTED_LOG: Throttle = Throttle::new(std::time::Duration::from_secs(1));
-    if is_resource_exhaustion(error) {
-        stats.count_exhausted(Exhausted::Connect);
-        if let Some(held_back) = EXHAUSTED_LOG.allow() {
-            warn!(backend = %backend.name, %error, held_back, "cannot open a connection: magpie is out of resources (raise the file descriptor limit or lower max_connections); not counted against the backend");
-        }
-        return Blame::Local;
-    }
-    let consecutive = backend
-        .live
-        .count_connect_failure(ConnectFailure::of(error));
-    warn!(backend = %backend.name, addr = %backend.addr, %error, "connect failed; trying the next candidate");
-    if let Some(health) = health
-        && health.passive_failures > 0
-        && consecutive >= health.passive_failures
-        && backend.live.set_up(false)
-    {
-        warn!(backend = %backend.name, failures = consecutive, "marked down after consecutive connect failures");
-    }
-    Blame::Backend
-}
-
-/// Counts a `502`/`503`/`504` answer from `backend` (`health.passive_status`)
-/// towards passive health, like a failed connect.
-pub fn answer_failed(backend: &Backend, status: u16, health: &HealthConfig) {
-    let consecutive = backend.live.count_passive_failure();
-    if health.passive_failures > 0
-        && consecutive >= health.passive_failures
-        && backend.live.set_up(false)
-    {
-        warn!(backend = %backend.name, status, failures = consecutive, "marked down after consecutive failed answers");
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,24 +180,24 @@ mod tests {
         let s = snapshot("");
         let order: Vec<String> = s.candidates(42).map(|b| b.name.clone()).collect();
         let primary = s.backend(&order[0]).unwrap();
-        primary.live.set_up(false);
+        primary.live.health.set_up(false);
         assert_eq!(names(&Route::preview(&s, 42)), [&order[1], &order[2]]);
-        assert_eq!(primary.live.spills_total(), 0);
+        assert_eq!(primary.live.traffic.spills_total(), 0);
         assert_eq!(names(&Route::plan(&s, 42)), [&order[1], &order[2]]);
-        assert_eq!(primary.live.spills_total(), 1);
+        assert_eq!(primary.live.traffic.spills_total(), 1);
     }
 
     #[test]
     fn all_down_fails_open_or_refuses() {
         let s = snapshot("");
         for b in &s.backends {
-            b.live.set_up(false);
+            b.live.health.set_up(false);
         }
         let order: Vec<String> = s.candidates(7).map(|b| b.name.clone()).collect();
         assert_eq!(names(&Route::preview(&s, 7)), order);
         let s = snapshot("health: {when_all_down: refuse}\n");
         for b in &s.backends {
-            b.live.set_up(false);
+            b.live.health.set_up(false);
         }
         assert!(Route::preview(&s, 7).targets.is_empty());
     }
@@ -275,10 +217,10 @@ mod tests {
         let _held = primary.live.reserve();
         let route = Route::plan(&s, 5);
         assert_eq!(route.first().unwrap().name, order[1]);
-        assert_eq!(primary.live.spills_total(), 1);
+        assert_eq!(primary.live.traffic.spills_total(), 1);
         // Reserving on a full backend fails and counts another spill.
         assert!(route.reserve(&primary).is_none());
-        assert_eq!(primary.live.spills_total(), 2);
+        assert_eq!(primary.live.traffic.spills_total(), 2);
         assert!(route.reserve(route.first().unwrap()).is_some());
     }
 }

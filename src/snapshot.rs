@@ -25,6 +25,7 @@ use tokio::sync::{Semaphore, watch};
 use crate::backend::{Backend, Live};
 use crate::config::{Algorithm, Config, Fallback, KeyConfig};
 use crate::discovery::Discovery;
+use crate::health;
 use crate::placement::maglev::Maglev;
 use crate::placement::ring::Ring;
 use crate::placement::{Node, NodeSet, PlacementError, Scheme};
@@ -182,7 +183,7 @@ impl Snapshot {
 
     /// Active connections across the pool (for bounded-load caps).
     pub fn total_active(&self) -> u64 {
-        self.backends.iter().map(|b| b.live.active()).sum()
+        self.backends.iter().map(|b| b.live.load.active()).sum()
     }
 }
 
@@ -321,12 +322,12 @@ impl Shared {
         retired.retain(|r| {
             let back = next.backends.iter().any(|n| Arc::ptr_eq(&n.live, &r.live));
             if back {
-                r.live.put_back();
+                r.live.drain.put_back();
             }
             !back
         });
         for b in &removed {
-            b.live.removed();
+            b.live.drain.removed();
         }
         retired.extend(removed.iter().cloned());
         drop(retired);
@@ -338,7 +339,7 @@ impl Shared {
     /// are forgotten here, which is what makes their metric series go away).
     pub fn retired(&self) -> Vec<Arc<Backend>> {
         let mut retired = lock(&self.retired);
-        retired.retain(|b| b.live.active() > 0);
+        retired.retain(|b| b.live.load.active() > 0);
         retired.clone()
     }
 
@@ -356,6 +357,23 @@ impl Shared {
                 }
             });
         }
+    }
+}
+
+/// Health checks probe the backends of the snapshot in force.
+impl health::Targets for Shared {
+    type Target = Backend;
+
+    fn round(&self) -> health::Round<Backend> {
+        let snapshot = self.snapshot.load();
+        health::Round {
+            health: snapshot.config.health.clone(),
+            targets: snapshot.backends.clone(),
+        }
+    }
+
+    fn stats(&self) -> &Stats {
+        &self.stats
     }
 }
 
@@ -446,8 +464,8 @@ mod tests {
             &HashMap::new(),
         )
         .unwrap();
-        first.backends[0].live.count_connection();
-        first.backends[1].live.count_connection();
+        first.backends[0].live.traffic.count_connection();
+        first.backends[1].live.traffic.count_connection();
         let second = Snapshot::build(
             config("listen: 127.0.0.1:7000\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n  - {name: b, addr: 127.0.0.1:8003}\n"),
             2,
@@ -458,8 +476,8 @@ mod tests {
             &first.backends[0].live,
             &second.backends[0].live
         ));
-        assert_eq!(second.backend("a").unwrap().live.connections(), 1);
-        assert_eq!(second.backend("b").unwrap().live.connections(), 0);
+        assert_eq!(second.backend("a").unwrap().live.traffic.connections(), 1);
+        assert_eq!(second.backend("b").unwrap().live.traffic.connections(), 0);
     }
 
     #[tokio::test]
@@ -480,7 +498,7 @@ mod tests {
         assert!(shared.retired().is_empty());
         // Putting it back before it drained would have reused its live state.
         let back = Snapshot::build(config(two), 3, &shared.carry()).unwrap();
-        assert_eq!(back.backend("a").unwrap().live.connections(), 0);
+        assert_eq!(back.backend("a").unwrap().live.traffic.connections(), 0);
         assert!(Arc::ptr_eq(
             &back.backend("a").unwrap().live,
             &shared.snapshot.load().backend("a").unwrap().live

@@ -8,86 +8,51 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::key::FallbackReason;
+use crate::label::labels;
 
-/// Why a client connection was closed without reaching a backend.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClientFailure {
-    /// Every connect attempt failed (or every candidate was refused).
-    NoBackend,
-    /// A trusted peer sent no valid PROXY header, or an untrusted one sent one.
-    ProxyProtocol,
-    /// `mode: http`: a request head did not arrive within `key.read_timeout`
-    /// (the client got `408`).
-    HeadTimeout,
-    /// `mode: http`: the client's body failed while it was read for the key.
-    BadRequest,
-    /// magpie ran out of file descriptors or memory connecting to a backend.
-    LocalResources,
-}
-
-impl ClientFailure {
-    pub const ALL: [ClientFailure; 5] = [
-        ClientFailure::NoBackend,
-        ClientFailure::ProxyProtocol,
-        ClientFailure::HeadTimeout,
-        ClientFailure::BadRequest,
-        ClientFailure::LocalResources,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ClientFailure::NoBackend => "no_backend",
-            ClientFailure::ProxyProtocol => "proxy_protocol",
-            ClientFailure::HeadTimeout => "head_timeout",
-            ClientFailure::BadRequest => "bad_request",
-            ClientFailure::LocalResources => "local_resources",
-        }
+labels! {
+    /// Why a client connection was closed without reaching a backend.
+    pub enum ClientFailure {
+        /// Every connect attempt failed (or every candidate was refused).
+        NoBackend => "no_backend",
+        /// A trusted peer sent no valid PROXY header, or an untrusted one sent one.
+        ProxyProtocol => "proxy_protocol",
+        /// `mode: http`: a request head did not arrive within `key.read_timeout`
+        /// (the client got `408`).
+        HeadTimeout => "head_timeout",
+        /// `mode: http`: the client's body failed while it was read for the key.
+        BadRequest => "bad_request",
+        /// magpie ran out of file descriptors or memory connecting to a backend.
+        LocalResources => "local_resources",
     }
 }
 
-/// Where magpie itself ran out of something (file descriptors, socket
-/// buffers, memory): EMFILE, ENFILE, ENOBUFS, ENOMEM. Never a backend's fault.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Exhausted {
-    /// Accepting a client connection.
-    Accept,
-    /// Accepting an admin connection.
-    AdminAccept,
-    /// Opening a connection to a backend.
-    Connect,
-    /// Opening a health check's connection (the check is skipped).
-    HealthCheck,
-}
-
-impl Exhausted {
-    pub const ALL: [Exhausted; 4] = [
-        Exhausted::Accept,
-        Exhausted::AdminAccept,
-        Exhausted::Connect,
-        Exhausted::HealthCheck,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Exhausted::Accept => "accept",
-            Exhausted::AdminAccept => "admin_accept",
-            Exhausted::Connect => "connect",
-            Exhausted::HealthCheck => "health_check",
-        }
+labels! {
+    /// Where magpie itself ran out of something (file descriptors, socket
+    /// buffers, memory): EMFILE, ENFILE, ENOBUFS, ENOMEM. Never a backend's fault.
+    pub enum Exhausted {
+        /// Accepting a client connection.
+        Accept => "accept",
+        /// Accepting an admin connection.
+        AdminAccept => "admin_accept",
+        /// Opening a connection to a backend.
+        Connect => "connect",
+        /// Opening a health check's connection (the check is skipped).
+        HealthCheck => "health_check",
     }
 }
 
 /// Global counters; each only grows.
 #[derive(Debug, Default)]
 pub struct Stats {
-    key_fallbacks: [AtomicU64; FallbackReason::ALL.len()],
+    key_fallbacks: [AtomicU64; FallbackReason::COUNT],
     rejected: AtomicU64,
     accept_errors: AtomicU64,
-    client_failures: [AtomicU64; ClientFailure::ALL.len()],
+    client_failures: [AtomicU64; ClientFailure::COUNT],
     accepted: AtomicU64,
     reloads_ok: AtomicU64,
     reloads_failed: AtomicU64,
-    exhausted: [AtomicU64; Exhausted::ALL.len()],
+    exhausted: [AtomicU64; Exhausted::COUNT],
 }
 
 impl Stats {
@@ -116,19 +81,19 @@ impl Stats {
     }
 
     pub fn count_client_failure(&self, why: ClientFailure) {
-        self.client_failures[why as usize].fetch_add(1, Ordering::Relaxed);
+        self.client_failures[why.index()].fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn client_failures(&self, why: ClientFailure) -> u64 {
-        self.client_failures[why as usize].load(Ordering::Relaxed)
+        self.client_failures[why.index()].load(Ordering::Relaxed)
     }
 
     pub fn count_exhausted(&self, during: Exhausted) {
-        self.exhausted[during as usize].fetch_add(1, Ordering::Relaxed);
+        self.exhausted[during.index()].fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn exhausted(&self, during: Exhausted) -> u64 {
-        self.exhausted[during as usize].load(Ordering::Relaxed)
+        self.exhausted[during.index()].load(Ordering::Relaxed)
     }
 
     pub fn count_accepted(&self) {

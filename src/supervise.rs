@@ -15,38 +15,28 @@ use std::time::Duration;
 
 use tracing::error;
 
+use crate::label::labels;
+
 /// Pause before a panicked task starts again, so a task that panics at once
 /// every time does not spin.
 const RESTART_PAUSE: Duration = Duration::from_secs(1);
 
-/// The long-lived tasks, for the restart counter's label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Task {
-    Accept,
-    Admin,
-    Health,
-    Reload,
-}
-
-impl Task {
-    pub const ALL: [Task; 4] = [Task::Accept, Task::Admin, Task::Health, Task::Reload];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Task::Accept => "accept",
-            Task::Admin => "admin",
-            Task::Health => "health",
-            Task::Reload => "reload",
-        }
+labels! {
+    /// The long-lived tasks, for the restart counter's label.
+    pub enum Task {
+        Accept => "accept",
+        Admin => "admin",
+        Health => "health",
+        Reload => "reload",
     }
 }
 
-static RESTARTS: [AtomicU64; Task::ALL.len()] = [const { AtomicU64::new(0) }; Task::ALL.len()];
+static RESTARTS: [AtomicU64; Task::COUNT] = [const { AtomicU64::new(0) }; Task::COUNT];
 static PANICS: AtomicU64 = AtomicU64::new(0);
 
 /// Times `task` panicked and was started again, in this process.
 pub fn restarts(task: Task) -> u64 {
-    RESTARTS[task as usize].load(Ordering::Relaxed)
+    RESTARTS[task.index()].load(Ordering::Relaxed)
 }
 
 /// Panics in any thread or task of this process (with the hook installed).
@@ -67,7 +57,7 @@ where
             match tokio::spawn(start()).await {
                 Ok(()) => return,
                 Err(e) if e.is_panic() => {
-                    RESTARTS[task as usize].fetch_add(1, Ordering::Relaxed);
+                    RESTARTS[task.index()].fetch_add(1, Ordering::Relaxed);
                     error!(
                         task = task.as_str(),
                         "task panicked; starting it again in {RESTART_PAUSE:?}"

@@ -144,7 +144,11 @@ impl Download {
     /// body was read to its end (`complete`), else let it close.
     fn finish(&mut self, complete: bool) {
         if let Some(f) = self.in_flight.take() {
-            f.backend.live.request_duration.observe(f.sent.elapsed());
+            f.backend
+                .live
+                .traffic
+                .request_duration
+                .observe(f.sent.elapsed());
             if complete {
                 let (pool, sender) = f.connection;
                 pool.checkin(f.backend.addr, sender);
@@ -165,7 +169,7 @@ impl Body for Download {
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let (Some(data), Some(f)) = (frame.data_ref(), &self.in_flight) {
-                    f.backend.live.add_bytes_received(data.len() as u64);
+                    f.backend.live.traffic.add_bytes_received(data.len() as u64);
                 }
             }
             Poll::Ready(None) => self.finish(true),
@@ -196,7 +200,7 @@ impl Drop for Download {
         }
         // Dropped before its end: the client went away mid-response.
         if let Some(f) = &self.in_flight {
-            f.backend.live.count_client_abort();
+            f.backend.live.traffic.count_client_abort();
         }
         self.finish(false);
     }

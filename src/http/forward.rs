@@ -20,7 +20,8 @@ use super::body::{Download, InFlight, Reply, Upload};
 use super::pool::{self, Pool};
 use crate::backend::{Backend, CodeClass};
 use crate::config::Config;
-use crate::route::{self, Blame, Route};
+use crate::health::passive::{self, Blame};
+use crate::route::Route;
 use crate::stats::{ClientFailure, Stats};
 
 /// The header that names the backend, when `http.expose_backend` is on.
@@ -125,13 +126,19 @@ pub async fn forward(request: Request<Upload>, forward: Forward<'_>) -> Result<S
                 Some(s) => s,
                 None => match pool::connect(backend, forward.config.connect.timeout).await {
                     Ok(s) => {
-                        backend.live.connect_time.observe(connect_started.elapsed());
-                        backend.live.count_connection();
+                        backend
+                            .live
+                            .traffic
+                            .connect_time
+                            .observe(connect_started.elapsed());
+                        backend.live.traffic.count_connection();
+                        passive::succeeded(&**backend);
                         s
                     }
                     Err(e) => {
                         let health = forward.config.health.as_ref();
-                        if route::connect_failed(backend, &e, health, forward.stats) == Blame::Local
+                        if passive::connect_failed(&**backend, &e, health, forward.stats)
+                            == Blame::Local
                         {
                             return Err(Failure::LocalResources);
                         }
@@ -163,7 +170,7 @@ pub async fn forward(request: Request<Upload>, forward: Forward<'_>) -> Result<S
                         }
                     }
                     None => {
-                        backend.live.count_request(CodeClass::Error);
+                        backend.live.traffic.count_request(CodeClass::Error);
                         let error = e.into_error();
                         warn!(backend = %backend.name, %error, "backend failed after the request was sent");
                         return Err(Failure::AfterSend {
@@ -188,16 +195,18 @@ fn respond(
 ) -> Response<Reply> {
     let backend: &Backend = &in_flight.backend;
     let live = &backend.live;
-    live.time_to_first_byte.observe(in_flight.sent.elapsed());
+    live.traffic
+        .time_to_first_byte
+        .observe(in_flight.sent.elapsed());
     let status = response.status();
-    live.count_request(CodeClass::of(status.as_u16()));
+    live.traffic.count_request(CodeClass::of(status.as_u16()));
     if let Some(health) = &forward.config.health
         && health.passive_status
         && matches!(status.as_u16(), 502..=504)
     {
-        route::answer_failed(backend, status.as_u16(), health);
+        passive::answer_failed(backend, status.as_u16(), health);
     } else {
-        live.count_answer_ok();
+        passive::succeeded(backend);
     }
     let expose = forward
         .config

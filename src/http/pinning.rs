@@ -26,8 +26,9 @@ pub struct Pinned {
 
 /// The route for `key` under `sessions`.
 pub async fn route(sessions: &Sessions, snapshot: &Snapshot, key: u64) -> Pinned {
-    let usable =
-        |name: &str| -> Option<&Arc<Backend>> { snapshot.backend(name).filter(|b| b.live.is_up()) };
+    let usable = |name: &str| -> Option<&Arc<Backend>> {
+        snapshot.backend(name).filter(|b| b.live.health.is_up())
+    };
     let Some(store) = &sessions.store else {
         let pin = sessions.pins.get(key);
         let route = match pin.as_deref().and_then(|name| snapshot.backend(name)) {

@@ -23,6 +23,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use crate::config::Fallback;
 use crate::hash::{h64, h64_parts};
+use crate::label::labels;
 use crate::net::canonical_ip;
 
 /// The `source_ip` key.
@@ -114,61 +115,29 @@ pub fn key_for_address(config: &crate::config::KeyConfig, text: &str) -> Result<
     }
 }
 
-/// Why no key was read from a request, so the fallback key was used; each
-/// is counted separately.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FallbackReason {
-    /// A complete request head without the header (and, with a body field,
-    /// no body that could carry it).
-    MissingHeader,
-    /// The bytes are not an HTTP/1.x request.
-    NotHttp,
-    /// The head did not fit in `max_bytes`.
-    TooLarge,
-    /// The deadline passed before the head was complete.
-    Timeout,
-    /// The client stopped sending (EOF or error) before the head was complete.
-    Closed,
-    /// The JSON body has no such field.
-    MissingField,
-    /// The field is there but neither a string nor a number.
-    FieldType,
-    /// The body is not JSON (by content type or by content).
-    NotJson,
-    /// `key.from: conversation`: the JSON body holds no user message.
-    NoConversation,
-}
-
-impl FallbackReason {
-    pub const ALL: [FallbackReason; 9] = [
-        FallbackReason::MissingHeader,
-        FallbackReason::NotHttp,
-        FallbackReason::TooLarge,
-        FallbackReason::Timeout,
-        FallbackReason::Closed,
-        FallbackReason::MissingField,
-        FallbackReason::FieldType,
-        FallbackReason::NotJson,
-        FallbackReason::NoConversation,
-    ];
-
-    /// The metric label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FallbackReason::MissingHeader => "missing_header",
-            FallbackReason::NotHttp => "not_http",
-            FallbackReason::TooLarge => "too_large",
-            FallbackReason::Timeout => "timeout",
-            FallbackReason::Closed => "closed",
-            FallbackReason::MissingField => "missing_field",
-            FallbackReason::FieldType => "field_type",
-            FallbackReason::NotJson => "not_json",
-            FallbackReason::NoConversation => "no_conversation",
-        }
-    }
-
-    pub fn index(self) -> usize {
-        self as usize
+labels! {
+    /// Why no key was read from a request, so the fallback key was used; each
+    /// is counted separately.
+    pub enum FallbackReason {
+        /// A complete request head without the header (and, with a body field,
+        /// no body that could carry it).
+        MissingHeader => "missing_header",
+        /// The bytes are not an HTTP/1.x request.
+        NotHttp => "not_http",
+        /// The head did not fit in `max_bytes`.
+        TooLarge => "too_large",
+        /// The deadline passed before the head was complete.
+        Timeout => "timeout",
+        /// The client stopped sending (EOF or error) before the head was complete.
+        Closed => "closed",
+        /// The JSON body has no such field.
+        MissingField => "missing_field",
+        /// The field is there but neither a string nor a number.
+        FieldType => "field_type",
+        /// The body is not JSON (by content type or by content).
+        NotJson => "not_json",
+        /// `key.from: conversation`: the JSON body holds no user message.
+        NoConversation => "no_conversation",
     }
 }
 

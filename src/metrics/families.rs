@@ -8,7 +8,8 @@ use prometheus::proto::{
     Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType,
 };
 
-use crate::backend::{Backend, CheckOutcome, CodeClass, ConnectFailure, Side, Spill};
+use crate::backend::{Backend, CodeClass, Side, Spill};
+use crate::health::{CheckOutcome, ConnectFailure};
 use crate::sessions::store::{OpResult, Store};
 use crate::stats;
 
@@ -410,9 +411,9 @@ impl Families {
         let l = [("backend", b.name.as_str()), ("addr", addr.as_str())];
         let live = &b.live;
         let (connections, in_flight) = if requests {
-            (live.upstream_connections(), live.active())
+            (live.load.upstream_connections(), live.load.active())
         } else {
-            (live.active(), 0)
+            (live.load.active(), 0)
         };
         self.add("magpie_backend_active_connections", &l, connections as f64);
         self.add("magpie_backend_requests_in_flight", &l, in_flight as f64);
@@ -421,33 +422,33 @@ impl Families {
             self.add(
                 "magpie_backend_requests_total",
                 &l,
-                live.requests(class) as f64,
+                live.traffic.requests(class) as f64,
             );
         }
         self.add(
             "magpie_backend_client_aborts_total",
             &l,
-            live.client_aborts() as f64,
+            live.traffic.client_aborts() as f64,
         );
         self.add_histogram(
             "magpie_backend_time_to_first_byte_seconds",
             &l,
-            &live.time_to_first_byte,
+            &live.traffic.time_to_first_byte,
         );
         self.add_histogram(
             "magpie_backend_request_duration_seconds",
             &l,
-            &live.request_duration,
+            &live.traffic.request_duration,
         );
         for outcome in CheckOutcome::ALL {
             let l = [l[0], l[1], ("result", outcome.as_str())];
             self.add(
                 "magpie_backend_health_checks_total",
                 &l,
-                live.checks(outcome) as f64,
+                live.health.checks(outcome) as f64,
             );
         }
-        let (up, down) = live.transitions();
+        let (up, down) = live.health.transitions();
         self.add(
             "magpie_backend_transitions_total",
             &[l[0], l[1], ("to", "up")],
@@ -461,13 +462,13 @@ impl Families {
         self.add(
             "magpie_backend_connections_total",
             &l,
-            live.connections() as f64,
+            live.traffic.connections() as f64,
         );
         for by in Side::ALL {
             self.add(
                 "magpie_backend_resets_total",
                 &[l[0], l[1], ("by", by.as_str())],
-                live.resets(by) as f64,
+                live.traffic.resets(by) as f64,
             );
         }
         for why in ConnectFailure::ALL {
@@ -475,42 +476,46 @@ impl Families {
             self.add(
                 "magpie_backend_connect_failures_total",
                 &l,
-                live.connect_failures(why) as f64,
+                live.health.connect_failures(why) as f64,
             );
         }
         self.add(
             "magpie_backend_received_bytes_total",
             &l,
-            live.bytes_received() as f64,
+            live.traffic.bytes_received() as f64,
         );
         self.add(
             "magpie_backend_sent_bytes_total",
             &l,
-            live.bytes_sent() as f64,
+            live.traffic.bytes_sent() as f64,
         );
         for why in Spill::ALL {
             self.add(
                 "magpie_backend_spills_total",
                 &[l[0], l[1], ("reason", why.as_str())],
-                live.spills(why) as f64,
+                live.traffic.spills(why) as f64,
             );
         }
         self.add(
             "magpie_backend_idle_closes_total",
             &l,
-            live.idle_closes() as f64,
+            live.traffic.idle_closes() as f64,
         );
-        self.add_histogram("magpie_backend_connect_seconds", &l, &live.connect_time);
+        self.add_histogram(
+            "magpie_backend_connect_seconds",
+            &l,
+            &live.traffic.connect_time,
+        );
         self.add_histogram(
             "magpie_backend_connection_duration_seconds",
             &l,
-            &live.connection_duration,
+            &live.traffic.connection_duration,
         );
         if let Some(share) = share {
             self.add(
                 "magpie_backend_up",
                 &l,
-                if live.is_up() { 1.0 } else { 0.0 },
+                if live.health.is_up() { 1.0 } else { 0.0 },
             );
             self.add("magpie_backend_weight", &l, f64::from(b.weight));
             self.add("magpie_backend_table_share_ratio", &l, share);

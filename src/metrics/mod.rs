@@ -213,7 +213,7 @@ pub fn peak_ratio(backends: &[Arc<Backend>], total_weight: u64) -> f64 {
     let total: u64 = backends
         .iter()
         .filter(|b| b.weight > 0)
-        .map(|b| b.live.active())
+        .map(|b| b.live.load.active())
         .sum();
     if total == 0 || total_weight == 0 {
         return 0.0;
@@ -223,7 +223,7 @@ pub fn peak_ratio(backends: &[Arc<Backend>], total_weight: u64) -> f64 {
         .filter(|b| b.weight > 0)
         .map(|b| {
             let fair = total as f64 * f64::from(b.weight) / total_weight as f64;
-            b.live.active() as f64 / fair
+            b.live.load.active() as f64 / fair
         })
         .fold(0.0, f64::max)
 }

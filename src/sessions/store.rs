@@ -25,6 +25,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::config::RedisConfig;
+use crate::label::labels;
 use crate::stats::{FAST_BUCKETS, Histogram};
 use crate::throttle::Throttle;
 
@@ -50,38 +51,21 @@ return ARGV[2]
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
-/// What a store operation did, for `magpie_session_store_operations_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OpResult {
-    Ok,
-    Error,
-    Timeout,
-    /// Not tried: the store is backing off after a failure.
-    Skipped,
-}
-
-impl OpResult {
-    pub const ALL: [OpResult; 4] = [
-        OpResult::Ok,
-        OpResult::Error,
-        OpResult::Timeout,
-        OpResult::Skipped,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OpResult::Ok => "ok",
-            OpResult::Error => "error",
-            OpResult::Timeout => "timeout",
-            OpResult::Skipped => "skipped",
-        }
+labels! {
+    /// What a store operation did, for `magpie_session_store_operations_total`.
+    pub enum OpResult {
+        Ok => "ok",
+        Error => "error",
+        Timeout => "timeout",
+        /// Not tried: the store is backing off after a failure.
+        Skipped => "skipped",
     }
 }
 
 /// The store's counters.
 #[derive(Debug)]
 pub struct StoreStats {
-    ops: [AtomicU64; OpResult::ALL.len()],
+    ops: [AtomicU64; OpResult::COUNT],
     /// Round trips that answered, in seconds.
     pub latency: Histogram,
     /// Requests routed by the table because the store did not answer in time.
@@ -106,7 +90,7 @@ impl Default for StoreStats {
 
 impl StoreStats {
     pub fn ops(&self, result: OpResult) -> u64 {
-        self.ops[result as usize].load(Ordering::Relaxed)
+        self.ops[result.index()].load(Ordering::Relaxed)
     }
     pub fn fallbacks(&self) -> u64 {
         self.fallbacks.load(Ordering::Relaxed)
@@ -269,7 +253,7 @@ impl Store {
     }
 
     fn count(&self, result: OpResult) {
-        self.stats.ops[result as usize].fetch_add(1, Ordering::Relaxed);
+        self.stats.ops[result.index()].fetch_add(1, Ordering::Relaxed);
     }
 
     fn now_ms(&self) -> u64 {

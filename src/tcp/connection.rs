@@ -19,11 +19,12 @@ use super::copy::{End, Pending, Transfer, copy_both_ways};
 use super::header_key::{HeaderKey, Want, read_header_key};
 use crate::backend::{ActiveGuard, Backend, Side};
 use crate::config::{Config, KeyConfig};
+use crate::health::passive::{self, Blame};
 use crate::key;
 use crate::listener::Accepted;
 use crate::net::{Client, Local, Peer, reset_on_close};
 use crate::proxy_protocol::{self, Origin, Signature};
-use crate::route::{self, Blame, Route};
+use crate::route::Route;
 use crate::snapshot::Shared;
 use crate::stats::{ClientFailure, Stats};
 use crate::throttle::Throttle;
@@ -144,12 +145,13 @@ impl Connection {
         .await;
         backend
             .live
+            .traffic
             .connection_duration
             .observe(connected.elapsed());
         match end {
             End::Refused => self.refuse_untrusted_header(),
             End::Idle => {
-                backend.live.count_idle_close();
+                backend.live.traffic.count_idle_close();
                 debug!(%client, backend = %backend.name, "idle_timeout passed; connection closed")
             }
             End::Aborted(side, e) => {
@@ -159,7 +161,7 @@ impl Connection {
                     Side::Backend => &self.stream,
                 };
                 reset_on_close(other);
-                backend.live.count_reset(side);
+                backend.live.traffic.count_reset(side);
                 debug!(%client, backend = %backend.name, aborted_by = side.as_str(), error = %e, "connection aborted; passing the reset on")
             }
             End::Stopped => {
@@ -300,12 +302,14 @@ async fn connect_first(
         let started = tokio::time::Instant::now();
         match crate::net::connect(backend.addr, config.connect.timeout).await {
             Ok(stream) => {
-                backend.live.connect_time.observe(started.elapsed());
-                backend.live.count_connection();
+                backend.live.traffic.connect_time.observe(started.elapsed());
+                backend.live.traffic.count_connection();
+                passive::succeeded(&**backend);
                 return Ok((Arc::clone(backend), stream, guard));
             }
             Err(e) => {
-                if route::connect_failed(backend, &e, config.health.as_ref(), stats) == Blame::Local
+                if passive::connect_failed(&**backend, &e, config.health.as_ref(), stats)
+                    == Blame::Local
                 {
                     return Err(ClientFailure::LocalResources);
                 }

@@ -72,7 +72,7 @@ pub async fn copy_both_ways(
     transfer: Transfer<'_>,
 ) -> End {
     let live = &transfer.backend.live;
-    let closing = live.closing();
+    let closing = live.drain.closing();
     let stop = transfer.stop.cancelled();
     let drained = closing.cancelled();
     let idle = transfer.idle_timeout;
@@ -95,8 +95,8 @@ pub async fn copy_both_ways(
         let before = up.moved + down.moved;
         let up_polled = up.poll(cx, &mut client_in, &mut upstream_out, down.done);
         let down_polled = down.poll(cx, &mut upstream_in, &mut client_out, up.done);
-        live.add_bytes_sent(up.take_counted());
-        live.add_bytes_received(down.take_counted());
+        live.traffic.add_bytes_sent(up.take_counted());
+        live.traffic.add_bytes_received(down.take_counted());
         for polled in [up_polled, down_polled] {
             if let Poll::Ready(Err(e)) = polled {
                 return Poll::Ready(e.into());
@@ -254,8 +254,8 @@ mod tests {
         assert_eq!(server_side.await.unwrap(), expected);
         assert_eq!(client_side.await.unwrap(), reply);
         let live = &backend.live;
-        assert_eq!(live.bytes_sent(), expected.len() as u64);
-        assert_eq!(live.bytes_received(), reply.len() as u64);
+        assert_eq!(live.traffic.bytes_sent(), expected.len() as u64);
+        assert_eq!(live.traffic.bytes_received(), reply.len() as u64);
     }
 
     /// Many rounds of request → 64 KiB answer, the answer written in odd
@@ -356,7 +356,7 @@ mod tests {
         transfer.check_signature = true;
         let end = copy_both_ways(&mut client, &mut upstream, nothing(), transfer).await;
         assert!(matches!(end, End::Refused), "{end:?}");
-        assert_eq!(backend.live.bytes_sent(), 0);
+        assert_eq!(backend.live.traffic.bytes_sent(), 0);
         drop((writer.await.unwrap(), server));
     }
 
@@ -407,7 +407,7 @@ mod tests {
         .await;
         assert!(matches!(end, End::Stopped), "{end:?}");
         let stop = CancellationToken::new();
-        backend.live.closing().cancel();
+        backend.live.drain.closing().cancel();
         let end = copy_both_ways(
             &mut client,
             &mut upstream,

@@ -118,7 +118,7 @@ async fn admin_endpoints_answer_and_change_nothing() {
     assert_eq!(admin_get(admin, "/nope").await.0, 404);
     assert_eq!(admin_get(admin, "/route").await.0, 400);
     for b in &magpie.shared.snapshot.load().backends {
-        b.live.set_up(false);
+        b.live.health.set_up(false);
     }
     assert_eq!(admin_get(admin, "/readyz").await.0, 503);
     magpie.stop().await;

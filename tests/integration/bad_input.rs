@@ -128,7 +128,7 @@ async fn max_connections_closes_the_excess_client_at_once() {
         .expect("read the echo");
         assert_eq!(&echo, b"ping");
     }
-    assert_eq!(magpie.backend("a").live.active(), 2);
+    assert_eq!(magpie.backend("a").live.load.active(), 2);
 }
 
 /// A client whose request carries no key gets the fallback key; `lookup

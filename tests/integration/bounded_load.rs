@@ -61,6 +61,7 @@ async fn hot_key_respects_the_cap(factor: f64, connections: u64) {
         magpie
             .backend(&candidates[0])
             .live
+            .traffic
             .spills(magpie::backend::Spill::AtCap)
             > 0,
         "spills on the primary were not counted"

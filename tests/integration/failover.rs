@@ -1,6 +1,6 @@
 //! Dead backends: the next candidate takes over, or the client is closed cleanly.
 
-use magpie::backend::ConnectFailure;
+use magpie::health::ConnectFailure;
 use magpie::key;
 use magpie::stats::ClientFailure;
 
@@ -36,8 +36,11 @@ async fn dead_primary_fails_over_to_the_next_candidate() {
         assert_eq!(session_of(&body), *session);
     }
     let dead = magpie.backend("dead");
-    assert_eq!(dead.live.connect_failures(ConnectFailure::Refused), 5);
-    assert_eq!(dead.live.connections(), 0);
+    assert_eq!(
+        dead.live.health.connect_failures(ConnectFailure::Refused),
+        5
+    );
+    assert_eq!(dead.live.traffic.connections(), 0);
     assert_eq!(
         magpie
             .shared
@@ -69,6 +72,7 @@ async fn every_backend_dead_closes_the_client_cleanly() {
             magpie
                 .backend(name)
                 .live
+                .health
                 .connect_failures(ConnectFailure::Refused),
             1,
             "{name} should have been tried once"

@@ -203,8 +203,8 @@ async fn a_backend_reset_reaches_the_client_as_a_reset() {
         other => panic!("the client saw {other:?}, not a reset"),
     }
     let live = magpie.backend("r").live.clone();
-    assert_eq!(live.resets(magpie::backend::Side::Backend), 1);
-    assert_eq!(live.resets(magpie::backend::Side::Client), 0);
+    assert_eq!(live.traffic.resets(magpie::backend::Side::Backend), 1);
+    assert_eq!(live.traffic.resets(magpie::backend::Side::Client), 0);
     magpie.stop().await;
 }
 
@@ -237,7 +237,7 @@ async fn a_client_reset_reaches_the_backend_as_a_reset() {
     client.write_all(b"hello").await.expect("send");
     // The bytes are through once the backend's connection is counted.
     within("the connection to be established", async {
-        while magpie.backend("r").live.bytes_sent() < 5 {
+        while magpie.backend("r").live.traffic.bytes_sent() < 5 {
             tokio::task::yield_now().await;
         }
     })
@@ -254,6 +254,7 @@ async fn a_client_reset_reaches_the_backend_as_a_reset() {
         magpie
             .backend("r")
             .live
+            .traffic
             .resets(magpie::backend::Side::Client),
         1
     );

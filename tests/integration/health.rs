@@ -22,7 +22,7 @@ const RISE: u32 = 2;
 async fn until_up_is(magpie: &Magpie, name: &str, up: bool, limit: Duration) -> Duration {
     let started = Instant::now();
     let backend = magpie.backend(name);
-    while backend.live.is_up() != up {
+    while backend.live.health.is_up() != up {
         assert!(
             started.elapsed() <= limit,
             "{name} not {} within {limit:?}",
@@ -113,13 +113,14 @@ async fn connect_failures_mark_a_backend_down() {
         );
     }
     assert!(
-        !magpie.backend("b").live.is_up(),
+        !magpie.backend("b").live.health.is_up(),
         "two failed connects mark b down"
     );
     assert!(
         magpie
             .backend("b")
             .live
+            .traffic
             .spills(magpie::backend::Spill::Down)
             >= 1,
         "later keys of b are counted as spills"
@@ -138,7 +139,7 @@ async fn all_down_fails_open_unless_told_to_refuse() {
         );
         let magpie = Magpie::with(&settings, &backends.list).await;
         for b in &magpie.shared.snapshot.load().backends {
-            b.live.set_up(false);
+            b.live.health.set_up(false);
         }
         let primary = magpie.primary(text_key(b"s1"));
         if serves {

@@ -199,7 +199,7 @@ async fn a_dead_backend_moves_only_its_sessions() {
     backends.kill(&victim);
     let down = magpie.backend(&victim);
     within("the dead backend to be marked down", async {
-        while down.live.is_up() {
+        while down.live.health.is_up() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
@@ -221,14 +221,15 @@ async fn a_dead_backend_moves_only_its_sessions() {
     backends.get(&sick).health.store(503, Ordering::SeqCst);
     let sick_live = magpie.backend(&sick);
     within("the sick backend to be marked down", async {
-        while sick_live.live.is_up() {
+        while sick_live.live.health.is_up() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
     .await;
     let checks = sick_live
         .live
-        .checks(magpie::backend::CheckOutcome::BadStatus);
+        .health
+        .checks(magpie::health::CheckOutcome::BadStatus);
     assert!(checks >= 1, "{checks}");
     magpie.stop().await;
 }
@@ -281,6 +282,7 @@ async fn bounded_load_counts_requests_in_flight() {
             magpie
                 .backend(name)
                 .live
+                .traffic
                 .spills(magpie::backend::Spill::AtCap)
         })
         .sum();
@@ -451,11 +453,11 @@ async fn bad_input_gets_its_status_and_harms_nobody() {
         )
         .await;
     let backend = magpie.backend(&magpie.primary(magpie::key::text_key(b"leaver")));
-    assert_eq!(backend.live.active(), 1);
+    assert_eq!(backend.live.load.active(), 1);
     drop(response);
     drop(client);
     within("the abandoned request to be released", async {
-        while backend.live.active() > 0 || backend.live.client_aborts() == 0 {
+        while backend.live.load.active() > 0 || backend.live.traffic.client_aborts() == 0 {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })

@@ -72,7 +72,7 @@ async fn an_untrusted_peer_sending_a_proxy_header_is_refused() {
     }
     assert_eq!(stats.client_failures(ClientFailure::ProxyProtocol), 10);
     assert_eq!(
-        magpie.backend("a").live.connections(),
+        magpie.backend("a").live.traffic.connections(),
         0,
         "a refused client reached the backend"
     );
@@ -189,5 +189,5 @@ async fn a_trusted_peer_without_a_header_is_refused() {
     assert_eq!(stats.client_failures(ClientFailure::ProxyProtocol), 2);
     // Neither reached a backend.
     assert!(backends.reports_so_far().is_empty());
-    assert_eq!(magpie.backend("a").live.connections(), 0);
+    assert_eq!(magpie.backend("a").live.traffic.connections(), 0);
 }

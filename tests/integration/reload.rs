@@ -296,12 +296,16 @@ async fn unchanged_backends_keep_their_live_state() {
         assert_eq!(b.0, a.0);
         assert!(Arc::ptr_eq(&b.1, &a.1), "{} keeps its live state", b.0);
         assert_eq!(b.2, a.2, "{} keeps its connection count", b.0);
-        assert!(a.1.bytes_received() > 0, "{} keeps its byte count", b.0);
+        assert!(
+            a.1.traffic.bytes_received() > 0,
+            "{} keeps its byte count",
+            b.0
+        );
     }
     assert_eq!(after[2].0, "c");
     assert_eq!(after[2].2, 0, "c starts fresh");
     assert_eq!(
-        magpie.backend(&held_on).live.active(),
+        magpie.backend(&held_on).live.load.active(),
         1,
         "the held connection is still counted"
     );
@@ -320,7 +324,13 @@ fn counters(magpie: &Magpie) -> Vec<(String, Arc<magpie::backend::Live>, u64)> {
         .load()
         .backends
         .iter()
-        .map(|b| (b.name.clone(), Arc::clone(&b.live), b.live.connections()))
+        .map(|b| {
+            (
+                b.name.clone(),
+                Arc::clone(&b.live),
+                b.live.traffic.connections(),
+            )
+        })
         .collect()
 }
 
@@ -454,12 +464,12 @@ async fn idle_connections_are_closed() {
     );
     let live = magpie.backend("a").live.clone();
     within("the close to be counted", async {
-        while live.idle_closes() == 0 {
+        while live.traffic.idle_closes() == 0 {
             tokio::task::yield_now().await;
         }
     })
     .await;
-    assert_eq!(live.connection_duration.count(), 1);
+    assert_eq!(live.traffic.connection_duration.count(), 1);
     magpie.stop().await;
 }
 

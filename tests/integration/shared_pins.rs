@@ -211,7 +211,7 @@ async fn a_dead_backend_is_rebound_once_for_both() {
     for m in &fleet.magpies {
         let b = m.backend("b");
         within("both magpies to see b down", async {
-            while b.live.is_up() {
+            while b.live.health.is_up() {
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             }
         })

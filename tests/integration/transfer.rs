@@ -134,14 +134,18 @@ async fn transfer_64_mib(copy: &str) {
     // The counters are added after each poll of the copy: wait for the close.
     let live = &magpie.backend("big").live;
     within("the connection to close", async {
-        while live.active() > 0 {
+        while live.load.active() > 0 {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     })
     .await;
-    assert_eq!(live.bytes_sent(), BIG as u64, "counted client to backend");
     assert_eq!(
-        live.bytes_received(),
+        live.traffic.bytes_sent(),
+        BIG as u64,
+        "counted client to backend"
+    );
+    assert_eq!(
+        live.traffic.bytes_received(),
         BIG as u64,
         "counted backend to client"
     );

@@ -94,7 +94,7 @@ impl Magpie {
             .load()
             .backends
             .iter()
-            .map(|b| (b.name.clone(), b.live.active()))
+            .map(|b| (b.name.clone(), b.live.load.active()))
             .collect()
     }
 

@@ -5,16 +5,10 @@
 //! inference server whose engine hung keeps its port open; only the HTTP
 //! check (`/health` on vLLM and SGLang) sees it.
 //!
-//! Health marks backends up or down in their live state; it never rebuilds the
-//! table. A lookup skips down backends, so a flapping backend never moves the
-//! keys of healthy ones, and every instance with the same config still routes
-//! a key the same way. Down backends keep being probed, so they come back
-//! without needing traffic. Backends start *up*: traffic flows from the first
-//! moment, and a dead backend is taken out after `fall` failed checks (or
-//! sooner, after `passive_failures` failed connects on the data path).
-//!
-//! Checks run only when the config has a `health` section; the loop follows
-//! reloads, so adding or removing the section takes effect without a restart.
+//! Down backends keep being probed, so they come back without needing
+//! traffic. Checks run only when the config has a `health` section; the loop
+//! asks its [`Targets`] again every round, so a reload that adds or removes
+//! the section, or changes the backends, takes effect without a restart.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,50 +18,25 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::backend::{Backend, CheckOutcome};
+use super::state::CheckOutcome;
+use super::{Target, Targets};
 use crate::config::HealthConfig;
 use crate::net::is_resource_exhaustion;
-use crate::snapshot::Shared;
 use crate::stats::Exhausted;
 
 /// How often to look again for a `health` section when there is none.
 const IDLE_RECHECK: Duration = Duration::from_secs(1);
 
-/// Probes the current snapshot's backends until `shutdown`.
-pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
+/// Probes the targets in force, round after round, until `shutdown`.
+pub async fn run<P: Targets>(pool: Arc<P>, shutdown: CancellationToken) {
     let mut jitter = Jitter::new();
     loop {
-        let snapshot = shared.snapshot.load_full();
-        let wait = match snapshot.config.health.clone() {
+        let round = pool.round();
+        let wait = match round.health {
             None => IDLE_RECHECK,
             Some(health) => {
                 let started = Instant::now();
-                let mut probes = JoinSet::new();
-                for backend in snapshot.backends.iter().cloned() {
-                    let health = health.clone();
-                    probes.spawn(async move {
-                        let outcome = probe(&backend, &health).await;
-                        (backend, outcome)
-                    });
-                }
-                drop(snapshot);
-                while let Some(done) = probes.join_next().await {
-                    let Ok((backend, outcome)) = done else {
-                        continue;
-                    };
-                    // magpie out of fds or memory says nothing about the backend.
-                    let Some(outcome) = outcome else {
-                        shared.stats.count_exhausted(Exhausted::HealthCheck);
-                        continue;
-                    };
-                    match backend.live.record_check(outcome, health.rise, health.fall) {
-                        Some(true) => info!(backend = %backend.name, "backend is up"),
-                        Some(false) => {
-                            warn!(backend = %backend.name, addr = %backend.addr, "backend is down: {} failed checks", health.fall)
-                        }
-                        None => {}
-                    }
-                }
+                check_all(&*pool, round.targets, &health).await;
                 (health.interval + jitter.up_to(health.interval / 10))
                     .saturating_sub(started.elapsed())
             }
@@ -79,34 +48,68 @@ pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
     }
 }
 
+/// One round: every target probed side by side, each outcome recorded as it
+/// comes in.
+async fn check_all<P: Targets>(pool: &P, targets: Vec<Arc<P::Target>>, health: &HealthConfig) {
+    let mut probes = JoinSet::new();
+    for target in targets {
+        let health = health.clone();
+        probes.spawn(async move {
+            let outcome = probe(&*target, &health).await;
+            (target, outcome)
+        });
+    }
+    while let Some(done) = probes.join_next().await {
+        let Ok((target, outcome)) = done else {
+            continue;
+        };
+        // magpie out of fds or memory says nothing about the backend.
+        let Some(outcome) = outcome else {
+            pool.stats().count_exhausted(Exhausted::HealthCheck);
+            continue;
+        };
+        match target
+            .health()
+            .record_check(outcome, health.rise, health.fall)
+        {
+            Some(true) => info!(backend = %target.name(), "backend is up"),
+            Some(false) => {
+                warn!(backend = %target.name(), addr = %target.addr(), "backend is down: {} failed checks", health.fall)
+            }
+            None => {}
+        }
+    }
+}
+
 /// One check within `health.timeout`: a TCP connect, or an HTTP `GET` of
 /// `health.http_path` whose status must be in `health.expect_status`. `None`
 /// when magpie itself is out of file descriptors or memory: no verdict.
-pub async fn probe(backend: &Backend, health: &HealthConfig) -> Option<CheckOutcome> {
+pub async fn probe(target: &impl Target, health: &HealthConfig) -> Option<CheckOutcome> {
     let check = async {
-        let stream = tokio::net::TcpStream::connect(backend.addr).await?;
+        let stream = tokio::net::TcpStream::connect(target.addr()).await?;
         match &health.http_path {
             None => Ok(CheckOutcome::Ok),
-            Some(path) => http_check(stream, backend, path, health).await,
+            Some(path) => http_check(stream, target, path, health).await,
         }
     };
+    let name = target.name();
     match tokio::time::timeout(health.timeout, check).await {
         Ok(Ok(outcome)) => {
             if outcome != CheckOutcome::Ok {
-                debug!(backend = %backend.name, outcome = outcome.as_str(), "health check failed");
+                debug!(backend = %name, outcome = outcome.as_str(), "health check failed");
             }
             Some(outcome)
         }
         Ok(Err(e)) if is_resource_exhaustion(&e) => {
-            debug!(backend = %backend.name, error = %e, "health check skipped: magpie is out of resources");
+            debug!(backend = %name, error = %e, "health check skipped: magpie is out of resources");
             None
         }
         Ok(Err(e)) => {
-            debug!(backend = %backend.name, error = %e, "health check failed");
+            debug!(backend = %name, error = %e, "health check failed");
             Some(CheckOutcome::Failed)
         }
         Err(_) => {
-            debug!(backend = %backend.name, "health check timed out");
+            debug!(backend = %name, "health check timed out");
             Some(CheckOutcome::Timeout)
         }
     }
@@ -115,7 +118,7 @@ pub async fn probe(backend: &Backend, health: &HealthConfig) -> Option<CheckOutc
 /// `GET path` over `stream` (HTTP/1.1, `Connection: close`); the status decides.
 async fn http_check(
     stream: tokio::net::TcpStream,
-    backend: &Backend,
+    target: &impl Target,
     path: &str,
     health: &HealthConfig,
 ) -> std::io::Result<CheckOutcome> {
@@ -128,7 +131,7 @@ async fn http_check(
             .map_err(std::io::Error::other)?;
     let driver = tokio::spawn(connection);
     let request = hyper::Request::get(path)
-        .header(HOST, backend.addr.to_string())
+        .header(HOST, target.addr().to_string())
         .header(USER_AGENT, "magpie-health")
         .header(CONNECTION, "close")
         .body(Empty::<bytes::Bytes>::new())

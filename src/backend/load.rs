@@ -1,0 +1,56 @@
+//! A backend's load: what bounded load counts and what the `active` gauges
+//! show.
+//!
+//! `active` is the number of connections (mode tcp) or requests in flight
+//! (mode http) a backend carries, taken through an `ActiveGuard` and given
+//! back when it drops; `upstream` is the number of open upstream
+//! connections in mode http, pooled and busy. Taking a slot under a cap is
+//! one atomic step, so concurrent accepts never push a backend past its
+//! bounded-load cap.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+#[derive(Debug, Default)]
+pub struct Load {
+    active: AtomicU64,
+    upstream: AtomicU64,
+}
+
+impl Load {
+    /// Connections (mode http: requests) in flight.
+    pub fn active(&self) -> u64 {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    /// Open upstream connections (mode http).
+    pub fn upstream_connections(&self) -> u64 {
+        self.upstream.load(Ordering::Relaxed)
+    }
+
+    /// Takes one slot unconditionally.
+    pub(super) fn take(&self) {
+        self.active.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Takes one slot if fewer than `cap` are taken: the check and the
+    /// increment are one atomic step.
+    pub(super) fn try_take(&self, cap: u64) -> bool {
+        self.active
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+                (n < cap).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    pub(super) fn give_back(&self) {
+        self.active.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    pub(super) fn open_upstream(&self) {
+        self.upstream.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(super) fn close_upstream(&self) {
+        self.upstream.fetch_sub(1, Ordering::Relaxed);
+    }
+}

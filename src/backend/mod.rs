@@ -1,0 +1,150 @@
+//! A backend: its identity (name, address, weight, zone) and its live state.
+//!
+//! Identity comes from the config and never changes within a snapshot. Live
+//! state is atomics shared by the data paths (which count and take slots),
+//! health (which marks up and down) and metrics/admin (which read), in four
+//! named parts:
+//!
+//! | part | owns |
+//! |---|---|
+//! | [`load`] | connections or requests in flight (what bounded load counts), open upstream connections |
+//! | [`traffic`] | connections, bytes, requests by status, spills, resets, latency histograms |
+//! | [`crate::health::Health`] | up or down, the streaks that move it, transitions |
+//! | [`drain`] | when a removed backend's connections must close |
+//!
+//! Live state lives behind its own `Arc`, so a reload can hand the same live
+//! state to the next snapshot when a backend's name and address are
+//! unchanged: its counters, health and open connections carry over.
+
+pub mod drain;
+pub mod load;
+pub mod traffic;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+pub use traffic::{CodeClass, Side, Spill};
+
+use self::drain::Drain;
+use self::load::Load;
+use self::traffic::Traffic;
+use crate::config::BackendConfig;
+use crate::health::{self, Health};
+
+#[derive(Debug)]
+pub struct Backend {
+    pub name: String,
+    pub addr: SocketAddr,
+    pub weight: u32,
+    pub zone: Option<String>,
+    pub live: Arc<Live>,
+}
+
+impl Backend {
+    pub fn new(config: &BackendConfig, live: Arc<Live>) -> Self {
+        Backend {
+            name: config.name.clone(),
+            addr: config.addr,
+            weight: config.weight,
+            zone: config.zone.clone(),
+            live,
+        }
+    }
+}
+
+impl health::Target for Backend {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    fn health(&self) -> &Health {
+        &self.live.health
+    }
+}
+
+/// The live state of one backend.
+#[derive(Debug, Default)]
+pub struct Live {
+    pub load: Load,
+    pub traffic: Traffic,
+    pub health: Health,
+    pub drain: Drain,
+}
+
+impl Live {
+    /// Takes one active slot unconditionally.
+    pub fn reserve(self: &Arc<Self>) -> ActiveGuard {
+        self.load.take();
+        ActiveGuard {
+            live: Arc::clone(self),
+        }
+    }
+
+    /// Takes one active slot if fewer than `cap` are taken. The check and the
+    /// increment are one atomic step, so concurrent accepts never push a
+    /// backend past its bounded-load cap.
+    pub fn try_reserve(self: &Arc<Self>, cap: u64) -> Option<ActiveGuard> {
+        self.load.try_take(cap).then(|| ActiveGuard {
+            live: Arc::clone(self),
+        })
+    }
+
+    /// An upstream connection opened; it is counted until the guard drops.
+    pub fn open_upstream(self: &Arc<Self>) -> UpstreamGuard {
+        self.load.open_upstream();
+        UpstreamGuard {
+            live: Arc::clone(self),
+        }
+    }
+}
+
+/// One active connection (or connection attempt, or request in flight) to a
+/// backend; dropping it gives the slot back.
+#[derive(Debug)]
+pub struct ActiveGuard {
+    live: Arc<Live>,
+}
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.live.load.give_back();
+    }
+}
+
+/// One open upstream connection (`mode: http`); dropping it uncounts it.
+#[derive(Debug)]
+pub struct UpstreamGuard {
+    live: Arc<Live>,
+}
+
+impl Drop for UpstreamGuard {
+    fn drop(&mut self) {
+        self.live.load.close_upstream();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservations_respect_the_cap() {
+        let live = Arc::new(Live::default());
+        let a = live.try_reserve(2).unwrap();
+        let _b = live.try_reserve(2).unwrap();
+        assert!(live.try_reserve(2).is_none());
+        assert_eq!(live.load.active(), 2);
+        drop(a);
+        assert_eq!(live.load.active(), 1);
+        let _c = live.reserve();
+        assert_eq!(live.load.active(), 2);
+        let upstream = live.open_upstream();
+        assert_eq!(live.load.upstream_connections(), 1);
+        drop(upstream);
+        assert_eq!(live.load.upstream_connections(), 0);
+    }
+}

@@ -1,0 +1,57 @@
+//! A backend's health, in one room: its state, the active checks that probe
+//! it, and the passive evidence the data paths bring.
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`state`] | up or down, the streaks that move it (rise, fall, passive failures), transitions |
+//! | [`active`] | the check loop: a TCP connect or an HTTP `GET` per backend, every `interval` |
+//! | [`passive`] | failed connects and failed answers on the data path; whose fault a failure was |
+//!
+//! Health marks backends up or down; it never rebuilds the table. A lookup
+//! skips down backends, so a flapping backend never moves the keys of healthy
+//! ones, and every instance with the same config still routes a key the same
+//! way. Backends start *up*: traffic flows from the first moment, and a dead
+//! backend is taken out after `fall` failed checks (or sooner, after
+//! `passive_failures` failed connects on the data path).
+//!
+//! This room sits below the backends it judges: it knows a backend only as a
+//! [`Target`] (a name, an address, a [`Health`]) and the pool only as
+//! [`Targets`], which the backend and the snapshot implement.
+
+pub mod active;
+pub mod passive;
+pub mod state;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+pub use active::{probe, run};
+pub use passive::Blame;
+pub use state::{CheckOutcome, ConnectFailure, Health};
+
+use crate::config::HealthConfig;
+use crate::stats::Stats;
+
+/// Something health can judge: a backend.
+pub trait Target: Send + Sync + 'static {
+    /// The name it is logged by.
+    fn name(&self) -> &str;
+    fn addr(&self) -> SocketAddr;
+    fn health(&self) -> &Health;
+}
+
+/// One round of checks: the `health` section in force (none: no checks) and
+/// the targets to probe.
+pub struct Round<T> {
+    pub health: Option<HealthConfig>,
+    pub targets: Vec<Arc<T>>,
+}
+
+/// What the check loop probes: the pool as it is now.
+pub trait Targets: Send + Sync + 'static {
+    type Target: Target;
+    /// The settings and targets in force now; asked again every round.
+    fn round(&self) -> Round<Self::Target>;
+    /// Where a check skipped for want of file descriptors is counted.
+    fn stats(&self) -> &Stats;
+}
