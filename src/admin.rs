@@ -29,7 +29,6 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use crate::key::{key_for_address, key_for_text};
 use crate::route::Route;
 use crate::snapshot::{Shared, Snapshot};
 use crate::stats::Exhausted;
@@ -126,8 +125,8 @@ pub fn answer<B>(req: &Request<B>, shared: &Shared, registry: &Registry) -> Resp
             // ?key=K as the key mode reads it; ?addr=A as a client at A
             // (in header and body modes: the fallback key).
             let asked = match (query_param(query, "key"), query_param(query, "addr")) {
-                (Some(text), None) => Some((key_for_text(&snapshot.config.key, &text), text)),
-                (None, Some(text)) => Some((key_for_address(&snapshot.config.key, &text), text)),
+                (Some(text), None) => Some((snapshot.config.key.key_of_text(&text), text)),
+                (None, Some(text)) => Some((snapshot.config.key.key_of_address(&text), text)),
                 _ => None,
             };
             match asked {

@@ -138,12 +138,12 @@ fn key_text(key: &KeyConfig) -> String {
     let k = key.sources();
     let mut parts = Vec::new();
     parts.extend(k.header.map(|h| format!("header {h}")));
-    parts.extend(k.body_field.map(|b| format!("body field {b}")));
+    parts.extend(k.body_field.map(|b| format!("body field {}", b.text)));
     if k.conversation {
         parts.push("the conversation's head".to_string());
     }
-    match k.fallback {
-        Some(f) => format!("{}, else {}", parts.join(", then "), f.as_str()),
+    match key.read() {
+        Some(read) => format!("{}, else {}", parts.join(", then "), read.fallback.as_str()),
         None => k.from.to_string(),
     }
 }

@@ -230,9 +230,9 @@ fn lookup(path: &std::path::Path, how: Lookup, keys: &[String]) -> anyhow::Resul
     let mut out = String::new();
     for text in keys {
         let key = if how.addr {
-            magpie::key::key_for_address(&snapshot.config.key, text)?
+            snapshot.config.key.key_of_address(text)?
         } else {
-            magpie::key::key_for_text(&snapshot.config.key, text)?
+            snapshot.config.key.key_of_text(text)?
         };
         let mut candidates = snapshot.candidates(key);
         let Some(primary) = candidates.next() else {

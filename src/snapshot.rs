@@ -23,9 +23,10 @@ use blake2b_simd::Params;
 use tokio::sync::{Semaphore, watch};
 
 use crate::backend::{Backend, Live};
-use crate::config::{Algorithm, Config, Fallback, KeyConfig};
+use crate::config::{Algorithm, Config, KeyConfig};
 use crate::discovery::Discovery;
 use crate::health;
+use crate::key::Fallback;
 use crate::placement::maglev::Maglev;
 use crate::placement::ring::Ring;
 use crate::placement::{Node, NodeSet, PlacementError, Scheme};
@@ -231,8 +232,8 @@ fn key_identity(key: &KeyConfig) -> String {
         "{}:{}:{}:{}",
         k.from,
         k.header.unwrap_or(""),
-        k.body_field.unwrap_or(""),
-        k.fallback.map_or("", Fallback::as_str)
+        k.body_field.map_or("", |f| f.text.as_str()),
+        key.read().map_or("", |r| Fallback::as_str(r.fallback))
     )
 }
 

@@ -20,12 +20,12 @@ use std::time::Duration;
 use ipnet::IpNet;
 use serde::Deserialize;
 
-pub use crate::key::json::FieldPath;
-
 mod error;
 pub mod file;
+mod key;
 mod limits;
 pub use error::{ConfigError, ConfigErrors, Place, Places};
+pub use key::{KeyConfig, KeyRead, KeySources};
 pub use limits::*;
 pub(crate) use validate::reaches;
 mod raw;
@@ -38,8 +38,8 @@ pub use raw::{HumanDuration, RawConfig};
 pub const DEFAULT_ADMIN: &str = "127.0.0.1:9090";
 
 // ---------------------------------------------------------------------------
-// Validated: what the rest of magpie uses. The three enums first are read by
-// serde directly (raw.rs uses them too): their YAML spelling is their meaning.
+// Validated: what the rest of magpie uses. The enums first are read by serde
+// directly (raw.rs uses them too): their YAML spelling is their meaning.
 
 /// The placement scheme behind the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -55,24 +55,6 @@ impl Algorithm {
         match self {
             Algorithm::Maglev => "maglev",
             Algorithm::Ring => "ring",
-        }
-    }
-}
-
-/// The key used when a header key cannot be read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Fallback {
-    SourceIp,
-    SourceAddr,
-}
-
-impl Fallback {
-    /// As written in the config.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Fallback::SourceIp => "source_ip",
-            Fallback::SourceAddr => "source_addr",
         }
     }
 }
@@ -191,40 +173,6 @@ pub struct PlacementConfig {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KeyConfig {
-    SourceIp,
-    SourceAddr,
-    /// An HTTP header's value (per connection in `mode: tcp`, per request in
-    /// `mode: http`).
-    Header {
-        /// Lower-case, so matching is case-insensitive.
-        name: String,
-        /// `mode: http`: a JSON body field tried when the header is absent.
-        body_field: Option<FieldPath>,
-        read_timeout: Duration,
-        max_bytes: usize,
-        fallback: Fallback,
-    },
-    /// `mode: http`: a field of the JSON request body.
-    Body {
-        field: FieldPath,
-        read_timeout: Duration,
-        max_bytes: usize,
-        fallback: Fallback,
-    },
-    /// `mode: http`: the conversation's head in a chat body
-    /// ([`crate::key::conversation`]); a header, then a body field, when
-    /// configured and present, take precedence.
-    Conversation {
-        header: Option<String>,
-        body_field: Option<FieldPath>,
-        read_timeout: Duration,
-        max_bytes: usize,
-        fallback: Fallback,
-    },
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectConfig {
     pub timeout: Duration,
     pub attempts: u32,
@@ -236,95 +184,6 @@ pub struct ProxyProtocolConfig {
     pub accept_from: Vec<IpNet>,
     pub header_timeout: Duration,
     pub send_v2: bool,
-}
-
-/// Where a key is looked for, in order, and what is used when none is found:
-/// the part of the key settings that decides keys (not the timeouts and byte
-/// limits of reading them).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KeySources<'a> {
-    /// `key.from` as written.
-    pub from: &'static str,
-    pub header: Option<&'a str>,
-    pub body_field: Option<&'a str>,
-    /// The conversation's head (`from: conversation`).
-    pub conversation: bool,
-    /// `None` for address keys, which always find their key.
-    pub fallback: Option<Fallback>,
-}
-
-impl KeyConfig {
-    pub fn sources(&self) -> KeySources<'_> {
-        let none = KeySources {
-            from: "source_ip",
-            header: None,
-            body_field: None,
-            conversation: false,
-            fallback: None,
-        };
-        match self {
-            KeyConfig::SourceIp => none,
-            KeyConfig::SourceAddr => KeySources {
-                from: "source_addr",
-                ..none
-            },
-            KeyConfig::Header {
-                name,
-                body_field,
-                fallback,
-                ..
-            } => KeySources {
-                from: "header",
-                header: Some(name),
-                body_field: body_field.as_ref().map(|f| f.text.as_str()),
-                fallback: Some(*fallback),
-                ..none
-            },
-            KeyConfig::Body {
-                field, fallback, ..
-            } => KeySources {
-                from: "body",
-                body_field: Some(&field.text),
-                fallback: Some(*fallback),
-                ..none
-            },
-            KeyConfig::Conversation {
-                header,
-                body_field,
-                fallback,
-                ..
-            } => KeySources {
-                from: "conversation",
-                header: header.as_deref(),
-                body_field: body_field.as_ref().map(|f| f.text.as_str()),
-                conversation: true,
-                fallback: Some(*fallback),
-            },
-        }
-    }
-
-    /// `(read_timeout, max_bytes)` of a key read from the request (header or
-    /// body); `None` for address keys.
-    pub fn reading(&self) -> Option<(Duration, usize)> {
-        match self {
-            KeyConfig::Header {
-                read_timeout,
-                max_bytes,
-                ..
-            }
-            | KeyConfig::Body {
-                read_timeout,
-                max_bytes,
-                ..
-            }
-            | KeyConfig::Conversation {
-                read_timeout,
-                max_bytes,
-                ..
-            } => Some((*read_timeout, *max_bytes)),
-            KeyConfig::SourceIp | KeyConfig::SourceAddr => None,
-        }
-    }
 }
 
 impl ProxyProtocolConfig {

@@ -13,7 +13,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
-use super::{Algorithm, AllDown, ConfigError, CopyMode, Fallback, Mode};
+use super::{Algorithm, AllDown, ConfigError, CopyMode, Mode};
+use crate::key::Fallback;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -3,6 +3,7 @@
 
 use super::test_util::{parse, problems};
 use super::*;
+use crate::key::Fallback;
 
 const MINIMAL: &str = "listen: 127.0.0.1:7000\nbackends:\n  - name: a\n    addr: 127.0.0.1:8001\n";
 
@@ -58,9 +59,11 @@ fn full_config_parses() {
         KeyConfig::Header {
             name: "x-session-id".into(),
             body_field: None,
-            read_timeout: Duration::from_millis(250),
-            max_bytes: 4096,
-            fallback: Fallback::SourceAddr
+            read: KeyRead {
+                read_timeout: Duration::from_millis(250),
+                max_bytes: 4096,
+                fallback: Fallback::SourceAddr
+            }
         }
     );
     assert_eq!(c.shutdown_grace, Duration::ZERO);
@@ -487,14 +490,12 @@ fn an_http_config_parses() {
         KeyConfig::Header {
             name,
             body_field: Some(field),
-            read_timeout,
-            max_bytes,
-            ..
+            read,
         } => {
             assert_eq!(name, "x-session-id");
             assert_eq!(field.text, "prompt_cache_key");
-            assert_eq!(*read_timeout, DEFAULT_HTTP_READ_TIMEOUT);
-            assert_eq!(*max_bytes as u64, DEFAULT_HTTP_MAX_BYTES);
+            assert_eq!(read.read_timeout, DEFAULT_HTTP_READ_TIMEOUT);
+            assert_eq!(read.max_bytes as u64, DEFAULT_HTTP_MAX_BYTES);
         }
         other => panic!("{other:?}"),
     }

@@ -95,10 +95,13 @@ impl HttpPath {
         } else {
             Client(peer.0)
         };
-        let (head_timeout, head_limit) = config.key.reading().unwrap_or((
-            crate::config::DEFAULT_HTTP_READ_TIMEOUT,
-            crate::config::DEFAULT_HTTP_MAX_BYTES as usize,
-        ));
+        let (head_timeout, head_limit) = config.key.read().map_or(
+            (
+                crate::config::DEFAULT_HTTP_READ_TIMEOUT,
+                crate::config::DEFAULT_HTTP_MAX_BYTES as usize,
+            ),
+            |r| (r.read_timeout, r.max_bytes),
+        );
         let clock = Clock::new();
         let stream = Arc::new(stream);
         let io = Timed::new(

@@ -20,7 +20,7 @@ use hyper::header::{CONTENT_TYPE, HeaderMap};
 use tokio::time::Instant;
 
 use super::body::Upload;
-use crate::config::{Fallback, FieldPath, KeyConfig};
+use crate::config::{KeyConfig, KeySources};
 use crate::key::conversation::conversation_key;
 use crate::key::json::json_field_key;
 use crate::key::{self, FallbackReason};
@@ -45,105 +45,54 @@ pub async fn request_key(
     config: &KeyConfig,
     client: Client,
 ) -> Result<(RequestKey, Request<Upload>), BodyError> {
-    let plan = match config {
-        KeyConfig::SourceIp => return Ok(address(request, key::source_ip_key(client.0.ip()))),
-        KeyConfig::SourceAddr => return Ok(address(request, key::source_addr_key(client.0))),
-        KeyConfig::Header {
-            name,
-            body_field,
-            read_timeout,
-            max_bytes,
-            fallback,
-        } => Plan {
-            header: Some(name),
-            body_field: body_field.as_ref(),
-            conversation: false,
-            read_timeout: *read_timeout,
-            max_bytes: *max_bytes,
-            fallback: *fallback,
-        },
-        KeyConfig::Body {
-            field,
-            read_timeout,
-            max_bytes,
-            fallback,
-        } => Plan {
-            header: None,
-            body_field: Some(field),
-            conversation: false,
-            read_timeout: *read_timeout,
-            max_bytes: *max_bytes,
-            fallback: *fallback,
-        },
-        KeyConfig::Conversation {
-            header,
-            body_field,
-            read_timeout,
-            max_bytes,
-            fallback,
-        } => Plan {
-            header: header.as_ref(),
-            body_field: body_field.as_ref(),
-            conversation: true,
-            read_timeout: *read_timeout,
-            max_bytes: *max_bytes,
-            fallback: *fallback,
-        },
+    let Some(read) = config.read() else {
+        return Ok(address(request, config.address_key(client.0)));
+    };
+    let sources = config.sources();
+    let fall_back = |why| RequestKey {
+        key: key::fallback_key(read.fallback, client.0),
+        fallback: Some(why),
     };
     let (parts, body) = request.into_parts();
-    if let Some(value) = plan.header.and_then(|h| header_value(&parts.headers, h)) {
-        let found = RequestKey {
+    let from_head = match sources.header.and_then(|h| header_value(&parts.headers, h)) {
+        Some(value) => Some(RequestKey {
             key: key::text_key(value),
             fallback: None,
-        };
+        }),
+        None if sources.body_field.is_none() && !sources.conversation => {
+            Some(fall_back(FallbackReason::MissingHeader))
+        }
+        None if !is_json(&parts.headers) => Some(fall_back(FallbackReason::NotJson)),
+        None => None,
+    };
+    if let Some(found) = from_head {
         return Ok((found, Request::from_parts(parts, Upload::streaming(body))));
     }
-    if plan.body_field.is_none() && !plan.conversation {
-        let fallen = fall_back(plan.fallback, client, FallbackReason::MissingHeader);
-        return Ok((fallen, Request::from_parts(parts, Upload::streaming(body))));
-    }
-    if !is_json(&parts.headers) {
-        let fallen = fall_back(plan.fallback, client, FallbackReason::NotJson);
-        return Ok((fallen, Request::from_parts(parts, Upload::streaming(body))));
-    }
-    let deadline = Instant::now() + plan.read_timeout;
-    let (read, upload) = read_body(body, plan.max_bytes, deadline).await?;
-    let found = match read {
-        Read::Complete(ref bytes) => match plan.body_key(bytes) {
+    let deadline = Instant::now() + read.read_timeout;
+    let (outcome, upload) = read_body(body, read.max_bytes, deadline).await?;
+    let found = match outcome {
+        Read::Complete(ref bytes) => match body_key(&sources, bytes) {
             Ok(key) => RequestKey {
                 key,
                 fallback: None,
             },
-            Err(reason) => fall_back(plan.fallback, client, reason),
+            Err(reason) => fall_back(reason),
         },
-        Read::TooLarge => fall_back(plan.fallback, client, FallbackReason::TooLarge),
-        Read::Timeout => fall_back(plan.fallback, client, FallbackReason::Timeout),
+        Read::TooLarge => fall_back(FallbackReason::TooLarge),
+        Read::Timeout => fall_back(FallbackReason::Timeout),
     };
     Ok((found, Request::from_parts(parts, upload)))
 }
 
-/// Where a request's key may come from, in order.
-struct Plan<'c> {
-    header: Option<&'c String>,
-    body_field: Option<&'c FieldPath>,
-    /// The conversation's head, after the body field.
-    conversation: bool,
-    read_timeout: std::time::Duration,
-    max_bytes: usize,
-    fallback: Fallback,
-}
-
-impl Plan<'_> {
-    /// The key in a complete JSON body: the field, else the conversation.
-    fn body_key(&self, bytes: &[u8]) -> Result<u64, FallbackReason> {
-        let by_field = match self.body_field {
-            Some(field) => json_field_key(bytes, field),
-            None => Err(FallbackReason::MissingField),
-        };
-        match by_field {
-            Err(_) if self.conversation => conversation_key(bytes),
-            found => found,
-        }
+/// The key in a complete JSON body: the field, else the conversation.
+fn body_key(sources: &KeySources<'_>, bytes: &[u8]) -> Result<u64, FallbackReason> {
+    let by_field = match sources.body_field {
+        Some(field) => json_field_key(bytes, field),
+        None => Err(FallbackReason::MissingField),
+    };
+    match by_field {
+        Err(_) if sources.conversation => conversation_key(bytes),
+        found => found,
     }
 }
 
@@ -154,13 +103,6 @@ fn address(request: Request<Incoming>, key: u64) -> (RequestKey, Request<Upload>
         fallback: None,
     };
     (found, request.map(Upload::streaming))
-}
-
-fn fall_back(fallback: Fallback, client: Client, why: FallbackReason) -> RequestKey {
-    RequestKey {
-        key: key::fallback_key(fallback, client.0),
-        fallback: Some(why),
-    }
 }
 
 /// A header's value when present and not blank (the first, if repeated).

@@ -1,7 +1,7 @@
-//! The key of a connection: what placement hashes to pick a backend. Pure:
-//! the data paths read the bytes, this module turns them into a `u64`.
-//!
-//! Three kinds:
+//! The key of a connection or a request: what placement hashes to pick a
+//! backend. Pure: the data paths read the bytes, this module turns them into
+//! a `u64`; it imports nothing from the config, which says which of these
+//! apply ([`crate::config::KeyConfig`]).
 //!
 //! * `source_ip`: the client's address. IPv4 is hashed as its 4 bytes, IPv6
 //!   as all 16 (no /64 truncation); an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`,
@@ -9,19 +9,25 @@
 //!   client gets one key whichever socket it came through.
 //! * `source_addr`: the same bytes followed by the port, big-endian.
 //! * `header`: the value of one HTTP/1.x request header, hashed as its bytes
-//!   (surrounding white space trimmed); the TCP path (`tcp::header_key`) reads it from
-//!   a connection's first bytes. When none can be read, the fallback key is
-//!   used and the [`FallbackReason`] counted.
+//!   (surrounding white space trimmed); the TCP path (`tcp::header_key`) reads
+//!   it from a connection's first bytes, the HTTP path from each request.
+//! * `body`: a field of a JSON body, such as `prompt_cache_key` ([`json`]);
+//!   a string is keyed exactly as a header with that text.
+//! * `conversation`: the head of a chat conversation: its model, system
+//!   prompt and first user message ([`conversation`]).
 //!
-//! The same text always gives the same key, so `magpie lookup KEY` and the
-//! admin `/route?key=` answer exactly what the proxy does.
+//! When a key that is read from the bytes cannot be found, the [`Fallback`]
+//! address key is used and the [`FallbackReason`] counted. The same text
+//! always gives the same key, so `magpie lookup KEY` and the admin
+//! `/route?key=` answer exactly what the proxy does.
 
 pub mod conversation;
 pub mod json;
 
 use std::net::{IpAddr, SocketAddr};
 
-use crate::config::Fallback;
+use serde::Deserialize;
+
 use crate::hash::{h64, h64_parts};
 use crate::label::labels;
 use crate::net::canonical_ip;
@@ -48,7 +54,28 @@ pub fn text_key(value: &[u8]) -> u64 {
     h64(value.trim_ascii())
 }
 
-/// The key for a client by the configured fallback.
+/// An address key: the client's IP, or its IP and port. It is the key
+/// itself with `key.from: source_ip` or `source_addr`, and the stand-in
+/// (`key.fallback`) when a key read from the client's bytes is not found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fallback {
+    SourceIp,
+    SourceAddr,
+}
+
+impl Fallback {
+    /// As written in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Fallback::SourceIp => "source_ip",
+            Fallback::SourceAddr => "source_addr",
+        }
+    }
+}
+
+/// The key for a client by an address key (`key.fallback`, or an address
+/// `key.from`).
 pub fn fallback_key(fallback: Fallback, client: SocketAddr) -> u64 {
     match fallback {
         Fallback::SourceIp => source_ip_key(client.ip()),
@@ -64,54 +91,21 @@ pub enum KeyTextError {
     NotSocketAddr(String),
 }
 
-/// The key the proxy would use for a key written as text: a header value in
-/// header mode, an IP in `source_ip` mode, an `ip:port` in `source_addr` mode.
-/// This is what `magpie lookup`, `plan --keys` and `/route?key=` hash.
-pub fn key_for_text(config: &crate::config::KeyConfig, text: &str) -> Result<u64, KeyTextError> {
-    use crate::config::KeyConfig;
+/// The key of a client whose address is written as text: `ip` or `ip:port`
+/// by `source_ip` (the port is not part of the key), `ip:port` by
+/// `source_addr`.
+pub fn address_text_key(by: Fallback, text: &str) -> Result<u64, KeyTextError> {
     let text = text.trim();
-    match config {
-        KeyConfig::Header { .. } | KeyConfig::Body { .. } | KeyConfig::Conversation { .. } => {
-            Ok(text_key(text.as_bytes()))
-        }
-        KeyConfig::SourceIp => text
+    match by {
+        Fallback::SourceIp => text
             .parse::<IpAddr>()
+            .or_else(|_| text.parse::<SocketAddr>().map(|a| a.ip()))
             .map(source_ip_key)
             .map_err(|_| KeyTextError::NotIp(text.to_string())),
-        KeyConfig::SourceAddr => text
+        Fallback::SourceAddr => text
             .parse::<SocketAddr>()
             .map(source_addr_key)
             .map_err(|_| KeyTextError::NotSocketAddr(text.to_string())),
-    }
-}
-
-/// The key the proxy would use for a client at address `text` (`ip` or
-/// `ip:port`): in `source_ip`/`source_addr` mode the key itself; in header
-/// and body modes the fallback key a client gets when its request carries
-/// none. This is what `magpie lookup --addr` and `/route?addr=` hash.
-pub fn key_for_address(config: &crate::config::KeyConfig, text: &str) -> Result<u64, KeyTextError> {
-    use crate::config::KeyConfig;
-    let text = text.trim();
-    let by_ip = |text: &str| {
-        text.parse::<IpAddr>()
-            .or_else(|_| text.parse::<SocketAddr>().map(|a| a.ip()))
-            .map(source_ip_key)
-            .map_err(|_| KeyTextError::NotIp(text.to_string()))
-    };
-    let by_addr = |text: &str| {
-        text.parse::<SocketAddr>()
-            .map(source_addr_key)
-            .map_err(|_| KeyTextError::NotSocketAddr(text.to_string()))
-    };
-    match config {
-        KeyConfig::SourceIp => by_ip(text),
-        KeyConfig::SourceAddr => by_addr(text),
-        KeyConfig::Header { fallback, .. }
-        | KeyConfig::Body { fallback, .. }
-        | KeyConfig::Conversation { fallback, .. } => match fallback {
-            Fallback::SourceIp => by_ip(text),
-            Fallback::SourceAddr => by_addr(text),
-        },
     }
 }
 
@@ -172,52 +166,5 @@ mod tests {
         let b: SocketAddr = "192.0.2.7:1001".parse().unwrap();
         assert_ne!(source_addr_key(a), source_addr_key(b));
         assert_eq!(source_addr_key(a), h64(&[192, 0, 2, 7, 0x03, 0xe8]));
-    }
-
-    #[test]
-    fn text_keys_follow_the_key_mode() {
-        use crate::config::KeyConfig;
-        use std::time::Duration;
-        let header = KeyConfig::Header {
-            name: "x-session-id".into(),
-            body_field: None,
-            read_timeout: Duration::from_millis(200),
-            max_bytes: 8192,
-            fallback: Fallback::SourceIp,
-        };
-        assert_eq!(key_for_text(&header, " s1 "), Ok(h64(b"s1")));
-        assert_eq!(
-            key_for_text(&KeyConfig::SourceIp, "192.0.2.7"),
-            Ok(h64(&[192, 0, 2, 7]))
-        );
-        assert!(key_for_text(&KeyConfig::SourceIp, "alice").is_err());
-        assert_eq!(
-            key_for_text(&KeyConfig::SourceAddr, "192.0.2.7:1000"),
-            Ok(source_addr_key("192.0.2.7:1000".parse().unwrap()))
-        );
-    }
-
-    #[test]
-    fn an_address_gives_the_fallback_key_in_header_mode() {
-        use crate::config::KeyConfig;
-        let client: SocketAddr = "127.0.0.1:5555".parse().unwrap();
-        for fallback in [Fallback::SourceIp, Fallback::SourceAddr] {
-            let header = KeyConfig::Header {
-                name: "x-session-id".into(),
-                body_field: None,
-                read_timeout: std::time::Duration::from_millis(200),
-                max_bytes: 8192,
-                fallback,
-            };
-            assert_eq!(
-                key_for_address(&header, "127.0.0.1:5555"),
-                Ok(fallback_key(fallback, client))
-            );
-        }
-        assert_eq!(
-            key_for_address(&KeyConfig::SourceIp, "127.0.0.1"),
-            Ok(source_ip_key(client.ip()))
-        );
-        assert!(key_for_address(&KeyConfig::SourceAddr, "127.0.0.1").is_err());
     }
 }

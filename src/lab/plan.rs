@@ -15,7 +15,7 @@
 
 use serde::Serialize;
 
-use crate::key::{KeyTextError, key_for_text};
+use crate::key::KeyTextError;
 use crate::snapshot::{Snapshot, Table};
 
 /// Points of the hash space compared when tables cannot be compared slot by slot.
@@ -119,7 +119,7 @@ pub fn compare(
     } else {
         let mut moved = 0;
         for text in keys {
-            let key = key_for_text(&new.config.key, text)?;
+            let key = new.config.key.key_of_text(text)?;
             if owner(old, key) != owner(new, key) {
                 moved += 1;
             }

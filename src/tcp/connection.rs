@@ -249,38 +249,28 @@ impl Connection {
 
     /// The connection's key, reading the first bytes in header mode.
     async fn key(&mut self, config: &Config, client: Client, first: &mut FirstBytes) -> u64 {
-        match &config.key {
-            KeyConfig::SourceIp => key::source_ip_key(client.0.ip()),
-            // Validation allows body keys in mode http only.
-            KeyConfig::SourceAddr | KeyConfig::Body { .. } | KeyConfig::Conversation { .. } => {
-                key::source_addr_key(client.0)
-            }
-            KeyConfig::Header {
-                name,
-                read_timeout,
-                max_bytes,
-                fallback,
-                ..
-            } => {
-                let found = read_header_key(
-                    &mut self.stream,
-                    &mut first.buf,
-                    &mut first.filled,
-                    Want {
-                        header: name,
-                        limit: *max_bytes,
-                        deadline: *read_timeout,
-                    },
-                )
-                .await;
-                match found {
-                    HeaderKey::Found(k) => k,
-                    HeaderKey::Fallback(reason) => {
-                        debug!(%client, reason = reason.as_str(), "header key not found, using fallback key");
-                        self.shared.stats.count_fallback(reason);
-                        key::fallback_key(*fallback, client.0)
-                    }
-                }
+        // Address keys; validation allows body and conversation keys in
+        // mode http only.
+        let KeyConfig::Header { name, read, .. } = &config.key else {
+            return config.key.address_key(client.0);
+        };
+        let found = read_header_key(
+            &mut self.stream,
+            &mut first.buf,
+            &mut first.filled,
+            Want {
+                header: name,
+                limit: read.max_bytes,
+                deadline: read.read_timeout,
+            },
+        )
+        .await;
+        match found {
+            HeaderKey::Found(k) => k,
+            HeaderKey::Fallback(reason) => {
+                debug!(%client, reason = reason.as_str(), "header key not found, using fallback key");
+                self.shared.stats.count_fallback(reason);
+                key::fallback_key(read.fallback, client.0)
             }
         }
     }

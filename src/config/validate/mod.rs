@@ -33,6 +33,7 @@ use super::{
 use crate::placement::maglev;
 
 mod discovery;
+mod key;
 mod modes;
 mod settings;
 

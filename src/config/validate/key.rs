@@ -1,0 +1,198 @@
+//! Validation of the `key` section.
+//!
+//! Part of [`Validator`]. `key.from` decides which settings apply: an
+//! address key takes none of the read settings (each one written is an error
+//! at its place, not silently ignored); every other kind shares
+//! `read_timeout`, `max_bytes` and `fallback`, with defaults and bounds that
+//! depend on the mode. Body and conversation keys need `mode: http`, where
+//! each request is keyed; in mode tcp the key is read once per connection,
+//! from its request head.
+
+use serde_saphyr::{Location, Spanned};
+
+use super::Validator;
+use crate::config::raw::{KeyFrom, RawKey};
+use crate::config::{
+    DEFAULT_HTTP_MAX_BYTES, DEFAULT_HTTP_READ_TIMEOUT, DEFAULT_MAX_BYTES, DEFAULT_READ_TIMEOUT,
+    KeyConfig, KeyRead, MAX_HTTP_MAX_BYTES, MAX_MAX_BYTES, MAX_READ_TIMEOUT, MIN_MAX_BYTES, Mode,
+};
+use crate::key::Fallback;
+use crate::key::json::FieldPath;
+
+impl Validator<'_> {
+    pub(super) fn key(&mut self, raw: Option<RawKey>, mode: Mode) -> KeyConfig {
+        let Some(raw) = raw else {
+            return KeyConfig::SourceIp;
+        };
+        let from = raw.from.as_ref().map_or(KeyFrom::SourceIp, |f| f.value);
+        let from_at = raw
+            .from
+            .as_ref()
+            .map_or(Location::UNKNOWN, |f| f.referenced);
+        match from {
+            KeyFrom::SourceIp | KeyFrom::SourceAddr => {
+                self.no_read_settings(&raw);
+                return match from {
+                    KeyFrom::SourceAddr => KeyConfig::SourceAddr,
+                    _ => KeyConfig::SourceIp,
+                };
+            }
+            KeyFrom::Body if mode == Mode::Tcp => {
+                self.err(&from_at, "key.from: body needs mode: http");
+            }
+            KeyFrom::Conversation if mode == Mode::Tcp => {
+                self.err(&from_at, "key.from: conversation needs mode: http");
+            }
+            _ => {}
+        }
+        let read = self.key_read(&raw, mode);
+        let body_field = self.body_field(raw.body_field.as_ref(), mode);
+        match from {
+            KeyFrom::Body => self.body_key(&raw, body_field, read, from_at),
+            KeyFrom::Conversation => KeyConfig::Conversation {
+                header: raw.header.as_ref().map(|h| self.header_name(h)),
+                body_field,
+                read,
+            },
+            _ => {
+                let name = match &raw.header {
+                    Some(h) => self.header_name(h),
+                    None => {
+                        self.err(&from_at, "key.from is header but key.header (the header name, e.g. x-session-id) is missing");
+                        String::new()
+                    }
+                };
+                KeyConfig::Header {
+                    name,
+                    body_field,
+                    read,
+                }
+            }
+        }
+    }
+
+    /// Read settings under an address key are a silent mistake: each is an
+    /// error at its place.
+    fn no_read_settings(&mut self, raw: &RawKey) {
+        let stray = [
+            raw.header.as_ref().map(|h| ("header", h.referenced)),
+            raw.body_field
+                .as_ref()
+                .map(|h| ("body_field", h.referenced)),
+            raw.read_timeout
+                .as_ref()
+                .map(|h| ("read_timeout", h.referenced)),
+            raw.max_bytes.as_ref().map(|h| ("max_bytes", h.referenced)),
+            raw.fallback.as_ref().map(|h| ("fallback", h.referenced)),
+        ];
+        for (field, at) in stray.into_iter().flatten() {
+            self.err(
+                &at,
+                format!("key.{field} only applies with key.from: header, body or conversation"),
+            );
+        }
+    }
+
+    /// `read_timeout`, `max_bytes` and `fallback`, with the mode's defaults
+    /// and bounds.
+    fn key_read(&mut self, raw: &RawKey, mode: Mode) -> KeyRead {
+        let (default_timeout, default_max, max_max) = match mode {
+            Mode::Tcp => (DEFAULT_READ_TIMEOUT, DEFAULT_MAX_BYTES, MAX_MAX_BYTES),
+            Mode::Http => (
+                DEFAULT_HTTP_READ_TIMEOUT,
+                DEFAULT_HTTP_MAX_BYTES,
+                MAX_HTTP_MAX_BYTES,
+            ),
+        };
+        let read_timeout = self.positive(
+            raw.read_timeout.clone(),
+            "key.read_timeout",
+            default_timeout,
+            MAX_READ_TIMEOUT,
+        );
+        let max_bytes = match &raw.max_bytes {
+            Some(m) if m.value < MIN_MAX_BYTES || m.value > max_max => {
+                self.err(
+                    &m.referenced,
+                    format!(
+                        "key.max_bytes {} is out of range ({MIN_MAX_BYTES} to {max_max} in mode {})",
+                        m.value,
+                        mode.as_str()
+                    ),
+                );
+                default_max
+            }
+            Some(m) => m.value,
+            None => default_max,
+        } as usize;
+        KeyRead {
+            read_timeout,
+            max_bytes,
+            fallback: raw
+                .fallback
+                .as_ref()
+                .map_or(Fallback::SourceIp, |f| f.value),
+        }
+    }
+
+    /// `key.body_field`: a field name or a JSON pointer, in mode http only.
+    fn body_field(&mut self, raw: Option<&Spanned<String>>, mode: Mode) -> Option<FieldPath> {
+        let f = raw?;
+        if mode == Mode::Tcp {
+            self.err(
+                &f.referenced,
+                "key.body_field needs mode: http (in mode tcp the key is read once per connection, from the request head)",
+            );
+            return None;
+        }
+        match FieldPath::parse(f.value.trim()) {
+            Ok(path) => Some(path),
+            Err(e) => {
+                self.err(&f.referenced, format!("key.body_field {:?} {e}", f.value));
+                None
+            }
+        }
+    }
+
+    /// `from: body`: the field is required, a header is not allowed.
+    fn body_key(
+        &mut self,
+        raw: &RawKey,
+        field: Option<FieldPath>,
+        read: KeyRead,
+        from_at: Location,
+    ) -> KeyConfig {
+        if let Some(h) = &raw.header {
+            self.err(
+                &h.referenced,
+                "key.header only applies with key.from: header (use from: header with body_field to try both)",
+            );
+        }
+        match field {
+            Some(field) => KeyConfig::Body { field, read },
+            None => {
+                if raw.body_field.is_none() {
+                    self.err(&from_at, "key.from is body but key.body_field (e.g. prompt_cache_key or /metadata/session_id) is missing");
+                }
+                KeyConfig::SourceIp
+            }
+        }
+    }
+
+    /// A `key.header` name, lower-cased.
+    fn header_name(&mut self, h: &Spanned<String>) -> String {
+        let name = h.value.trim().to_ascii_lowercase();
+        if name.is_empty() || !name.bytes().all(is_http_token_byte) {
+            self.err(
+                &h.referenced,
+                format!("{:?} is not a valid HTTP header name", h.value),
+            );
+        }
+        name
+    }
+}
+
+/// RFC 9110 `tchar`: the bytes allowed in a header field name.
+fn is_http_token_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
