@@ -59,8 +59,31 @@ pub fn compare(
     new: &Snapshot,
     keys: &[String],
 ) -> Result<PlanReport, KeyTextError> {
-    let owner = |s: &Snapshot, key: u64| s.candidates(key).next().map(|b| b.name.clone());
-    let (moved, method) = match (&old.table, &new.table) {
+    let (moved, method) = moved_share(old, new);
+    let backends = backend_changes(old, new);
+    let ideal = ideal_share(&backends);
+    let keys = keys_moved(old, new, keys)?;
+    Ok(PlanReport {
+        old_fingerprint: old.fingerprint.clone(),
+        new_fingerprint: new.fingerprint.clone(),
+        moved,
+        ideal,
+        method,
+        backends,
+        keys,
+    })
+}
+
+/// The name of the backend that owns `key` in `s`.
+fn owner(s: &Snapshot, key: u64) -> Option<String> {
+    s.candidates(key).next().map(|b| b.name.clone())
+}
+
+/// The share of the key space whose owner changes, and how it was measured:
+/// slot by slot (`slots`) for two Maglev tables of the same size, else at
+/// [`SAMPLES`] points (`sampled`).
+fn moved_share(old: &Snapshot, new: &Snapshot) -> (f64, &'static str) {
+    match (&old.table, &new.table) {
         (Table::Maglev(a), Table::Maglev(b)) if a.table_size() == b.table_size() => {
             let changed = a
                 .table()
@@ -70,23 +93,35 @@ pub fn compare(
                 .count();
             (changed as f64 / a.table_size() as f64, "slots")
         }
-        _ => {
-            let step = u64::MAX / SAMPLES;
-            let changed = (0..SAMPLES)
-                .filter(|i| {
-                    let key = i * step + step / 2;
-                    owner(old, key) != owner(new, key)
-                })
-                .count();
-            (changed as f64 / SAMPLES as f64, "sampled")
-        }
-    };
+        _ => (sampled_moved_share(old, new), "sampled"),
+    }
+}
 
-    let slots = |s: &Snapshot| match &s.table {
+/// The share of [`SAMPLES`] evenly spaced points of the 64-bit hash space
+/// whose owner changes.
+fn sampled_moved_share(old: &Snapshot, new: &Snapshot) -> f64 {
+    let step = u64::MAX / SAMPLES;
+    let changed = (0..SAMPLES)
+        .filter(|i| {
+            let key = i * step + step / 2;
+            owner(old, key) != owner(new, key)
+        })
+        .count();
+    changed as f64 / SAMPLES as f64
+}
+
+/// Maglev slots per backend, in backend order; `None` for a ring.
+fn slot_counts(s: &Snapshot) -> Option<Vec<u64>> {
+    match &s.table {
         Table::Maglev(m) => Some(m.slot_counts()),
         Table::Ring(_) => None,
-    };
-    let (old_slots, new_slots) = (slots(old), slots(new));
+    }
+}
+
+/// Every backend of either side, by name, with its slots and share before
+/// and after.
+fn backend_changes(old: &Snapshot, new: &Snapshot) -> Vec<BackendChange> {
+    let (old_slots, new_slots) = (slot_counts(old), slot_counts(new));
     let mut names: Vec<&str> = old
         .backends
         .iter()
@@ -96,7 +131,7 @@ pub fn compare(
     names.sort_unstable();
     names.dedup();
     let find = |s: &Snapshot, name: &str| s.backends.iter().position(|b| b.name == name);
-    let backends: Vec<BackendChange> = names
+    names
         .iter()
         .map(|&name| {
             let (o, n) = (find(old, name), find(new, name));
@@ -108,38 +143,39 @@ pub fn compare(
                 share_after: n.map(|i| new.shares[i]).unwrap_or(0.0),
             }
         })
-        .collect();
-    let ideal = backends
+        .collect()
+}
+
+/// The least share any table could move for the new shares to hold: the sum
+/// over backends of max(0, share before − share after).
+fn ideal_share(backends: &[BackendChange]) -> f64 {
+    backends
         .iter()
         .map(|b| (b.share_before - b.share_after).max(0.0))
-        .sum();
+        .sum()
+}
 
-    let keys = if keys.is_empty() {
-        None
-    } else {
-        let mut moved = 0;
-        for text in keys {
-            let key = new.config.key.key_of_text(text)?;
-            if owner(old, key) != owner(new, key) {
-                moved += 1;
-            }
+/// How many of the listed key texts change backend; `None` without keys.
+fn keys_moved(
+    old: &Snapshot,
+    new: &Snapshot,
+    keys: &[String],
+) -> Result<Option<KeysMoved>, KeyTextError> {
+    if keys.is_empty() {
+        return Ok(None);
+    }
+    let mut moved = 0;
+    for text in keys {
+        let key = new.config.key.key_of_text(text)?;
+        if owner(old, key) != owner(new, key) {
+            moved += 1;
         }
-        Some(KeysMoved {
-            total: keys.len(),
-            moved,
-            share: moved as f64 / keys.len() as f64,
-        })
-    };
-
-    Ok(PlanReport {
-        old_fingerprint: old.fingerprint.clone(),
-        new_fingerprint: new.fingerprint.clone(),
+    }
+    Ok(Some(KeysMoved {
+        total: keys.len(),
         moved,
-        ideal,
-        method,
-        backends,
-        keys,
-    })
+        share: moved as f64 / keys.len() as f64,
+    }))
 }
 
 impl std::fmt::Display for PlanReport {

@@ -41,6 +41,7 @@ pub struct Experiment {
 }
 
 impl Experiment {
+    /// Validates `args` into an experiment; the first bad option is the error.
     pub fn from_args(args: &SimulateArgs) -> Result<Experiment, SimulateError> {
         if !(1..=MAX_KEYS).contains(&args.keys) {
             return Err(SimulateError::Keys(args.keys));
@@ -48,47 +49,14 @@ impl Experiment {
         if !(1..=MAX_NODES).contains(&args.nodes) {
             return Err(SimulateError::Nodes(args.nodes));
         }
-        let change = match &args.remove {
-            None => Change::Add(args.nodes),
-            Some(text) => {
-                let node = parse_node(text, args.nodes - 1, "--remove")?;
-                if args.nodes < 2 {
-                    return Err(SimulateError::RemoveLast);
-                }
-                Change::Remove(node)
-            }
-        };
+        let change = parse_change(args.remove.as_deref(), args.nodes)?;
         let last = match change {
             Change::Add(n) => n,
             Change::Remove(_) => args.nodes - 1,
         };
-        let mut weights = Vec::new();
-        for text in &args.weight {
-            let (node, w) = text
-                .split_once('=')
-                .ok_or_else(|| SimulateError::Weight(text.clone()))?;
-            let node = parse_node(node.trim(), last, "--weight")?;
-            let w: u32 = w
-                .trim()
-                .parse()
-                .ok()
-                .filter(|w| *w <= MAX_WEIGHT)
-                .ok_or_else(|| SimulateError::Weight(text.clone()))?;
-            if weights.iter().any(|&(n, _)| n == node) {
-                return Err(SimulateError::WeightTwice(node));
-            }
-            weights.push((node, w));
-        }
-        weights.sort_unstable();
+        let weights = parse_weights(&args.weight, last)?;
         let hot = args.hot.as_deref().map(parse_hot).transpose()?;
-        let salt = match (args.salt, hot) {
-            (None, _) => None,
-            (Some(_), None) => return Err(SimulateError::SaltWithoutHot),
-            (Some(k), Some(_)) if !(1..=MAX_SALT).contains(&k) => {
-                return Err(SimulateError::Salt(k));
-            }
-            (Some(k), Some(_)) => Some(k),
-        };
+        let salt = check_salt(args.salt, hot)?;
         let replicas = match (args.replicas, args.zones) {
             (None, None) => None,
             (Some(r), Some(z)) => Some((r, z)),
@@ -107,29 +75,7 @@ impl Experiment {
         // so a bad option fails before any work.
         let (before, _) = experiment.pools()?;
         if let Some((r, z)) = replicas {
-            let weighted: Vec<u32> = before
-                .ids
-                .iter()
-                .zip(&before.weights)
-                .filter(|(_, w)| **w > 0)
-                .map(|(id, _)| *id)
-                .collect();
-            if r == 0 || r as usize > weighted.len() {
-                return Err(SimulateError::Replicas {
-                    replicas: r,
-                    nodes: weighted.len(),
-                });
-            }
-            let mut zones: Vec<u32> = weighted.iter().map(|id| id % z.max(1)).collect();
-            zones.sort_unstable();
-            zones.dedup();
-            if z == 0 || zones.len() < r as usize {
-                return Err(SimulateError::Zones {
-                    zones: z,
-                    replicas: r,
-                    populated: if z == 0 { 0 } else { zones.len() },
-                });
-            }
+            check_replicas(&before, r, z)?;
         }
         Ok(experiment)
     }
@@ -149,6 +95,90 @@ impl Experiment {
         };
         Ok((Pool::new(self, before)?, Pool::new(self, after)?))
     }
+}
+
+/// The change `--remove` asks for on a pool of `nodes` nodes: the next node
+/// joins without it.
+fn parse_change(remove: Option<&str>, nodes: u32) -> Result<Change, SimulateError> {
+    match remove {
+        None => Ok(Change::Add(nodes)),
+        Some(text) => {
+            let node = parse_node(text, nodes - 1, "--remove")?;
+            if nodes < 2 {
+                return Err(SimulateError::RemoveLast);
+            }
+            Ok(Change::Remove(node))
+        }
+    }
+}
+
+/// Every `--weight NODE=W` for nodes up to `last`, sorted by node; a node
+/// given twice is an error.
+fn parse_weights(texts: &[String], last: u32) -> Result<Vec<(u32, u32)>, SimulateError> {
+    let mut weights = Vec::new();
+    for text in texts {
+        let (node, w) = parse_weight(text, last)?;
+        if weights.iter().any(|&(n, _)| n == node) {
+            return Err(SimulateError::WeightTwice(node));
+        }
+        weights.push((node, w));
+    }
+    weights.sort_unstable();
+    Ok(weights)
+}
+
+/// One `--weight NODE=W`: the node (up to `last`) and its weight.
+fn parse_weight(text: &str, last: u32) -> Result<(u32, u32), SimulateError> {
+    let (node, w) = text
+        .split_once('=')
+        .ok_or_else(|| SimulateError::Weight(text.to_string()))?;
+    let node = parse_node(node.trim(), last, "--weight")?;
+    let w: u32 = w
+        .trim()
+        .parse()
+        .ok()
+        .filter(|w| *w <= MAX_WEIGHT)
+        .ok_or_else(|| SimulateError::Weight(text.to_string()))?;
+    Ok((node, w))
+}
+
+/// `--salt K`, which needs `--hot` and a K from 1 to [`MAX_SALT`].
+fn check_salt(salt: Option<u32>, hot: Option<Hot>) -> Result<Option<u32>, SimulateError> {
+    match (salt, hot) {
+        (None, _) => Ok(None),
+        (Some(_), None) => Err(SimulateError::SaltWithoutHot),
+        (Some(k), Some(_)) if !(1..=MAX_SALT).contains(&k) => Err(SimulateError::Salt(k)),
+        (Some(k), Some(_)) => Ok(Some(k)),
+    }
+}
+
+/// `--replicas r --zones z` against `pool`: `r` must be from 1 to its
+/// weighted nodes, and those nodes must fill at least `r` zones (`id mod z`).
+fn check_replicas(pool: &Pool, r: u32, z: u32) -> Result<(), SimulateError> {
+    let weighted: Vec<u32> = pool
+        .ids
+        .iter()
+        .zip(&pool.weights)
+        .filter(|(_, w)| **w > 0)
+        .map(|(id, _)| *id)
+        .collect();
+    if r == 0 || r as usize > weighted.len() {
+        return Err(SimulateError::Replicas {
+            replicas: r,
+            nodes: weighted.len(),
+        });
+    }
+    let mut zones: Vec<u32> = weighted.iter().map(|id| id % z.max(1)).collect();
+    zones.sort_unstable();
+    zones.dedup();
+    if z == 0 || zones.len() < r as usize {
+        return Err(SimulateError::Zones {
+            zones: z,
+            replicas: r,
+            populated: if z == 0 { 0 } else { zones.len() },
+        });
+    }
+    Ok(())
 }
 
 fn parse_node(text: &str, last: u32, option: &'static str) -> Result<u32, SimulateError> {

@@ -314,8 +314,8 @@ fn place_bounded(pool: &Pool, keys: &[Key]) -> Result<Vec<u32>, SimulateError> {
     Ok(keys
         .iter()
         .map(|key| {
-            let index = match bounded::pick_by(ring.candidates(key.hash), |i| loads[i] < caps[i]) {
-                Some(p) => p.index,
+            let index = match ring.candidates(key.hash).find(|&i| loads[i] < caps[i]) {
+                Some(index) => index,
                 // Only past MAX_CANDIDATES distinct nodes: keep walking points.
                 None => {
                     let start = ring.point_for(key.hash);

@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use super::experiment::{Change, Experiment, Hot, Key, Pool, plain_keys, salted_keys};
-use super::place::{SchemeId, place_all};
+use super::place::{Placed, SchemeId, place_all};
 use super::{REPLICA_POINTS, SimulateError};
 use crate::placement::maglev;
 use crate::placement::ring::Ring;
@@ -135,110 +135,15 @@ pub fn run(experiment: &Experiment) -> Result<Report, SimulateError> {
         (Some(hot), Some(salt)) => Some(salted_keys(&keys, hot, salt)),
         _ => None,
     };
-    let mut warnings = Vec::new();
-    for pool in [&before, &after] {
-        if let Some(w) = maglev::sparse_warning(maglev::DEFAULT_TABLE_SIZE, pool.set.len())
-            && !warnings.contains(&w)
-        {
-            warnings.push(w);
-        }
-    }
-    let count = keys.len() as f64;
-    let mut rows = Vec::with_capacity(SchemeId::ALL.len());
-    let placed = place_all(&before, &after, &keys)?;
-    let mut salted_placed = match &salted {
-        Some(s) => place_all(&before, &after, s)?
-            .into_iter()
-            .map(Some)
-            .collect(),
-        None => Vec::new(),
+    let warnings = sparse_warnings(&[&before, &after]);
+    let trial = Trial {
+        experiment,
+        before: &before,
+        after: &after,
+        keys: &keys,
+        salted: salted.as_deref(),
     };
-    for (i, (scheme, (a, b))) in SchemeId::ALL.into_iter().zip(placed).enumerate() {
-        let moved: Vec<usize> = (0..keys.len()).filter(|&k| a[k] != b[k]).collect();
-        let only_to_new = match experiment.change {
-            Change::Add(n) => moved.iter().all(|&k| b[k] == n),
-            Change::Remove(r) => moved.iter().all(|&k| a[k] == r),
-        };
-        let counts_before = per_node(&before, &a, |_| 1.0);
-        let counts_after = per_node(&after, &b, |_| 1.0);
-        let went_to = match experiment.change {
-            Change::Add(_) => None,
-            Change::Remove(r) => {
-                let mut got = vec![0u64; after.ids.len()];
-                for (k, &owner) in a.iter().enumerate() {
-                    if owner == r
-                        && let Some(j) = after.ids.iter().position(|&id| id == b[k])
-                    {
-                        got[j] += 1;
-                    }
-                }
-                Some(
-                    after
-                        .ids
-                        .iter()
-                        .zip(got)
-                        .map(|(id, keys)| Received {
-                            node: id.to_string(),
-                            keys,
-                        })
-                        .collect(),
-                )
-            }
-        };
-        let weights = experiment
-            .weights
-            .iter()
-            .map(|&(node, weight)| {
-                let side = |pool: &Pool, counts: &[f64]| {
-                    pool.ids.iter().position(|&id| id == node).map(|j| {
-                        let per_unit = count / pool.total_weight() as f64;
-                        (counts[j] as u64, counts[j] / per_unit)
-                    })
-                };
-                let b4 = side(&before, &counts_before);
-                let af = side(&after, &counts_after);
-                WeightShare {
-                    node: node.to_string(),
-                    weight,
-                    keys_before: b4.map(|x| x.0),
-                    units_before: b4.map(|x| x.1),
-                    keys_after: af.map(|x| x.0),
-                    units_after: af.map(|x| x.1),
-                }
-            })
-            .collect();
-        let uses_weights = (!experiment.weights.is_empty()).then_some(scheme.uses_weights());
-        let load =
-            |pool: &Pool, owners: &[u32], ks: &[Key]| peak(&per_node(pool, owners, |k| ks[k].load));
-        let (load_peak_before, load_peak_after) = match experiment.hot {
-            Some(_) => (
-                Some(load(&before, &a, &keys)),
-                Some(load(&after, &b, &keys)),
-            ),
-            None => (None, None),
-        };
-        let (salted_load_peak_before, salted_load_peak_after) = match &salted {
-            Some(s) => match salted_placed.get_mut(i).and_then(Option::take) {
-                Some((sa, sb)) => (Some(load(&before, &sa, s)), Some(load(&after, &sb, s))),
-                None => (None, None),
-            },
-            None => (None, None),
-        };
-        rows.push(Row {
-            scheme,
-            moved: moved.len() as f64 / count,
-            only_to_new,
-            peak_before: peak(&counts_before),
-            peak_after: peak(&counts_after),
-            went_to,
-            uses_weights,
-            weights,
-            load_peak_before,
-            load_peak_after,
-            salted_load_peak_before,
-            salted_load_peak_after,
-        });
-    }
+    let rows = trial.rows()?;
     let replicas = match experiment.replicas {
         Some((r, z)) => Some(replica_report(&before, &keys, r, z)?),
         None => None,
@@ -259,6 +164,154 @@ pub fn run(experiment: &Experiment) -> Result<Report, SimulateError> {
         replicas,
         warnings,
     })
+}
+
+/// Maglev's sparse-table warnings for the pools, each once.
+fn sparse_warnings(pools: &[&Pool]) -> Vec<String> {
+    let mut warnings = Vec::new();
+    for pool in pools {
+        if let Some(w) = maglev::sparse_warning(maglev::DEFAULT_TABLE_SIZE, pool.set.len())
+            && !warnings.contains(&w)
+        {
+            warnings.push(w);
+        }
+    }
+    warnings
+}
+
+/// What every scheme's row is measured on: the experiment, its pools before
+/// and after the change, its keys and, with `--salt`, the salted keys.
+struct Trial<'a> {
+    experiment: &'a Experiment,
+    before: &'a Pool,
+    after: &'a Pool,
+    keys: &'a [Key],
+    salted: Option<&'a [Key]>,
+}
+
+impl Trial<'_> {
+    /// Places the keys (and the salted keys) with every scheme; one row per
+    /// scheme, in [`SchemeId::ALL`] order.
+    fn rows(&self) -> Result<Vec<Row>, SimulateError> {
+        let placed = place_all(self.before, self.after, self.keys)?;
+        let salted_placed = match self.salted {
+            Some(s) => place_all(self.before, self.after, s)?,
+            None => Vec::new(),
+        };
+        let mut salted_placed = salted_placed.into_iter();
+        Ok(SchemeId::ALL
+            .into_iter()
+            .zip(placed)
+            .map(|(scheme, placed)| self.row(scheme, placed, salted_placed.next()))
+            .collect())
+    }
+
+    /// One scheme's row from its placement of the keys, `(a, b)`, and of the
+    /// salted keys.
+    fn row(&self, scheme: SchemeId, (a, b): Placed, salted: Option<Placed>) -> Row {
+        let count = self.keys.len() as f64;
+        let moved: Vec<usize> = (0..self.keys.len()).filter(|&k| a[k] != b[k]).collect();
+        let counts_before = per_node(self.before, &a, |_| 1.0);
+        let counts_after = per_node(self.after, &b, |_| 1.0);
+        let (load_peak_before, load_peak_after) = match self.experiment.hot {
+            Some(_) => (
+                Some(load_peak(self.before, &a, self.keys)),
+                Some(load_peak(self.after, &b, self.keys)),
+            ),
+            None => (None, None),
+        };
+        let (salted_load_peak_before, salted_load_peak_after) = match (self.salted, salted) {
+            (Some(s), Some((sa, sb))) => (
+                Some(load_peak(self.before, &sa, s)),
+                Some(load_peak(self.after, &sb, s)),
+            ),
+            _ => (None, None),
+        };
+        let weighted = !self.experiment.weights.is_empty();
+        Row {
+            scheme,
+            moved: moved.len() as f64 / count,
+            only_to_new: only_minimum_moved(self.experiment.change, &moved, &a, &b),
+            peak_before: peak(&counts_before),
+            peak_after: peak(&counts_after),
+            went_to: self.went_to(&a, &b),
+            uses_weights: weighted.then_some(scheme.uses_weights()),
+            weights: self.weight_shares(&counts_before, &counts_after),
+            load_peak_before,
+            load_peak_after,
+            salted_load_peak_before,
+            salted_load_peak_after,
+        }
+    }
+
+    /// `--remove`: how many of the removed node's keys each node after the
+    /// change received; `None` on a join.
+    fn went_to(&self, a: &[u32], b: &[u32]) -> Option<Vec<Received>> {
+        let Change::Remove(r) = self.experiment.change else {
+            return None;
+        };
+        let ids = &self.after.ids;
+        let mut got = vec![0u64; ids.len()];
+        for (k, &owner) in a.iter().enumerate() {
+            if owner == r
+                && let Some(j) = ids.iter().position(|&id| id == b[k])
+            {
+                got[j] += 1;
+            }
+        }
+        Some(
+            ids.iter()
+                .zip(got)
+                .map(|(id, keys)| Received {
+                    node: id.to_string(),
+                    keys,
+                })
+                .collect(),
+        )
+    }
+
+    /// `--weight`: each weighted node's keys before and after, from the
+    /// per-node key counts of both pools.
+    fn weight_shares(&self, counts_before: &[f64], counts_after: &[f64]) -> Vec<WeightShare> {
+        let count = self.keys.len() as f64;
+        let side = |pool: &Pool, counts: &[f64], node: u32| {
+            pool.ids.iter().position(|&id| id == node).map(|j| {
+                let per_unit = count / pool.total_weight() as f64;
+                (counts[j] as u64, counts[j] / per_unit)
+            })
+        };
+        self.experiment
+            .weights
+            .iter()
+            .map(|&(node, weight)| {
+                let b4 = side(self.before, counts_before, node);
+                let af = side(self.after, counts_after, node);
+                WeightShare {
+                    node: node.to_string(),
+                    weight,
+                    keys_before: b4.map(|x| x.0),
+                    units_before: b4.map(|x| x.1),
+                    keys_after: af.map(|x| x.0),
+                    units_after: af.map(|x| x.1),
+                }
+            })
+            .collect()
+    }
+}
+
+/// Whether only the least possible moved: on a join every moved key went to
+/// the new node, on a removal every moved key was the removed node's.
+/// `moved` lists the keys whose owner changed from `a` to `b`.
+fn only_minimum_moved(change: Change, moved: &[usize], a: &[u32], b: &[u32]) -> bool {
+    match change {
+        Change::Add(n) => moved.iter().all(|&k| b[k] == n),
+        Change::Remove(r) => moved.iter().all(|&k| a[k] == r),
+    }
+}
+
+/// The busiest node's request load over the mean, `owners[k]` owning `keys[k]`.
+fn load_peak(pool: &Pool, owners: &[u32], keys: &[Key]) -> f64 {
+    peak(&per_node(pool, owners, |k| keys[k].load))
 }
 
 /// Walks the 100-point ring clockwise from each key's point, taking the next
