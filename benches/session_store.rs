@@ -31,7 +31,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 /// Routes `n` keys from `first` on, twice: new (misses), then again (hits).
 async fn measure(
-    sessions: &Sessions,
+    sessions: &Arc<Sessions>,
     snapshot: &Snapshot,
     first: u64,
     n: u64,
@@ -40,12 +40,8 @@ async fn measure(
     for round in out.iter_mut() {
         for key in first..first + n {
             let started = Instant::now();
-            let pinned = pinning::route(sessions, snapshot, key).await;
-            if pinned.pin_served {
-                sessions
-                    .pins
-                    .bind(key, &pinned.route.first().expect("a target").name);
-            }
+            let pinned = pinning::route(Some(Arc::clone(sessions)), snapshot, key).await;
+            pinned.served(pinned.route.first().expect("a target"));
             round.push(started.elapsed());
         }
         round.sort();
@@ -64,7 +60,9 @@ fn main() {
         let local_config = Arc::new(config(""));
         let snapshot =
             Snapshot::build(Arc::clone(&local_config), 1, &Default::default()).expect("a table");
-        let local = Sessions::new(local_config.sessions.as_ref().expect("sessions"));
+        let local = Arc::new(Sessions::new(
+            local_config.sessions.as_ref().expect("sessions"),
+        ));
         let [local_miss, local_hit] = measure(&local, &snapshot, 0, n).await;
         let mut rows = vec![
             ("local", "miss", local_miss.clone()),
@@ -95,7 +93,9 @@ fn main() {
                 let redis_config = config(&format!(
                     "  store: redis\n  redis: {{addr: \"127.0.0.1:{port}\", timeout: 1s}}\n"
                 ));
-                let shared = Sessions::new(redis_config.sessions.as_ref().expect("sessions"));
+                let shared = Arc::new(Sessions::new(
+                    redis_config.sessions.as_ref().expect("sessions"),
+                ));
                 let store = shared.store.clone().expect("a store");
                 let waited = Instant::now();
                 while !store.is_connected() && waited.elapsed() < Duration::from_secs(10) {

@@ -65,6 +65,7 @@ pub mod net;
 pub mod placement;
 pub mod probe;
 pub mod proxy_protocol;
+pub mod read_ahead;
 pub mod reload;
 pub mod route;
 pub mod sessions;

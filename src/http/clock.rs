@@ -31,6 +31,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
+use crate::read_ahead::ReadAhead;
+
 /// The answer to a head that did not arrive in time.
 const TIMEOUT_408: &[u8] = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain\r\ncontent-length: 40\r\nconnection: close\r\n\r\nthe request head did not arrive in time\n";
 /// What every HTTP/2 connection starts with.
@@ -94,37 +96,39 @@ pub struct Timed {
     armed: Option<Instant>,
     /// Nothing read yet (the HTTP/2 preface check is pending).
     first_read: bool,
-    /// Client bytes read before hyper took over (after a PROXY header);
-    /// handed out before anything else.
+    /// Client bytes read before hyper took over (what came with a PROXY
+    /// header); handed out before anything else.
     pending: Vec<u8>,
     /// HTTP/2: no deadlines here.
     h2: bool,
 }
 
 impl Timed {
+    /// The client's stream with the deadlines of `clock`; the bytes already
+    /// read from it (what came with a PROXY header) are handed out first.
     pub fn new(
-        stream: Arc<TcpStream>,
+        stream: ReadAhead,
         clock: Arc<Clock>,
         head_timeout: Duration,
         idle_timeout: Duration,
     ) -> Timed {
+        let (stream, pending) = stream.into_parts();
         Timed {
-            stream,
+            stream: Arc::new(stream),
             clock,
             head_timeout,
             idle_timeout,
             sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
             armed: None,
             first_read: true,
-            pending: Vec::new(),
+            pending,
             h2: false,
         }
     }
 
-    /// Hands `bytes` (already read from the client) out first.
-    pub fn with_pending(mut self, bytes: &[u8]) -> Timed {
-        self.pending = bytes.to_vec();
-        self
+    /// The socket, for closing the connection after hyper is done with it.
+    pub fn socket(&self) -> Arc<TcpStream> {
+        Arc::clone(&self.stream)
     }
 
     /// Whether the current deadline passed; arms the timer otherwise.

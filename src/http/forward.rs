@@ -1,23 +1,28 @@
-//! One request, from its key to the backend's streamed response.
+//! One request, from its route to the backend's streamed response, in named
+//! phases: `choose (the next target with room) ─▶ connect (pooled, or new) ─▶
+//! send ─▶ account (status, latency, passive health) ─▶ respond (headers,
+//! the body streamed back)`.
 //!
-//! `key ─▶ route ─▶ first target that takes it (pooled connection, or a new
-//! one) ─▶ send ─▶ stream the response back`. A connect that fails, or a
-//! pooled connection that turns out closed before the request was written,
-//! moves on to the next target (a failed connect counts against its backend,
-//! as on the TCP path). Once any byte of the request was written it is never
-//! sent again: LLM requests are not idempotent. When no target takes it, the
-//! client gets `502` with a one-line reason.
+//! A connect that fails, or a pooled connection that turns out closed before
+//! the request was written, moves on to the next target (a failed connect
+//! counts against its backend, as on the TCP path). Once any byte of the
+//! request was written it is never sent again: LLM requests are not
+//! idempotent. When no target takes it, the client gets `502` with a
+//! one-line reason.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
+use hyper::body::Incoming;
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Request, Response, StatusCode, Uri, Version};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::body::{Download, InFlight, Reply, Upload};
-use super::pool::{self, Pool};
+use super::download::{Download, InFlight};
+use super::pool::{self, Lease, Pool};
+use super::reply::Reply;
+use super::upload::Upload;
 use crate::backend::{Backend, CodeClass};
 use crate::config::Config;
 use crate::health::passive::{self, Blame};
@@ -101,7 +106,9 @@ pub struct Served {
     pub backend: Arc<Backend>,
 }
 
-/// Sends `request` to the first target of the route that takes it.
+/// Sends `request` to the first target of the route that takes it, in
+/// phases: choose (the next target with room), connect (a pooled connection
+/// or a new one), send, account (status, latency, passive health), respond.
 pub async fn forward(request: Request<Upload>, forward: Forward<'_>) -> Result<Served, Failure> {
     let mut request = prepare(request);
     let mut tried = Vec::new();
@@ -110,109 +117,143 @@ pub async fn forward(request: Request<Upload>, forward: Forward<'_>) -> Result<S
             continue;
         };
         tried.push(backend.name.clone());
-        // Pooled connections first; one that turns out closed before the
-        // request went out is dropped, and the next tried; then a new one
-        // (which may fail as a connect).
-        loop {
-            let mut pooled = forward.pool.checkout(backend.addr);
-            if let Some(sender) = &mut pooled
-                && sender.ready().await.is_err()
-            {
-                continue;
+        match send(backend, request, &forward).await {
+            Attempt::Answered {
+                response,
+                lease,
+                sent,
+            } => {
+                account(backend, response.status(), sent, forward.config);
+                let in_flight = InFlight {
+                    backend: Arc::clone(backend),
+                    slot,
+                    sent,
+                    lease,
+                };
+                return Ok(Served {
+                    response: respond(response, in_flight, forward.config),
+                    backend: Arc::clone(backend),
+                });
             }
-            let fresh = pooled.is_none();
-            let connect_started = Instant::now();
-            let mut sender = match pooled {
-                Some(s) => s,
-                None => match pool::connect(backend, forward.config.connect.timeout).await {
-                    Ok(s) => {
-                        backend
-                            .live
-                            .traffic
-                            .connect_time
-                            .observe(connect_started.elapsed());
-                        backend.live.traffic.count_connection();
-                        passive::succeeded(&**backend);
-                        s
-                    }
-                    Err(e) => {
-                        let health = forward.config.health.as_ref();
-                        if passive::connect_failed(&**backend, &e, health, forward.stats)
-                            == Blame::Local
-                        {
-                            return Err(Failure::LocalResources);
-                        }
-                        break;
-                    }
-                },
-            };
-            let sent = Instant::now();
-            match sender.try_send_request(request).await {
-                Ok(response) => {
-                    let in_flight = InFlight {
-                        backend: Arc::clone(backend),
-                        slot,
-                        sent,
-                        connection: (Arc::clone(forward.pool), sender),
-                    };
-                    return Ok(Served {
-                        response: respond(response, in_flight, &forward),
-                        backend: Arc::clone(backend),
-                    });
-                }
-                Err(mut e) => match e.take_message() {
-                    // Not written: safe to send elsewhere.
-                    Some(back) => {
-                        request = back;
-                        debug!(backend = %backend.name, fresh, error = %e.error(), "connection closed before the request was sent");
-                        if fresh {
-                            break;
-                        }
-                    }
-                    None => {
-                        backend.live.traffic.count_request(CodeClass::Error);
-                        let error = e.into_error();
-                        warn!(backend = %backend.name, %error, "backend failed after the request was sent");
-                        return Err(Failure::AfterSend {
-                            backend: backend.name.clone(),
-                            error,
-                        });
-                    }
-                },
-            }
+            Attempt::Unsent(back) => request = back,
+            Attempt::Failed(failure) => return Err(failure),
         }
     }
     Err(Failure::NoBackend { tried })
 }
 
+/// What sending a request to one backend came to.
+enum Attempt {
+    /// A response head, the connection it came over, and when it was sent.
+    Answered {
+        response: Response<Incoming>,
+        lease: Lease,
+        sent: Instant,
+    },
+    /// Not a byte of it was written: it may go to the next target.
+    Unsent(Request<Upload>),
+    /// It must go nowhere else.
+    Failed(Failure),
+}
+
+/// Sends `request` to `backend` over a pooled connection, or a new one. A
+/// pooled connection found closed before the request went out is dropped
+/// and the next one tried; a new one that fails the same way, or a failed
+/// connect, hands the request back for the next target. Once a byte was
+/// written, the request is never sent again: LLM requests are not
+/// idempotent.
+async fn send(
+    backend: &Arc<Backend>,
+    mut request: Request<Upload>,
+    forward: &Forward<'_>,
+) -> Attempt {
+    loop {
+        let mut lease = match connect(backend, forward).await {
+            Ok(lease) => lease,
+            Err(Blame::Backend) => return Attempt::Unsent(request),
+            Err(Blame::Local) => return Attempt::Failed(Failure::LocalResources),
+        };
+        let sent = Instant::now();
+        let mut error = match lease.sender.try_send_request(request).await {
+            Ok(response) => {
+                return Attempt::Answered {
+                    response,
+                    lease,
+                    sent,
+                };
+            }
+            Err(error) => error,
+        };
+        let Some(back) = error.take_message() else {
+            backend.live.traffic.count_request(CodeClass::Error);
+            let error = error.into_error();
+            warn!(backend = %backend.name, %error, "backend failed after the request was sent");
+            return Attempt::Failed(Failure::AfterSend {
+                backend: backend.name.clone(),
+                error,
+            });
+        };
+        debug!(backend = %backend.name, fresh = lease.fresh, error = %error.error(), "connection closed before the request was sent");
+        request = back;
+        if lease.fresh {
+            return Attempt::Unsent(request);
+        }
+    }
+}
+
+/// A connection to `backend` for one request: the most recently pooled one
+/// that is ready, else a new one (counted like a TCP-path connect; a failure
+/// counts against the backend unless magpie itself is out of resources).
+async fn connect(backend: &Arc<Backend>, forward: &Forward<'_>) -> Result<Lease, Blame> {
+    while let Some(mut lease) = forward.pool.checkout(backend.addr) {
+        if lease.sender.ready().await.is_ok() {
+            return Ok(lease);
+        }
+    }
+    let started = Instant::now();
+    match pool::connect(forward.pool, backend, forward.config.connect.timeout).await {
+        Ok(lease) => {
+            let traffic = &backend.live.traffic;
+            traffic.connect_time.observe(started.elapsed());
+            traffic.count_connection();
+            passive::succeeded(&**backend);
+            Ok(lease)
+        }
+        Err(e) => {
+            let health = forward.config.health.as_ref();
+            Err(passive::connect_failed(
+                &**backend,
+                &e,
+                health,
+                forward.stats,
+            ))
+        }
+    }
+}
+
+/// Counts an answer: its time to first byte and status class, and with
+/// `health.passive_status` a 502/503/504 towards passive health (any other
+/// answer ends the backend's failure streak).
+fn account(backend: &Backend, status: StatusCode, sent: Instant, config: &Config) {
+    let traffic = &backend.live.traffic;
+    traffic.time_to_first_byte.observe(sent.elapsed());
+    traffic.count_request(CodeClass::of(status.as_u16()));
+    match &config.health {
+        Some(health) if health.passive_status && matches!(status.as_u16(), 502..=504) => {
+            passive::answer_failed(backend, status.as_u16(), health);
+        }
+        _ => passive::succeeded(backend),
+    }
+}
+
 /// The response to pass on: hop-by-hop headers dropped, the backend named if
 /// asked, the body counted until its end (its connection goes back to the
 /// pool then).
-fn respond(
-    response: Response<hyper::body::Incoming>,
-    in_flight: InFlight,
-    forward: &Forward<'_>,
-) -> Response<Reply> {
-    let backend: &Backend = &in_flight.backend;
-    let live = &backend.live;
-    live.traffic
-        .time_to_first_byte
-        .observe(in_flight.sent.elapsed());
-    let status = response.status();
-    live.traffic.count_request(CodeClass::of(status.as_u16()));
-    if let Some(health) = &forward.config.health
-        && health.passive_status
-        && matches!(status.as_u16(), 502..=504)
-    {
-        passive::answer_failed(backend, status.as_u16(), health);
-    } else {
-        passive::succeeded(backend);
-    }
-    let expose = forward
-        .config
+fn respond(response: Response<Incoming>, in_flight: InFlight, config: &Config) -> Response<Reply> {
+    let expose = config
         .http
         .expose_backend
-        .then(|| HeaderValue::from_bytes(backend.name.as_bytes()).ok())
+        .then(|| HeaderValue::from_bytes(in_flight.backend.name.as_bytes()).ok())
         .flatten();
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);

@@ -1,8 +1,9 @@
 //! The L7 data path (`mode: http`): one key per request, so one keep-alive
 //! client connection can carry many sessions to many backends.
 //!
-//! `accept ─▶ (PROXY header) ─▶ each request: key from header / JSON body /
-//! address ─▶ route ─▶ pooled upstream ─▶ stream the response`.
+//! `accept ─▶ intake (PROXY header) ─▶ each request: key from header / JSON
+//! body / conversation / address ─▶ route (and pin) ─▶ pooled upstream ─▶
+//! stream the response`.
 //!
 //! hyper does the HTTP: the client side speaks HTTP/1.1, or HTTP/2 with prior
 //! knowledge (cleartext); backends are spoken to over HTTP/1.1 keep-alive
@@ -12,39 +13,46 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | [`request_key`] | a request's key: header, JSON body field, or address |
-//! | [`forward`] | one request: route, pooled connection, send once, stream back |
-//! | [`pool`] | keep-alive connections to backends |
-//! | [`body`] | request and response bodies: replayed, counted, timed |
+//! | [`request_key`] | a request's key: header, JSON body field, conversation, or address |
+//! | [`pinning`] | session pins: the route by a key's pin, and binding or using it once served |
+//! | [`forward`] | one request in phases: choose, connect, send, account, respond |
+//! | [`pool`] | keep-alive connections to backends, lent to one request at a time |
+//! | [`upload`] | a request body: the bytes read for the key, then the rest |
+//! | [`download`] | a response body: counted, timed, its connection given back at the end |
+//! | [`reply`] | what the client gets: a download, or magpie's own short answer |
 //! | [`clock`] | head and keep-alive deadlines on a client connection (`408`) |
 
-pub mod body;
 pub mod clock;
+pub mod download;
 pub mod forward;
 pub mod pinning;
 pub mod pool;
+pub mod reply;
 pub mod request_key;
+pub mod upload;
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Duration;
 
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use tracing::{debug, warn};
+use tokio::net::TcpStream;
+use tracing::debug;
 
-use self::body::Reply;
 use self::clock::{Clock, Timed};
 use self::forward::{Forward, local};
 use self::pool::Pool;
+use self::reply::Reply;
+use crate::config::{DEFAULT_HTTP_MAX_BYTES, DEFAULT_HTTP_READ_TIMEOUT, KeyConfig};
 use crate::listener::Accepted;
 use crate::net::{Client, reset_on_close};
-use crate::proxy_protocol::{self, Origin};
-use crate::route::Route;
+use crate::proxy_protocol::{self, Addresses};
 use crate::snapshot::Shared;
-use crate::stats::ClientFailure;
+use crate::stats::{ClientFailure, Stats};
 
 /// The smallest head buffer hyper accepts.
 const MIN_HEAD_BUFFER: usize = 8192;
@@ -60,73 +68,33 @@ impl HttpPath {
     /// side by side over HTTP/2), until it closes or shutdown.
     pub async fn serve_connection(self, accepted: Accepted) {
         let Accepted {
-            mut stream,
+            stream,
             peer,
-            local: _,
+            local,
             shared,
             shutdown,
             stop,
             slot: _slot,
         } = accepted;
         let config = Arc::clone(&shared.snapshot.load().config);
-        // A trusted peer speaks PROXY first: its source is the client.
-        let mut first = Vec::new();
-        let mut filled = 0;
-        let client = if config.proxy_protocol.is_trusted(peer.0.ip()) {
-            first.resize(proxy_protocol::MAX_HEADER_BYTES, 0);
-            let header = proxy_protocol::read_header(
-                &mut stream,
-                &mut first,
-                &mut filled,
-                config.proxy_protocol.header_timeout,
-            )
-            .await;
-            match header {
-                Ok(Origin::Proxied { source, .. }) => Client(source),
-                Ok(Origin::Local) => Client(peer.0),
-                Err(e) => {
-                    warn!(%peer, error = %e, "refusing connection: bad PROXY header from a trusted peer");
-                    shared
-                        .stats
-                        .count_client_failure(ClientFailure::ProxyProtocol);
-                    return;
-                }
-            }
-        } else {
-            Client(peer.0)
+        let addresses = Addresses { peer, local };
+        let Some(intake) =
+            proxy_protocol::intake(stream, addresses, &config.proxy_protocol, &shared.stats).await
+        else {
+            return;
         };
-        let (head_timeout, head_limit) = config.key.read().map_or(
-            (
-                crate::config::DEFAULT_HTTP_READ_TIMEOUT,
-                crate::config::DEFAULT_HTTP_MAX_BYTES as usize,
-            ),
-            |r| (r.read_timeout, r.max_bytes),
-        );
+        let client = intake.client;
+        let (head_timeout, head_limit) = head_limits(&config.key);
         let clock = Clock::new();
-        let stream = Arc::new(stream);
         let io = Timed::new(
-            Arc::clone(&stream),
+            intake.stream,
             Arc::clone(&clock),
             head_timeout,
             config.idle_timeout,
-        )
-        .with_pending(&first[..filled]);
+        );
+        let socket = io.socket();
         drop(config);
-
-        let service = {
-            let clock = Arc::clone(&clock);
-            let shared = Arc::clone(&shared);
-            service_fn(move |request: Request<Incoming>| {
-                let path = self.clone();
-                let clock = Arc::clone(&clock);
-                let shared = Arc::clone(&shared);
-                async move {
-                    clock.serving();
-                    let response = path.request(request, &shared, client).await;
-                    Ok::<_, Infallible>(response.map(|reply| reply.ending(clock)))
-                }
-            })
-        };
+        let service = self.service(Arc::clone(&shared), Arc::clone(&clock), client);
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder
             .http1()
@@ -146,27 +114,41 @@ impl HttpPath {
                     _ = stop.cancelled() => {
                         // The grace is over: the client sees a reset, not
                         // a response that merely stops.
-                        reset_on_close(&stream);
+                        reset_on_close(&socket);
                         Ok(())
                     }
                 }
             }
         };
-        let timed_out = clock.timed_out.load(std::sync::atomic::Ordering::Relaxed);
-        if timed_out {
-            shared
-                .stats
-                .count_client_failure(ClientFailure::HeadTimeout);
-        }
-        if let Err(e) = ended {
-            debug!(%client, error = %e, "client connection ended with an error");
-            clock::linger(&stream).await;
-        } else if timed_out {
-            clock::linger(&stream).await;
-        }
+        let failed = ended.err().map(|e| e.to_string());
+        close(&socket, &clock, failed, &shared.stats, client).await;
     }
 
-    /// One request: its key, its route, and the backend's answer.
+    /// The per-request service of one client connection.
+    fn service(
+        self,
+        shared: Arc<Shared>,
+        clock: Arc<Clock>,
+        client: Client,
+    ) -> impl hyper::service::Service<
+        Request<Incoming>,
+        Response = Response<Reply>,
+        Error = Infallible,
+        Future = impl Future<Output = Result<Response<Reply>, Infallible>> + Send,
+    > + Clone {
+        service_fn(move |request: Request<Incoming>| {
+            let path = self.clone();
+            let clock = Arc::clone(&clock);
+            let shared = Arc::clone(&shared);
+            async move {
+                clock.serving();
+                let response = path.request(request, &shared, client).await;
+                Ok::<_, Infallible>(response.map(|reply| reply.ending(clock)))
+            }
+        })
+    }
+
+    /// One request: its key, its route (and pin), and the backend's answer.
     async fn request(
         &self,
         request: Request<Incoming>,
@@ -189,30 +171,17 @@ impl HttpPath {
         if let Some(why) = found.fallback {
             shared.stats.count_fallback(why);
         }
-        let sessions = shared.sessions();
-        let (route, pin_served) = match &sessions {
-            Some(sessions) => {
-                let pinned = pinning::route(sessions, &snapshot, found.key).await;
-                (pinned.route, pinned.pin_served)
-            }
-            None => (Route::plan(&snapshot, found.key), false),
-        };
+        let pinned = pinning::route(shared.sessions(), &snapshot, found.key).await;
         drop(snapshot);
         let forward = Forward {
-            route: &route,
+            route: &pinned.route,
             config: &config,
             pool: &self.pool,
             stats: &shared.stats,
         };
         match forward::forward(request, forward).await {
             Ok(served) => {
-                if let Some(sessions) = &sessions {
-                    if pin_served {
-                        sessions.pins.bind(found.key, &served.backend.name);
-                    } else {
-                        sessions.pins.touch(found.key);
-                    }
-                }
+                pinned.served(&served.backend);
                 served.response
             }
             Err(failure) => {
@@ -220,5 +189,36 @@ impl HttpPath {
                 failure.reply()
             }
         }
+    }
+}
+
+/// How long a request head may take from its first byte, and how large it
+/// may be: the key's read settings, or mode http's defaults for address keys.
+fn head_limits(key: &KeyConfig) -> (Duration, usize) {
+    key.read().map_or(
+        (DEFAULT_HTTP_READ_TIMEOUT, DEFAULT_HTTP_MAX_BYTES as usize),
+        |r| (r.read_timeout, r.max_bytes),
+    )
+}
+
+/// The client connection is over: a head that timed out is counted, and a
+/// connection that ended in an error (or a `408`) is closed gently, so the
+/// answer it got is not destroyed by a reset.
+async fn close(
+    socket: &TcpStream,
+    clock: &Clock,
+    failed: Option<String>,
+    stats: &Stats,
+    client: Client,
+) {
+    let timed_out = clock.timed_out.load(std::sync::atomic::Ordering::Relaxed);
+    if timed_out {
+        stats.count_client_failure(ClientFailure::HeadTimeout);
+    }
+    if let Some(error) = &failed {
+        debug!(%client, %error, "client connection ended with an error");
+    }
+    if failed.is_some() || timed_out {
+        clock::linger(socket).await;
     }
 }

@@ -1,5 +1,6 @@
 //! Which backend a request goes to when `sessions` is on: its pin, if alive
-//! and usable, else the table's choice, which becomes the pin.
+//! and usable, else the table's choice, which becomes the pin; and what
+//! serving it does to the pin ([`Pinned::served`]: bound, or used again).
 //!
 //! With `store: local` pins live in this process: a miss is routed by the
 //! table and the backend that served it is pinned. With `store: redis` the
@@ -18,14 +19,50 @@ use crate::route::Route;
 use crate::sessions::Sessions;
 use crate::snapshot::Snapshot;
 
-/// A route, and whether the backend that serves it becomes the key's pin.
+/// A request's route, and what serving it does to the key's pin.
 pub struct Pinned {
     pub route: Route,
-    pub pin_served: bool,
+    key: u64,
+    /// `None` without `sessions`: routing stays stateless.
+    sessions: Option<Arc<Sessions>>,
+    /// Whether the backend that serves the request becomes the key's pin
+    /// (else the pin, already bound, is only used again).
+    bind_served: bool,
 }
 
-/// The route for `key` under `sessions`.
-pub async fn route(sessions: &Sessions, snapshot: &Snapshot, key: u64) -> Pinned {
+impl Pinned {
+    /// The request was served by `backend`: with `store: local`, it becomes
+    /// the key's pin (or the pin is renewed); with a shared store, the pin
+    /// bound while routing is used again.
+    pub fn served(&self, backend: &Backend) {
+        let Some(sessions) = &self.sessions else {
+            return;
+        };
+        if self.bind_served {
+            sessions.pins.bind(self.key, &backend.name);
+        } else {
+            sessions.pins.touch(self.key);
+        }
+    }
+}
+
+/// The route for `key`: by the table without `sessions`, else by its pin.
+pub async fn route(sessions: Option<Arc<Sessions>>, snapshot: &Snapshot, key: u64) -> Pinned {
+    let (route, bind_served) = match &sessions {
+        None => (Route::plan(snapshot, key), false),
+        Some(s) => by_pin(s, snapshot, key).await,
+    };
+    Pinned {
+        route,
+        key,
+        sessions,
+        bind_served,
+    }
+}
+
+/// The route for `key` under `sessions`, and whether the backend that serves
+/// it becomes the pin.
+async fn by_pin(sessions: &Sessions, snapshot: &Snapshot, key: u64) -> (Route, bool) {
     let usable = |name: &str| -> Option<&Arc<Backend>> {
         snapshot.backend(name).filter(|b| b.live.health.is_up())
     };
@@ -35,10 +72,7 @@ pub async fn route(sessions: &Sessions, snapshot: &Snapshot, key: u64) -> Pinned
             Some(pin) => Route::plan_pinned(snapshot, key, pin),
             None => Route::plan(snapshot, key),
         };
-        return Pinned {
-            route,
-            pin_served: true,
-        };
+        return (route, true);
     };
     // Shared pins: the local map first.
     if let Some((name, due)) = sessions.pins.get_and_due(key, sessions.ttl / 4)
@@ -47,40 +81,29 @@ pub async fn route(sessions: &Sessions, snapshot: &Snapshot, key: u64) -> Pinned
         if due {
             store.refresh(key);
         }
-        return by_table(Route::plan_pinned(snapshot, key, pin));
+        return (Route::plan_pinned(snapshot, key, pin), false);
     }
     store.ensure_connecting();
     let table = Route::plan(snapshot, key);
     let Some(choice) = table.first().map(|b| b.name.clone()) else {
-        return by_table(table);
+        return (table, false);
     };
     let Some(held) = store.bind_or_get(key, &choice).await else {
-        return by_table(table);
+        return (table, false);
     };
     if let Some(pin) = usable(&held) {
         sessions.pins.bind(key, &held);
-        return with_pin(table, snapshot, pin);
+        return (table.pin_first(snapshot, pin), false);
     }
     // Bound to a backend that is down or gone: replace it, once for all.
     match store.replace(key, &held, &choice).await {
         Some(now) => match usable(&now) {
             Some(pin) => {
                 sessions.pins.bind(key, &now);
-                with_pin(table, snapshot, pin)
+                (table.pin_first(snapshot, pin), false)
             }
-            None => by_table(table),
+            None => (table, false),
         },
-        None => by_table(table),
+        None => (table, false),
     }
-}
-
-fn by_table(route: Route) -> Pinned {
-    Pinned {
-        route,
-        pin_served: false,
-    }
-}
-
-fn with_pin(table: Route, snapshot: &Snapshot, pin: &Arc<Backend>) -> Pinned {
-    by_table(table.pin_first(snapshot, pin))
 }

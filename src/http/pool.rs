@@ -2,10 +2,11 @@
 //! and clients.
 //!
 //! A connection is opened on demand (`net::connect`, counted against the
-//! backend like a TCP-path connect), handed to hyper's HTTP/1.1 client, and
-//! returned to its backend's idle list by the response body when the client
-//! has read it to the end (a response abandoned half-way closes its
-//! connection instead). Idle lists are bounded ([`MAX_IDLE_PER_BACKEND`]) and an idle
+//! backend like a TCP-path connect) and handed to hyper's HTTP/1.1 client. A
+//! request holds its connection as a [`Lease`]; the response body gives the
+//! lease back to its backend's idle list when the client has read it to the
+//! end (a response abandoned half-way drops the lease, which closes the
+//! connection). Idle lists are bounded ([`MAX_IDLE_PER_BACKEND`]) and an idle
 //! connection is not reused after [`IDLE_TIMEOUT`]: servers such as uvicorn
 //! (vLLM, SGLang) close idle keep-alive connections after 5 s, and a request
 //! sent on a connection the server is closing is lost. Connections are kept
@@ -22,7 +23,7 @@ use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 use tracing::debug;
 
-use super::body::Upload;
+use super::upload::Upload;
 use crate::backend::Backend;
 
 /// Idle connections kept per backend.
@@ -46,17 +47,40 @@ pub struct Pool {
     idle: Mutex<HashMap<SocketAddr, VecDeque<Idle>>>,
 }
 
+/// One upstream connection, held by one request from its send to the end of
+/// its response. Given back, it waits in the pool for the next request;
+/// dropped, it closes.
+pub struct Lease {
+    pub sender: Sender,
+    /// Opened for this request (not taken from the pool).
+    pub fresh: bool,
+    addr: SocketAddr,
+    pool: Arc<Pool>,
+}
+
+impl Lease {
+    /// The response was read to its end: the connection goes back to the pool.
+    pub fn give_back(self) {
+        self.pool.checkin(self.addr, self.sender);
+    }
+}
+
 impl Pool {
     /// The most recently used idle connection to `addr` that is still open
     /// and fresh, if any; older or closed ones met on the way are dropped.
     /// Its last response was read to the end, so it is ready for a request
     /// as soon as its connection task has noticed (`SendRequest::ready`).
-    pub fn checkout(&self, addr: SocketAddr) -> Option<Sender> {
+    pub fn checkout(self: &Arc<Self>, addr: SocketAddr) -> Option<Lease> {
         let mut idle = lock(&self.idle);
         let list = idle.get_mut(&addr)?;
         while let Some(entry) = list.pop_back() {
             if entry.since.elapsed() < IDLE_TIMEOUT && !entry.sender.is_closed() {
-                return Some(entry.sender);
+                return Some(Lease {
+                    sender: entry.sender,
+                    fresh: false,
+                    addr,
+                    pool: Arc::clone(self),
+                });
             }
         }
         None
@@ -65,7 +89,7 @@ impl Pool {
     /// Puts `sender` back once the response it carried has been read to the
     /// end. Entries are kept in the order they came back, so the ones that
     /// idled out are at the front.
-    pub fn checkin(&self, addr: SocketAddr, sender: Sender) {
+    fn checkin(&self, addr: SocketAddr, sender: Sender) {
         if sender.is_closed() {
             return;
         }
@@ -86,8 +110,13 @@ impl Pool {
     }
 }
 
-/// Opens a new connection to `backend` and starts hyper's client on it.
-pub async fn connect(backend: &Arc<Backend>, timeout: Duration) -> io::Result<Sender> {
+/// Opens a new connection to `backend` for `pool` and starts hyper's client
+/// on it.
+pub async fn connect(
+    pool: &Arc<Pool>,
+    backend: &Arc<Backend>,
+    timeout: Duration,
+) -> io::Result<Lease> {
     let stream = crate::net::connect(backend.addr, timeout).await?;
     let (sender, connection) = http1::Builder::new()
         .handshake(TokioIo::new(stream))
@@ -101,7 +130,12 @@ pub async fn connect(backend: &Arc<Backend>, timeout: Duration) -> io::Result<Se
         }
         drop(open);
     });
-    Ok(sender)
+    Ok(Lease {
+        sender,
+        fresh: true,
+        addr: backend.addr,
+        pool: Arc::clone(pool),
+    })
 }
 
 /// A poisoned lock only means another thread panicked while holding it; the

@@ -19,7 +19,7 @@ use hyper::body::Incoming;
 use hyper::header::{CONTENT_TYPE, HeaderMap};
 use tokio::time::Instant;
 
-use super::body::Upload;
+use super::upload::Upload;
 use crate::config::{KeyConfig, KeySources};
 use crate::key::conversation::conversation_key;
 use crate::key::json::json_field_key;

@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use super::direction::{Direction, PipeError};
 use crate::backend::{Backend, Side};
 use crate::config::CopyMode;
+use crate::read_ahead::ReadAhead;
 
 /// How a copy ended.
 #[derive(Debug)]
@@ -37,14 +38,6 @@ pub enum End {
     /// One side's socket failed (typically a reset): the other side must see
     /// an abort too, not a clean end.
     Aborted(Side, io::Error),
-}
-
-/// The client's bytes read before the copy started (a header key's request
-/// head, a PROXY header's trailing bytes): `buf[..filled]` is sent to the
-/// backend first; then `buf` is freed.
-pub struct Pending {
-    pub buf: Vec<u8>,
-    pub filled: usize,
 }
 
 /// The rules of one copy.
@@ -62,13 +55,14 @@ pub struct Transfer<'a> {
 }
 
 /// Copies `client` ⇄ `upstream` until both directions end, or the transfer's
-/// rules end it. The first EOF is passed on with a write shutdown; the last
-/// one is not (a saved call per connection): the caller's close of both
-/// sockets, right after, sends that FIN.
+/// rules end it; the client's bytes read ahead (a header key's request head,
+/// what came with a PROXY header) are replayed to the backend first, then
+/// freed. The first EOF is passed on with a write shutdown; the last one is
+/// not (a saved call per connection): the caller's close of both sockets,
+/// right after, sends that FIN.
 pub async fn copy_both_ways(
-    client: &mut TcpStream,
+    client: &mut ReadAhead,
     upstream: &mut TcpStream,
-    pending: Pending,
     transfer: Transfer<'_>,
 ) -> End {
     let live = &transfer.backend.live;
@@ -79,12 +73,12 @@ pub async fn copy_both_ways(
     let mut last_activity = Instant::now();
     let idle_timer = tokio::time::sleep_until(last_activity + idle);
     tokio::pin!(stop, drained, idle_timer);
-    let (mut client_in, mut client_out) = client.split();
+    let head = client.take_bytes();
+    let (mut client_in, mut client_out) = client.stream_mut().split();
     let (mut upstream_in, mut upstream_out) = upstream.split();
-    let head = Some((pending.buf, pending.filled));
     let mut up = Direction::new((Side::Client, Side::Backend), transfer.copy, head);
     up.check_signature = transfer.check_signature;
-    let mut down = Direction::new((Side::Backend, Side::Client), transfer.copy, None);
+    let mut down = Direction::new((Side::Backend, Side::Client), transfer.copy, Vec::new());
     std::future::poll_fn(|cx| {
         if stop.as_mut().poll(cx).is_ready() {
             return Poll::Ready(End::Stopped);
@@ -171,7 +165,7 @@ mod tests {
     /// `client` and `upstream`, the test talks through `peer` and `server`.
     struct Through {
         peer: TcpStream,
-        client: TcpStream,
+        client: ReadAhead,
         upstream: TcpStream,
         server: TcpStream,
     }
@@ -180,7 +174,7 @@ mod tests {
         let ((peer, client), (upstream, server)) = tokio::join!(pair(), pair());
         Through {
             peer,
-            client,
+            client: ReadAhead::new(client),
             upstream,
             server,
         }
@@ -193,13 +187,6 @@ mod tests {
             stop,
             check_signature: false,
             copy: CopyMode::Buffered,
-        }
-    }
-
-    fn nothing() -> Pending {
-        Pending {
-            buf: Vec::new(),
-            filled: 0,
         }
     }
 
@@ -224,6 +211,12 @@ mod tests {
         let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
         let reply: Vec<u8> = data.iter().rev().copied().collect();
         let (sent, answer) = (data.clone(), reply.clone());
+        // The client's first bytes are read ahead, as a header key reads
+        // them, and must reach the backend first.
+        peer.write_all(b"head:").await.unwrap();
+        while client.bytes().len() < 5 {
+            client.read_more(5).await.unwrap();
+        }
         let client_side = tokio::spawn(async move {
             peer.write_all(&sent).await.unwrap();
             peer.shutdown().await.unwrap();
@@ -239,13 +232,9 @@ mod tests {
             server.shutdown().await.unwrap();
             got
         });
-        let head = Pending {
-            buf: b"head:xxxx".to_vec(),
-            filled: 5,
-        };
         let mut transfer = rules(&backend, &stop);
         transfer.copy = copy;
-        let end = copy_both_ways(&mut client, &mut upstream, head, transfer).await;
+        let end = copy_both_ways(&mut client, &mut upstream, transfer).await;
         assert!(matches!(end, End::Done), "{end:?}");
         // The last EOF is passed on by closing, as a connection does.
         drop((client, upstream));
@@ -289,7 +278,7 @@ mod tests {
         let copying = tokio::spawn(async move {
             let mut transfer = rules(&backend, &stop);
             transfer.copy = copy;
-            copy_both_ways(&mut client, &mut upstream, nothing(), transfer).await
+            copy_both_ways(&mut client, &mut upstream, transfer).await
         });
         for round in 0..rounds {
             let one = async {
@@ -354,7 +343,7 @@ mod tests {
         });
         let mut transfer = rules(&backend, &stop);
         transfer.check_signature = true;
-        let end = copy_both_ways(&mut client, &mut upstream, nothing(), transfer).await;
+        let end = copy_both_ways(&mut client, &mut upstream, transfer).await;
         assert!(matches!(end, End::Refused), "{end:?}");
         assert_eq!(backend.live.traffic.bytes_sent(), 0);
         drop((writer.await.unwrap(), server));
@@ -377,7 +366,7 @@ mod tests {
             peer.write_all(b"still here").await.unwrap();
             peer
         });
-        let end = copy_both_ways(&mut client, &mut upstream, nothing(), transfer).await;
+        let end = copy_both_ways(&mut client, &mut upstream, transfer).await;
         assert!(matches!(end, End::Idle), "{end:?}");
         // 8 s of silence, bytes, then 10 s more.
         assert!(
@@ -398,23 +387,11 @@ mod tests {
         } = through().await;
         let (backend, stop) = (backend(), CancellationToken::new());
         stop.cancel();
-        let end = copy_both_ways(
-            &mut client,
-            &mut upstream,
-            nothing(),
-            rules(&backend, &stop),
-        )
-        .await;
+        let end = copy_both_ways(&mut client, &mut upstream, rules(&backend, &stop)).await;
         assert!(matches!(end, End::Stopped), "{end:?}");
         let stop = CancellationToken::new();
         backend.live.drain.closing().cancel();
-        let end = copy_both_ways(
-            &mut client,
-            &mut upstream,
-            nothing(),
-            rules(&backend, &stop),
-        )
-        .await;
+        let end = copy_both_ways(&mut client, &mut upstream, rules(&backend, &stop)).await;
         assert!(matches!(end, End::Drained), "{end:?}");
         drop((peer, server));
     }
@@ -431,12 +408,7 @@ mod tests {
             server,
         } = through().await;
         let (backend, stop) = (backend(), CancellationToken::new());
-        let copy = copy_both_ways(
-            &mut client,
-            &mut upstream,
-            nothing(),
-            rules(&backend, &stop),
-        );
+        let copy = copy_both_ways(&mut client, &mut upstream, rules(&backend, &stop));
         let size = std::mem::size_of_val(&copy);
         assert!(size <= 1024, "the copy future is {size} bytes");
         drop((copy, peer, server));

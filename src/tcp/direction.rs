@@ -125,14 +125,12 @@ pub(super) struct Direction {
 
 impl Direction {
     /// `head` is sent first (the client's bytes read before the copy).
-    pub(super) fn new(
-        sides: (Side, Side),
-        copy: CopyMode,
-        head: Option<(Vec<u8>, usize)>,
-    ) -> Direction {
-        let (held, end) = match head {
-            Some((buf, filled)) if filled > 0 => (Held::Head(buf), filled),
-            _ => (Held::Nothing, 0),
+    pub(super) fn new(sides: (Side, Side), copy: CopyMode, head: Vec<u8>) -> Direction {
+        let end = head.len();
+        let held = if end > 0 {
+            Held::Head(head)
+        } else {
+            Held::Nothing
         };
         Direction {
             sides,

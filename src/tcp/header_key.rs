@@ -10,9 +10,8 @@
 
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt};
-
 use crate::key::{FallbackReason, text_key};
+use crate::read_ahead::ReadAhead;
 
 /// Header lines parsed without allocating; a head with more is parsed again
 /// with room for as many as it has lines.
@@ -89,21 +88,15 @@ pub enum HeaderKey {
     Fallback(FallbackReason),
 }
 
-/// Reads from `stream` into `buf` (grown as needed, up to `limit` bytes) until
-/// the head decides, the limit is reached, the stream ends, or `deadline`
-/// passes. The bytes read stay in `buf[..*filled]` for the caller to replay;
-/// `buf[..*filled]` may already hold bytes read earlier (after a PROXY
-/// header).
+/// Reads from `stream` (up to `limit` bytes ahead in all) until the head
+/// decides, the limit is reached, the stream ends, or `deadline` passes. The
+/// bytes read stay read ahead for the caller to replay, after any read
+/// before (the rest of a PROXY header's segment, a signature check).
 ///
 /// The head is parsed again only when the new bytes may end it, or when it
 /// has doubled since the last parse (which also catches a stream that is not
 /// HTTP early): parsing costs O(n) overall, however the head is split.
-pub async fn read_header_key<S: AsyncRead + Unpin>(
-    stream: &mut S,
-    buf: &mut Vec<u8>,
-    filled: &mut usize,
-    want: Want<'_>,
-) -> HeaderKey {
+pub async fn read_header_key(stream: &mut ReadAhead, want: Want<'_>) -> HeaderKey {
     let Want {
         header,
         limit,
@@ -113,26 +106,21 @@ pub async fn read_header_key<S: AsyncRead + Unpin>(
         let mut parse_at = 0;
         let mut scanned = 0;
         loop {
-            if *filled >= parse_at || may_end_head(&buf[..*filled], scanned) {
-                match scan_head(&buf[..*filled], header) {
+            let filled = stream.bytes().len();
+            if filled >= parse_at || may_end_head(stream.bytes(), scanned) {
+                match scan_head(stream.bytes(), header) {
                     HeadScan::Found(k) => return HeaderKey::Found(k),
                     HeadScan::Fallback(r) => return HeaderKey::Fallback(r),
-                    HeadScan::NeedMore => parse_at = (*filled * 2).max(1),
+                    HeadScan::NeedMore => parse_at = (filled * 2).max(1),
                 }
             }
-            scanned = *filled;
-            if *filled >= limit {
+            scanned = filled;
+            if filled >= limit {
                 return HeaderKey::Fallback(FallbackReason::TooLarge);
             }
-            if *filled == buf.len() {
-                // Here `filled < limit`, so this grows the buffer.
-                let grown = (buf.len() * 2).max(MIN_GROWTH).min(limit);
-                buf.resize(grown, 0);
-            }
-            let end = buf.len().min(limit);
-            match stream.read(&mut buf[*filled..end]).await {
+            match stream.read_more(limit).await {
                 Ok(0) | Err(_) => return HeaderKey::Fallback(FallbackReason::Closed),
-                Ok(n) => *filled += n,
+                Ok(_) => {}
             }
         }
     };
@@ -142,14 +130,12 @@ pub async fn read_header_key<S: AsyncRead + Unpin>(
     }
 }
 
-/// The smallest step a head buffer grows by.
-const MIN_GROWTH: usize = 4096;
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::hash::h64;
     use tokio::io::AsyncWriteExt;
+    use tokio::net::{TcpListener, TcpStream};
 
     /// The session header, at most `limit` bytes, within `deadline`.
     fn want(limit: usize, deadline: Duration) -> Want<'static> {
@@ -211,6 +197,16 @@ mod tests {
         assert!(!may_end_head(b"x\n\nabcdefgh", 8));
     }
 
+    /// A connected loopback pair: the client's end, and magpie's.
+    async fn pair() -> (TcpStream, ReadAhead) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (client, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        let client = client.unwrap();
+        client.set_nodelay(true).unwrap();
+        (client, ReadAhead::new(accepted.unwrap().0))
+    }
+
     /// A 1 MiB head arriving 100 bytes at a time: found, replayed exactly,
     /// and the buffer grew from nothing only as far as the head.
     #[tokio::test]
@@ -222,7 +218,7 @@ mod tests {
             );
         }
         head.extend_from_slice(b"x-session-id: s9\r\n\r\n");
-        let (mut client, mut server) = tokio::io::duplex(100);
+        let (mut client, mut server) = pair().await;
         let sent = head.clone();
         let writer = tokio::spawn(async move {
             for chunk in sent.chunks(100) {
@@ -230,21 +226,13 @@ mod tests {
             }
             client
         });
-        let mut buf = Vec::new();
-        let mut filled = 0;
-        let got = read_header_key(
-            &mut server,
-            &mut buf,
-            &mut filled,
-            want(2 << 20, Duration::from_secs(30)),
-        )
-        .await;
+        let got = read_header_key(&mut server, want(2 << 20, Duration::from_secs(30))).await;
         assert_eq!(got, HeaderKey::Found(h64(b"s9")));
-        assert_eq!(&buf[..filled], &head[..]);
+        assert_eq!(server.bytes(), &head[..]);
+        let capacity = server.take_bytes().capacity();
         assert!(
-            buf.len() < 2 * head.len(),
-            "buffer {} for a head of {}",
-            buf.len(),
+            capacity < 2 * head.len(),
+            "buffer {capacity} for a head of {}",
             head.len()
         );
         drop(writer.await.unwrap());
@@ -252,72 +240,42 @@ mod tests {
 
     #[tokio::test]
     async fn read_stops_at_complete_head_and_keeps_bytes() {
-        let (mut client, mut server) = tokio::io::duplex(1024);
+        let (mut client, mut server) = pair().await;
         let req = b"POST /v1/chat HTTP/1.1\r\nx-session-id: s1\r\ncontent-length: 2\r\n\r\nhi";
         client.write_all(req).await.unwrap();
-        let mut buf = Vec::new();
-        let mut filled = 0;
-        let got = read_header_key(
-            &mut server,
-            &mut buf,
-            &mut filled,
-            want(256, Duration::from_secs(5)),
-        )
-        .await;
+        let got = read_header_key(&mut server, want(256, Duration::from_secs(5))).await;
         assert_eq!(got, HeaderKey::Found(h64(b"s1")));
-        assert_eq!(&buf[..filled], &req[..]);
+        assert!(req.starts_with(server.bytes()));
+        assert!(server.bytes().len() >= req.len() - 2, "the whole head");
     }
 
     #[tokio::test(start_paused = true)]
     async fn slow_client_falls_back_at_the_deadline() {
-        let (mut client, mut server) = tokio::io::duplex(1024);
+        let (mut client, mut server) = pair().await;
         client.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
-        let mut buf = Vec::new();
-        let mut filled = 0;
-        let got = read_header_key(
-            &mut server,
-            &mut buf,
-            &mut filled,
-            want(256, Duration::from_millis(200)),
-        )
-        .await;
+        let got = read_header_key(&mut server, want(256, Duration::from_millis(200))).await;
         assert_eq!(got, HeaderKey::Fallback(FallbackReason::Timeout));
-        assert_eq!(filled, 16);
+        assert_eq!(server.bytes(), b"GET / HTTP/1.1\r\n");
         drop(client);
     }
 
     #[tokio::test]
     async fn full_buffer_and_eof_fall_back() {
-        let (mut client, mut server) = tokio::io::duplex(4096);
+        let (mut client, mut server) = pair().await;
         client
             .write_all(b"GET / HTTP/1.1\r\nx-pad: ")
             .await
             .unwrap();
         client.write_all(&[b'a'; 200]).await.unwrap();
-        let mut buf = Vec::new();
-        let mut filled = 0;
-        let got = read_header_key(
-            &mut server,
-            &mut buf,
-            &mut filled,
-            want(64, Duration::from_secs(5)),
-        )
-        .await;
+        let got = read_header_key(&mut server, want(64, Duration::from_secs(5))).await;
         assert_eq!(got, HeaderKey::Fallback(FallbackReason::TooLarge));
-        assert_eq!(filled, 64);
+        assert_eq!(server.bytes().len(), 64);
 
-        let (mut client, mut server) = tokio::io::duplex(4096);
+        let (mut client, mut server) = pair().await;
         client.write_all(b"GET / HTT").await.unwrap();
         drop(client);
-        let mut filled = 0;
-        let got = read_header_key(
-            &mut server,
-            &mut buf,
-            &mut filled,
-            want(256, Duration::from_secs(5)),
-        )
-        .await;
+        let got = read_header_key(&mut server, want(256, Duration::from_secs(5))).await;
         assert_eq!(got, HeaderKey::Fallback(FallbackReason::Closed));
-        assert_eq!(filled, 9);
+        assert_eq!(server.bytes(), b"GET / HTT");
     }
 }

@@ -1,22 +1,16 @@
-//! The PROXY protocol (HAProxy's, versions 1 and 2): in from trusted peers,
-//! v2 out to backends.
+//! PROXY headers as bytes: parsing v1 and v2 (with "need more bytes" for a
+//! header still arriving), telling a signature from its first bytes, and
+//! building the v2 header magpie sends on. Pure: no I/O; the fuzz target
+//! `proxy_protocol` drives [`parse`] and [`signature`].
 //!
-//! Sits right after accept. A peer in `proxy_protocol.accept_from` *must*
-//! start with a PROXY header (v1 or v2); its source address then stands for the
-//! client everywhere (key, logs, the v2 header we send on). Any other peer that
-//! starts with a PROXY signature is refused: a header is never guessed or
-//! believed from an untrusted address. Reading is bounded in bytes
-//! ([`MAX_HEADER_BYTES`]) and in time (`proxy_protocol.header_timeout`).
-//!
-//! Parsing and building use the crate `ppp`; this module adds the streaming
-//! read, the trust rule and the mapping to socket addresses.
+//! Parsing and building use the crate `ppp`; this module adds the limits and
+//! the mapping to socket addresses.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use ppp::v2;
 use ppp::{HeaderResult, PartialResult};
-use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::net::canonical_ip;
 
@@ -152,37 +146,6 @@ pub fn signature(bytes: &[u8]) -> Signature {
     }
 }
 
-/// Reads a complete header from a trusted peer into `buf[*filled..]`. On
-/// success the header's bytes are removed from the front of `buf`, and any
-/// client bytes that came with them stay in `buf[..*filled]`.
-pub async fn read_header<S: AsyncRead + Unpin>(
-    stream: &mut S,
-    buf: &mut [u8],
-    filled: &mut usize,
-    deadline: Duration,
-) -> Result<Origin, ProxyProtocolError> {
-    let limit = buf.len().min(MAX_HEADER_BYTES);
-    let read = async {
-        loop {
-            if let Some(parsed) = parse(&buf[..*filled])? {
-                buf.copy_within(parsed.length..*filled, 0);
-                *filled -= parsed.length;
-                return Ok(parsed.origin);
-            }
-            if *filled >= limit {
-                return Err(ProxyProtocolError::TooLarge);
-            }
-            match stream.read(&mut buf[*filled..limit]).await {
-                Ok(0) | Err(_) => return Err(ProxyProtocolError::Closed),
-                Ok(n) => *filled += n,
-            }
-        }
-    };
-    tokio::time::timeout(deadline, read)
-        .await
-        .unwrap_or(Err(ProxyProtocolError::Timeout(deadline)))
-}
-
 /// A v2 `PROXY` header for a TCP connection from `source` to `destination`.
 /// When the families differ, both are written as IPv6 (IPv4-mapped).
 pub fn v2_header(source: SocketAddr, destination: SocketAddr) -> Vec<u8> {
@@ -212,7 +175,6 @@ fn to_v6(ip: IpAddr) -> std::net::Ipv6Addr {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::AsyncWriteExt;
 
     fn addr(s: &str) -> SocketAddr {
         s.parse().unwrap()
@@ -280,38 +242,5 @@ mod tests {
         // An IPv4-mapped pair is written as plain IPv4.
         let h = v2_header(addr("[::ffff:192.0.2.1]:1"), addr("192.0.2.2:2"));
         assert_eq!(h[13], 0x11);
-    }
-
-    #[tokio::test]
-    async fn read_keeps_bytes_after_the_header() {
-        let (mut client, mut server) = tokio::io::duplex(1024);
-        let mut sent = v2_header(addr("192.0.2.9:1234"), addr("192.0.2.10:80"));
-        sent.extend_from_slice(b"hello");
-        client.write_all(&sent).await.unwrap();
-        let mut buf = vec![0u8; 256];
-        let mut filled = 0;
-        let origin = read_header(&mut server, &mut buf, &mut filled, Duration::from_secs(5)).await;
-        assert_eq!(
-            origin,
-            Ok(Origin::Proxied {
-                source: addr("192.0.2.9:1234"),
-                destination: addr("192.0.2.10:80")
-            })
-        );
-        assert_eq!(&buf[..filled], b"hello");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn slow_header_times_out() {
-        let (mut client, mut server) = tokio::io::duplex(1024);
-        client.write_all(b"PROXY TCP4 192.0.2.1").await.unwrap();
-        let mut buf = vec![0u8; 256];
-        let mut filled = 0;
-        let got = read_header(&mut server, &mut buf, &mut filled, Duration::from_secs(3)).await;
-        assert_eq!(
-            got,
-            Err(ProxyProtocolError::Timeout(Duration::from_secs(3)))
-        );
-        drop(client);
     }
 }

@@ -1,0 +1,119 @@
+//! A backend's response body on its way to the client, counted and timed.
+//!
+//! It holds the request's in-flight slot (what bounded load counts) and the
+//! lease on the upstream connection until the last frame has passed or the
+//! client has gone: read to the end, the connection goes back to the pool;
+//! abandoned half-way, it closes. A Server-Sent Events stream or a chunked
+//! generation flows through as each frame arrives.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use tokio::time::Instant;
+
+use super::pool::Lease;
+use crate::backend::{ActiveGuard, Backend};
+
+/// The error type of every body on this path.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A request in flight to a backend, from the moment it was sent.
+pub struct InFlight {
+    pub backend: Arc<Backend>,
+    /// The backend's in-flight slot (bounded load counts these).
+    pub slot: ActiveGuard,
+    pub sent: Instant,
+    /// The connection it went over, back to the pool at the response's end.
+    pub lease: Lease,
+}
+
+impl std::fmt::Debug for InFlight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InFlight")
+            .field("backend", &self.backend.name)
+            .field("sent", &self.sent)
+            .finish()
+    }
+}
+
+/// A backend's response body, counted and timed on its way to the client.
+#[derive(Debug)]
+pub struct Download {
+    body: Incoming,
+    /// `Some` until the body ended (or failed); then the slot is given back.
+    in_flight: Option<InFlight>,
+}
+
+impl Download {
+    pub fn new(body: Incoming, in_flight: InFlight) -> Download {
+        Download {
+            body,
+            in_flight: Some(in_flight),
+        }
+    }
+
+    /// The response ended: time it, and give the connection back when the
+    /// body was read to its end (`complete`), else let it close.
+    fn finish(&mut self, complete: bool) {
+        if let Some(f) = self.in_flight.take() {
+            let traffic = &f.backend.live.traffic;
+            traffic.request_duration.observe(f.sent.elapsed());
+            if complete {
+                f.lease.give_back();
+            }
+        }
+    }
+}
+
+impl Body for Download {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(data), Some(f)) = (frame.data_ref(), &self.in_flight) {
+                    let traffic = &f.backend.live.traffic;
+                    traffic.add_bytes_received(data.len() as u64);
+                }
+            }
+            Poll::Ready(None) => self.finish(true),
+            Poll::Ready(Some(Err(_))) => self.finish(false),
+            Poll::Pending => {}
+        }
+        polled.map(|frame| frame.map(|r| r.map_err(BoxError::from)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for Download {
+    fn drop(&mut self) {
+        if self.in_flight.is_none() {
+            return;
+        }
+        // An empty body (HEAD, 204, 304) is never polled: it ended all the same.
+        if self.body.is_end_stream() {
+            self.finish(true);
+            return;
+        }
+        // Dropped before its end: the client went away mid-response.
+        if let Some(f) = &self.in_flight {
+            f.backend.live.traffic.count_client_abort();
+        }
+        self.finish(false);
+    }
+}
