@@ -1,12 +1,20 @@
 //! The Prometheus export of magpie's counters.
 //!
 //! The data path only touches atomics: per-backend ones in
-//! [`crate::backend::Live`], global ones in [`crate::stats::Stats`]; this module
-//! only reads them. Nothing on the hot path
-//! looks up a label. At scrape time, [`Exporter`] (a `prometheus` collector in
-//! its own `Registry`) reads the current snapshot, the draining backends and
-//! the counters, and renders every family listed in [`FAMILIES`]. A removed
+//! [`crate::backend::Live`], global ones in [`crate::stats::Stats`]; this
+//! module only reads them. Nothing on the hot path looks up a label. At
+//! scrape time, [`Exporter`] (a `prometheus` collector in its own
+//! `Registry`) loads the current snapshot once and walks [`FAMILIES`], the
+//! one table of names, types, labels, help texts and readers. A removed
 //! backend is exported until its last connection closes; then its series go.
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`families`] | every family, declared once, with how its series are read |
+//! | [`series`] | what a scrape reads, and the writer a family's series go through |
+
+mod families;
+mod series;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,13 +23,12 @@ use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{Encoder, Registry, TextEncoder};
 
+pub use families::{FAMILIES, Family, Read};
+
+use self::series::{BackendView, Scrape, Series};
 use crate::backend::Backend;
 use crate::config::Mode;
-use crate::discovery::Lookup;
-use crate::key::FallbackReason;
 use crate::snapshot::Shared;
-use crate::stats::{ClientFailure, Exhausted};
-use crate::supervise::{self, Task};
 
 /// The collector behind `/metrics`.
 pub struct Exporter {
@@ -33,11 +40,11 @@ impl Exporter {
     pub fn new(shared: Arc<Shared>) -> Self {
         let descs = FAMILIES
             .iter()
-            .filter_map(|(name, _, labels, help)| {
+            .filter_map(|f| {
                 Desc::new(
-                    name.to_string(),
-                    help.to_string(),
-                    labels.iter().map(|l| l.to_string()).collect(),
+                    f.name.to_string(),
+                    f.help.to_string(),
+                    f.labels.iter().map(|l| l.to_string()).collect(),
                     HashMap::new(),
                 )
                 .ok()
@@ -71,11 +78,6 @@ pub fn render(registry: &Registry) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-mod families;
-
-pub use families::FAMILIES;
-use families::Families;
-
 impl Collector for Exporter {
     fn desc(&self) -> Vec<&Desc> {
         self.descs.iter().collect()
@@ -83,126 +85,55 @@ impl Collector for Exporter {
 
     fn collect(&self) -> Vec<MetricFamily> {
         let snapshot = self.shared.snapshot.load_full();
-        let stats = &self.shared.stats;
-        let mut f = Families::new();
-        let requests = snapshot.config.mode == Mode::Http;
-        for (b, share) in snapshot.backends.iter().zip(&snapshot.shares) {
-            f.add_backend(b, Some(*share), requests);
-        }
-        for b in self.shared.retired() {
-            f.add_backend(&b, None, requests);
-        }
         let sessions = self.shared.sessions();
-        let pins = sessions.as_deref().map(|s| &s.pins);
-        f.add(
-            "magpie_session_pins",
-            &[],
-            pins.map_or(0, |p| p.len()) as f64,
-        );
-        for (result, n) in [
-            ("hit", pins.map_or(0, |p| p.hits())),
-            ("miss", pins.map_or(0, |p| p.misses())),
-        ] {
-            f.add(
-                "magpie_session_pin_lookups_total",
-                &[("result", result)],
-                n as f64,
-            );
-        }
-        f.add(
-            "magpie_session_pin_evictions_total",
-            &[],
-            pins.map_or(0, |p| p.evictions()) as f64,
-        );
-        let store = sessions.as_deref().and_then(|s| s.store.as_deref());
-        f.add_session_store(store);
-        f.add("magpie_table_version", &[], snapshot.version as f64);
-        let algorithm = snapshot.table.algorithm().as_str();
-        f.add(
-            "magpie_table_info",
-            &[
-                ("algorithm", algorithm),
-                ("fingerprint", &snapshot.fingerprint),
-            ],
-            1.0,
-        );
-        f.add(
-            "magpie_table_build_seconds",
-            &[],
-            snapshot.build_time.as_secs_f64(),
-        );
-        f.add(
-            "magpie_load_peak_ratio",
-            &[],
-            peak_ratio(&snapshot.backends, snapshot.total_weight),
-        );
-        f.add(
-            "magpie_reloads_total",
-            &[("result", "ok")],
-            stats.reloads(true) as f64,
-        );
-        f.add(
-            "magpie_reloads_total",
-            &[("result", "error")],
-            stats.reloads(false) as f64,
-        );
-        for why in FallbackReason::ALL {
-            f.add(
-                "magpie_key_fallbacks_total",
-                &[("reason", why.as_str())],
-                stats.fallbacks(why) as f64,
-            );
-        }
-        f.add(
-            "magpie_connections_accepted_total",
-            &[],
-            stats.accepted() as f64,
-        );
-        f.add(
-            "magpie_connections_rejected_total",
-            &[],
-            stats.rejected() as f64,
-        );
-        f.add(
-            "magpie_accept_errors_total",
-            &[],
-            stats.accept_errors() as f64,
-        );
-        for task in Task::ALL {
-            f.add(
-                "magpie_task_restarts_total",
-                &[("task", task.as_str())],
-                supervise::restarts(task) as f64,
-            );
-        }
-        f.add("magpie_panics_total", &[], supervise::panics() as f64);
-        f.add(
-            "magpie_build_info",
-            &[("version", env!("CARGO_PKG_VERSION"))],
-            1.0,
-        );
-        for result in Lookup::ALL {
-            f.add(
-                "magpie_discovery_lookups_total",
-                &[("result", result.as_str())],
-                self.shared.discovery.lookups(result) as f64,
-            );
-        }
-        for during in Exhausted::ALL {
-            f.add(
-                "magpie_resource_exhaustion_total",
-                &[("during", during.as_str())],
-                stats.exhausted(during) as f64,
-            );
-        }
-        for why in ClientFailure::ALL {
-            f.add(
-                "magpie_client_failures_total",
-                &[("reason", why.as_str())],
-                stats.client_failures(why) as f64,
-            );
-        }
-        f.0
+        let scrape = Scrape {
+            snapshot: &snapshot,
+            stats: &self.shared.stats,
+            sessions: sessions.as_deref(),
+            discovery: &self.shared.discovery,
+        };
+        let requests = snapshot.config.mode == Mode::Http;
+        // The current backends with their shares, then the draining ones;
+        // each with its address as text, for its labels.
+        let current = snapshot
+            .backends
+            .iter()
+            .zip(&snapshot.shares)
+            .map(|(b, &share)| (Arc::clone(b), Some(share)));
+        let draining = self.shared.retired().into_iter().map(|b| (b, None));
+        let backends: Vec<(Arc<Backend>, Option<f64>, String)> = current
+            .chain(draining)
+            .map(|(b, share)| {
+                let addr = b.addr.to_string();
+                (b, share, addr)
+            })
+            .collect();
+        FAMILIES
+            .iter()
+            .map(|family| {
+                let mut out = MetricFamily::default();
+                out.set_name(family.name.to_string());
+                out.set_help(family.help.to_string());
+                out.set_field_type(family.kind);
+                match family.read {
+                    Read::Global(read) => {
+                        read(&scrape, &mut Series::new(&mut out, family.labels, &[]))
+                    }
+                    Read::Backend(read) => {
+                        for (backend, share, addr) in &backends {
+                            let view = BackendView {
+                                backend,
+                                share: *share,
+                                requests,
+                            };
+                            let fixed = [backend.name.as_str(), addr.as_str()];
+                            read(&view, &mut Series::new(&mut out, family.labels, &fixed));
+                        }
+                    }
+                }
+                out
+            })
+            .collect()
     }
 }
 
@@ -249,7 +180,7 @@ mod tests {
     fn every_family_is_rendered() {
         let shared = shared();
         let text = render(&registry(Arc::clone(&shared)));
-        for (name, kind, _, _) in FAMILIES {
+        for Family { name, kind, .. } in FAMILIES {
             let kind = match kind {
                 prometheus::proto::MetricType::COUNTER => "counter",
                 prometheus::proto::MetricType::HISTOGRAM => "histogram",

@@ -1,0 +1,141 @@
+//! What one scrape reads, and the writer a family's series go through.
+//!
+//! A family's reader (in [`super::families`]) gets a [`Scrape`] (global
+//! families) or a [`BackendView`] (backend families, once per backend) and
+//! writes values to a [`Series`], naming only the label *values*: the label
+//! names come from the family's row, and a backend family's `backend` and
+//! `addr` values are filled in by the series itself.
+
+use prometheus::proto::{Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily};
+
+use crate::backend::{Backend, Live};
+use crate::discovery::Discovery;
+use crate::label::Label;
+use crate::sessions::Sessions;
+use crate::sessions::store::Store;
+use crate::snapshot::Snapshot;
+use crate::stats::{self, Stats};
+
+/// Everything a global family reads, loaded once per scrape.
+pub struct Scrape<'a> {
+    pub snapshot: &'a Snapshot,
+    pub stats: &'a Stats,
+    pub sessions: Option<&'a Sessions>,
+    pub discovery: &'a Discovery,
+}
+
+impl Scrape<'_> {
+    /// The shared session store, if `sessions.store: redis`.
+    pub fn store(&self) -> Option<&Store> {
+        self.sessions.and_then(|s| s.store.as_deref())
+    }
+}
+
+/// One backend as its families read it.
+pub struct BackendView<'a> {
+    pub backend: &'a Backend,
+    /// Its share of the table; `None` for a removed backend still draining
+    /// (it keeps its counters, but has no health, weight or share).
+    pub share: Option<f64>,
+    /// `mode: http`: the active count is requests in flight.
+    pub requests: bool,
+}
+
+impl BackendView<'_> {
+    pub fn live(&self) -> &Live {
+        &self.backend.live
+    }
+}
+
+/// Writes one family's series.
+pub struct Series<'a> {
+    family: &'a mut MetricFamily,
+    /// The family's label names, in order.
+    names: &'static [&'static str],
+    /// The values of the first labels, the same for every series written
+    /// here (a backend's name and address).
+    fixed: &'a [&'a str],
+}
+
+impl<'a> Series<'a> {
+    pub fn new(
+        family: &'a mut MetricFamily,
+        names: &'static [&'static str],
+        fixed: &'a [&'a str],
+    ) -> Series<'a> {
+        Series {
+            family,
+            names,
+            fixed,
+        }
+    }
+
+    /// A counter or gauge (by the family's type) with `labels` after the
+    /// fixed ones.
+    pub fn value(&mut self, labels: &[&str], value: f64) {
+        let mut m = self.metric(labels);
+        if self.family.get_field_type() == prometheus::proto::MetricType::COUNTER {
+            let mut c = Counter::default();
+            c.set_value(value);
+            m.set_counter(c);
+        } else {
+            let mut g = Gauge::default();
+            g.set_value(value);
+            m.set_gauge(g);
+        }
+        self.family.mut_metric().push(m);
+    }
+
+    /// A counter or gauge per value of the label `L`.
+    pub fn by<L: Label>(&mut self, value: impl Fn(L) -> u64) {
+        for &l in L::ALL {
+            self.value(&[l.as_str()], value(l) as f64);
+        }
+    }
+
+    /// One of magpie's latency histograms.
+    pub fn histogram(&mut self, labels: &[&str], h: &stats::Histogram) {
+        let mut m = self.metric(labels);
+        let mut out = Histogram::default();
+        out.set_sample_count(h.count());
+        out.set_sample_sum(h.sum_seconds());
+        out.set_bucket(
+            h.bounds()
+                .iter()
+                .zip(h.cumulative())
+                .map(|(&bound, count)| {
+                    let mut b = Bucket::default();
+                    b.set_upper_bound(bound);
+                    b.set_cumulative_count(count);
+                    b
+                })
+                .collect(),
+        );
+        m.set_histogram(out);
+        self.family.mut_metric().push(m);
+    }
+
+    fn metric(&self, labels: &[&str]) -> Metric {
+        let values = self.fixed.iter().chain(labels);
+        debug_assert_eq!(
+            self.fixed.len() + labels.len(),
+            self.names.len(),
+            "{}: label values do not match the names",
+            self.family.name()
+        );
+        let mut m = Metric::default();
+        m.set_label(
+            self.names
+                .iter()
+                .zip(values)
+                .map(|(name, value)| {
+                    let mut l = LabelPair::default();
+                    l.set_name(name.to_string());
+                    l.set_value(value.to_string());
+                    l
+                })
+                .collect(),
+        );
+        m
+    }
+}
