@@ -14,6 +14,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -130,39 +131,13 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
             .await
             .map_err(|_| StartError::BuildAborted)??;
     check_fd_limit(config.max_connections);
-    let mut listeners = Vec::new();
-    let mut listen = Vec::new();
-    for &addr in &config.listen {
-        let listener = bind(addr).map_err(|error| bind_error(&config, addr, error))?;
-        listen.push(listener.local_addr().unwrap_or(addr));
-        listeners.push(listener);
-    }
-    let admin_listener = match config.admin {
-        Some(addr) => Some(bind(addr).map_err(|error| bind_error(&config, addr, error))?),
-        None => None,
-    };
-    let admin = admin_listener.as_ref().and_then(|l| l.local_addr().ok());
-    info!(
-        config = %config.source.display(),
-        listen = ?listen,
-        admin = ?admin,
-        backends = snapshot.backends.len(),
-        algorithm = ?snapshot.table.algorithm(),
-        fingerprint = %snapshot.fingerprint,
-        key = ?config.key,
-        "magpie started"
-    );
-    for addr in &listen {
-        info!(role = %"proxy", %addr, "listening");
-    }
-    if let Some(addr) = admin {
-        info!(role = %"admin", %addr, "listening");
-    }
+    let bound = Bound::bind(&config)?;
+    bound.announce(&config, &snapshot);
     let shared = Arc::new(Shared::with_discovery(snapshot, discovery));
     // The admin endpoint outlives the listeners: during a drain, operators
     // watch the active connections go down. It stops when the drain is done.
     let drained = CancellationToken::new();
-    if let Some(listener) = admin_listener {
+    if let Some(listener) = bound.admin_listener {
         let listener = Arc::new(listener);
         let (shared, drained) = (Arc::clone(&shared), drained.clone());
         supervise::spawn(Task::Admin, move || {
@@ -178,36 +153,91 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     if config.source.is_file() || config.discovery.is_some() {
         crate::reload::spawn(config.source.clone(), Arc::clone(&shared), shutdown.clone());
     }
-    let task = match config.mode {
-        Mode::Tcp => {
-            let serving = listener::serve(
-                listeners,
-                Arc::clone(&shared),
-                shutdown,
-                crate::tcp::serve_connection,
-            );
-            tokio::spawn(async move {
-                let ended = serving.await;
-                drained.cancel();
-                ended
-            })
-        }
-        Mode::Http => {
-            let path = HttpPath::default();
-            let serving = listener::serve(listeners, Arc::clone(&shared), shutdown, move |a| {
-                path.clone().serve_connection(a)
-            });
-            tokio::spawn(async move {
-                let ended = serving.await;
-                drained.cancel();
-                ended
-            })
-        }
-    };
+    let serving = serve(config.mode, bound.listeners, Arc::clone(&shared), shutdown);
+    let task = tokio::spawn(async move {
+        let ended = serving.await;
+        drained.cancel();
+        ended
+    });
     Ok(Running {
-        listen,
-        admin,
+        listen: bound.listen,
+        admin: bound.admin,
         shared,
         task,
     })
+}
+
+/// The sockets magpie listens on, bound before anything is served.
+struct Bound {
+    listeners: Vec<TcpListener>,
+    /// Where each listener listens (a port 0 in the config is resolved).
+    listen: Vec<SocketAddr>,
+    admin_listener: Option<TcpListener>,
+    admin: Option<SocketAddr>,
+}
+
+impl Bound {
+    fn bind(config: &Config) -> Result<Bound, StartError> {
+        let mut listeners = Vec::new();
+        let mut listen = Vec::new();
+        for &addr in &config.listen {
+            let listener = bind(addr).map_err(|error| bind_error(config, addr, error))?;
+            listen.push(listener.local_addr().unwrap_or(addr));
+            listeners.push(listener);
+        }
+        let admin_listener = match config.admin {
+            Some(addr) => Some(bind(addr).map_err(|error| bind_error(config, addr, error))?),
+            None => None,
+        };
+        let admin = admin_listener.as_ref().and_then(|l| l.local_addr().ok());
+        Ok(Bound {
+            listeners,
+            listen,
+            admin_listener,
+            admin,
+        })
+    }
+
+    /// One line for the start, and one `listening role=... addr=...` line
+    /// per socket, in the fixed form scripts and tests read.
+    fn announce(&self, config: &Config, snapshot: &Snapshot) {
+        info!(
+            config = %config.source.display(),
+            listen = ?self.listen,
+            admin = ?self.admin,
+            backends = snapshot.backends.len(),
+            algorithm = ?snapshot.table.algorithm(),
+            fingerprint = %snapshot.fingerprint,
+            key = ?config.key,
+            "magpie started"
+        );
+        for addr in &self.listen {
+            info!(role = %"proxy", %addr, "listening");
+        }
+        if let Some(addr) = self.admin {
+            info!(role = %"admin", %addr, "listening");
+        }
+    }
+}
+
+/// Serves `listeners` with the data path of `mode` until `shutdown`, then
+/// drains.
+async fn serve(
+    mode: Mode,
+    listeners: Vec<TcpListener>,
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+) -> Drained {
+    match mode {
+        Mode::Tcp => {
+            listener::serve(listeners, shared, shutdown, crate::tcp::serve_connection).await
+        }
+        Mode::Http => {
+            let path = HttpPath::default();
+            listener::serve(listeners, shared, shutdown, move |a| {
+                path.clone().serve_connection(a)
+            })
+            .await
+        }
+    }
 }

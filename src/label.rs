@@ -73,8 +73,9 @@ macro_rules! labels {
         }
 
         impl ::std::fmt::Display for $name {
+            // `pad`, so a width or alignment applies (tables line up).
             fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
-                f.write_str(self.as_str())
+                f.pad(self.as_str())
             }
         }
     };
@@ -101,6 +102,7 @@ mod tests {
         assert_eq!(Colour::COUNT, 2);
         assert_eq!(Colour::DeepBlue.as_str(), "deep_blue");
         assert_eq!(Colour::DeepBlue.to_string(), "deep_blue");
+        assert_eq!(format!("{:>5}|", Colour::Red), "  red|");
         for (i, c) in Colour::ALL.iter().enumerate() {
             assert_eq!(c.index(), i);
             assert_eq!(<Colour as Label>::ALL[i], *c);

@@ -6,18 +6,13 @@ use libfuzzer_sys::fuzz_target;
 use magpie::key::conversation::conversation_key;
 use magpie::key::json::{FieldPath, json_field_key};
 
-// The body_field forms a config can name: a top-level field and JSON pointers.
+// The body_field forms a config can name (a top-level field and JSON
+// pointers), one per line; the corpus replay test reads the same file.
 static PATHS: LazyLock<Vec<FieldPath>> = LazyLock::new(|| {
-    [
-        "prompt_cache_key",
-        "metadata.session_id",
-        "/metadata/session_id",
-        "/messages/0/content",
-        "/a~1b/~0c",
-    ]
-    .iter()
-    .map(|p| FieldPath::parse(p).expect("a valid path"))
-    .collect()
+    include_str!("../json_paths.txt")
+        .lines()
+        .map(|p| FieldPath::parse(p).expect("a valid path"))
+        .collect()
 });
 
 // A request body, searched for the key at each path, and for its

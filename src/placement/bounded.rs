@@ -1,17 +1,17 @@
 //! Bounded loads (Mirrokni, Thorup and Zadimoghaddam, SODA 2018) on top of any
-//! scheme's candidates.
+//! scheme's candidates: the arithmetic, and the check of the factor.
 //!
 //! With total load `T` (before the new key), total weight `W` and a factor
 //! `c ≥ 1`, node `i` of weight `w_i` may take the key while its load is below
-//! `cap_i = ceil(c · (T + 1) · w_i / W)`. [`pick`] walks the candidates in order
-//! and returns the first with room, so a key stays on its primary unless that
-//! node is full. The loads are the caller's (the proxy feeds live connection
-//! counts, the lab feeds key counts); this module only does the arithmetic, and
-//! never allocates.
+//! `cap_i = ceil(c · (T + 1) · w_i / W)`. A lookup walks the candidates in
+//! order and takes the first with room, so a key stays on its primary unless
+//! that node is full: traffic does this in [`crate::route`] (with live
+//! connection or request counts), the lab's bounded-ring in `simulate` (with
+//! key counts). This module never allocates.
 //!
-//! Invariant: after every placement made through [`pick`], each node's load is
-//! at most `ceil(c · T' · w_i / W)` for the new total `T'`. Because `c ≥ 1`
-//! makes the caps sum to at least `T + 1`, some node always has room when the
+//! Invariant: after every placement made that way, each node's load is at
+//! most `ceil(c · T' · w_i / W)` for the new total `T'`. Because `c ≥ 1` makes
+//! the caps sum to at least `T + 1`, some node always has room when the
 //! candidates cover every weighted node.
 
 use super::PlacementError;
@@ -51,45 +51,6 @@ pub fn cap(factor: f64, total_load: u64, weight: u32, total_weight: u64) -> u64 
     snapped as u64
 }
 
-/// The node a bounded-load lookup chose.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Pick {
-    /// The chosen node index.
-    pub index: usize,
-    /// How many candidates before it were full.
-    pub skipped: usize,
-}
-
-/// The first of `candidates` for which `has_room` holds, with the number of
-/// candidates passed over; `None` if every candidate is full.
-pub fn pick_by(
-    candidates: impl IntoIterator<Item = usize>,
-    mut has_room: impl FnMut(usize) -> bool,
-) -> Option<Pick> {
-    candidates
-        .into_iter()
-        .enumerate()
-        .find(|&(_, i)| has_room(i))
-        .map(|(skipped, index)| Pick { index, skipped })
-}
-
-/// The first candidate whose load is below its [`cap`].
-///
-/// `load(i)` and `weight(i)` are asked only for the candidates walked;
-/// `total_load` and `total_weight` are over the whole pool.
-pub fn pick(
-    candidates: impl IntoIterator<Item = usize>,
-    mut load: impl FnMut(usize) -> u64,
-    mut weight: impl FnMut(usize) -> u32,
-    total_load: u64,
-    total_weight: u64,
-    factor: f64,
-) -> Option<Pick> {
-    pick_by(candidates, |i| {
-        load(i) < cap(factor, total_load, weight(i), total_weight)
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,28 +81,6 @@ mod tests {
     }
 
     #[test]
-    fn pick_skips_full_candidates() {
-        let loads = [5u64, 0, 2];
-        let p = pick([0, 2, 1], |i| loads[i], |_| 1, 7, 3, 1.0).unwrap();
-        // cap = ceil(8/3) = 3: node 0 (5) is full, node 2 (2) has room.
-        assert_eq!(
-            p,
-            Pick {
-                index: 2,
-                skipped: 1
-            }
-        );
-        assert_eq!(pick([0], |i| loads[i], |_| 1, 7, 3, 1.0), None);
-        assert_eq!(
-            pick_by([4, 5], |i| i == 5),
-            Some(Pick {
-                index: 5,
-                skipped: 1
-            })
-        );
-    }
-
-    #[test]
     fn loads_never_exceed_their_cap() {
         let set = NodeSet::new([
             Node::new("a", 1),
@@ -162,17 +101,13 @@ mod tests {
                 // Three keys in four are one hot key: more than any node's cap
                 // (at most 2 · 2/6 of the total), so the caps must bind.
                 let key = if k % 4 == 0 { h64(&k.to_le_bytes()) } else { 7 };
-                let p = pick(
-                    ring.candidates(key),
-                    |i| loads[i],
-                    |i| weights[i],
-                    total,
-                    total_weight,
-                    factor,
-                )
-                .expect("caps sum above the total, so someone has room");
-                moved += usize::from(p.skipped > 0);
-                loads[p.index] += 1;
+                let has_room = |i: usize| loads[i] < cap(factor, total, weights[i], total_weight);
+                let index = ring
+                    .candidates(key)
+                    .find(|&i| has_room(i))
+                    .expect("caps sum above the total, so someone has room");
+                moved += usize::from(ring.candidates(key).next() != Some(index));
+                loads[index] += 1;
                 total += 1;
                 for (i, &l) in loads.iter().enumerate() {
                     let c = cap(factor, total - 1, weights[i], total_weight);

@@ -176,9 +176,7 @@ impl Direction {
         to: &mut WriteHalf<'_>,
         other_done: bool,
     ) -> Poll<Result<(), PipeError>> {
-        let (from_side, to_side) = self.sides;
-        let to_err = |e| PipeError::Io(to_side, e);
-        let from_err = |e| PipeError::Io(from_side, e);
+        let from_side = self.sides.0;
         loop {
             if self.done {
                 return Poll::Ready(Ok(()));
@@ -188,28 +186,8 @@ impl Direction {
                 continue;
             }
             // 1. Write what is held.
-            match &mut self.held {
-                Held::Buffer(_) | Held::Head(_) if self.start < self.end => {
-                    let bytes = &self.held.bytes()[self.start..self.end];
-                    let n = ready!(Pin::new(&mut *to).poll_write(cx, bytes)).map_err(to_err)?;
-                    if n == 0 {
-                        return Poll::Ready(Err(to_err(io::ErrorKind::WriteZero.into())));
-                    }
-                    self.start += n;
-                    self.wrote(n);
-                    continue;
-                }
-                Held::Pipe(pipe) if !pipe.is_empty() => {
-                    let socket = to.as_ref();
-                    ready!(socket.poll_write_ready(cx)).map_err(to_err)?;
-                    match socket.try_io(Interest::WRITABLE, || pipe.drain_into(socket)) {
-                        Ok(n) => self.wrote(n),
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                        Err(e) => return Poll::Ready(Err(to_err(e))),
-                    }
-                    continue;
-                }
-                _ => {}
+            if ready!(self.poll_write_held(cx, to))? {
+                continue;
             }
             // 2. All written: a head is freed; wait for the source holding
             // nothing (a buffer goes back to its pool, a pipe to its own).
@@ -221,66 +199,127 @@ impl Direction {
                     self.held = Held::Nothing;
                     return Poll::Pending;
                 }
-                Poll::Ready(result) => result.map_err(from_err)?,
+                Poll::Ready(result) => result.map_err(|e| PipeError::Io(from_side, e))?,
             }
             // 3. Read.
             let eof = if self.splicing() {
-                if !matches!(self.held, Held::Pipe(_)) {
-                    match PooledPipe::take() {
-                        Ok(pipe) => self.held = Held::Pipe(pipe),
-                        Err(_) => {
-                            // Out of descriptors (or not Linux): buffers
-                            // work too.
-                            self.no_pipe = true;
-                            continue;
-                        }
-                    }
-                }
-                let Held::Pipe(pipe) = &mut self.held else {
-                    continue;
-                };
-                let socket = from.as_ref();
-                let capacity = pipe.capacity();
-                match socket.try_io(Interest::READABLE, || pipe.fill_from(socket, capacity)) {
-                    Ok(Fill::Moved(_)) | Ok(Fill::Full) => false,
-                    Ok(Fill::Eof) => true,
-                    // The pipe was empty: the socket is dry, and its
-                    // readiness is cleared; the next poll waits.
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => false,
-                    Err(e) => return Poll::Ready(Err(from_err(e))),
+                match self.read_into_pipe(from)? {
+                    Some(eof) => eof,
+                    None => continue,
                 }
             } else {
-                if !matches!(self.held, Held::Buffer(_)) {
-                    self.held = Held::Buffer(PoolBuffer::take());
-                }
-                let Held::Buffer(buf) = &mut self.held else {
-                    continue;
-                };
-                let mut read = ReadBuf::new(buf.bytes());
-                match Pin::new(&mut *from).poll_read(cx, &mut read) {
-                    Poll::Pending => {
-                        self.held = Held::Nothing;
-                        return Poll::Pending;
-                    }
-                    Poll::Ready(result) => result.map_err(from_err)?,
-                }
-                (self.start, self.end) = (0, read.filled().len());
-                self.end == 0
+                ready!(self.poll_read_into_buffer(cx, from))?
             };
             if eof {
-                self.held = Held::Nothing;
-                self.done = true;
-                if other_done {
-                    // Both ways are over: the close that follows sends the FIN.
-                    return Poll::Ready(Ok(()));
-                }
-                return Poll::Ready(match SockRef::from(to.as_ref()).shutdown(Shutdown::Write) {
-                    // Already gone: the other direction will say so.
-                    Ok(()) => Ok(()),
-                    Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(()),
-                    Err(e) => Err(to_err(e)),
-                });
+                return Poll::Ready(self.pass_eof(to, other_done));
             }
+        }
+    }
+
+    /// Writes some of what is held: `Ready(Ok(true))` when there was
+    /// something to write (the caller goes round again), `Ready(Ok(false))`
+    /// when nothing is held.
+    fn poll_write_held(
+        &mut self,
+        cx: &mut Context<'_>,
+        to: &mut WriteHalf<'_>,
+    ) -> Poll<Result<bool, PipeError>> {
+        let to_side = self.sides.1;
+        let to_err = |e| PipeError::Io(to_side, e);
+        match &mut self.held {
+            Held::Buffer(_) | Held::Head(_) if self.start < self.end => {
+                let bytes = &self.held.bytes()[self.start..self.end];
+                let n = ready!(Pin::new(&mut *to).poll_write(cx, bytes)).map_err(to_err)?;
+                if n == 0 {
+                    return Poll::Ready(Err(to_err(io::ErrorKind::WriteZero.into())));
+                }
+                self.start += n;
+                self.wrote(n);
+            }
+            Held::Pipe(pipe) if !pipe.is_empty() => {
+                let socket = to.as_ref();
+                ready!(socket.poll_write_ready(cx)).map_err(to_err)?;
+                match socket.try_io(Interest::WRITABLE, || pipe.drain_into(socket)) {
+                    Ok(n) => self.wrote(n),
+                    // Readiness was stale: the next round waits for news.
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Poll::Ready(Err(to_err(e))),
+                }
+            }
+            _ => return Poll::Ready(Ok(false)),
+        }
+        Poll::Ready(Ok(true))
+    }
+
+    /// Moves what the readable source has into a pipe (taken from the pool
+    /// if none is held): `Some(true)` at EOF, `Some(false)` otherwise, `None`
+    /// when no pipe could be had (the direction stays buffered from now on).
+    fn read_into_pipe(&mut self, from: &mut ReadHalf<'_>) -> Result<Option<bool>, PipeError> {
+        if !matches!(self.held, Held::Pipe(_)) {
+            match PooledPipe::take() {
+                Ok(pipe) => self.held = Held::Pipe(pipe),
+                Err(_) => {
+                    // Out of descriptors (or not Linux): buffers work too.
+                    self.no_pipe = true;
+                    return Ok(None);
+                }
+            }
+        }
+        let Held::Pipe(pipe) = &mut self.held else {
+            return Ok(None);
+        };
+        let socket = from.as_ref();
+        let capacity = pipe.capacity();
+        match socket.try_io(Interest::READABLE, || pipe.fill_from(socket, capacity)) {
+            Ok(Fill::Moved(_)) | Ok(Fill::Full) => Ok(Some(false)),
+            Ok(Fill::Eof) => Ok(Some(true)),
+            // The pipe was empty: the socket is dry, and its readiness is
+            // cleared; the next poll waits.
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(Some(false)),
+            Err(e) => Err(PipeError::Io(self.sides.0, e)),
+        }
+    }
+
+    /// Reads what the readable source has into a pooled buffer (taken if
+    /// none is held): `Ready(true)` at EOF. A buffer met with nothing to
+    /// read goes back to its pool.
+    fn poll_read_into_buffer(
+        &mut self,
+        cx: &mut Context<'_>,
+        from: &mut ReadHalf<'_>,
+    ) -> Poll<Result<bool, PipeError>> {
+        if !matches!(self.held, Held::Buffer(_)) {
+            self.held = Held::Buffer(PoolBuffer::take());
+        }
+        let Held::Buffer(buf) = &mut self.held else {
+            return Poll::Ready(Ok(false));
+        };
+        let mut read = ReadBuf::new(buf.bytes());
+        match Pin::new(&mut *from).poll_read(cx, &mut read) {
+            Poll::Pending => {
+                self.held = Held::Nothing;
+                return Poll::Pending;
+            }
+            Poll::Ready(result) => result.map_err(|e| PipeError::Io(self.sides.0, e))?,
+        }
+        (self.start, self.end) = (0, read.filled().len());
+        Poll::Ready(Ok(self.end == 0))
+    }
+
+    /// EOF from the source: this direction is over, and the other side's
+    /// write half is shut down (unless both directions are over, when the
+    /// close that follows sends the FIN).
+    fn pass_eof(&mut self, to: &mut WriteHalf<'_>, other_done: bool) -> Result<(), PipeError> {
+        self.held = Held::Nothing;
+        self.done = true;
+        if other_done {
+            return Ok(());
+        }
+        match SockRef::from(to.as_ref()).shutdown(Shutdown::Write) {
+            // Already gone: the other direction will say so.
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(()),
+            Err(e) => Err(PipeError::Io(self.sides.1, e)),
         }
     }
 

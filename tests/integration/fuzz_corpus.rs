@@ -66,16 +66,12 @@ fn proxy_protocol_corpus_parses_within_its_input() {
 
 #[test]
 fn json_field_corpus_is_keyed_or_falls_back() {
-    let paths: Vec<FieldPath> = [
-        "prompt_cache_key",
-        "metadata.session_id",
-        "/metadata/session_id",
-        "/messages/0/content",
-        "/a~1b/~0c",
-    ]
-    .iter()
-    .map(|p| FieldPath::parse(p).expect("a valid path"))
-    .collect();
+    // The paths the fuzz target searches, from the file it reads too.
+    let paths: Vec<FieldPath> = include_str!("../../fuzz/json_paths.txt")
+        .lines()
+        .map(|p| FieldPath::parse(p).expect("a valid path"))
+        .collect();
+    assert!(!paths.is_empty());
     for (_, bytes) in corpus("json_field") {
         for path in &paths {
             let _ = json_field_key(&bytes, path);

@@ -9,10 +9,16 @@
 //! problem, so `check` reports them all at once. Host names go to
 //! [`resolve`](super::resolve), the only I/O on the way.
 //!
-//! This file holds the validator, its bound helpers, the top-level fields and
-//! the pool (listen, admin, backends, placement); `validate/settings.rs`
-//! holds the sections that tune a connection (key, connect, proxy_protocol,
-//! health, reload).
+//! This file holds the validator, its bound helpers, the top-level fields
+//! (listen, admin, placement); the rest is one file per concern:
+//!
+//! | file | validates |
+//! |---|---|
+//! | `backends.rs` | `backends` written with `name` and `addr` |
+//! | `discovery.rs` | `backends` entries with `dns` or `srv`, and `discovery` |
+//! | `key.rs` | the `key` section |
+//! | `settings.rs` | the sections that tune a connection (connect, proxy_protocol, health, reload) |
+//! | `modes.rs` | what depends on `mode`: `copy`, `http`, `sessions`, HTTP health |
 
 use std::net::SocketAddr;
 use std::ops::RangeInclusive;
@@ -21,17 +27,17 @@ use std::time::Duration;
 
 use serde_saphyr::{Location, Spanned};
 
-use super::raw::{HumanDuration, Listen, RawBackend, RawConfig, RawPlacement};
+use super::raw::{HumanDuration, Listen, RawConfig, RawPlacement};
 use super::resolve;
 use super::{
     Algorithm, BackendConfig, Config, ConfigError, ConfigErrors, DEFAULT_ADMIN,
     DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_POINTS_PER_WEIGHT,
     DEFAULT_SHUTDOWN_GRACE, MAX_DRAIN_TIMEOUT, MAX_IDLE_TIMEOUT, MAX_MAX_CONNECTIONS,
-    MAX_RING_POINTS, MAX_SHUTDOWN_GRACE, MAX_TABLE_SIZE, MAX_WEIGHT, Mode, Place, PlacementConfig,
-    Places, SourceConfig,
+    MAX_RING_POINTS, MAX_SHUTDOWN_GRACE, MAX_TABLE_SIZE, Mode, Place, PlacementConfig, Places,
 };
-use crate::placement::maglev;
+use crate::placement::{bounded, maglev};
 
+mod backends;
 mod discovery;
 mod key;
 mod modes;
@@ -271,134 +277,6 @@ impl<'a> Validator<'a> {
         Some(addr)
     }
 
-    fn backends(
-        &mut self,
-        raw: Spanned<Vec<Spanned<RawBackend>>>,
-        listen: &[SocketAddr],
-        admin: Option<SocketAddr>,
-    ) -> (Vec<BackendConfig>, Vec<SourceConfig>) {
-        let mut sources = Vec::new();
-        if raw.value.is_empty() {
-            self.err(
-                &raw.referenced,
-                "backends is empty: at least one backend is needed",
-            );
-            return (Vec::new(), sources);
-        }
-        let mut out: Vec<BackendConfig> = Vec::new();
-        // Names and addresses seen so far (an address maps to its index in
-        // `out`): checking each backend against a list would be quadratic.
-        let mut names = std::collections::HashSet::new();
-        let mut addrs: std::collections::HashMap<SocketAddr, usize> =
-            std::collections::HashMap::new();
-        for entry in raw.value {
-            let b = entry.value;
-            if b.dns.is_some() || b.srv.is_some() {
-                sources.extend(self.source(b, &entry.referenced));
-                continue;
-            }
-            let (Some(b_name), Some(b_addr)) = (b.name, b.addr) else {
-                self.err(
-                    &entry.referenced,
-                    "a backend needs name and addr (or dns: host:port, or srv: _service._proto.name)",
-                );
-                continue;
-            };
-            let name = b_name.value.trim().to_string();
-            if name.is_empty() {
-                self.err(&b_name.referenced, "backend name is empty");
-                continue;
-            }
-            if name.chars().any(|c| c.is_control() || c.is_whitespace()) {
-                self.err(
-                    &b_name.referenced,
-                    format!("backend name {name:?} contains whitespace or control characters"),
-                );
-                continue;
-            }
-            if !names.insert(name.clone()) {
-                self.err(
-                    &b_name.referenced,
-                    format!(
-                        "duplicate backend name {name:?}: names are identities and must be unique"
-                    ),
-                );
-                continue;
-            }
-            let addr_text = b_addr.value.trim().to_string();
-            let Some(addr) = self.resolve(&b_addr) else {
-                continue;
-            };
-            if let Some(&other) = addrs.get(&addr) {
-                self.err(
-                    &b_addr.referenced,
-                    format!(
-                        "backend {name:?} has the same address {addr} as backend {:?}",
-                        out[other].name
-                    ),
-                );
-                continue;
-            }
-            if let Some(own) = listen.iter().chain(&admin).find(|&&own| reaches(addr, own)) {
-                self.err(
-                    &b_addr.referenced,
-                    if addr == *own {
-                        format!("backend {name:?} points at magpie's own address {addr}: that would loop")
-                    } else {
-                        format!("backend {name:?} at {addr} reaches magpie's own listener {own}: that would loop")
-                    },
-                );
-                continue;
-            }
-            let weight = match b.weight {
-                Some(w) if w.value > MAX_WEIGHT => {
-                    self.err(
-                        &w.referenced,
-                        format!("weight {} is too large (at most {MAX_WEIGHT})", w.value),
-                    );
-                    continue;
-                }
-                Some(w) => w.value,
-                None => 1,
-            };
-            let zone = match b.zone {
-                Some(z) if z.value.trim().is_empty() => {
-                    self.err(&z.referenced, "zone is empty (leave it out instead)");
-                    None
-                }
-                Some(z) => Some(z.value.trim().to_string()),
-                None => None,
-            };
-            addrs.insert(addr, out.len());
-            out.push(BackendConfig {
-                name,
-                addr_text,
-                addr,
-                weight,
-                zone,
-                discovered: false,
-            });
-        }
-        if !out.is_empty() && out.iter().all(|b| b.weight == 0) && sources.is_empty() {
-            self.err(
-                &raw.referenced,
-                "every backend has weight 0: nothing could take a connection",
-            );
-        }
-        (out, sources)
-    }
-
-    /// Resolution is resolve.rs's job; this only puts its error in place.
-    fn resolve(&mut self, s: &Spanned<String>) -> Option<SocketAddr> {
-        match resolve::backend_addr(s.value.trim(), self.names) {
-            Ok(addr) => Some(addr),
-            Err(e) => {
-                self.err(&s.referenced, e.to_string());
-                None
-            }
-        }
-    }
-
     fn placement(
         &mut self,
         raw: Option<RawPlacement>,
@@ -463,7 +341,7 @@ impl<'a> Validator<'a> {
             self.ring_points(&raw, points_per_weight, backends);
         }
         let bounded_load = raw.bounded_load.map(|b| {
-            if !b.value.is_finite() || b.value < 1.0 {
+            if bounded::check_factor(b.value).is_err() {
                 self.err(&b.referenced, format!("bounded_load {} must be a number >= 1.0 (1.25 lets a backend take 25% more than its share)", b.value));
             }
             b.value

@@ -1,9 +1,9 @@
-//! Validation of the settings sections: `key`, `connect`, `proxy_protocol`,
+//! Validation of the settings sections: `connect`, `proxy_protocol`,
 //! `health` and `reload`.
 //!
-//! Part of [`Validator`]: the parent file validates the pool (listen, admin,
-//! backends, placement) and the top-level fields and calls these for the
-//! sections that tune how a connection is keyed, connected and watched. Each
+//! Part of [`Validator`]: the parent file validates the top-level fields and
+//! calls these for the sections that tune how a connection is connected and
+//! watched. Each
 //! fills in its defaults and checks its bounds with the parent's helpers, so a
 //! `Config` never holds a value outside what README documents.
 

@@ -8,6 +8,7 @@ use serde::Serialize;
 use super::experiment::{Key, Pool};
 use super::{BOUNDED_FACTOR, BOUNDED_POINTS, SimulateError};
 use crate::hash::h64_many;
+use crate::label::labels;
 use crate::placement::Scheme;
 use crate::placement::bounded;
 use crate::placement::jump::Jump;
@@ -16,48 +17,23 @@ use crate::placement::modn::ModN;
 use crate::placement::rendezvous::Rank;
 use crate::placement::ring::Ring;
 
-/// The lab's schemes, in the order of the table and of `rows` in `--json`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SchemeId {
-    ModN,
-    Ring1,
-    Ring10,
-    Ring100,
-    Ring1000,
-    Rendezvous,
-    Jump,
-    BoundedRing,
-    Maglev,
+labels! {
+    /// The lab's schemes, in the order of the table and of `rows` in
+    /// `--json`; each with its id there.
+    pub enum SchemeId {
+        ModN => "mod-n",
+        Ring1 => "ring-1",
+        Ring10 => "ring-10",
+        Ring100 => "ring-100",
+        Ring1000 => "ring-1000",
+        Rendezvous => "rendezvous",
+        Jump => "jump",
+        BoundedRing => "bounded-ring",
+        Maglev => "maglev",
+    }
 }
 
 impl SchemeId {
-    pub const ALL: [SchemeId; 9] = [
-        SchemeId::ModN,
-        SchemeId::Ring1,
-        SchemeId::Ring10,
-        SchemeId::Ring100,
-        SchemeId::Ring1000,
-        SchemeId::Rendezvous,
-        SchemeId::Jump,
-        SchemeId::BoundedRing,
-        SchemeId::Maglev,
-    ];
-
-    /// The id in the table and in `--json`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            SchemeId::ModN => "mod-n",
-            SchemeId::Ring1 => "ring-1",
-            SchemeId::Ring10 => "ring-10",
-            SchemeId::Ring100 => "ring-100",
-            SchemeId::Ring1000 => "ring-1000",
-            SchemeId::Rendezvous => "rendezvous",
-            SchemeId::Jump => "jump",
-            SchemeId::BoundedRing => "bounded-ring",
-            SchemeId::Maglev => "maglev",
-        }
-    }
-
     /// Whether the scheme gives a heavier node more keys at all.
     pub fn uses_weights(self) -> bool {
         !matches!(self, SchemeId::ModN | SchemeId::Jump)
@@ -73,12 +49,6 @@ impl Serialize for SchemeId {
 impl PartialEq<&str> for SchemeId {
     fn eq(&self, other: &&str) -> bool {
         self.as_str() == *other
-    }
-}
-
-impl std::fmt::Display for SchemeId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.pad(self.as_str())
     }
 }
 
