@@ -1,13 +1,13 @@
 //! Label enums: the small closed sets that name a counter's series, such as
 //! why a connect failed or what a health check found.
 //!
-//! Each is declared once with [`labels!`]: its variants and the text each
+//! Each is declared once with `labels!`: its variants and the text each
 //! one exports as. The macro gives the enum `ALL` (in declaration order),
 //! `COUNT`, `as_str` and `index`, so a counter array is sized
 //! `[AtomicU64; Why::COUNT]` and indexed `why.index()` everywhere, and the
 //! metrics export walks `ALL` through the [`Label`] trait.
 
-/// A label enum, as [`labels!`] declares it.
+/// A label enum, as `labels!` declares it.
 pub trait Label: Copy + 'static {
     /// Every value, in declaration order (the order of its counters).
     const ALL: &'static [Self];

@@ -4,15 +4,17 @@
 //! ```text
 //! YAML file / DNS ──parse──▶ RawConfig ──validate──▶ Config ──build──▶ Snapshot ──publish──▶ ArcSwap<Snapshot>
 //!                                                                                           │ load() once per connection / request
-//! tcp:  accept ─▶ (PROXY header) ─▶ key from address or first bytes ─▶ route ─▶ connect first that takes it ─▶ copy both ways
-//! http: accept ─▶ each request: key from header / JSON body / address ─▶ route ─▶ pooled upstream ─▶ stream the response
+//! tcp:  accept ─▶ intake (PROXY header, ReadAhead) ─▶ key from address or first bytes ─▶ route ─▶ connect first that takes it ─▶ copy both ways
+//! http: accept ─▶ intake ─▶ each request: key from header / JSON body / conversation / address ─▶ route (pin) ─▶ pooled upstream ─▶ stream the response
 //!                                                                                           │
-//!                                                       per-backend live state (atomics) ─▶ stats ─▶ metrics / admin
+//!                                     per-backend live state (load, traffic, health, drain) ─▶ stats ─▶ metrics / admin
 //! ```
 //!
 //! Each arrow is one module's job, and nothing flows backwards: the data
 //! paths never write config, placement never does I/O, admin never imports a
-//! data path, and both data paths ask [`route`] which backends take a key.
+//! data path, keys know nothing of the config, health knows a backend only as
+//! a [`health::Target`], and both data paths ask [`route`] which backends take
+//! a key. No two files, and no two top-level modules, import each other.
 //!
 //! | module | owns |
 //! |---|---|
@@ -21,21 +23,23 @@
 //! | [`config`] | YAML → `RawConfig` → validated `Config`, errors with file:line:column; defaults and bounds |
 //! | [`discovery`] | `dns` and `srv` backends: resolved at start, on reload and every interval; last good answer kept |
 //! | [`hash`] | `h64`, the one hash everything uses |
-//! | [`placement`] | pure placement schemes: Maglev, ring, rendezvous, jump, mod N, bounded loads; the candidate walk |
+//! | [`placement`] | pure placement schemes: Maglev, ring, rendezvous, jump, mod N; bounded-load caps; the candidate walk |
 //! | [`snapshot`] | `Snapshot` (version, fingerprint, backends, table, settings) and the `Shared` state it is published in |
-//! | [`backend`] | a backend's identity and live state (active, counters, health flag, histograms) |
-//! | [`key`] | keys from an address, a header value or a JSON body field; fallback reasons |
+//! | [`backend`] | a backend's identity and live state: load, traffic, health, drain |
+//! | [`key`] | keys from an address, a header value, a JSON body field or a conversation's head; fallback reasons |
 //! | [`route`] | candidates + accept policy (health, bounded-load caps, attempts, fail-open) → the backends to try |
+//! | [`health`] | a backend's health: its state, active checks (TCP or HTTP) with rise/fall, passive failures |
+//! | [`proxy_protocol`] | the intake both data paths share: PROXY v1/v2 in from trusted peers, v2 out |
+//! | [`read_ahead`] | a client stream with the bytes already read from it, replayed unchanged |
 //! | [`listener`] | the accept loop both data paths share: limits, back-off, graceful drain |
 //! | [`net`] | binding, socket options, connecting with a deadline, address types |
-//! | [`tcp`] | `mode: tcp`: one connection, its header key from the first bytes, copying both ways |
-//! | [`http`] | `mode: http`: each request's key, pooled upstreams, streamed bodies, head deadlines |
-//! | [`proxy_protocol`] | PROXY v1/v2 in from trusted peers, v2 out |
+//! | [`tcp`] | `mode: tcp`: one connection in phases, its header key from the first bytes, copying both ways |
+//! | [`http`] | `mode: http`: each request's key and pin, forwarding in phases, pooled upstreams, streamed bodies |
 //! | [`sessions`] | session pins: a key's backend kept while the key is in use |
-//! | [`health`] | active checks (TCP or HTTP) with rise/fall; marks backends up or down (no table rebuild) |
 //! | [`reload`] | SIGHUP and file watching → parse → build → publish, or keep the old snapshot |
 //! | [`stats`] | the global counters the data paths bump, and latency histograms |
-//! | [`metrics`] | the Prometheus export of every counter |
+//! | [`metrics`] | the Prometheus export: every family declared once, with its reader |
+//! | [`label`] | label enums (a counter's series names) declared once |
 //! | [`supervise`] | long-lived tasks restarted (and counted) if they panic; the panic hook |
 //! | [`throttle`] | rate-limited log lines for conditions that can repeat thousands of times a second |
 //! | [`admin`] | the read-only admin HTTP endpoint: metrics, health, table, route |

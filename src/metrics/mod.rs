@@ -13,8 +13,8 @@
 //! | [`families`] | every family, declared once, with how its series are read |
 //! | [`series`] | what a scrape reads, and the writer a family's series go through |
 
-mod families;
-mod series;
+pub mod families;
+pub mod series;
 
 use std::collections::HashMap;
 use std::sync::Arc;

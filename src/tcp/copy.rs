@@ -1,6 +1,6 @@
 //! Copying one connection's bytes both ways until both sides are done.
 //!
-//! The copy is one poll loop over two [`Direction`]s (client → backend and
+//! The copy is one poll loop over two `Direction`s (client → backend and
 //! backend → client), one idle timer and two cancellation waits, so an idle
 //! connection's task stays near a kilobyte and holds no copy buffer however
 //! long it stays open. How each direction moves bytes (pooled buffers, or
