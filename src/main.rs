@@ -65,7 +65,7 @@ enum Command {
         /// header and body modes).
         #[arg(long)]
         addr: bool,
-        /// Keys as text: header values, or IPs (source_ip), or ip:port (source_addr).
+        /// Keys as text: header values, or IPs or ip:port (source_ip), or ip:port (source_addr).
         #[arg(required = true)]
         keys: Vec<String>,
     },

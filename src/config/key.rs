@@ -7,7 +7,7 @@
 //! nothing is found. The functions that turn bytes into keys are in
 //! [`crate::key`]; this file only says which of them apply.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::key::json::FieldPath;
@@ -130,18 +130,14 @@ impl KeyConfig {
     }
 
     /// The key the proxy would use for a key written as text: a header value
-    /// (or body field) in those modes, an IP in `source_ip` mode, an
-    /// `ip:port` in `source_addr` mode. This is what `magpie lookup`, `plan
+    /// (or body field) in those modes, an IP (or `ip:port`, the port left
+    /// out) in `source_ip` mode, an `ip:port` in `source_addr` mode. This is what `magpie lookup`, `plan
     /// --keys` and `/route?key=` hash.
     pub fn key_of_text(&self, text: &str) -> Result<u64, KeyTextError> {
-        let text = text.trim();
         match self {
-            KeyConfig::SourceIp => text
-                .parse::<IpAddr>()
-                .map(key::source_ip_key)
-                .map_err(|_| KeyTextError::NotIp(text.to_string())),
+            KeyConfig::SourceIp => key::address_text_key(Fallback::SourceIp, text),
             KeyConfig::SourceAddr => key::address_text_key(Fallback::SourceAddr, text),
-            _ => Ok(key::text_key(text.as_bytes())),
+            _ => Ok(key::text_key(text.trim().as_bytes())),
         }
     }
 
@@ -180,6 +176,12 @@ mod tests {
             Ok(h64(&[192, 0, 2, 7]))
         );
         assert!(KeyConfig::SourceIp.key_of_text("alice").is_err());
+        // As the error for a bad one says: ip:port is accepted too, and the
+        // port is not part of a source_ip key.
+        assert_eq!(
+            KeyConfig::SourceIp.key_of_text("192.0.2.7:1000"),
+            Ok(h64(&[192, 0, 2, 7]))
+        );
         assert_eq!(
             KeyConfig::SourceAddr.key_of_text("192.0.2.7:1000"),
             Ok(key::source_addr_key("192.0.2.7:1000".parse().unwrap()))
