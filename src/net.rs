@@ -145,6 +145,22 @@ pub fn is_resource_exhaustion(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(24 | 23 | 105 | 12))
 }
 
+/// A connected pair of loopback sockets, the connecting end first, both
+/// without Nagle delay like magpie's own; for unit tests that need real
+/// sockets.
+#[cfg(test)]
+pub(crate) async fn loopback_pair() -> (TcpStream, TcpStream) {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a loopback port");
+    let addr = listener.local_addr().expect("its address");
+    let (a, b) = tokio::join!(TcpStream::connect(addr), listener.accept());
+    let (a, b) = (a.expect("connected"), b.expect("accepted").0);
+    a.set_nodelay(true).expect("nodelay");
+    b.set_nodelay(true).expect("nodelay");
+    (a, b)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -87,13 +87,10 @@ impl ReadAhead {
 mod tests {
     use super::*;
     use tokio::io::AsyncWriteExt;
-    use tokio::net::TcpListener;
 
     async fn pair() -> (TcpStream, ReadAhead) {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (client, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
-        (client.unwrap(), ReadAhead::new(accepted.unwrap().0))
+        let (client, accepted) = crate::net::loopback_pair().await;
+        (client, ReadAhead::new(accepted))
     }
 
     #[tokio::test]

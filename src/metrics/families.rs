@@ -41,48 +41,14 @@ pub struct Family {
     pub read: Read,
 }
 
-impl Family {
-    const fn global(
-        name: &'static str,
-        kind: MetricType,
-        labels: &'static [&'static str],
-        help: &'static str,
-        read: fn(&Scrape<'_>, &mut Series<'_>),
-    ) -> Family {
-        Family {
-            name,
-            kind,
-            labels,
-            help,
-            read: Read::Global(read),
-        }
-    }
-
-    const fn backend(
-        name: &'static str,
-        kind: MetricType,
-        labels: &'static [&'static str],
-        help: &'static str,
-        read: fn(&BackendView<'_>, &mut Series<'_>),
-    ) -> Family {
-        Family {
-            name,
-            kind,
-            labels,
-            help,
-            read: Read::Backend(read),
-        }
-    }
-}
-
 /// Every exported family. README lists the same.
 pub const FAMILIES: &[Family] = &[
-    Family::backend(
-        "magpie_backend_active_connections",
-        GAUGE,
-        &["backend", "addr"],
-        "Open connections (and connects in progress) to the backend; in mode http, its pooled and busy upstream connections.",
-        |b, s| {
+    Family {
+        name: "magpie_backend_active_connections",
+        kind: GAUGE,
+        labels: &["backend", "addr"],
+        help: "Open connections (and connects in progress) to the backend; in mode http, its pooled and busy upstream connections.",
+        read: Read::Backend(|b, s| {
             let load = &b.live().load;
             let open = if b.requests {
                 load.upstream_connections()
@@ -90,349 +56,361 @@ pub const FAMILIES: &[Family] = &[
                 load.active()
             };
             s.value(&[], open as f64);
-        },
-    ),
-    Family::backend(
-        "magpie_backend_connections_total",
-        COUNTER,
-        &["backend", "addr"],
-        "Connections established to the backend.",
-        |b, s| s.value(&[], b.live().traffic.connections() as f64),
-    ),
-    Family::backend(
-        "magpie_backend_connect_failures_total",
-        COUNTER,
-        &["backend", "addr", "reason"],
-        "Failed connects to the backend on the data path, by reason (refused, timeout, error).",
-        |b, s| s.by(|why: ConnectFailure| b.live().health.connect_failures(why)),
-    ),
-    Family::backend(
-        "magpie_backend_resets_total",
-        COUNTER,
-        &["backend", "addr", "by"],
-        "Connections through the backend aborted (reset) by one side, by which (client, backend); magpie passes the reset on to the other side.",
-        |b, s| s.by(|by: Side| b.live().traffic.resets(by)),
-    ),
-    Family::backend(
-        "magpie_backend_received_bytes_total",
-        COUNTER,
-        &["backend", "addr"],
-        "Bytes received from the backend (and sent on to clients).",
-        |b, s| s.value(&[], b.live().traffic.bytes_received() as f64),
-    ),
-    Family::backend(
-        "magpie_backend_sent_bytes_total",
-        COUNTER,
-        &["backend", "addr"],
-        "Bytes sent to the backend (received from clients).",
-        |b, s| s.value(&[], b.live().traffic.bytes_sent() as f64),
-    ),
-    Family::backend(
-        "magpie_backend_spills_total",
-        COUNTER,
-        &["backend", "addr", "reason"],
-        "Connections (mode http: requests) whose key this backend was a candidate for but which went elsewhere, by reason: down (health) or at_cap (bounded load).",
-        |b, s| s.by(|why: Spill| b.live().traffic.spills(why)),
-    ),
-    Family::backend(
-        "magpie_backend_idle_closes_total",
-        COUNTER,
-        &["backend", "addr"],
-        "Connections (mode tcp) closed because neither side sent anything for idle_timeout.",
-        |b, s| s.value(&[], b.live().traffic.idle_closes() as f64),
-    ),
-    Family::backend(
-        "magpie_backend_connect_seconds",
-        HISTOGRAM,
-        &["backend", "addr"],
-        "Time to open a data-path connection to the backend (mode http: fresh connections only).",
-        |b, s| s.histogram(&[], &b.live().traffic.connect_time),
-    ),
-    Family::backend(
-        "magpie_backend_connection_duration_seconds",
-        HISTOGRAM,
-        &["backend", "addr"],
-        "Lifetime of proxied connections (mode tcp), from connected to closed.",
-        |b, s| s.histogram(&[], &b.live().traffic.connection_duration),
-    ),
-    Family::backend(
-        "magpie_backend_requests_total",
-        COUNTER,
-        &["backend", "addr", "code_class"],
-        "mode http: requests the backend answered, by status class (1xx to 5xx), or `error` when it failed after the request was sent.",
-        |b, s| s.by(|class: CodeClass| b.live().traffic.requests(class)),
-    ),
-    Family::backend(
-        "magpie_backend_requests_in_flight",
-        GAUGE,
-        &["backend", "addr"],
-        "mode http: requests sent to the backend whose response has not ended (what bounded load counts in mode http).",
-        |b, s| {
+        }),
+    },
+    Family {
+        name: "magpie_backend_connections_total",
+        kind: COUNTER,
+        labels: &["backend", "addr"],
+        help: "Connections established to the backend.",
+        read: Read::Backend(|b, s| s.value(&[], b.live().traffic.connections() as f64)),
+    },
+    Family {
+        name: "magpie_backend_connect_failures_total",
+        kind: COUNTER,
+        labels: &["backend", "addr", "reason"],
+        help: "Failed connects to the backend on the data path, by reason (refused, timeout, error).",
+        read: Read::Backend(|b, s| {
+            s.by(|why: ConnectFailure| b.live().health.connect_failures(why))
+        }),
+    },
+    Family {
+        name: "magpie_backend_resets_total",
+        kind: COUNTER,
+        labels: &["backend", "addr", "by"],
+        help: "Connections through the backend aborted (reset) by one side, by which (client, backend); magpie passes the reset on to the other side.",
+        read: Read::Backend(|b, s| s.by(|by: Side| b.live().traffic.resets(by))),
+    },
+    Family {
+        name: "magpie_backend_received_bytes_total",
+        kind: COUNTER,
+        labels: &["backend", "addr"],
+        help: "Bytes received from the backend (and sent on to clients).",
+        read: Read::Backend(|b, s| s.value(&[], b.live().traffic.bytes_received() as f64)),
+    },
+    Family {
+        name: "magpie_backend_sent_bytes_total",
+        kind: COUNTER,
+        labels: &["backend", "addr"],
+        help: "Bytes sent to the backend (received from clients).",
+        read: Read::Backend(|b, s| s.value(&[], b.live().traffic.bytes_sent() as f64)),
+    },
+    Family {
+        name: "magpie_backend_spills_total",
+        kind: COUNTER,
+        labels: &["backend", "addr", "reason"],
+        help: "Connections (mode http: requests) whose key this backend was a candidate for but which went elsewhere, by reason: down (health) or at_cap (bounded load).",
+        read: Read::Backend(|b, s| s.by(|why: Spill| b.live().traffic.spills(why))),
+    },
+    Family {
+        name: "magpie_backend_idle_closes_total",
+        kind: COUNTER,
+        labels: &["backend", "addr"],
+        help: "Connections (mode tcp) closed because neither side sent anything for idle_timeout.",
+        read: Read::Backend(|b, s| s.value(&[], b.live().traffic.idle_closes() as f64)),
+    },
+    Family {
+        name: "magpie_backend_connect_seconds",
+        kind: HISTOGRAM,
+        labels: &["backend", "addr"],
+        help: "Time to open a data-path connection to the backend (mode http: fresh connections only).",
+        read: Read::Backend(|b, s| s.histogram(&[], &b.live().traffic.connect_time)),
+    },
+    Family {
+        name: "magpie_backend_connection_duration_seconds",
+        kind: HISTOGRAM,
+        labels: &["backend", "addr"],
+        help: "Lifetime of proxied connections (mode tcp), from connected to closed.",
+        read: Read::Backend(|b, s| s.histogram(&[], &b.live().traffic.connection_duration)),
+    },
+    Family {
+        name: "magpie_backend_requests_total",
+        kind: COUNTER,
+        labels: &["backend", "addr", "code_class"],
+        help: "mode http: requests the backend answered, by status class (1xx to 5xx), or `error` when it failed after the request was sent.",
+        read: Read::Backend(|b, s| s.by(|class: CodeClass| b.live().traffic.requests(class))),
+    },
+    Family {
+        name: "magpie_backend_requests_in_flight",
+        kind: GAUGE,
+        labels: &["backend", "addr"],
+        help: "mode http: requests sent to the backend whose response has not ended (what bounded load counts in mode http).",
+        read: Read::Backend(|b, s| {
             let in_flight = if b.requests {
                 b.live().load.active()
             } else {
                 0
             };
             s.value(&[], in_flight as f64);
-        },
-    ),
-    Family::backend(
-        "magpie_backend_client_aborts_total",
-        COUNTER,
-        &["backend", "addr"],
-        "mode http: responses the client went away from before their end.",
-        |b, s| s.value(&[], b.live().traffic.client_aborts() as f64),
-    ),
-    Family::backend(
-        "magpie_backend_time_to_first_byte_seconds",
-        HISTOGRAM,
-        &["backend", "addr"],
-        "mode http: from sending a request to the backend to its response head.",
-        |b, s| s.histogram(&[], &b.live().traffic.time_to_first_byte),
-    ),
-    Family::backend(
-        "magpie_backend_request_duration_seconds",
-        HISTOGRAM,
-        &["backend", "addr"],
-        "mode http: from sending a request to the last byte of its response (or the client leaving).",
-        |b, s| s.histogram(&[], &b.live().traffic.request_duration),
-    ),
-    Family::backend(
-        "magpie_backend_health_checks_total",
-        COUNTER,
-        &["backend", "addr", "result"],
-        "Active health checks, by result (ok, failed, timeout, bad_status).",
-        |b, s| s.by(|outcome: CheckOutcome| b.live().health.checks(outcome)),
-    ),
-    Family::backend(
-        "magpie_backend_transitions_total",
-        COUNTER,
-        &["backend", "addr", "to"],
-        "Times the backend was marked up or down (by checks or passive health).",
-        |b, s| {
+        }),
+    },
+    Family {
+        name: "magpie_backend_client_aborts_total",
+        kind: COUNTER,
+        labels: &["backend", "addr"],
+        help: "mode http: responses the client went away from before their end.",
+        read: Read::Backend(|b, s| s.value(&[], b.live().traffic.client_aborts() as f64)),
+    },
+    Family {
+        name: "magpie_backend_time_to_first_byte_seconds",
+        kind: HISTOGRAM,
+        labels: &["backend", "addr"],
+        help: "mode http: from sending a request to the backend to its response head.",
+        read: Read::Backend(|b, s| s.histogram(&[], &b.live().traffic.time_to_first_byte)),
+    },
+    Family {
+        name: "magpie_backend_request_duration_seconds",
+        kind: HISTOGRAM,
+        labels: &["backend", "addr"],
+        help: "mode http: from sending a request to the last byte of its response (or the client leaving).",
+        read: Read::Backend(|b, s| s.histogram(&[], &b.live().traffic.request_duration)),
+    },
+    Family {
+        name: "magpie_backend_health_checks_total",
+        kind: COUNTER,
+        labels: &["backend", "addr", "result"],
+        help: "Active health checks, by result (ok, failed, timeout, bad_status).",
+        read: Read::Backend(|b, s| s.by(|outcome: CheckOutcome| b.live().health.checks(outcome))),
+    },
+    Family {
+        name: "magpie_backend_transitions_total",
+        kind: COUNTER,
+        labels: &["backend", "addr", "to"],
+        help: "Times the backend was marked up or down (by checks or passive health).",
+        read: Read::Backend(|b, s| {
             let (up, down) = b.live().health.transitions();
             s.value(&["up"], up as f64);
             s.value(&["down"], down as f64);
-        },
-    ),
-    Family::backend(
-        "magpie_backend_up",
-        GAUGE,
-        &["backend", "addr"],
-        "1 if the backend is up (health), 0 if down.",
-        |b, s| {
+        }),
+    },
+    Family {
+        name: "magpie_backend_up",
+        kind: GAUGE,
+        labels: &["backend", "addr"],
+        help: "1 if the backend is up (health), 0 if down.",
+        read: Read::Backend(|b, s| {
             if b.share.is_some() {
                 s.value(&[], f64::from(u8::from(b.live().health.is_up())));
             }
-        },
-    ),
-    Family::backend(
-        "magpie_backend_weight",
-        GAUGE,
-        &["backend", "addr"],
-        "The backend's configured weight.",
-        |b, s| {
+        }),
+    },
+    Family {
+        name: "magpie_backend_weight",
+        kind: GAUGE,
+        labels: &["backend", "addr"],
+        help: "The backend's configured weight.",
+        read: Read::Backend(|b, s| {
             if b.share.is_some() {
                 s.value(&[], f64::from(b.backend.weight));
             }
-        },
-    ),
-    Family::backend(
-        "magpie_backend_table_share_ratio",
-        GAUGE,
-        &["backend", "addr"],
-        "The backend's share of table slots (Maglev) or hash space (ring), 0 to 1.",
-        |b, s| {
+        }),
+    },
+    Family {
+        name: "magpie_backend_table_share_ratio",
+        kind: GAUGE,
+        labels: &["backend", "addr"],
+        help: "The backend's share of table slots (Maglev) or hash space (ring), 0 to 1.",
+        read: Read::Backend(|b, s| {
             if let Some(share) = b.share {
                 s.value(&[], share);
             }
-        },
-    ),
-    Family::global(
-        "magpie_table_version",
-        GAUGE,
-        &[],
-        "Version of the published table; 1 at start, plus one per applied reload.",
-        |g, s| s.value(&[], g.snapshot.version as f64),
-    ),
-    Family::global(
-        "magpie_table_info",
-        GAUGE,
-        &["algorithm", "fingerprint"],
-        "Always 1; labels carry the algorithm and the table fingerprint.",
-        |g, s| {
+        }),
+    },
+    Family {
+        name: "magpie_table_version",
+        kind: GAUGE,
+        labels: &[],
+        help: "Version of the published table; 1 at start, plus one per applied reload.",
+        read: Read::Global(|g, s| s.value(&[], g.snapshot.version as f64)),
+    },
+    Family {
+        name: "magpie_table_info",
+        kind: GAUGE,
+        labels: &["algorithm", "fingerprint"],
+        help: "Always 1; labels carry the algorithm and the table fingerprint.",
+        read: Read::Global(|g, s| {
             let algorithm = g.snapshot.table.algorithm().as_str();
             s.value(&[algorithm, &g.snapshot.fingerprint], 1.0);
-        },
-    ),
-    Family::global(
-        "magpie_table_build_seconds",
-        GAUGE,
-        &[],
-        "Seconds taken to build the published table.",
-        |g, s| s.value(&[], g.snapshot.build_time.as_secs_f64()),
-    ),
-    Family::global(
-        "magpie_load_peak_ratio",
-        GAUGE,
-        &[],
-        "The busiest backend's active connections over its weighted fair share of all active connections (1 = even; 0 when idle).",
-        |g, s| {
+        }),
+    },
+    Family {
+        name: "magpie_table_build_seconds",
+        kind: GAUGE,
+        labels: &[],
+        help: "Seconds taken to build the published table.",
+        read: Read::Global(|g, s| s.value(&[], g.snapshot.build_time.as_secs_f64())),
+    },
+    Family {
+        name: "magpie_load_peak_ratio",
+        kind: GAUGE,
+        labels: &[],
+        help: "The busiest backend's active connections over its weighted fair share of all active connections (1 = even; 0 when idle).",
+        read: Read::Global(|g, s| {
             let snapshot = g.snapshot;
             s.value(&[], peak_ratio(&snapshot.backends, snapshot.total_weight));
-        },
-    ),
-    Family::global(
-        "magpie_reloads_total",
-        COUNTER,
-        &["result"],
-        "Config reloads, by result (ok, error).",
-        |g, s| {
+        }),
+    },
+    Family {
+        name: "magpie_reloads_total",
+        kind: COUNTER,
+        labels: &["result"],
+        help: "Config reloads, by result (ok, error).",
+        read: Read::Global(|g, s| {
             s.value(&["ok"], g.stats.reloads(true) as f64);
             s.value(&["error"], g.stats.reloads(false) as f64);
-        },
-    ),
-    Family::global(
-        "magpie_key_fallbacks_total",
-        COUNTER,
-        &["reason"],
-        "Connections (mode http: requests) keyed by the fallback because no header or body key was read, by reason.",
-        |g, s| s.by(|why: FallbackReason| g.stats.fallbacks(why)),
-    ),
-    Family::global(
-        "magpie_connections_accepted_total",
-        COUNTER,
-        &[],
-        "Client connections accepted.",
-        |g, s| s.value(&[], g.stats.accepted() as f64),
-    ),
-    Family::global(
-        "magpie_connections_rejected_total",
-        COUNTER,
-        &[],
-        "Client connections closed at once because max_connections was reached.",
-        |g, s| s.value(&[], g.stats.rejected() as f64),
-    ),
-    Family::global(
-        "magpie_accept_errors_total",
-        COUNTER,
-        &[],
-        "Failed accept calls (e.g. out of file descriptors).",
-        |g, s| s.value(&[], g.stats.accept_errors() as f64),
-    ),
-    Family::global(
-        "magpie_client_failures_total",
-        COUNTER,
-        &["reason"],
-        "Client connections (mode http: requests) that reached no backend, by reason (no_backend, proxy_protocol, head_timeout, bad_request, local_resources).",
-        |g, s| s.by(|why: ClientFailure| g.stats.client_failures(why)),
-    ),
-    Family::global(
-        "magpie_session_store_operations_total",
-        COUNTER,
-        &["result"],
-        "Round trips to the shared session store (sessions.store: redis), by result (ok, error, timeout, skipped while backing off).",
-        |g, s| s.by(|result: OpResult| g.store().map_or(0, |st| st.stats.ops(result))),
-    ),
-    Family::global(
-        "magpie_session_store_seconds",
-        HISTOGRAM,
-        &[],
-        "Time of session store round trips that answered.",
-        |g, s| match g.store() {
+        }),
+    },
+    Family {
+        name: "magpie_key_fallbacks_total",
+        kind: COUNTER,
+        labels: &["reason"],
+        help: "Connections (mode http: requests) keyed by the fallback because no header or body key was read, by reason.",
+        read: Read::Global(|g, s| s.by(|why: FallbackReason| g.stats.fallbacks(why))),
+    },
+    Family {
+        name: "magpie_connections_accepted_total",
+        kind: COUNTER,
+        labels: &[],
+        help: "Client connections accepted.",
+        read: Read::Global(|g, s| s.value(&[], g.stats.accepted() as f64)),
+    },
+    Family {
+        name: "magpie_connections_rejected_total",
+        kind: COUNTER,
+        labels: &[],
+        help: "Client connections closed at once because max_connections was reached.",
+        read: Read::Global(|g, s| s.value(&[], g.stats.rejected() as f64)),
+    },
+    Family {
+        name: "magpie_accept_errors_total",
+        kind: COUNTER,
+        labels: &[],
+        help: "Failed accept calls (e.g. out of file descriptors).",
+        read: Read::Global(|g, s| s.value(&[], g.stats.accept_errors() as f64)),
+    },
+    Family {
+        name: "magpie_client_failures_total",
+        kind: COUNTER,
+        labels: &["reason"],
+        help: "Client connections (mode http: requests) that reached no backend, by reason (no_backend, proxy_protocol, head_timeout, bad_request, local_resources).",
+        read: Read::Global(|g, s| s.by(|why: ClientFailure| g.stats.client_failures(why))),
+    },
+    Family {
+        name: "magpie_session_store_operations_total",
+        kind: COUNTER,
+        labels: &["result"],
+        help: "Round trips to the shared session store (sessions.store: redis), by result (ok, error, timeout, skipped while backing off).",
+        read: Read::Global(|g, s| {
+            s.by(|result: OpResult| g.store().map_or(0, |st| st.stats.ops(result)))
+        }),
+    },
+    Family {
+        name: "magpie_session_store_seconds",
+        kind: HISTOGRAM,
+        labels: &[],
+        help: "Time of session store round trips that answered.",
+        read: Read::Global(|g, s| match g.store() {
             Some(store) => s.histogram(&[], &store.stats.latency),
             None => s.histogram(&[], &Histogram::with_bounds(&FAST_BUCKETS)),
-        },
-    ),
-    Family::global(
-        "magpie_session_store_fallbacks_total",
-        COUNTER,
-        &[],
-        "Requests routed by the table because the session store did not answer within its timeout (or was backing off).",
-        |g, s| s.value(&[], g.store().map_or(0, |st| st.stats.fallbacks()) as f64),
-    ),
-    Family::global(
-        "magpie_session_bindings_replaced_total",
-        COUNTER,
-        &[],
-        "Shared bindings to a backend that was down or gone, replaced by this instance.",
-        |g, s| s.value(&[], g.store().map_or(0, |st| st.stats.replaced()) as f64),
-    ),
-    Family::global(
-        "magpie_session_store_refreshes_total",
-        COUNTER,
-        &[],
-        "Background TTL refreshes of shared bindings sent (at most one per key per ttl/4).",
-        |g, s| s.value(&[], g.store().map_or(0, |st| st.stats.refreshes()) as f64),
-    ),
-    Family::global(
-        "magpie_session_store_up",
-        GAUGE,
-        &[],
-        "1 while a connection to the session store is up, else 0 (also 0 without a store).",
-        |g, s| {
+        }),
+    },
+    Family {
+        name: "magpie_session_store_fallbacks_total",
+        kind: COUNTER,
+        labels: &[],
+        help: "Requests routed by the table because the session store did not answer within its timeout (or was backing off).",
+        read: Read::Global(|g, s| {
+            s.value(&[], g.store().map_or(0, |st| st.stats.fallbacks()) as f64)
+        }),
+    },
+    Family {
+        name: "magpie_session_bindings_replaced_total",
+        kind: COUNTER,
+        labels: &[],
+        help: "Shared bindings to a backend that was down or gone, replaced by this instance.",
+        read: Read::Global(|g, s| {
+            s.value(&[], g.store().map_or(0, |st| st.stats.replaced()) as f64)
+        }),
+    },
+    Family {
+        name: "magpie_session_store_refreshes_total",
+        kind: COUNTER,
+        labels: &[],
+        help: "Background TTL refreshes of shared bindings sent (at most one per key per ttl/4).",
+        read: Read::Global(|g, s| {
+            s.value(&[], g.store().map_or(0, |st| st.stats.refreshes()) as f64)
+        }),
+    },
+    Family {
+        name: "magpie_session_store_up",
+        kind: GAUGE,
+        labels: &[],
+        help: "1 while a connection to the session store is up, else 0 (also 0 without a store).",
+        read: Read::Global(|g, s| {
             let up = g.store().is_some_and(Store::is_connected);
             s.value(&[], f64::from(u8::from(up)));
-        },
-    ),
-    Family::global(
-        "magpie_discovery_lookups_total",
-        COUNTER,
-        &["result"],
-        "DNS lookups of dns/srv backend entries, by result (ok, empty, error); a failed or empty one keeps the last good answer.",
-        |g, s| s.by(|result: Lookup| g.discovery.lookups(result)),
-    ),
-    Family::global(
-        "magpie_build_info",
-        GAUGE,
-        &["version"],
-        "Always 1; the version label is magpie's.",
-        |_, s| s.value(&[env!("CARGO_PKG_VERSION")], 1.0),
-    ),
-    Family::global(
-        "magpie_task_restarts_total",
-        COUNTER,
-        &["task"],
-        "Long-lived tasks (accept, admin, health, reload) that panicked and were started again; any non-zero value is a bug to report.",
-        |_, s| s.by(supervise::restarts),
-    ),
-    Family::global(
-        "magpie_panics_total",
-        COUNTER,
-        &[],
-        "Panics in any task, connections included; any non-zero value is a bug to report.",
-        |_, s| s.value(&[], supervise::panics() as f64),
-    ),
-    Family::global(
-        "magpie_resource_exhaustion_total",
-        COUNTER,
-        &["during"],
-        "Times magpie itself ran out of file descriptors, socket buffers or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM), by what it was doing (accept, admin_accept, connect, health_check); never counted against a backend.",
-        |g, s| s.by(|during: Exhausted| g.stats.exhausted(during)),
-    ),
-    Family::global(
-        "magpie_session_pins",
-        GAUGE,
-        &[],
-        "Session pins held (sessions on).",
-        |g, s| s.value(&[], g.sessions.map_or(0, |x| x.pins.len()) as f64),
-    ),
-    Family::global(
-        "magpie_session_pin_lookups_total",
-        COUNTER,
-        &["result"],
-        "Session pin lookups, by result (hit, miss).",
-        |g, s| {
+        }),
+    },
+    Family {
+        name: "magpie_discovery_lookups_total",
+        kind: COUNTER,
+        labels: &["result"],
+        help: "DNS lookups of dns/srv backend entries, by result (ok, empty, error); a failed or empty one keeps the last good answer.",
+        read: Read::Global(|g, s| s.by(|result: Lookup| g.discovery.lookups(result))),
+    },
+    Family {
+        name: "magpie_build_info",
+        kind: GAUGE,
+        labels: &["version"],
+        help: "Always 1; the version label is magpie's.",
+        read: Read::Global(|_, s| s.value(&[env!("CARGO_PKG_VERSION")], 1.0)),
+    },
+    Family {
+        name: "magpie_task_restarts_total",
+        kind: COUNTER,
+        labels: &["task"],
+        help: "Long-lived tasks (accept, admin, health, reload) that panicked and were started again; any non-zero value is a bug to report.",
+        read: Read::Global(|_, s| s.by(supervise::restarts)),
+    },
+    Family {
+        name: "magpie_panics_total",
+        kind: COUNTER,
+        labels: &[],
+        help: "Panics in any task, connections included; any non-zero value is a bug to report.",
+        read: Read::Global(|_, s| s.value(&[], supervise::panics() as f64)),
+    },
+    Family {
+        name: "magpie_resource_exhaustion_total",
+        kind: COUNTER,
+        labels: &["during"],
+        help: "Times magpie itself ran out of file descriptors, socket buffers or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM), by what it was doing (accept, admin_accept, connect, health_check); never counted against a backend.",
+        read: Read::Global(|g, s| s.by(|during: Exhausted| g.stats.exhausted(during))),
+    },
+    Family {
+        name: "magpie_session_pins",
+        kind: GAUGE,
+        labels: &[],
+        help: "Session pins held (sessions on).",
+        read: Read::Global(|g, s| s.value(&[], g.sessions.map_or(0, |x| x.pins.len()) as f64)),
+    },
+    Family {
+        name: "magpie_session_pin_lookups_total",
+        kind: COUNTER,
+        labels: &["result"],
+        help: "Session pin lookups, by result (hit, miss).",
+        read: Read::Global(|g, s| {
             let pins = g.sessions.map(|x| &x.pins);
             s.value(&["hit"], pins.map_or(0, |p| p.hits()) as f64);
             s.value(&["miss"], pins.map_or(0, |p| p.misses()) as f64);
-        },
-    ),
-    Family::global(
-        "magpie_session_pin_evictions_total",
-        COUNTER,
-        &[],
-        "Session pins evicted because sessions.max was reached.",
-        |g, s| s.value(&[], g.sessions.map_or(0, |x| x.pins.evictions()) as f64),
-    ),
+        }),
+    },
+    Family {
+        name: "magpie_session_pin_evictions_total",
+        kind: COUNTER,
+        labels: &[],
+        help: "Session pins evicted because sessions.max was reached.",
+        read: Read::Global(|g, s| {
+            s.value(&[], g.sessions.map_or(0, |x| x.pins.evictions()) as f64)
+        }),
+    },
 ];

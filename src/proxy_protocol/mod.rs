@@ -169,17 +169,14 @@ mod tests {
     use super::*;
     use std::net::SocketAddr;
     use tokio::io::AsyncWriteExt;
-    use tokio::net::TcpListener;
 
     fn addr(s: &str) -> SocketAddr {
         s.parse().unwrap()
     }
 
     async fn pair() -> (TcpStream, ReadAhead) {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let at = listener.local_addr().unwrap();
-        let (client, accepted) = tokio::join!(TcpStream::connect(at), listener.accept());
-        (client.unwrap(), ReadAhead::new(accepted.unwrap().0))
+        let (client, accepted) = crate::net::loopback_pair().await;
+        (client, ReadAhead::new(accepted))
     }
 
     #[tokio::test]

@@ -132,22 +132,11 @@ mod tests {
 
     use crate::tcp::direction::{COPY_BUFFER, PoolBuffer};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::TcpListener;
 
     use crate::backend::Live;
     use crate::config::BackendConfig;
 
-    /// A connected pair of loopback sockets.
-    async fn pair() -> (TcpStream, TcpStream) {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (a, b) = tokio::join!(TcpStream::connect(addr), listener.accept());
-        let (a, b) = (a.unwrap(), b.unwrap().0);
-        // As magpie's own sockets: no Nagle delay on small writes.
-        a.set_nodelay(true).unwrap();
-        b.set_nodelay(true).unwrap();
-        (a, b)
-    }
+    use crate::net::loopback_pair as pair;
 
     fn backend() -> Backend {
         let config = BackendConfig {

@@ -135,7 +135,7 @@ mod tests {
     use super::*;
     use crate::hash::h64;
     use tokio::io::AsyncWriteExt;
-    use tokio::net::{TcpListener, TcpStream};
+    use tokio::net::TcpStream;
 
     /// The session header, at most `limit` bytes, within `deadline`.
     fn want(limit: usize, deadline: Duration) -> Want<'static> {
@@ -199,12 +199,8 @@ mod tests {
 
     /// A connected loopback pair: the client's end, and magpie's.
     async fn pair() -> (TcpStream, ReadAhead) {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (client, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
-        let client = client.unwrap();
-        client.set_nodelay(true).unwrap();
-        (client, ReadAhead::new(accepted.unwrap().0))
+        let (client, accepted) = crate::net::loopback_pair().await;
+        (client, ReadAhead::new(accepted))
     }
 
     /// A 1 MiB head arriving 100 bytes at a time: found, replayed exactly,

@@ -4,15 +4,9 @@ use super::*;
 use std::io::Write as _;
 use std::os::fd::AsRawFd;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
-/// A connected pair of loopback sockets.
-async fn pair() -> (TcpStream, TcpStream) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (a, b) = tokio::join!(TcpStream::connect(addr), listener.accept());
-    (a.unwrap(), b.unwrap().0)
-}
+use crate::net::loopback_pair as pair;
 
 /// Bytes no short block repeats (xorshift), so a lost, doubled or
 /// reordered stretch shows.
