@@ -68,39 +68,31 @@ pub async fn intake(
 ) -> Option<Intake> {
     let Addresses { peer, local } = addresses;
     let mut stream = ReadAhead::new(stream);
-    if !config.is_trusted(peer.0.ip()) {
-        return Some(Intake {
-            client: Client(peer.0),
-            local,
-            stream,
-            untrusted: !config.accept_from.is_empty(),
-        });
-    }
-    match read_header(&mut stream, config.header_timeout).await {
-        Ok(origin) => {
-            let (client, local) = match origin {
-                Origin::Proxied {
-                    source,
-                    destination,
-                } => (Client(source), Local(destination)),
-                Origin::Local => (Client(peer.0), local),
-            };
-            Some(Intake {
-                client,
-                local,
-                stream,
-                untrusted: false,
-            })
+    let (client, local, untrusted) = if !config.is_trusted(peer.0.ip()) {
+        (Client(peer.0), local, !config.accept_from.is_empty())
+    } else {
+        match read_header(&mut stream, config.header_timeout).await {
+            Ok(Origin::Proxied {
+                source,
+                destination,
+            }) => (Client(source), Local(destination), false),
+            Ok(Origin::Local) => (Client(peer.0), local, false),
+            Err(e) => {
+                refuse(
+                    stats,
+                    peer,
+                    &format_args!("bad PROXY header from a trusted peer: {e}"),
+                );
+                return None;
+            }
         }
-        Err(e) => {
-            refuse(
-                stats,
-                peer,
-                &format_args!("bad PROXY header from a trusted peer: {e}"),
-            );
-            None
-        }
-    }
+    };
+    Some(Intake {
+        client,
+        local,
+        stream,
+        untrusted,
+    })
 }
 
 /// Reads a complete header from a trusted peer and consumes it; any client
