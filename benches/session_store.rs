@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use magpie::config::Config;
 use magpie::http::pinning;
+use magpie::recent::{self, Recent};
 use magpie::sessions::Sessions;
 use magpie::snapshot::Snapshot;
 
@@ -36,11 +37,12 @@ async fn measure(
     first: u64,
     n: u64,
 ) -> [Vec<Duration>; 2] {
+    let recent = Recent::new(recent::DEFAULT_MAX, recent::SPILL_TTL);
     let mut out = [Vec::new(), Vec::new()];
     for round in out.iter_mut() {
         for key in first..first + n {
             let started = Instant::now();
-            let pinned = pinning::route(Some(Arc::clone(sessions)), snapshot, key).await;
+            let pinned = pinning::route(Some(Arc::clone(sessions)), snapshot, &recent, key).await;
             pinned.served(pinned.route.first().expect("a target"));
             round.push(started.elapsed());
         }

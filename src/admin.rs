@@ -29,6 +29,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
+use crate::recent::Last;
 use crate::route::Route;
 use crate::snapshot::{Shared, Snapshot};
 use crate::stats::Exhausted;
@@ -139,6 +140,7 @@ pub fn answer<B>(req: &Request<B>, shared: &Shared, registry: &Registry) -> Resp
                         let pin = shared.sessions().and_then(|s| s.pins.peek(key));
                         let mut answer = route_json(&snapshot, &key_text, key);
                         answer["pinned"] = json!(pin.as_deref());
+                        answer["last"] = last_json(shared.recent.last(key));
                         json_response(StatusCode::OK, answer)
                     }
                     Err(e) => {
@@ -203,6 +205,21 @@ pub fn route_json(snapshot: &Snapshot, key_text: &str, key: u64) -> serde_json::
         "chosen": chosen,
         "candidates": candidates,
     })
+}
+
+/// Where the key's last request (or connection) went and why, if this
+/// magpie remembers it.
+fn last_json(last: Option<Last>) -> serde_json::Value {
+    match last {
+        None => serde_json::Value::Null,
+        Some(l) => json!({
+            "backend": l.backend,
+            "how": l.how.as_str(),
+            "seconds_ago": l.age.as_secs_f64(),
+            "stays_after_spill": l.spilled,
+            "prompt_tokens": l.prompt_tokens,
+        }),
+    }
 }
 
 fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {

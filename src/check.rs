@@ -62,7 +62,10 @@ pub fn report(
     let bounded = config
         .placement
         .bounded_load
-        .map_or("off".to_string(), |c| format!("{c} x fair share"));
+        .map_or("off".to_string(), |c| {
+            let excess = config.placement.spill_min_excess;
+            format!("{c} x fair share, and {excess} over the mean, before a key spills")
+        });
     writeln!(out, "bounded:     {bounded}")?;
     writeln!(out, "sessions:    {}", sessions_text(config))?;
     if let Some(d) = &config.discovery {

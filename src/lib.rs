@@ -36,6 +36,7 @@
 //! | [`tcp`] | `mode: tcp`: one connection in phases, its header key from the first bytes, copying both ways |
 //! | [`http`] | `mode: http`: each request's key and pin, forwarding in phases, pooled upstreams, streamed bodies |
 //! | [`sessions`] | session pins: a key's backend kept while the key is in use |
+//! | [`recent`] | what routing last did with each key: where and why, where it spilled (it stays), cache misses and their causes |
 //! | [`reload`] | SIGHUP and file watching → parse → build → publish, or keep the old snapshot |
 //! | [`stats`] | the global counters the data paths bump, and latency histograms |
 //! | [`metrics`] | the Prometheus export: every family declared once, with its reader |
@@ -70,6 +71,7 @@ pub mod placement;
 pub mod probe;
 pub mod proxy_protocol;
 pub mod read_ahead;
+pub mod recent;
 pub mod reload;
 pub mod route;
 pub mod sessions;

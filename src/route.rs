@@ -17,18 +17,30 @@
 //! A backend's load can change between planning and connecting, so taking a
 //! slot re-checks the cap atomically ([`Route::reserve`]): concurrent
 //! connections never push a backend past it.
+//!
+//! The cap is two thresholds ([`bounded::spill_cap`]): a candidate is full
+//! only when it is at `bounded_load` times its share *and* at least
+//! `placement.spill_min_excess` above its mean, so an ordinary burst spills
+//! nothing. A key that did spill stays where it spilled while it keeps being
+//! used, and goes back to its primary only once that one is below its mean
+//! ([`Route::plan_remembered`], with the key's [`crate::recent`] record).
+//!
+//! Every route says why its first target was chosen ([`How`]), which traffic
+//! counts in `magpie_requests_routed_total{how}`.
 
 use std::sync::Arc;
 
 use crate::backend::{ActiveGuard, Backend, Spill};
 use crate::config::AllDown;
 use crate::placement::{MAX_CANDIDATES, bounded};
+pub use crate::recent::How;
 use crate::snapshot::Snapshot;
 
 /// The bounded-load caps in force when a route was planned.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Caps {
     factor: f64,
+    min_excess: u64,
     /// Active connections (or requests) across the pool, before this one.
     total_load: u64,
     total_weight: u64,
@@ -37,7 +49,13 @@ struct Caps {
 impl Caps {
     fn of(backend: &Backend, caps: Option<Caps>) -> u64 {
         match caps {
-            Some(c) => bounded::cap(c.factor, c.total_load, backend.weight, c.total_weight),
+            Some(c) => bounded::spill_cap(
+                c.factor,
+                c.min_excess,
+                c.total_load,
+                backend.weight,
+                c.total_weight,
+            ),
             None => u64::MAX,
         }
     }
@@ -47,6 +65,8 @@ impl Caps {
 #[derive(Debug)]
 pub struct Route {
     pub targets: Vec<Arc<Backend>>,
+    /// Why the first target is first.
+    pub how: How,
     /// `None` when no cap applies (no bounded load, or a fail-open route).
     caps: Option<Caps>,
 }
@@ -57,6 +77,35 @@ impl Route {
         select(snapshot, key, |backend, why| {
             backend.live.traffic.count_spill(why)
         })
+    }
+
+    /// The route for traffic, with the key's memory: a key that spilled
+    /// because its primary was loaded stays on the backend it spilled to
+    /// (while that one is up and has room) until the primary is below its
+    /// mean share again; then it goes home.
+    /// `spilled_to` is where the key spilled, from [`crate::recent`].
+    pub fn plan_remembered(snapshot: &Snapshot, key: u64, spilled_to: Option<&str>) -> Route {
+        let route = Route::plan(snapshot, key);
+        let Some(spilled_to) = spilled_to else {
+            return route;
+        };
+        if route.how == How::Primary && Route::home_has_room(snapshot, key) {
+            return route;
+        }
+        match snapshot.backend(spilled_to) {
+            Some(pin) => route.pin_first(snapshot, pin),
+            None => route,
+        }
+    }
+
+    /// Whether the key's first candidate is up and below its mean share: a
+    /// key that spilled from it may go back.
+    pub fn home_has_room(snapshot: &Snapshot, key: u64) -> bool {
+        let Some(home) = snapshot.candidates(key).next() else {
+            return false;
+        };
+        let mean = bounded::mean(snapshot.total_active(), home.weight, snapshot.total_weight);
+        home.live.health.is_up() && (home.live.load.active() as f64) < mean
     }
 
     /// The route for traffic whose key is pinned to `pin` (session pins):
@@ -75,6 +124,15 @@ impl Route {
             self.targets.insert(0, Arc::clone(pin));
             self.targets
                 .truncate(snapshot.config.connect.attempts as usize);
+            self.how = How::Pinned;
+        }
+        self
+    }
+
+    /// This route, counted as one for a fallback key (no key was found).
+    pub fn for_fallback(mut self, fallback: bool) -> Route {
+        if fallback {
+            self.how = How::FallbackKey;
         }
         self
     }
@@ -111,11 +169,13 @@ fn select(snapshot: &Snapshot, key: u64, mut on_skip: impl FnMut(&Backend, Spill
     let attempts = config.connect.attempts as usize;
     let caps = config.placement.bounded_load.map(|factor| Caps {
         factor,
+        min_excess: config.placement.spill_min_excess,
         total_load: snapshot.total_active(),
         total_weight: snapshot.total_weight,
     });
     let mut targets = Vec::with_capacity(attempts);
     let mut skipped_down = false;
+    let mut how = How::Primary;
     for backend in snapshot.candidates(key) {
         let skip = if !backend.live.health.is_up() {
             Some(Spill::Down)
@@ -127,6 +187,9 @@ fn select(snapshot: &Snapshot, key: u64, mut on_skip: impl FnMut(&Backend, Spill
         match skip {
             Some(why) => {
                 skipped_down |= why == Spill::Down;
+                if targets.is_empty() && how == How::Primary {
+                    how = How::of_spill(why);
+                }
                 on_skip(backend, why);
             }
             None => {
@@ -150,12 +213,13 @@ fn select(snapshot: &Snapshot, key: u64, mut on_skip: impl FnMut(&Backend, Spill
             targets.extend(snapshot.candidates(key).take(attempts).cloned());
             return Route {
                 targets,
+                how: How::Primary,
                 caps: None,
             };
         }
     }
     debug_assert!(targets.len() <= MAX_CANDIDATES);
-    Route { targets, caps }
+    Route { targets, how, caps }
 }
 
 #[cfg(test)]
@@ -210,7 +274,7 @@ mod tests {
 
     #[test]
     fn a_backend_at_its_cap_is_skipped_and_reserve_rechecks() {
-        let s = snapshot("placement: {bounded_load: 1.0}\n");
+        let s = snapshot("placement: {bounded_load: 1.0, spill_min_excess: 0}\n");
         let order: Vec<String> = s.candidates(5).map(|b| b.name.clone()).collect();
         let primary = Arc::clone(s.backend(&order[0]).unwrap());
         // One active connection in a pool of three: cap = ceil(1 · 2 / 3) = 1.
@@ -222,5 +286,80 @@ mod tests {
         assert!(route.reserve(&primary).is_none());
         assert_eq!(primary.live.traffic.spills_total(), 2);
         assert!(route.reserve(route.first().unwrap()).is_some());
+        assert_eq!(route.how, How::SpilledAtCap);
+    }
+
+    /// Holds `n` active slots on `backend`.
+    fn hold(backend: &Backend, n: usize) -> Vec<ActiveGuard> {
+        (0..n).map(|_| backend.live.reserve()).collect()
+    }
+
+    #[test]
+    fn a_key_spills_only_when_over_the_cap_and_the_absolute_excess() {
+        let s = snapshot("placement: {bounded_load: 1.25}\n");
+        assert_eq!(s.config.placement.spill_min_excess, 8);
+        let order: Vec<String> = s.candidates(5).map(|b| b.name.clone()).collect();
+        let primary = s.backend(&order[0]).unwrap();
+        // 8 of 9 active on the primary: mean 10/3, cap 5, but 8 < 3.33 + 8.
+        let _burst = hold(primary, 8);
+        let _others = hold(s.backend(&order[1]).unwrap(), 1);
+        let route = Route::plan(&s, 5);
+        assert_eq!(
+            (route.first().unwrap().name.as_str(), route.how),
+            (order[0].as_str(), How::Primary)
+        );
+        // 12 of 13: mean 14/3 = 4.67, 12 >= ceil(12.67)? no: 12 < 13 still takes it.
+        let _more = hold(primary, 4);
+        assert_eq!(Route::plan(&s, 5).how, How::Primary);
+        // 13 of 14: mean 5, spill_cap = max(7, 13) = 13: full.
+        let _one = hold(primary, 1);
+        let route = Route::plan(&s, 5);
+        assert_eq!(route.how, How::SpilledAtCap);
+        assert_ne!(route.first().unwrap().name, order[0]);
+        // The atomic re-check uses the same bound.
+        assert!(route.reserve(primary).is_none());
+    }
+
+    #[test]
+    fn a_spilled_key_stays_until_its_primary_is_below_its_mean() {
+        let s = snapshot("placement: {bounded_load: 2.0, spill_min_excess: 0}\n");
+        let order: Vec<String> = s.candidates(5).map(|b| b.name.clone()).collect();
+        let (primary, other) = (s.backend(&order[0]).unwrap(), s.backend(&order[2]).unwrap());
+        let spilled = Some(order[2].as_str());
+        // Without a record, the table's order.
+        assert_eq!(Route::plan_remembered(&s, 5, None).how, How::Primary);
+        // The primary has room (cap 2) but is at its mean (1): the key stays.
+        let held = hold(primary, 1);
+        let _o = hold(other, 1);
+        let stay = Route::plan_remembered(&s, 5, spilled);
+        assert_eq!(
+            (stay.first().unwrap().name.as_str(), stay.how),
+            (order[2].as_str(), How::Pinned)
+        );
+        // Below its mean again (0 active, mean 2/3): home.
+        drop(held);
+        let home = Route::plan_remembered(&s, 5, spilled);
+        assert_eq!(
+            (home.first().unwrap().name.as_str(), home.how),
+            (order[0].as_str(), How::Primary)
+        );
+        // Where it spilled to is down: the table decides.
+        let _h = hold(primary, 1);
+        other.live.health.set_up(false);
+        assert_ne!(
+            Route::plan_remembered(&s, 5, spilled).first().unwrap().name,
+            order[2]
+        );
+    }
+
+    #[test]
+    fn passing_over_a_target_names_the_spill() {
+        assert_eq!(How::Primary.passed_over(Spill::Down), How::SpilledDown);
+        assert_eq!(How::Pinned.passed_over(Spill::AtCap), How::SpilledAtCap);
+        assert_eq!(How::FallbackKey.passed_over(Spill::Down), How::FallbackKey);
+        assert_eq!(
+            How::SpilledAtCap.passed_over(Spill::Down),
+            How::SpilledAtCap
+        );
     }
 }

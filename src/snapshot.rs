@@ -30,6 +30,7 @@ use crate::key::Fallback;
 use crate::placement::maglev::Maglev;
 use crate::placement::ring::Ring;
 use crate::placement::{Node, NodeSet, PlacementError, Scheme};
+use crate::recent::{self, Recent};
 use crate::sessions::Sessions;
 use crate::stats::Stats;
 
@@ -197,7 +198,10 @@ fn fingerprint(config: &Config, table: &Table, backends: &[Arc<Backend>]) -> Str
     h.update(key_identity(&config.key).as_bytes());
     h.update(b"\0");
     match config.placement.bounded_load {
-        Some(c) => h.update(&c.to_bits().to_be_bytes()),
+        Some(c) => {
+            h.update(&c.to_bits().to_be_bytes());
+            h.update(&config.placement.spill_min_excess.to_be_bytes())
+        }
         None => h.update(b"unbounded"),
     };
     for b in backends {
@@ -254,6 +258,8 @@ pub struct Shared {
     pub discovery: Arc<Discovery>,
     /// Session pins (`sessions`), kept across reloads that keep their settings.
     sessions: ArcSwapOption<Sessions>,
+    /// What routing last did with each key (spills, misses, `/route`).
+    pub recent: Recent,
 }
 
 impl Shared {
@@ -267,6 +273,8 @@ impl Shared {
         let limit = Arc::new(Semaphore::new(snapshot.config.max_connections));
         let (version, _) = watch::channel(snapshot.version);
         let sessions = ArcSwapOption::from(sessions_for(&snapshot.config));
+        let (max, ttl) = recent_size(&snapshot.config);
+        let recent = Recent::new(max, ttl);
         Shared {
             snapshot: ArcSwap::from_pointee(snapshot),
             stats: Stats::default(),
@@ -275,6 +283,7 @@ impl Shared {
             limit,
             version,
             sessions,
+            recent,
         }
     }
 
@@ -308,6 +317,8 @@ impl Shared {
         let new_limit = next.config.max_connections;
         if next.config.sessions != self.snapshot.load().config.sessions {
             self.sessions.store(sessions_for(&next.config));
+            let (max, ttl) = recent_size(&next.config);
+            self.recent.configure(max, ttl);
         }
         let next = Arc::new(next);
         let old = self.snapshot.swap(Arc::clone(&next));
@@ -381,6 +392,15 @@ impl health::Targets for Shared {
 /// Fresh session pins for `config`'s `sessions`, if any.
 fn sessions_for(config: &Config) -> Option<Arc<Sessions>> {
     config.sessions.as_ref().map(|s| Arc::new(Sessions::new(s)))
+}
+
+/// How many keys [`Recent`] remembers and how long a spill lasts: as
+/// `sessions` says, else the built-in bounds.
+fn recent_size(config: &Config) -> (usize, Duration) {
+    config
+        .sessions
+        .as_ref()
+        .map_or((recent::DEFAULT_MAX, recent::SPILL_TTL), |s| (s.max, s.ttl))
 }
 
 /// A poisoned lock only means another thread panicked while holding it; the

@@ -170,6 +170,9 @@ pub struct PlacementConfig {
     pub table_size: u64,
     pub points_per_weight: u32,
     pub bounded_load: Option<f64>,
+    /// With `bounded_load`: a key spills only when its candidate is also this
+    /// many requests (or connections) above its mean share.
+    pub spill_min_excess: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -121,6 +121,8 @@ pub(super) struct RawPlacement {
     pub(super) points_per_weight: Option<Spanned<u32>>,
     #[serde(default)]
     pub(super) bounded_load: Option<Spanned<f64>>,
+    #[serde(default)]
+    pub(super) spill_min_excess: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -111,6 +111,14 @@ fn every_listed_mistake_is_rejected() {
             "bounded_load",
         ),
         (
+            "listen: 127.0.0.1:7000\nplacement: {spill_min_excess: 4}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+            "spill_min_excess applies only with bounded_load",
+        ),
+        (
+            "listen: 127.0.0.1:7000\nplacement: {bounded_load: 1.25, spill_min_excess: 100001}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+            "must be at most 100000",
+        ),
+        (
             "listen: 127.0.0.1:7000\nkey: {from: header}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
             "key.header",
         ),

@@ -16,6 +16,8 @@ use tokio::time::Instant;
 
 use super::pool::Lease;
 use crate::backend::{ActiveGuard, Backend};
+use crate::recent::MissCause;
+use crate::snapshot::Shared;
 
 /// The error type of every body on this path.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -28,6 +30,19 @@ pub struct InFlight {
     pub sent: Instant,
     /// The connection it went over, back to the pool at the response's end.
     pub lease: Lease,
+    /// What the response's usage is counted against.
+    pub tally: Tally,
+}
+
+/// Where a response's usage goes: the key's memory (a cache miss and its
+/// cause) and the backend's token counters.
+pub struct Tally {
+    pub shared: Arc<Shared>,
+    pub key: u64,
+    /// Why the key moved to this backend, if it did ([`Recent::routed`]).
+    ///
+    /// [`Recent::routed`]: crate::recent::Recent::routed
+    pub moved: Option<MissCause>,
 }
 
 impl std::fmt::Debug for InFlight {

@@ -19,15 +19,17 @@ use hyper::{Request, Response, StatusCode, Uri, Version};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::download::{Download, InFlight};
+use super::download::{Download, InFlight, Tally};
 use super::pool::{self, Lease, Pool};
 use super::reply::Reply;
 use super::upload::Upload;
-use crate::backend::{Backend, CodeClass};
+use crate::backend::{Backend, CodeClass, Spill};
 use crate::config::Config;
 use crate::health::passive::{self, Blame};
+use crate::recent::Decision;
 use crate::route::Route;
-use crate::stats::{ClientFailure, Stats};
+use crate::snapshot::Shared;
+use crate::stats::ClientFailure;
 
 /// The header that names the backend, when `http.expose_backend` is on.
 pub const BACKEND_HEADER: &str = "x-magpie-backend";
@@ -47,9 +49,13 @@ const HOP_BY_HOP: [HeaderName; 7] = [
 /// What a request needs besides itself.
 pub struct Forward<'a> {
     pub route: &'a Route,
+    /// The request's key, and whether its session pin was lost (for the
+    /// key's memory, [`crate::recent`]).
+    pub key: u64,
+    pub pin_lost: bool,
     pub config: &'a Config,
     pub pool: &'a Arc<Pool>,
-    pub stats: &'a Stats,
+    pub shared: &'a Arc<Shared>,
 }
 
 /// Why a request reached no backend.
@@ -112,8 +118,10 @@ pub struct Served {
 pub async fn forward(request: Request<Upload>, forward: Forward<'_>) -> Result<Served, Failure> {
     let mut request = prepare(request);
     let mut tried = Vec::new();
+    let mut how = forward.route.how;
     for backend in &forward.route.targets {
         let Some(slot) = forward.route.reserve(backend) else {
+            how = how.passed_over(Spill::AtCap);
             continue;
         };
         tried.push(backend.name.clone());
@@ -124,18 +132,31 @@ pub async fn forward(request: Request<Upload>, forward: Forward<'_>) -> Result<S
                 sent,
             } => {
                 account(backend, response.status(), sent, forward.config);
+                let decision = Decision {
+                    how,
+                    pin_lost: forward.pin_lost,
+                };
+                let moved = forward.shared.recent.routed(forward.key, backend, decision);
                 let in_flight = InFlight {
                     backend: Arc::clone(backend),
                     slot,
                     sent,
                     lease,
+                    tally: Tally {
+                        shared: Arc::clone(forward.shared),
+                        key: forward.key,
+                        moved,
+                    },
                 };
                 return Ok(Served {
                     response: respond(response, in_flight, forward.config),
                     backend: Arc::clone(backend),
                 });
             }
-            Attempt::Unsent(back) => request = back,
+            Attempt::Unsent(back) => {
+                request = back;
+                how = how.passed_over(Spill::Down);
+            }
             Attempt::Failed(failure) => return Err(failure),
         }
     }
@@ -225,7 +246,7 @@ async fn connect(backend: &Arc<Backend>, forward: &Forward<'_>) -> Result<Lease,
                 &**backend,
                 &e,
                 health,
-                forward.stats,
+                &forward.shared.stats,
             ))
         }
     }

@@ -152,7 +152,7 @@ impl HttpPath {
     async fn request(
         &self,
         request: Request<Incoming>,
-        shared: &Shared,
+        shared: &Arc<Shared>,
         client: Client,
     ) -> Response<Reply> {
         let snapshot = shared.snapshot.load_full();
@@ -171,13 +171,17 @@ impl HttpPath {
         if let Some(why) = found.fallback {
             shared.stats.count_fallback(why);
         }
-        let pinned = pinning::route(shared.sessions(), &snapshot, found.key).await;
+        let pinned = pinning::route(shared.sessions(), &snapshot, &shared.recent, found.key)
+            .await
+            .for_fallback(found.fallback.is_some());
         drop(snapshot);
         let forward = Forward {
             route: &pinned.route,
+            key: found.key,
+            pin_lost: pinned.pin_lost(),
             config: &config,
             pool: &self.pool,
-            stats: &shared.stats,
+            shared,
         };
         match forward::forward(request, forward).await {
             Ok(served) => {

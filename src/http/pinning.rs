@@ -11,10 +11,17 @@
 //! and a stale binding is replaced by compare-and-set. When the store does
 //! not answer within its timeout the request goes by the table, which every
 //! instance agrees on, and nothing is pinned.
+//!
+//! A key that spilled off a loaded backend stays where it spilled: with
+//! `store: local` its pin says so; without `sessions` the key's
+//! [`crate::recent`] record does. Either way it goes back to its primary
+//! once that one is below its mean share. A shared pin stays where it is
+//! bound (moving it back would need every instance to agree on loads).
 
 use std::sync::Arc;
 
 use crate::backend::Backend;
+use crate::recent::{How, Recent};
 use crate::route::Route;
 use crate::sessions::Sessions;
 use crate::snapshot::Snapshot;
@@ -31,6 +38,20 @@ pub struct Pinned {
 }
 
 impl Pinned {
+    /// This route, counted as one for a fallback key (no key was found).
+    pub fn for_fallback(self, fallback: bool) -> Pinned {
+        Pinned {
+            route: self.route.for_fallback(fallback),
+            ..self
+        }
+    }
+
+    /// Sessions are on and the key was not routed by its pin: the pin was
+    /// lost (expired, evicted, or never bound).
+    pub fn pin_lost(&self) -> bool {
+        self.sessions.is_some() && self.route.how != How::Pinned
+    }
+
     /// The request was served by `backend`: with `store: local`, it becomes
     /// the key's pin (or the pin is renewed); with a shared store, the pin
     /// bound while routing is used again.
@@ -46,11 +67,19 @@ impl Pinned {
     }
 }
 
-/// The route for `key`: by the table without `sessions`, else by its pin.
-pub async fn route(sessions: Option<Arc<Sessions>>, snapshot: &Snapshot, key: u64) -> Pinned {
+/// The route for `key`: by the table (and where the key spilled) without
+/// `sessions`, else by its pin.
+pub async fn route(
+    sessions: Option<Arc<Sessions>>,
+    snapshot: &Snapshot,
+    recent: &Recent,
+    key: u64,
+) -> Pinned {
+    let spilled_to = recent.spilled_to(key);
+    let spilled_to = spilled_to.as_deref();
     let (route, bind_served) = match &sessions {
-        None => (Route::plan(snapshot, key), false),
-        Some(s) => by_pin(s, snapshot, key).await,
+        None => (Route::plan_remembered(snapshot, key, spilled_to), false),
+        Some(s) => by_pin(s, snapshot, key, spilled_to).await,
     };
     Pinned {
         route,
@@ -62,15 +91,24 @@ pub async fn route(sessions: Option<Arc<Sessions>>, snapshot: &Snapshot, key: u6
 
 /// The route for `key` under `sessions`, and whether the backend that serves
 /// it becomes the pin.
-async fn by_pin(sessions: &Sessions, snapshot: &Snapshot, key: u64) -> (Route, bool) {
+async fn by_pin(
+    sessions: &Sessions,
+    snapshot: &Snapshot,
+    key: u64,
+    spilled_to: Option<&str>,
+) -> (Route, bool) {
     let usable = |name: &str| -> Option<&Arc<Backend>> {
         snapshot.backend(name).filter(|b| b.live.health.is_up())
     };
     let Some(store) = &sessions.store else {
         let pin = sessions.pins.get(key);
-        let route = match pin.as_deref().and_then(|name| snapshot.backend(name)) {
-            Some(pin) => Route::plan_pinned(snapshot, key, pin),
-            None => Route::plan(snapshot, key),
+        let pin = pin.as_deref().and_then(|name| snapshot.backend(name));
+        let goes_home = |pin: &Backend| {
+            spilled_to == Some(pin.name.as_str()) && Route::home_has_room(snapshot, key)
+        };
+        let route = match pin {
+            Some(pin) if !goes_home(pin) => Route::plan_pinned(snapshot, key, pin),
+            _ => Route::plan(snapshot, key),
         };
         return (route, true);
     };

@@ -15,6 +15,7 @@ use crate::backend::{CodeClass, Side, Spill};
 use crate::discovery::Lookup;
 use crate::health::{CheckOutcome, ConnectFailure};
 use crate::key::FallbackReason;
+use crate::recent::{How, MissCause};
 use crate::sessions::store::{OpResult, Store};
 use crate::stats::{ClientFailure, Exhausted, FAST_BUCKETS, Histogram};
 use crate::supervise;
@@ -266,6 +267,20 @@ pub const FAMILIES: &[Family] = &[
         labels: &["reason"],
         help: "Connections (mode http: requests) keyed by the fallback because no header or body key was read, by reason.",
         read: Read::Global(|g, s| s.by(|why: FallbackReason| g.stats.fallbacks(why))),
+    },
+    Family {
+        name: "magpie_requests_routed_total",
+        kind: COUNTER,
+        labels: &["how"],
+        help: "Requests (mode tcp: connections) that reached a backend, by why it was that backend: primary, pinned, spilled_at_cap, spilled_down, spilled_engine_full, fallback_key.",
+        read: Read::Global(|g, s| s.by(|how: How| g.recent.routed_total(how))),
+    },
+    Family {
+        name: "magpie_cache_misses_total",
+        kind: COUNTER,
+        labels: &["cause"],
+        help: "Requests whose engine reported fewer cached prompt tokens than the key's previous request had prompt tokens, by cause: spill, backend_down, table_changed, pin_expired, evicted.",
+        read: Read::Global(|g, s| s.by(|cause: MissCause| g.recent.misses_total(cause))),
     },
     Family {
         name: "magpie_connections_accepted_total",

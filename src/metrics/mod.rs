@@ -91,6 +91,7 @@ impl Collector for Exporter {
             stats: &self.shared.stats,
             sessions: sessions.as_deref(),
             discovery: &self.shared.discovery,
+            recent: &self.shared.recent,
         };
         let requests = snapshot.config.mode == Mode::Http;
         // The current backends with their shares, then the draining ones;

@@ -11,6 +11,7 @@ use prometheus::proto::{Bucket, Counter, Gauge, Histogram, LabelPair, Metric, Me
 use crate::backend::{Backend, Live};
 use crate::discovery::Discovery;
 use crate::label::Label;
+use crate::recent::Recent;
 use crate::sessions::Sessions;
 use crate::sessions::store::Store;
 use crate::snapshot::Snapshot;
@@ -22,6 +23,7 @@ pub struct Scrape<'a> {
     pub stats: &'a Stats,
     pub sessions: Option<&'a Sessions>,
     pub discovery: &'a Discovery,
+    pub recent: &'a Recent,
 }
 
 impl Scrape<'_> {

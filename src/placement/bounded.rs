@@ -51,6 +51,40 @@ pub fn cap(factor: f64, total_load: u64, weight: u32, total_weight: u64) -> u64 
     snapped as u64
 }
 
+/// A node's mean share of `total_load + 1`: `(total_load + 1) · weight /
+/// total_weight`; 0 for weight 0.
+pub fn mean(total_load: u64, weight: u32, total_weight: u64) -> f64 {
+    if weight == 0 || total_weight == 0 {
+        return 0.0;
+    }
+    (total_load as f64 + 1.0) * f64::from(weight) / total_weight as f64
+}
+
+/// The cap with an absolute floor: a node may take the key while its load is
+/// below [`cap`] *or* below its [`mean`] plus `min_excess`, so a key spills
+/// only when its node is over both the relative and the absolute threshold.
+/// `min_excess` 0 gives [`cap`] (which is never below the mean for `c ≥ 1`).
+/// The bound on every node's load is then the larger of the two.
+pub fn spill_cap(
+    factor: f64,
+    min_excess: u64,
+    total_load: u64,
+    weight: u32,
+    total_weight: u64,
+) -> u64 {
+    let relative = cap(factor, total_load, weight, total_weight);
+    if weight == 0 || total_weight == 0 {
+        return relative;
+    }
+    let absolute = (mean(total_load, weight, total_weight) + min_excess as f64).ceil();
+    let absolute = if absolute >= u64::MAX as f64 {
+        u64::MAX
+    } else {
+        absolute as u64
+    };
+    relative.max(absolute)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,6 +102,19 @@ mod tests {
         assert_eq!(cap(1.0, 10, 1, 0), 0);
         assert_eq!(cap(f64::INFINITY, 10, 1, 1), u64::MAX);
         assert_eq!(cap(1.0, u64::MAX, u32::MAX, 1), u64::MAX);
+    }
+
+    #[test]
+    fn spill_cap_is_the_larger_of_the_relative_and_the_absolute_bound() {
+        // 3 equal nodes, 29 active + this one: mean 10, relative cap 13.
+        assert_eq!(spill_cap(1.25, 0, 29, 1, 3), cap(1.25, 29, 1, 3));
+        assert_eq!(spill_cap(1.25, 0, 29, 1, 3), 13);
+        assert_eq!(spill_cap(1.25, 8, 29, 1, 3), 18);
+        // Under heavy load the relative bound is the larger one.
+        assert_eq!(spill_cap(1.25, 8, 299, 1, 3), 125);
+        assert_eq!(spill_cap(1.25, 8, 10, 0, 3), 0);
+        assert_eq!(spill_cap(1.0, u64::MAX, 10, 1, 3), u64::MAX);
+        assert!((mean(29, 1, 3) - 10.0).abs() < 1e-9);
     }
 
     #[test]

@@ -17,13 +17,14 @@ use tracing::{debug, warn};
 
 use super::copy::{End, Transfer, copy_both_ways};
 use super::header_key::{HeaderKey, Want, read_header_key};
-use crate::backend::{ActiveGuard, Backend, Side};
+use crate::backend::{ActiveGuard, Backend, Side, Spill};
 use crate::config::{Config, KeyConfig};
 use crate::health::passive::{self, Blame};
 use crate::key;
 use crate::listener::Accepted;
 use crate::net::{Client, Peer, reset_on_close};
 use crate::proxy_protocol::{self, Addresses, Intake, Signature};
+use crate::recent::{Decision, How};
 use crate::route::Route;
 use crate::stats::{ClientFailure, Stats};
 
@@ -51,13 +52,16 @@ pub async fn serve(accepted: Accepted) {
     let Some(check_signature) = signature_check(&mut intake, stats).await else {
         return;
     };
-    let key = key(&config, &mut intake, stats).await;
-    let route = Route::plan(&snapshot, key);
+    let (key, fallback) = key(&config, &mut intake, stats).await;
+    let spilled_to = shared.recent.spilled_to(key);
+    let route =
+        Route::plan_remembered(&snapshot, key, spilled_to.as_deref()).for_fallback(fallback);
     drop(snapshot);
     let Connected {
         backend,
         mut upstream,
         slot: _active,
+        how,
     } = match connect_first(&route, &config, stats).await {
         Ok(connected) => connected,
         Err(failure) => {
@@ -68,7 +72,12 @@ pub async fn serve(accepted: Accepted) {
             return;
         }
     };
-    debug!(client = %intake.client, backend = %backend.name, "connected");
+    debug!(client = %intake.client, backend = %backend.name, how = how.as_str(), "connected");
+    let decision = Decision {
+        how,
+        pin_lost: false,
+    };
+    shared.recent.routed(key, &backend, decision);
     let connected = Instant::now();
     if config.proxy_protocol.send_v2 {
         let header = proxy_protocol::v2_header(intake.client.0, intake.local.0);
@@ -118,12 +127,12 @@ fn refuse_untrusted_header(stats: &Stats, peer: Peer) {
 }
 
 /// The connection's key: its address, or a header read from its first bytes
-/// (they stay read ahead, to be replayed).
-async fn key(config: &Config, intake: &mut Intake, stats: &Stats) -> u64 {
+/// (they stay read ahead, to be replayed), and whether it is the fallback.
+async fn key(config: &Config, intake: &mut Intake, stats: &Stats) -> (u64, bool) {
     let client = intake.client;
     // Validation allows body and conversation keys in mode http only.
     let KeyConfig::Header { name, read, .. } = &config.key else {
-        return config.key.address_key(client.0);
+        return (config.key.address_key(client.0), false);
     };
     let want = Want {
         header: name,
@@ -131,20 +140,23 @@ async fn key(config: &Config, intake: &mut Intake, stats: &Stats) -> u64 {
         deadline: read.read_timeout,
     };
     match read_header_key(&mut intake.stream, want).await {
-        HeaderKey::Found(k) => k,
+        HeaderKey::Found(k) => (k, false),
         HeaderKey::Fallback(reason) => {
             debug!(%client, reason = reason.as_str(), "header key not found, using fallback key");
             stats.count_fallback(reason);
-            key::fallback_key(read.fallback, client.0)
+            (key::fallback_key(read.fallback, client.0), true)
         }
     }
 }
 
-/// A backend connection, and the slot it holds on the backend.
+/// A backend connection, the slot it holds on the backend, and why it was
+/// this one.
 struct Connected {
     backend: Arc<Backend>,
     upstream: TcpStream,
     slot: ActiveGuard,
+    /// Why it was this backend.
+    how: How,
 }
 
 /// Connects to the first target of `route` that takes the connection, with
@@ -156,8 +168,10 @@ async fn connect_first(
     config: &Config,
     stats: &Stats,
 ) -> Result<Connected, ClientFailure> {
+    let mut how = route.how;
     for backend in &route.targets {
         let Some(slot) = route.reserve(backend) else {
+            how = how.passed_over(Spill::AtCap);
             continue;
         };
         let started = Instant::now();
@@ -170,6 +184,7 @@ async fn connect_first(
                     backend: Arc::clone(backend),
                     upstream,
                     slot,
+                    how,
                 });
             }
             Err(e) => {
@@ -177,6 +192,7 @@ async fn connect_first(
                 if passive::connect_failed(&**backend, &e, health, stats) == Blame::Local {
                     return Err(ClientFailure::LocalResources);
                 }
+                how = how.passed_over(Spill::Down);
             }
         }
     }

@@ -289,12 +289,12 @@ fn example_configs_route_as_pinned() {
     let golden: &[Golden] = &[
         (
             "magpie.yaml",
-            "5b0a29081530bb4aec74ad3ee50bf4f1",
+            "38bafd845ecd6a22e83bbba8bbcf8142",
             &[("alice", "app-1"), ("conv-7f3a", "app-2"), ("k3", "app-0")],
         ),
         (
             "llm-sessions.yaml",
-            "df8c818f5397c654fcf87fab1c29a9e9",
+            "dba07f510d5e603ddcc1af9876122986",
             &[
                 ("alice", "gpu-0"),
                 ("bob", "gpu-3"),

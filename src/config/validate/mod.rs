@@ -32,8 +32,9 @@ use super::resolve;
 use super::{
     Algorithm, BackendConfig, Config, ConfigError, ConfigErrors, DEFAULT_ADMIN,
     DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_POINTS_PER_WEIGHT,
-    DEFAULT_SHUTDOWN_GRACE, MAX_DRAIN_TIMEOUT, MAX_IDLE_TIMEOUT, MAX_MAX_CONNECTIONS,
-    MAX_RING_POINTS, MAX_SHUTDOWN_GRACE, MAX_TABLE_SIZE, Mode, Place, PlacementConfig, Places,
+    DEFAULT_SHUTDOWN_GRACE, DEFAULT_SPILL_MIN_EXCESS, MAX_DRAIN_TIMEOUT, MAX_IDLE_TIMEOUT,
+    MAX_MAX_CONNECTIONS, MAX_RING_POINTS, MAX_SHUTDOWN_GRACE, MAX_SPILL_MIN_EXCESS, MAX_TABLE_SIZE,
+    Mode, Place, PlacementConfig, Places,
 };
 use crate::placement::{bounded, maglev};
 
@@ -340,18 +341,43 @@ impl<'a> Validator<'a> {
         if algorithm == Algorithm::Ring && points_per_weight > 0 {
             self.ring_points(&raw, points_per_weight, backends);
         }
-        let bounded_load = raw.bounded_load.map(|b| {
+        let bounded_load = raw.bounded_load.as_ref().map(|b| {
             if bounded::check_factor(b.value).is_err() {
                 self.err(&b.referenced, format!("bounded_load {} must be a number >= 1.0 (1.25 lets a backend take 25% more than its share)", b.value));
             }
             b.value
         });
+        let spill_min_excess = self.spill_min_excess(&raw, bounded_load.is_some());
         PlacementConfig {
             algorithm,
             table_size,
             points_per_weight,
             bounded_load,
+            spill_min_excess,
         }
+    }
+
+    /// `spill_min_excess`: only beside `bounded_load`, at most
+    /// [`MAX_SPILL_MIN_EXCESS`].
+    fn spill_min_excess(&mut self, raw: &RawPlacement, bounded: bool) -> u64 {
+        let Some(e) = &raw.spill_min_excess else {
+            return DEFAULT_SPILL_MIN_EXCESS;
+        };
+        if !bounded {
+            self.err(
+                &e.referenced,
+                "spill_min_excess applies only with bounded_load",
+            );
+        } else if e.value > MAX_SPILL_MIN_EXCESS {
+            self.err(
+                &e.referenced,
+                format!(
+                    "spill_min_excess {} must be at most {MAX_SPILL_MIN_EXCESS}",
+                    e.value
+                ),
+            );
+        }
+        e.value
     }
 
     /// The ring's size is checked whatever set `points_per_weight`: the
