@@ -50,6 +50,14 @@ labels! {
     }
 }
 
+/// Prompt, cached prompt and completion tokens, as engines report them.
+#[derive(Debug, Default)]
+struct Tokens {
+    prompt: AtomicU64,
+    cached: AtomicU64,
+    completion: AtomicU64,
+}
+
 #[derive(Debug)]
 pub struct Traffic {
     connections: AtomicU64,
@@ -68,6 +76,8 @@ pub struct Traffic {
     /// Connections closed because neither side sent anything for
     /// `idle_timeout` (`mode: tcp`).
     idle_closes: AtomicU64,
+    /// Token counts the backend's engine reported in its responses' `usage`.
+    tokens: Tokens,
     /// Time to open a data-path connection (mode http: a fresh one).
     pub connect_time: Histogram,
     /// From connected to closed (`mode: tcp`).
@@ -89,6 +99,7 @@ impl Default for Traffic {
             client_aborts: AtomicU64::new(0),
             resets: Default::default(),
             idle_closes: AtomicU64::new(0),
+            tokens: Tokens::default(),
             connect_time: Histogram::with_bounds(&FAST_BUCKETS),
             connection_duration: Histogram::default(),
             time_to_first_byte: Histogram::default(),
@@ -121,6 +132,28 @@ impl Traffic {
 
     pub fn bytes_received(&self) -> u64 {
         self.bytes_received.load(Ordering::Relaxed)
+    }
+
+    /// A response's `usage`: its prompt tokens, how many of them the engine
+    /// served from its cache, and its completion tokens.
+    pub fn count_tokens(&self, prompt: u64, cached: u64, completion: u64) {
+        self.tokens.prompt.fetch_add(prompt, Ordering::Relaxed);
+        self.tokens.cached.fetch_add(cached, Ordering::Relaxed);
+        self.tokens
+            .completion
+            .fetch_add(completion, Ordering::Relaxed);
+    }
+
+    pub fn prompt_tokens(&self) -> u64 {
+        self.tokens.prompt.load(Ordering::Relaxed)
+    }
+
+    pub fn cached_prompt_tokens(&self) -> u64 {
+        self.tokens.cached.load(Ordering::Relaxed)
+    }
+
+    pub fn completion_tokens(&self) -> u64 {
+        self.tokens.completion.load(Ordering::Relaxed)
     }
 
     pub fn count_spill(&self, why: Spill) {

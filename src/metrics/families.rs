@@ -83,6 +83,27 @@ pub const FAMILIES: &[Family] = &[
         read: Read::Backend(|b, s| s.by(|by: Side| b.live().traffic.resets(by))),
     },
     Family {
+        name: "magpie_backend_prompt_tokens_total",
+        kind: COUNTER,
+        labels: &["backend", "addr"],
+        help: "Prompt tokens of the backend's answers, as its engine reported them in usage (mode http).",
+        read: Read::Backend(|b, s| s.value(&[], b.live().traffic.prompt_tokens() as f64)),
+    },
+    Family {
+        name: "magpie_backend_cached_prompt_tokens_total",
+        kind: COUNTER,
+        labels: &["backend", "addr"],
+        help: "Prompt tokens the backend's engine served from its prefix cache (usage cached_tokens, or cache_read_input_tokens).",
+        read: Read::Backend(|b, s| s.value(&[], b.live().traffic.cached_prompt_tokens() as f64)),
+    },
+    Family {
+        name: "magpie_backend_completion_tokens_total",
+        kind: COUNTER,
+        labels: &["backend", "addr"],
+        help: "Completion (output) tokens of the backend's answers, as its engine reported them in usage.",
+        read: Read::Backend(|b, s| s.value(&[], b.live().traffic.completion_tokens() as f64)),
+    },
+    Family {
         name: "magpie_backend_received_bytes_total",
         kind: COUNTER,
         labels: &["backend", "addr"],

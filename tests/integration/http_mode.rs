@@ -259,8 +259,10 @@ async fn bounded_load_counts_requests_in_flight() {
         assert_eq!(response.status(), 200);
         streams.push((client, response));
     }
-    // The cap for the last request: ceil(1.25 · 60 / 3) = 25.
-    let cap = 25;
+    // The bound for the last request: the larger of ceil(1.25 · 60 / 3) = 25
+    // and the mean plus the default spill_min_excess, 20 + 8.
+    let cap = magpie::placement::bounded::spill_cap(1.25, 8, N as u64 - 1, 1, 3);
+    assert_eq!(cap, 28);
     for b in &backends.list {
         let max = b.max_in_flight.load(Ordering::SeqCst);
         assert!(

@@ -19,6 +19,7 @@ mod reload;
 mod shared_pins;
 mod shutdown;
 mod simulate;
+mod spill;
 mod stickiness;
 mod support;
 mod transfer;

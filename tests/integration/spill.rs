@@ -1,0 +1,102 @@
+//! Spill that does not scatter (mode http): a key spills only far above its
+//! mean, stays on the backend it spilled to while its primary is loaded,
+//! goes home once the primary is below its mean, and every decision is
+//! counted by why it was made.
+
+use http_body_util::{BodyExt, Full};
+use magpie::key;
+use magpie::recent::How;
+
+use crate::support::*;
+
+/// `count` keys other than `except` whose primary is `primary`.
+fn keys_on(magpie: &Magpie, primary: &str, except: &str, count: usize) -> Vec<String> {
+    (0..10_000)
+        .map(|i| format!("load-{i}"))
+        .filter(|k| k != except && magpie.primary(key::text_key(k.as_bytes())) == primary)
+        .take(count)
+        .collect()
+}
+
+/// Waits until `backend` has `n` requests in flight.
+async fn in_flight(magpie: &Magpie, backend: &str, n: u64) {
+    let b = magpie.backend(backend);
+    within("the in-flight count to settle", async {
+        while b.live.load.active() != n {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spilled_key_stays_until_its_primary_is_below_its_mean() {
+    let backends = HyperBackends::start(&["a", "b", "c"]).await;
+    let settings = format!(
+        "mode: http\n{SESSION_KEY}placement:\n  bounded_load: 1.25\n  spill_min_excess: 2\nhttp:\n  expose_backend: true\n"
+    );
+    let magpie = Magpie::start(&config_yaml_with_admin(
+        "127.0.0.1:0",
+        &settings,
+        &backends.pairs(),
+    ))
+    .await;
+    let admin = magpie.admin.expect("admin is on");
+    let hot = key::text_key(b"hot");
+    let home = magpie.primary(hot);
+
+    // Four slow requests of other keys load the hot key's primary: with 4 in
+    // flight its cap is max(ceil(1.25 · 5/3), ceil(5/3 + 2)) = 4, so it is full.
+    let mut held = Vec::new();
+    for k in keys_on(&magpie, &home, "hot", 4) {
+        let mut client = KeepAlive::connect(magpie.addr).await;
+        let request = get("/slow").header("x-session-id", k).body(Full::default());
+        let response = client.start(request.expect("a request")).await;
+        held.push((client, response));
+    }
+    in_flight(&magpie, &home, 4).await;
+
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    let spilled = client.get_session("hot").await;
+    assert_ne!(spilled, home, "a full primary keeps no new request");
+    let (_, last) = admin_get(admin, "/route?key=hot").await;
+    assert!(last.contains("\"how\": \"spilled_at_cap\""), "{last}");
+
+    // One holder ends: the primary has room (3 < 4) but is above its mean
+    // (4/3): the key stays where it spilled.
+    backends.release(1);
+    let (_, first) = held.remove(0);
+    within("a released response", first.into_body().collect())
+        .await
+        .expect("its body");
+    in_flight(&magpie, &home, 3).await;
+    assert_eq!(
+        client.get_session("hot").await,
+        spilled,
+        "the spill bounced back"
+    );
+    let (_, last) = admin_get(admin, "/route?key=hot").await;
+    assert!(last.contains("\"how\": \"pinned\""), "{last}");
+    assert!(last.contains("\"stays_after_spill\": true"), "{last}");
+
+    // Everything ends: the primary is below its mean, the key goes home.
+    backends.release(held.len());
+    for (_, response) in held {
+        within("a released response", response.into_body().collect())
+            .await
+            .expect("its body");
+    }
+    in_flight(&magpie, &home, 0).await;
+    assert_eq!(client.get_session("hot").await, home);
+
+    let (_, metrics) = admin_get(admin, "/metrics").await;
+    let routed = |how: How| {
+        let label = format!("how=\"{}\"", how.as_str());
+        metric_sum(&metrics, "magpie_requests_routed_total", &[label.as_str()])
+    };
+    assert_eq!(routed(How::SpilledAtCap), 1.0, "{metrics}");
+    assert_eq!(routed(How::Pinned), 1.0, "{metrics}");
+    // The four holders, and the hot key's way home.
+    assert_eq!(routed(How::Primary), 5.0, "{metrics}");
+    magpie.stop().await;
+}
