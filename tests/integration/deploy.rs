@@ -31,6 +31,7 @@ const ALERTS: &[&str] = &[
     "MagpieSpillRateHigh",
     "MagpieFleetDisagreement",
     "MagpieFdsNearLimit",
+    "MagpieCacheHitRatioFalling",
     "MagpiePanics",
 ];
 
