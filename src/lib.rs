@@ -35,6 +35,7 @@
 //! | [`net`] | binding, socket options, connecting with a deadline, address types |
 //! | [`tcp`] | `mode: tcp`: one connection in phases, its header key from the first bytes, copying both ways |
 //! | [`http`] | `mode: http`: each request's key and pin, forwarding in phases, pooled upstreams, streamed bodies |
+//! | [`usage`] | token counts read from LLM responses as they stream: OpenAI chat/completions/responses and Anthropic shapes, JSON or SSE |
 //! | [`sessions`] | session pins: a key's backend kept while the key is in use |
 //! | [`recent`] | what routing last did with each key: where and why, where it spilled (it stays), cache misses and their causes |
 //! | [`reload`] | SIGHUP and file watching → parse → build → publish, or keep the old snapshot |
@@ -80,3 +81,4 @@ pub mod stats;
 pub mod supervise;
 pub mod tcp;
 pub mod throttle;
+pub mod usage;
