@@ -302,7 +302,11 @@ impl Recent {
 /// Why a key left the backend of its previous request for the one
 /// `decision` chose.
 fn moved_cause(previous: &Record, decision: Decision) -> MissCause {
-    if !previous.backend.live.health.is_up() || decision.how == How::SpilledDown {
+    // Away from a down primary, going (or staying) away, or coming back.
+    let down = !previous.backend.live.health.is_up()
+        || decision.how == How::SpilledDown
+        || previous.how == How::SpilledDown;
+    if down {
         MissCause::BackendDown
     } else if decision.how.is_load_spill() || previous.spilled {
         MissCause::Spill

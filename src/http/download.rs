@@ -5,6 +5,12 @@
 //! client has gone: read to the end, the connection goes back to the pool;
 //! abandoned half-way, it closes. A Server-Sent Events stream or a chunked
 //! generation flows through as each frame arrives.
+//!
+//! A JSON or event-stream answer is also read for its `usage` as it passes
+//! ([`crate::usage`], at most [`crate::usage::MAX_BUFFER`] bytes held): at
+//! its end the engine's token counts go to the backend's counters, and the
+//! key's memory ([`crate::recent`]) tells whether the cache was missed, and
+//! why.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -16,8 +22,9 @@ use tokio::time::Instant;
 
 use super::pool::Lease;
 use crate::backend::{ActiveGuard, Backend};
-use crate::recent::MissCause;
+use crate::recent::{MissCause, Tokens};
 use crate::snapshot::Shared;
+use crate::usage::{Usage, UsageScanner};
 
 /// The error type of every body on this path.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -60,27 +67,58 @@ pub struct Download {
     body: Incoming,
     /// `Some` until the body ended (or failed); then the slot is given back.
     in_flight: Option<InFlight>,
+    /// Reads the answer's `usage`, for a JSON or event-stream body.
+    usage: Option<UsageScanner>,
 }
 
 impl Download {
-    pub fn new(body: Incoming, in_flight: InFlight) -> Download {
+    /// `body`, read for its usage when `usage` is given.
+    pub fn new(body: Incoming, in_flight: InFlight, usage: Option<UsageScanner>) -> Download {
         Download {
             body,
             in_flight: Some(in_flight),
+            usage,
         }
     }
 
-    /// The response ended: time it, and give the connection back when the
-    /// body was read to its end (`complete`), else let it close.
+    /// The response ended: time it, count its usage, and give the connection
+    /// back when the body was read to its end (`complete`), else let it close.
     fn finish(&mut self, complete: bool) {
-        if let Some(f) = self.in_flight.take() {
-            let traffic = &f.backend.live.traffic;
-            traffic.request_duration.observe(f.sent.elapsed());
-            if complete {
-                f.lease.give_back();
-            }
+        let Some(f) = self.in_flight.take() else {
+            return;
+        };
+        let traffic = &f.backend.live.traffic;
+        traffic.request_duration.observe(f.sent.elapsed());
+        let usage = self
+            .usage
+            .take()
+            .filter(|_| complete)
+            .and_then(UsageScanner::finish);
+        if let Some(usage) = usage {
+            count_usage(&f, usage);
+        }
+        if complete {
+            f.lease.give_back();
         }
     }
+}
+
+/// An answer's usage: the backend's token counters, and the key's memory
+/// (a cache miss is counted there, with its cause).
+fn count_usage(f: &InFlight, usage: Usage) {
+    f.backend.live.traffic.count_tokens(
+        usage.prompt_tokens,
+        usage.cached_tokens,
+        usage.completion_tokens,
+    );
+    let tokens = Tokens {
+        prompt: usage.prompt_tokens,
+        cached: usage.cached_tokens,
+    };
+    let t = &f.tally;
+    t.shared
+        .recent
+        .served(t.key, &f.backend.name, tokens, t.moved);
 }
 
 impl Body for Download {
@@ -97,6 +135,9 @@ impl Body for Download {
                 if let (Some(data), Some(f)) = (frame.data_ref(), &self.in_flight) {
                     let traffic = &f.backend.live.traffic;
                     traffic.add_bytes_received(data.len() as u64);
+                    if let Some(usage) = &mut self.usage {
+                        usage.feed(data);
+                    }
                 }
             }
             Poll::Ready(None) => self.finish(true),

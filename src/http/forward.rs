@@ -30,6 +30,7 @@ use crate::recent::Decision;
 use crate::route::Route;
 use crate::snapshot::Shared;
 use crate::stats::ClientFailure;
+use crate::usage::UsageScanner;
 
 /// The header that names the backend, when `http.expose_backend` is on.
 pub const BACKEND_HEADER: &str = "x-magpie-backend";
@@ -277,6 +278,14 @@ fn respond(response: Response<Incoming>, in_flight: InFlight, config: &Config) -
         .then(|| HeaderValue::from_bytes(in_flight.backend.name.as_bytes()).ok())
         .flatten();
     let (mut parts, body) = response.into_parts();
+    // Only a successful, uncompressed answer reports usage worth reading.
+    let usage = (parts.status.is_success()
+        && !parts.headers.contains_key(header::CONTENT_ENCODING))
+    .then(|| {
+        let content_type = parts.headers.get(header::CONTENT_TYPE);
+        UsageScanner::for_content_type(content_type.and_then(|v| v.to_str().ok()))
+    })
+    .flatten();
     strip_hop_by_hop(&mut parts.headers);
     if let Some(name) = expose {
         parts
@@ -284,7 +293,8 @@ fn respond(response: Response<Incoming>, in_flight: InFlight, config: &Config) -
             .insert(HeaderName::from_static(BACKEND_HEADER), name);
     }
     parts.version = Version::HTTP_11;
-    Response::from_parts(parts, Reply::download(Download::new(body, in_flight)))
+    let download = Download::new(body, in_flight, usage);
+    Response::from_parts(parts, Reply::download(download))
 }
 
 /// The request as a backend gets it over HTTP/1.1: origin-form target, a

@@ -4,6 +4,7 @@
 mod admin;
 mod bad_input;
 mod bounded_load;
+mod cache_hits;
 mod config_files;
 mod conversation;
 mod deploy;

@@ -8,6 +8,10 @@
 //! * `GET /stream`: one chunk, then a second once the test releases it
 //!   ([`HyperBackends::release`]), then the end;
 //! * `GET /slow`: one chunk, then the end once the test releases it;
+//! * `POST /v1/chat/completions`: an OpenAI-shaped answer whose `usage`
+//!   reports the prompt and cached tokens the request's `x-test-prompt` and
+//!   `x-test-cached` headers ask for (its own totals are counted), as JSON,
+//!   or as server-sent events split across frames with `x-test-stream`;
 //! * anything else: `backend: NAME\n` and the `x-session-id` it saw.
 //!
 //! Each backend counts the requests in flight (max seen), so bounded-load
@@ -43,6 +47,9 @@ pub struct HyperBackend {
     pub max_in_flight: AtomicU64,
     /// Requests served.
     pub served: AtomicU64,
+    /// The prompt and cached tokens its chat answers reported.
+    pub prompt_reported: AtomicU64,
+    pub cached_reported: AtomicU64,
     /// `/stream` and `/slow` wait for a permit here before going on.
     gate: Semaphore,
     /// Responses whose body was dropped before its end (client gone).
@@ -127,6 +134,8 @@ async fn start_one(name: &str, bind: SocketAddr, stop: CancellationToken) -> Arc
         in_flight: AtomicU64::new(0),
         max_in_flight: AtomicU64::new(0),
         served: AtomicU64::new(0),
+        prompt_reported: AtomicU64::new(0),
+        cached_reported: AtomicU64::new(0),
         gate: Semaphore::new(0),
         abandoned: AtomicU64::new(0),
         own_stop,
@@ -275,6 +284,7 @@ async fn answer(req: Request<Incoming>, b: Arc<HyperBackend>) -> Response<Body> 
             });
             response
         }
+        "/v1/chat/completions" => chat(req, b).await,
         p if p.starts_with("/bytes/") => {
             let n: usize = p["/bytes/".len()..].parse().unwrap_or(0);
             let (tx, response) = streamed(b);
@@ -310,6 +320,63 @@ async fn answer(req: Request<Incoming>, b: Arc<HyperBackend>) -> Response<Body> 
             r
         }
     }
+}
+
+/// A chat completion whose usage reports what the request's test headers
+/// ask for, as JSON or (with `x-test-stream`) as events split across frames.
+async fn chat(req: Request<Incoming>, b: Arc<HyperBackend>) -> Response<Body> {
+    let number = |name: &str| -> u64 {
+        req.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let (prompt, cached) = (number("x-test-prompt"), number("x-test-cached"));
+    let stream = req.headers().contains_key("x-test-stream");
+    let mut body = req.into_body();
+    while let Some(Ok(_)) = body.frame().await {}
+    b.prompt_reported.fetch_add(prompt, Ordering::SeqCst);
+    b.cached_reported.fetch_add(cached, Ordering::SeqCst);
+    let usage = format!(
+        r#"{{"prompt_tokens":{prompt},"completion_tokens":3,"total_tokens":{},"prompt_tokens_details":{{"cached_tokens":{cached}}}}}"#,
+        prompt + 3
+    );
+    let name = b.name.clone();
+    if !stream {
+        let text = format!(
+            r#"{{"id":"c1","object":"chat.completion","choices":[{{"index":0,"message":{{"role":"assistant","content":"from {name}"}}}}],"usage":{usage}}}"#
+        );
+        let mut r = full(StatusCode::OK, text);
+        r.headers_mut().insert(
+            "content-type",
+            "application/json".parse().expect("a header value"),
+        );
+        return r;
+    }
+    let (tx, mut response) = streamed(b);
+    response.headers_mut().insert(
+        "content-type",
+        "text/event-stream".parse().expect("a header value"),
+    );
+    tokio::spawn(async move {
+        let last = format!(r#"data: {{"choices":[],"usage":{usage}}}"#);
+        let (head, tail) = last.split_at(last.len() / 2);
+        let frames = [
+            format!(
+                "data: {{\"choices\":[{{\"delta\":{{\"content\":\"from {name}\"}}}}],\"usage\":null}}\n\n"
+            ),
+            head.to_string(),
+            format!("{tail}\n\n"),
+            "data: [DONE]\n\n".to_string(),
+        ];
+        for frame in frames {
+            if tx.send(Bytes::from(frame)).await.is_err() {
+                return;
+            }
+        }
+    });
+    response
 }
 
 // ---------------------------------------------------------------------------
