@@ -67,8 +67,9 @@ pub struct Download {
     body: Incoming,
     /// `Some` until the body ended (or failed); then the slot is given back.
     in_flight: Option<InFlight>,
-    /// Reads the answer's `usage`, for a JSON or event-stream body.
-    usage: Option<UsageScanner>,
+    /// Reads the answer's `usage`, for a JSON or event-stream body (boxed:
+    /// most of a scanner is its buffers' bookkeeping).
+    usage: Option<Box<UsageScanner>>,
 }
 
 impl Download {
@@ -77,7 +78,7 @@ impl Download {
         Download {
             body,
             in_flight: Some(in_flight),
-            usage,
+            usage: usage.map(Box::new),
         }
     }
 
@@ -93,7 +94,7 @@ impl Download {
             .usage
             .take()
             .filter(|_| complete)
-            .and_then(UsageScanner::finish);
+            .and_then(|u| u.finish());
         if let Some(usage) = usage {
             count_usage(&f, usage);
         }
