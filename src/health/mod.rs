@@ -19,6 +19,7 @@
 //! [`Targets`], which the backend and the snapshot implement.
 
 pub mod active;
+pub mod exposition;
 pub mod passive;
 pub mod state;
 
