@@ -67,9 +67,14 @@ impl Route {
         Route::plan(snapshot, key).pin_first(snapshot, pin)
     }
 
-    /// This route with `pin` tried first, if it is up and under its cap.
+    /// This route with `pin` tried first, if it is up, under its cap and
+    /// its engine not far over its load limits.
     pub fn pin_first(mut self, snapshot: &Snapshot, pin: &Arc<Backend>) -> Route {
-        let takes = pin.live.health.is_up() && pin.live.load.active() < Caps::of(pin, self.caps);
+        let far_over = (snapshot.config.load_limits())
+            .is_some_and(|l| pin.live.engine.far_over(l, tokio::time::Instant::now()));
+        let takes = pin.live.health.is_up()
+            && pin.live.load.active() < Caps::of(pin, self.caps)
+            && !far_over;
         if takes {
             self.targets.retain(|b| !Arc::ptr_eq(b, pin));
             self.targets.insert(0, Arc::clone(pin));
@@ -114,6 +119,9 @@ fn select(snapshot: &Snapshot, key: u64, mut on_skip: impl FnMut(&Backend, Spill
         total_load: snapshot.total_active(),
         total_weight: snapshot.total_weight,
     });
+    let engine = config
+        .load_limits()
+        .map(|l| (l, tokio::time::Instant::now()));
     let mut targets = Vec::with_capacity(attempts);
     let mut skipped_down = false;
     for backend in snapshot.candidates(key) {
@@ -121,6 +129,8 @@ fn select(snapshot: &Snapshot, key: u64, mut on_skip: impl FnMut(&Backend, Spill
             Some(Spill::Down)
         } else if backend.live.load.active() >= Caps::of(backend, caps) {
             Some(Spill::AtCap)
+        } else if engine.is_some_and(|(l, now)| backend.live.engine.full_for_new_keys(l, now)) {
+            Some(Spill::EngineFull)
         } else {
             None
         };
