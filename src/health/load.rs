@@ -231,3 +231,137 @@ async fn ask(
         )
         .ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+    use crate::config::LoadPreset;
+    use crate::health::{EngineLoad, Health};
+
+    struct Engine {
+        addr: SocketAddr,
+        health: Health,
+        engine: EngineLoad,
+    }
+
+    impl Target for Engine {
+        fn name(&self) -> &str {
+            "e"
+        }
+        fn addr(&self) -> SocketAddr {
+            self.addr
+        }
+        fn health(&self) -> &Health {
+            &self.health
+        }
+        fn engine(&self) -> &EngineLoad {
+            &self.engine
+        }
+    }
+
+    /// A keep-alive server answering every request head with `answer`;
+    /// counts the connections it accepted.
+    async fn server(answer: Arc<Mutex<Vec<u8>>>, accepted: Arc<AtomicUsize>) -> SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                accepted.fetch_add(1, Ordering::SeqCst);
+                let answer = Arc::clone(&answer);
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while let Ok(n @ 1..) = stream.read(&mut buf).await {
+                        head.extend_from_slice(&buf[..n]);
+                        if head.windows(4).any(|w| w == b"\r\n\r\n") {
+                            head.clear();
+                            let bytes = answer.lock().unwrap().clone();
+                            if stream.write_all(&bytes).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    fn ok(body: &str) -> Vec<u8> {
+        format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes()
+    }
+
+    #[tokio::test]
+    async fn scrapes_reuse_one_connection_and_fail_by_reason() {
+        let answer = Arc::new(Mutex::new(ok("vllm:num_requests_waiting{m=\"x\"} 3\n")));
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let addr = server(Arc::clone(&answer), Arc::clone(&accepted)).await;
+        let target = Arc::new(Engine {
+            addr,
+            health: Health::default(),
+            engine: EngineLoad::default(),
+        });
+        let load = Arc::new(LoadConfig {
+            preset: LoadPreset::Vllm,
+            path: "/metrics".to_string(),
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(2),
+            gauges: LoadPreset::Vllm.gauges(),
+            limits: crate::config::LoadLimits {
+                max_waiting: 8,
+                max_kv_usage: 0.95,
+                max_age: Duration::from_secs(5),
+            },
+        });
+        let mut kept = Kept::new();
+        let round = async |kept: &mut Kept| {
+            scrape_all(kept, vec![Arc::clone(&target)], Arc::clone(&load)).await
+        };
+        for _ in 0..3 {
+            round(&mut kept).await;
+        }
+        assert_eq!(target.engine.scrapes(ScrapeResult::Ok), 3);
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "one kept-alive connection"
+        );
+        let fresh = target.engine.fresh(Instant::now(), Duration::from_secs(5));
+        assert_eq!(fresh.and_then(|s| s.waiting), Some(3.0));
+
+        *answer.lock().unwrap() = ok("# nothing we read\nother 1\n");
+        round(&mut kept).await;
+        assert_eq!(target.engine.scrapes(ScrapeResult::Parse), 1);
+        *answer.lock().unwrap() = b"HTTP/1.1 503 Busy\r\ncontent-length: 0\r\n\r\n".to_vec();
+        round(&mut kept).await;
+        assert_eq!(target.engine.scrapes(ScrapeResult::Status), 1);
+        *answer.lock().unwrap() = ok(&"x".repeat(MAX_SCRAPE_BYTES + 1));
+        round(&mut kept).await;
+        assert_eq!(target.engine.scrapes(ScrapeResult::TooLarge), 1);
+        // The last good value is still there; health was never touched.
+        let fresh = target.engine.fresh(Instant::now(), Duration::from_secs(5));
+        assert_eq!(fresh.and_then(|s| s.waiting), Some(3.0));
+        assert!(target.health.is_up());
+
+        // Nobody listening: a connect failure, and the kept entry is gone.
+        let dead = Arc::new(Engine {
+            addr: std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .unwrap(),
+            health: Health::default(),
+            engine: EngineLoad::default(),
+        });
+        scrape_all(&mut kept, vec![Arc::clone(&dead)], Arc::clone(&load)).await;
+        assert_eq!(dead.engine.scrapes(ScrapeResult::Connect), 1);
+        assert!(kept.is_empty(), "the removed backend's connection dropped");
+    }
+}
