@@ -1,5 +1,6 @@
 //! Start and run a whole magpie: the first snapshot, every listener, the
-//! admin endpoint, health checks, reloads, and the drain at shutdown.
+//! admin endpoint, health checks, engine load scrapes, reloads, and the
+//! drain at shutdown.
 //!
 //! `Config ──build──▶ Snapshot ──▶ Shared` happens here once; then each piece
 //! gets the `Shared` it needs and the shutdown token, and runs as its own task.
@@ -148,6 +149,12 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         let (shared, shutdown) = (Arc::clone(&shared), shutdown.clone());
         supervise::spawn(Task::Health, move || {
             crate::health::run(Arc::clone(&shared), shutdown.clone())
+        });
+    }
+    {
+        let (shared, shutdown) = (Arc::clone(&shared), shutdown.clone());
+        supervise::spawn(Task::EngineLoad, move || {
+            crate::health::load::run(Arc::clone(&shared), shutdown.clone())
         });
     }
     if config.source.is_file() || config.discovery.is_some() {

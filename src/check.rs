@@ -59,6 +59,7 @@ pub fn report(
     };
     writeln!(out, "proxy out:   {send}")?;
     writeln!(out, "health:      {}", health_text(config))?;
+    writeln!(out, "load:        {}", load_text(config))?;
     let bounded = config
         .placement
         .bounded_load
@@ -181,6 +182,28 @@ fn proxy_in(config: &Config) -> String {
     )
 }
 
+/// `health.load`: what is scraped, how often, and what makes a backend
+/// full for new keys.
+fn load_text(config: &Config) -> String {
+    let Some(l) = config.health.as_ref().and_then(|h| h.load.as_ref()) else {
+        return "off".to_string();
+    };
+    let name = |g: &Option<String>| g.clone().unwrap_or_else(|| "-".to_string());
+    format!(
+        "GET {} every {} (timeout {}, preset {}); full for new keys above {} waiting ({}) or {} KV cache usage ({}); running: {}; values ignored after {}",
+        l.path,
+        humantime::format_duration(l.interval),
+        humantime::format_duration(l.timeout),
+        l.preset.as_str(),
+        l.limits.max_waiting,
+        name(&l.gauges.waiting),
+        l.limits.max_kv_usage,
+        name(&l.gauges.kv_usage),
+        name(&l.gauges.running),
+        humantime::format_duration(l.limits.max_age),
+    )
+}
+
 fn health_text(config: &Config) -> String {
     let Some(h) = &config.health else {
         return "off".to_string();
@@ -231,6 +254,20 @@ mod tests {
     fn snapshot(text: &str) -> Snapshot {
         let config = Config::parse(Path::new("t.yaml"), text).unwrap();
         Snapshot::build(Arc::new(config), 1, &Default::default()).unwrap()
+    }
+
+    #[test]
+    fn the_report_shows_the_engine_load_settings() {
+        let s = snapshot(
+            "mode: http\nlisten: 127.0.0.1:7000\nhealth: {load: {preset: vllm, max_waiting: 4}}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+        );
+        let text = report("t.yaml", &s, Environment::default()).unwrap();
+        let needle = "load:        GET /metrics every 1s (timeout 500ms, preset vllm); full for new keys above 4 waiting (vllm:num_requests_waiting) or 0.95 KV cache usage (vllm:kv_cache_usage_perc); running: vllm:num_requests_running; values ignored after 5s";
+        assert!(text.contains(needle), "{needle:?} not in:\n{text}");
+        let s =
+            snapshot("listen: 127.0.0.1:7000\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n");
+        let text = report("t.yaml", &s, Environment::default()).unwrap();
+        assert!(text.contains("load:        off"), "{text}");
     }
 
     #[test]

@@ -28,7 +28,7 @@
 //! | [`backend`] | a backend's identity and live state: load, traffic, health, drain |
 //! | [`key`] | keys from an address, a header value, a JSON body field or a conversation's head; fallback reasons |
 //! | [`route`] | candidates + accept policy (health, bounded-load caps, attempts, fail-open) → the backends to try |
-//! | [`health`] | a backend's health: its state, active checks (TCP or HTTP) with rise/fall, passive failures |
+//! | [`health`] | a backend's health: its state, active checks (TCP or HTTP) with rise/fall, passive failures, engine load scraped from its metrics |
 //! | [`proxy_protocol`] | the intake both data paths share: PROXY v1/v2 in from trusted peers, v2 out |
 //! | [`read_ahead`] | a client stream with the bytes already read from it, replayed unchanged |
 //! | [`listener`] | the accept loop both data paths share: limits, back-off, graceful drain |

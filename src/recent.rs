@@ -62,6 +62,7 @@ impl How {
         match why {
             Spill::Down => How::SpilledDown,
             Spill::AtCap => How::SpilledAtCap,
+            Spill::EngineFull => How::SpilledEngineFull,
         }
     }
 

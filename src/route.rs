@@ -5,8 +5,9 @@
 //! selector (the table's candidate walk) knows nothing of health or load; the
 //! policy here decides, for each candidate in turn, whether it may take the
 //! key: a backend marked down is skipped, and so is one at its bounded-load
-//! cap. At most `connect.attempts` targets are kept. When health leaves
-//! nobody, `health.when_all_down` decides: try the candidates anyway, primary
+//! cap, or whose engine reports itself full (`health.load`: its queue or KV
+//! cache over the limits; a pinned key stays unless it is far over). At most
+//! `connect.attempts` targets are kept. When health leaves nobody, `health.when_all_down` decides: try the candidates anyway, primary
 //! first (fail open), or refuse.
 //!
 //! Both data paths and the admin endpoint's `/route` ask this module, so a
@@ -98,14 +99,19 @@ impl Route {
         }
     }
 
-    /// Whether the key's first candidate is up and below its mean share: a
-    /// key that spilled from it may go back.
+    /// Whether the key's first candidate is up, below its mean share and
+    /// its engine not full: a key that spilled from it may go back.
     pub fn home_has_room(snapshot: &Snapshot, key: u64) -> bool {
         let Some(home) = snapshot.candidates(key).next() else {
             return false;
         };
         let mean = bounded::mean(snapshot.total_active(), home.weight, snapshot.total_weight);
-        home.live.health.is_up() && (home.live.load.active() as f64) < mean
+        let engine_full = (snapshot.config.load_limits()).is_some_and(|l| {
+            home.live
+                .engine
+                .full_for_new_keys(l, tokio::time::Instant::now())
+        });
+        home.live.health.is_up() && (home.live.load.active() as f64) < mean && !engine_full
     }
 
     /// The route for traffic whose key is pinned to `pin` (session pins):
@@ -116,9 +122,14 @@ impl Route {
         Route::plan(snapshot, key).pin_first(snapshot, pin)
     }
 
-    /// This route with `pin` tried first, if it is up and under its cap.
+    /// This route with `pin` tried first, if it is up, under its cap and
+    /// its engine not far over its load limits.
     pub fn pin_first(mut self, snapshot: &Snapshot, pin: &Arc<Backend>) -> Route {
-        let takes = pin.live.health.is_up() && pin.live.load.active() < Caps::of(pin, self.caps);
+        let far_over = (snapshot.config.load_limits())
+            .is_some_and(|l| pin.live.engine.far_over(l, tokio::time::Instant::now()));
+        let takes = pin.live.health.is_up()
+            && pin.live.load.active() < Caps::of(pin, self.caps)
+            && !far_over;
         if takes {
             self.targets.retain(|b| !Arc::ptr_eq(b, pin));
             self.targets.insert(0, Arc::clone(pin));
@@ -173,6 +184,9 @@ fn select(snapshot: &Snapshot, key: u64, mut on_skip: impl FnMut(&Backend, Spill
         total_load: snapshot.total_active(),
         total_weight: snapshot.total_weight,
     });
+    let engine = config
+        .load_limits()
+        .map(|l| (l, tokio::time::Instant::now()));
     let mut targets = Vec::with_capacity(attempts);
     let mut skipped_down = false;
     let mut how = How::Primary;
@@ -181,6 +195,8 @@ fn select(snapshot: &Snapshot, key: u64, mut on_skip: impl FnMut(&Backend, Spill
             Some(Spill::Down)
         } else if backend.live.load.active() >= Caps::of(backend, caps) {
             Some(Spill::AtCap)
+        } else if engine.is_some_and(|(l, now)| backend.live.engine.full_for_new_keys(l, now)) {
+            Some(Spill::EngineFull)
         } else {
             None
         };

@@ -1,5 +1,5 @@
 //! No task dies silently. Long-lived tasks (accept loops, the admin
-//! endpoint, health checks, reloading) run under [`spawn`]: if one panics —
+//! endpoint, health checks, engine load scrapes, reloading) run under [`spawn`]: if one panics —
 //! a bug, since nothing a peer or the config can do should panic — the panic
 //! is logged, counted in `magpie_task_restarts_total{task}`, and the task is
 //! started again after a short pause. A task that returns has finished its
@@ -27,6 +27,7 @@ labels! {
         Accept => "accept",
         Admin => "admin",
         Health => "health",
+        EngineLoad => "engine_load",
         Reload => "reload",
     }
 }

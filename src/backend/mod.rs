@@ -2,7 +2,7 @@
 //!
 //! Identity comes from the config and never changes within a snapshot. Live
 //! state is atomics shared by the data paths (which count and take slots),
-//! health (which marks up and down) and metrics/admin (which read), in four
+//! health (which marks up and down) and metrics/admin (which read), in five
 //! named parts:
 //!
 //! | part | owns |
@@ -10,6 +10,7 @@
 //! | [`load`] | connections or requests in flight (what bounded load counts), open upstream connections |
 //! | [`traffic`] | connections, bytes, requests by status, spills, resets, latency histograms |
 //! | [`crate::health::Health`] | up or down, the streaks that move it, transitions |
+//! | [`crate::health::EngineLoad`] | the inference engine's queue and KV cache, as last scraped |
 //! | [`drain`] | when a removed backend's connections must close |
 //!
 //! Live state lives behind its own `Arc`, so a reload can hand the same live
@@ -29,7 +30,7 @@ use self::drain::Drain;
 use self::load::Load;
 use self::traffic::Traffic;
 use crate::config::BackendConfig;
-use crate::health::{self, Health};
+use crate::health::{self, EngineLoad, Health};
 
 #[derive(Debug)]
 pub struct Backend {
@@ -64,6 +65,10 @@ impl health::Target for Backend {
     fn health(&self) -> &Health {
         &self.live.health
     }
+
+    fn engine(&self) -> &EngineLoad {
+        &self.live.engine
+    }
 }
 
 /// The live state of one backend.
@@ -72,6 +77,8 @@ pub struct Live {
     pub load: Load,
     pub traffic: Traffic,
     pub health: Health,
+    /// The engine's queue and KV cache as last scraped (`health.load`).
+    pub engine: EngineLoad,
     pub drain: Drain,
 }
 

@@ -39,6 +39,9 @@ labels! {
         Down => "down",
         /// It had reached its bounded-load cap.
         AtCap => "at_cap",
+        /// Its inference engine reported a queue or a KV cache over the
+        /// `health.load` limits (a fresh value).
+        EngineFull => "engine_full",
     }
 }
 

@@ -40,6 +40,16 @@ pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(1);
 pub const DEFAULT_RISE: u32 = 2;
 pub const DEFAULT_FALL: u32 = 3;
 pub const DEFAULT_PASSIVE_FAILURES: u32 = 3;
+/// `health.load`: where an engine's Prometheus text is read, how often, and
+/// what makes it full for new keys.
+pub const DEFAULT_LOAD_PATH: &str = "/metrics";
+pub const DEFAULT_LOAD_INTERVAL: Duration = Duration::from_secs(1);
+pub const DEFAULT_LOAD_TIMEOUT: Duration = Duration::from_millis(500);
+pub const DEFAULT_MAX_WAITING: u64 = 8;
+pub const DEFAULT_MAX_KV_USAGE: f64 = 0.95;
+/// `health.load.max_age` defaults to this many intervals: a value survives
+/// a few failed scrapes, not a dead engine.
+pub const DEFAULT_LOAD_MAX_AGE_INTERVALS: u32 = 5;
 /// `copy: auto`: a direction turns from buffers to splice(2) once it has
 /// moved more than this. Below it, a pipe (two descriptors, two splice
 /// calls per chunk) costs more than the copy it saves; above it the transfer
@@ -78,6 +88,13 @@ pub const MAX_PASSIVE_FAILURES: u32 = 1000;
 /// Polling faster than this costs more than it finds.
 pub const MIN_POLL_INTERVAL: Duration = Duration::from_millis(100);
 pub const MAX_POLL_INTERVAL: Duration = Duration::from_secs(DAY);
+/// Scraping an engine more often costs it more than the signal gains.
+pub const MIN_LOAD_INTERVAL: Duration = Duration::from_millis(100);
+/// A load signal older than a few minutes says nothing about now.
+pub const MAX_LOAD_INTERVAL: Duration = Duration::from_secs(5 * MINUTE);
+pub const MAX_LOAD_MAX_AGE: Duration = Duration::from_secs(HOUR);
+/// Far above any engine's queue; `4 ×` this still fits a u64 many times.
+pub const MAX_MAX_WAITING: u64 = 1_000_000;
 pub const DEFAULT_DISCOVERY_INTERVAL: Duration = Duration::from_secs(10);
 pub const MIN_DISCOVERY_INTERVAL: Duration = Duration::from_millis(100);
 pub const MAX_DISCOVERY_INTERVAL: Duration = Duration::from_secs(HOUR);

@@ -24,9 +24,11 @@ mod error;
 pub mod file;
 mod key;
 mod limits;
+mod load;
 pub use error::{ConfigError, ConfigErrors, Place, Places};
 pub use key::{KeyConfig, KeyRead, KeySources};
 pub use limits::*;
+pub use load::{Gauges, LoadConfig, LoadLimits, LoadPreset};
 pub(crate) use validate::reaches;
 mod raw;
 mod resolve;
@@ -196,7 +198,7 @@ impl ProxyProtocolConfig {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct HealthConfig {
     pub interval: Duration,
     pub timeout: Duration,
@@ -211,6 +213,8 @@ pub struct HealthConfig {
     pub expect_status: RangeInclusive<u16>,
     /// `mode: http`: 502/503/504 answers count towards `passive_failures`.
     pub passive_status: bool,
+    /// Engine load signals read from each backend's metrics; `None`: off.
+    pub load: Option<LoadConfig>,
 }
 
 impl Default for HealthConfig {
@@ -225,6 +229,7 @@ impl Default for HealthConfig {
             http_path: None,
             expect_status: DEFAULT_EXPECT_STATUS,
             passive_status: false,
+            load: None,
         }
     }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
-use super::{Algorithm, AllDown, ConfigError, CopyMode, Mode};
+use super::{Algorithm, AllDown, ConfigError, CopyMode, LoadPreset, Mode};
 use crate::key::Fallback;
 
 #[derive(Debug, Deserialize)]
@@ -199,6 +199,34 @@ pub(super) struct RawHealth {
     pub(super) expect_status: Option<Spanned<StatusRange>>,
     #[serde(default)]
     pub(super) passive_status: Option<Spanned<bool>>,
+    #[serde(default)]
+    pub(super) load: Option<Spanned<RawLoad>>,
+}
+
+/// `health.load`: engine load signals from each backend's metrics.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLoad {
+    #[serde(default)]
+    pub(super) preset: Option<Spanned<LoadPreset>>,
+    #[serde(default)]
+    pub(super) path: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(super) interval: Option<Spanned<HumanDuration>>,
+    #[serde(default)]
+    pub(super) timeout: Option<Spanned<HumanDuration>>,
+    #[serde(default)]
+    pub(super) waiting: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(super) running: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(super) kv_usage: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(super) max_waiting: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub(super) max_kv_usage: Option<Spanned<f64>>,
+    #[serde(default)]
+    pub(super) max_age: Option<Spanned<HumanDuration>>,
 }
 
 /// `health.expect_status`: one code (`200`) or a range (`200-399`).

@@ -6,6 +6,9 @@
 //! | [`state`] | up or down, the streaks that move it (rise, fall, passive failures), transitions |
 //! | [`active`] | the check loop: a TCP connect or an HTTP `GET` per backend, every `interval` |
 //! | [`passive`] | failed connects and failed answers on the data path; whose fault a failure was |
+//! | [`engine`] | engine load: an inference engine's queue and KV cache as last scraped, fresh or aged out |
+//! | [`load`] | the scrape loop: each backend's own `/metrics` every `health.load.interval` |
+//! | [`exposition`] | the few gauges engine load needs, read out of Prometheus text (pure, bounded) |
 //!
 //! Health marks backends up or down; it never rebuilds the table. A lookup
 //! skips down backends, so a flapping backend never moves the keys of healthy
@@ -14,11 +17,18 @@
 //! backend is taken out after `fall` failed checks (or sooner, after
 //! `passive_failures` failed connects on the data path).
 //!
+//! Engine load never marks anything down: a backend whose engine reports a
+//! long queue or a full KV cache is passed over for new keys while the value
+//! is fresh, and a failed scrape only lets the value age out.
+//!
 //! This room sits below the backends it judges: it knows a backend only as a
-//! [`Target`] (a name, an address, a [`Health`]) and the pool only as
-//! [`Targets`], which the backend and the snapshot implement.
+//! [`Target`] (a name, an address, a [`Health`], an [`EngineLoad`]) and the
+//! pool only as [`Targets`], which the backend and the snapshot implement.
 
 pub mod active;
+pub mod engine;
+pub mod exposition;
+pub mod load;
 pub mod passive;
 pub mod state;
 
@@ -26,6 +36,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 pub use active::{probe, run};
+pub use engine::{EngineLoad, ScrapeResult};
 pub use passive::Blame;
 pub use state::{CheckOutcome, ConnectFailure, Health};
 
@@ -38,6 +49,8 @@ pub trait Target: Send + Sync + 'static {
     fn name(&self) -> &str;
     fn addr(&self) -> SocketAddr;
     fn health(&self) -> &Health;
+    /// What its inference engine last said about its load (`health.load`).
+    fn engine(&self) -> &EngineLoad;
 }
 
 /// One round of checks: the `health` section in force (none: no checks) and

@@ -13,7 +13,7 @@ use super::peak_ratio;
 use super::series::{BackendView, Scrape, Series};
 use crate::backend::{CodeClass, Side, Spill};
 use crate::discovery::Lookup;
-use crate::health::{CheckOutcome, ConnectFailure};
+use crate::health::{CheckOutcome, ConnectFailure, ScrapeResult};
 use crate::key::FallbackReason;
 use crate::recent::{How, MissCause};
 use crate::sessions::store::{OpResult, Store};
@@ -121,7 +121,7 @@ pub const FAMILIES: &[Family] = &[
         name: "magpie_backend_spills_total",
         kind: COUNTER,
         labels: &["backend", "addr", "reason"],
-        help: "Connections (mode http: requests) whose key this backend was a candidate for but which went elsewhere, by reason: down (health) or at_cap (bounded load).",
+        help: "Connections (mode http: requests) whose key this backend was a candidate for but which went elsewhere, by reason: down (health), at_cap (bounded load) or engine_full (health.load).",
         read: Read::Backend(|b, s| s.by(|why: Spill| b.live().traffic.spills(why))),
     },
     Family {
@@ -215,6 +215,46 @@ pub const FAMILIES: &[Family] = &[
                 s.value(&[], f64::from(u8::from(b.live().health.is_up())));
             }
         }),
+    },
+    Family {
+        name: "magpie_backend_engine_waiting",
+        kind: GAUGE,
+        labels: &["backend", "addr"],
+        help: "Requests waiting in the backend's inference engine, as last scraped (health.load); absent without a value at most max_age old.",
+        read: Read::Backend(|b, s| {
+            if let Some(waiting) = b.engine().and_then(|e| e.waiting) {
+                s.value(&[], waiting);
+            }
+        }),
+    },
+    Family {
+        name: "magpie_backend_engine_running",
+        kind: GAUGE,
+        labels: &["backend", "addr"],
+        help: "Requests running in the backend's inference engine, as last scraped (health.load); absent without a value at most max_age old.",
+        read: Read::Backend(|b, s| {
+            if let Some(running) = b.engine().and_then(|e| e.running) {
+                s.value(&[], running);
+            }
+        }),
+    },
+    Family {
+        name: "magpie_backend_engine_kv_usage",
+        kind: GAUGE,
+        labels: &["backend", "addr"],
+        help: "The used fraction (0 to 1) of the backend's KV cache, as last scraped (health.load); absent without a value at most max_age old.",
+        read: Read::Backend(|b, s| {
+            if let Some(kv_usage) = b.engine().and_then(|e| e.kv_usage) {
+                s.value(&[], kv_usage);
+            }
+        }),
+    },
+    Family {
+        name: "magpie_engine_load_scrapes_total",
+        kind: COUNTER,
+        labels: &["backend", "addr", "result"],
+        help: "Scrapes of the backend's engine metrics (health.load), by result (ok, timeout, connect, status, parse, too_large); a failed one keeps the last value until max_age.",
+        read: Read::Backend(|b, s| s.by(|result: ScrapeResult| b.live().engine.scrapes(result))),
     },
     Family {
         name: "magpie_backend_weight",
@@ -405,7 +445,7 @@ pub const FAMILIES: &[Family] = &[
         name: "magpie_task_restarts_total",
         kind: COUNTER,
         labels: &["task"],
-        help: "Long-lived tasks (accept, admin, health, reload) that panicked and were started again; any non-zero value is a bug to report.",
+        help: "Long-lived tasks (accept, admin, health, engine_load, reload) that panicked and were started again; any non-zero value is a bug to report.",
         read: Read::Global(|_, s| s.by(supervise::restarts)),
     },
     Family {

@@ -94,6 +94,7 @@ impl Collector for Exporter {
             recent: &self.shared.recent,
         };
         let requests = snapshot.config.mode == Mode::Http;
+        let engine_max_age = snapshot.config.load_limits().map(|l| l.max_age);
         // The current backends with their shares, then the draining ones;
         // each with its address as text, for its labels.
         let current = snapshot
@@ -126,6 +127,7 @@ impl Collector for Exporter {
                                 backend,
                                 share: *share,
                                 requests,
+                                engine_max_age,
                             };
                             let fixed = [backend.name.as_str(), addr.as_str()];
                             read(&view, &mut Series::new(&mut out, family.labels, &fixed));
@@ -169,7 +171,7 @@ mod tests {
     fn shared() -> Arc<Shared> {
         let config = Config::parse(
             std::path::Path::new("t.yaml"),
-            "listen: 127.0.0.1:7000\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n  - {name: b, addr: 127.0.0.1:8002, weight: 3}\n",
+            "listen: 127.0.0.1:7000\nhealth: {load: {preset: vllm}}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n  - {name: b, addr: 127.0.0.1:8002, weight: 3}\n",
         )
         .unwrap();
         Arc::new(Shared::new(
@@ -180,6 +182,14 @@ mod tests {
     #[test]
     fn every_family_is_rendered() {
         let shared = shared();
+        // The engine gauges are there only with a fresh value.
+        let sample = crate::health::exposition::Sample {
+            waiting: Some(3.0),
+            running: Some(2.0),
+            kv_usage: Some(0.5),
+        };
+        let a = shared.snapshot.load().backends[0].clone();
+        a.live.engine.record(sample, tokio::time::Instant::now());
         let text = render(&registry(Arc::clone(&shared)));
         for Family { name, kind, .. } in FAMILIES {
             let kind = match kind {
@@ -194,6 +204,16 @@ mod tests {
         }
         assert!(
             text.contains("magpie_backend_weight{backend=\"b\",addr=\"127.0.0.1:8002\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "magpie_backend_engine_kv_usage{backend=\"a\",addr=\"127.0.0.1:8001\"} 0.5"
+            ),
+            "{text}"
+        );
+        assert!(
+            !text.contains("magpie_backend_engine_waiting{backend=\"b\""),
             "{text}"
         );
     }

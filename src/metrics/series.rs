@@ -41,11 +41,20 @@ pub struct BackendView<'a> {
     pub share: Option<f64>,
     /// `mode: http`: the active count is requests in flight.
     pub requests: bool,
+    /// `health.load.max_age`, when engine load is on.
+    pub engine_max_age: Option<std::time::Duration>,
 }
 
 impl BackendView<'_> {
     pub fn live(&self) -> &Live {
         &self.backend.live
+    }
+
+    /// The engine's values if they are fresh (engine load on, a backend in
+    /// the table, a good scrape at most `max_age` ago).
+    pub fn engine(&self) -> Option<crate::health::exposition::Sample> {
+        let max_age = self.engine_max_age.filter(|_| self.share.is_some())?;
+        (self.live().engine).fresh(tokio::time::Instant::now(), max_age)
     }
 }
 

@@ -69,6 +69,8 @@ fn the_reference_config_sets_every_section() {
     let health = llm.health.as_ref().expect("health is on");
     assert_eq!(health.http_path.as_deref(), Some("/health"));
     assert!(health.passive_status);
+    let load = health.load.as_ref().expect("engine load is on");
+    assert_eq!(load.preset, magpie::config::LoadPreset::Vllm);
     assert!(llm.sessions.is_some());
 
     let sidecar =

@@ -5,7 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
-use magpie::config::Config;
+use magpie::config::{Config, LoadPreset};
+use magpie::health::exposition;
 use magpie::key::json::{FieldPath, json_field_key};
 use magpie::proxy_protocol::{parse, signature};
 use magpie::tcp::header_key::scan_head;
@@ -37,6 +38,19 @@ fn config_corpus_parses_or_reports() {
             && let Err(e) = Config::parse_offline(Path::new("fuzz.yaml"), text)
         {
             let _ = e.to_string();
+        }
+    }
+}
+
+#[test]
+fn exposition_corpus_reads_only_finite_values() {
+    for (path, bytes) in corpus("exposition") {
+        let sample = exposition::read(&bytes, &LoadPreset::Vllm.gauges());
+        for v in [sample.waiting, sample.running, sample.kv_usage]
+            .into_iter()
+            .flatten()
+        {
+            assert!(v.is_finite() && v >= 0.0, "{}: {v}", path.display());
         }
     }
 }

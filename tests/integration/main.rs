@@ -9,6 +9,7 @@ mod config_files;
 mod conversation;
 mod deploy;
 mod discovery;
+mod engine_load;
 mod failover;
 mod faults;
 mod fuzz_corpus;

@@ -18,6 +18,7 @@
 //! | `discovery.rs` | `backends` entries with `dns` or `srv`, and `discovery` |
 //! | `key.rs` | the `key` section |
 //! | `settings.rs` | the sections that tune a connection (connect, proxy_protocol, health, reload) |
+//! | `load.rs` | `health.load`: engine load signals, their gauges and limits |
 //! | `modes.rs` | what depends on `mode`: `copy`, `http`, `sessions`, HTTP health |
 
 use std::net::SocketAddr;
@@ -41,6 +42,7 @@ use crate::placement::{bounded, maglev};
 mod backends;
 mod discovery;
 mod key;
+mod load;
 mod modes;
 mod settings;
 

@@ -82,6 +82,7 @@ impl Validator<'_> {
         let mut raw = raw.value;
         let mut http = HealthConfig::default();
         self.http_health(&mut raw, mode, &mut http);
+        let load = raw.load.take().map(|l| self.load(l));
         let interval = self.positive(
             raw.interval,
             "health.interval",
@@ -123,6 +124,7 @@ impl Validator<'_> {
                 .when_all_down
                 .map(|w| w.value)
                 .unwrap_or(AllDown::TryAnyway),
+            load,
             ..http
         }
     }

@@ -1,0 +1,234 @@
+//! Engine load (`health.load`) through real sockets: fake vLLM engines
+//! whose `/metrics` the tests change, magpie in mode http in front of them.
+//! A full engine takes no new keys (the spill is counted as engine_full),
+//! pinned keys stay unless it is far over, a scrape that hangs or answers
+//! garbage marks nothing down and delays no request, and a value older than
+//! `max_age` is ignored. Every wait polls magpie's own `/metrics` until the
+//! scrape shows what the test set, within the suite's patience.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use magpie::key::text_key;
+
+use crate::support::*;
+
+/// Mode http keyed by `x-session-id`, scraping every 100ms.
+fn settings(extra: &str) -> String {
+    format!(
+        "mode: http\n{SESSION_KEY}health:\n  load:\n    preset: vllm\n    interval: 100ms\n    timeout: 50ms\n    max_waiting: 8\n    max_age: 1s\n{extra}"
+    )
+}
+
+async fn start(engines: &FakeEngines, extra: &str) -> (Magpie, SocketAddr) {
+    let yaml = config_yaml_with_admin("127.0.0.1:0", &settings(extra), &engines.pairs());
+    let magpie = Magpie::start(&yaml).await;
+    let admin = magpie.admin.expect("admin is on");
+    (magpie, admin)
+}
+
+/// Polls the admin `/metrics` until `done` holds; returns that text.
+async fn until_metrics(admin: SocketAddr, what: &str, done: impl Fn(&str) -> bool) -> String {
+    within(what, async {
+        loop {
+            let (_, text) = admin_get(admin, "/metrics").await;
+            if done(&text) {
+                return text;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+}
+
+fn waiting_of(text: &str, backend: &str) -> Option<f64> {
+    let series = format!("magpie_backend_engine_waiting{{backend=\"{backend}\"");
+    text.contains(&series).then(|| {
+        metric_sum(
+            text,
+            "magpie_backend_engine_waiting",
+            &[&format!("backend=\"{backend}\"")],
+        )
+    })
+}
+
+/// Waits until magpie's metrics show `waiting` for `backend`.
+async fn until_waiting(admin: SocketAddr, backend: &str, waiting: f64) -> String {
+    until_metrics(
+        admin,
+        &format!("{backend} to show {waiting} waiting"),
+        |t| waiting_of(t, backend) == Some(waiting),
+    )
+    .await
+}
+
+fn scrapes(text: &str, backend: &str, result: &str) -> f64 {
+    metric_sum(
+        text,
+        "magpie_engine_load_scrapes_total",
+        &[
+            &format!("backend=\"{backend}\""),
+            &format!("result=\"{result}\""),
+        ],
+    )
+}
+
+/// `n` keys whose table primary is `backend`.
+fn keys_of(magpie: &Magpie, backend: &str, prefix: &str, n: usize) -> Vec<String> {
+    (0..)
+        .map(|i| format!("{prefix}-{i}"))
+        .filter(|k| magpie.primary(text_key(k.as_bytes())) == backend)
+        .take(n)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_engine_takes_no_new_keys_and_pins_move_only_when_far_over() {
+    let engines = FakeEngines::start(&["a", "b", "c"]).await;
+    let (magpie, admin) = start(&engines, "sessions:\n  ttl: 10m\n").await;
+    until_waiting(admin, "a", 0.0).await;
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    // Pinned while a was idle.
+    let pinned = keys_of(&magpie, "a", "pinned", 10);
+    for k in &pinned {
+        assert_eq!(client.get_session(k).await, "a");
+    }
+
+    // Over max_waiting (8), not far over (32): new keys go elsewhere.
+    engines.get("a").report(10, 0.5);
+    let text = until_waiting(admin, "a", 10.0).await;
+    promtool_accepts(&text);
+    for k in keys_of(&magpie, "a", "new", 10) {
+        let second = magpie.candidates(text_key(k.as_bytes()))[1].clone();
+        assert_eq!(client.get_session(&k).await, second, "{k} is a new key");
+    }
+    let (_, text) = admin_get(admin, "/metrics").await;
+    let spills = metric_sum(
+        &text,
+        "magpie_backend_spills_total",
+        &["backend=\"a\"", "reason=\"engine_full\""],
+    );
+    assert!(spills >= 10.0, "engine_full spills on a: {spills}");
+    for k in &pinned {
+        assert_eq!(client.get_session(k).await, "a", "{k} is pinned to a");
+    }
+
+    // A full KV cache counts the same; far over, even pins move.
+    engines.get("a").report(0, 0.97);
+    until_metrics(admin, "a's KV cache at 0.97", |t| {
+        metric_sum(t, "magpie_backend_engine_kv_usage", &["backend=\"a\""]) == 0.97
+    })
+    .await;
+    let k = &keys_of(&magpie, "a", "kv", 1)[0];
+    assert_ne!(client.get_session(k).await, "a");
+    assert_eq!(client.get_session(&pinned[0]).await, "a");
+    engines.get("a").report(40, 0.5);
+    until_waiting(admin, "a", 40.0).await;
+    for k in &pinned {
+        assert_ne!(client.get_session(k).await, "a", "a is far over: {k} moves");
+    }
+    assert!(
+        magpie.backend("a").live.health.is_up(),
+        "load never marks down"
+    );
+    magpie.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_or_garbled_scrape_marks_nothing_down_and_delays_nothing() {
+    let engines = FakeEngines::start(&["a", "b"]).await;
+    let (magpie, admin) = start(&engines, "").await;
+    until_waiting(admin, "a", 0.0).await;
+    let keys = keys_of(&magpie, "a", "k", 20);
+    let mut client = KeepAlive::connect(magpie.addr).await;
+
+    engines.get("a").set(Metrics::Hang);
+    until_metrics(admin, "a's scrapes to time out", |t| {
+        scrapes(t, "a", "timeout") >= 3.0
+    })
+    .await;
+    for k in &keys {
+        let answered = within_for(
+            Duration::from_secs(1),
+            "a request while scrapes hang",
+            client.get_session(k),
+        );
+        assert_eq!(answered.await, "a");
+    }
+
+    engines.get("a").set(Metrics::Garbage);
+    until_metrics(admin, "a's scrapes to fail to parse", |t| {
+        scrapes(t, "a", "parse") >= 3.0
+    })
+    .await;
+    for k in &keys {
+        assert_eq!(client.get_session(k).await, "a");
+    }
+    let (_, text) = admin_get(admin, "/metrics").await;
+    assert_eq!(
+        metric_sum(&text, "magpie_backend_up", &["backend=\"a\""]),
+        1.0
+    );
+    assert!(scrapes(&text, "b", "ok") >= 3.0, "b is scraped all along");
+    assert_eq!(
+        scrapes(&text, "b", "timeout") + scrapes(&text, "b", "parse"),
+        0.0
+    );
+    magpie.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_value_is_ignored_after_max_age() {
+    let engines = FakeEngines::start(&["a", "b"]).await;
+    let (magpie, admin) = start(&engines, "").await;
+    let keys = keys_of(&magpie, "a", "k", 5);
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    engines.get("a").report(100, 0.5);
+    until_waiting(admin, "a", 100.0).await;
+    for k in &keys {
+        assert_eq!(client.get_session(k).await, "b", "a is full");
+    }
+    // No more good scrapes: the last value counts until max_age (1s), then
+    // the gauge goes and a takes its keys again.
+    engines.get("a").set(Metrics::Hang);
+    let text = until_metrics(admin, "a's value to age out", |t| {
+        waiting_of(t, "a").is_none()
+    })
+    .await;
+    assert!(scrapes(&text, "a", "timeout") >= 1.0);
+    for k in &keys {
+        assert_eq!(
+            client.get_session(k).await,
+            "a",
+            "a's stale value is ignored"
+        );
+    }
+    magpie.stop().await;
+}
+
+/// `promtool check metrics` takes magpie's exposition with the engine
+/// families in it.
+fn promtool_accepts(text: &str) {
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (the Debian package prometheus) runs");
+    child
+        .stdin
+        .take()
+        .expect("promtool's stdin")
+        .write_all(text.as_bytes())
+        .expect("write to promtool");
+    let out = child.wait_with_output().expect("promtool ends");
+    assert!(
+        out.status.success(),
+        "promtool check metrics:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
