@@ -119,17 +119,24 @@ impl Route {
     /// key's other candidates. A pin that cannot take the request is passed
     /// over like any candidate, and the route is the table's.
     pub fn plan_pinned(snapshot: &Snapshot, key: u64, pin: &Arc<Backend>) -> Route {
-        Route::plan(snapshot, key).pin_first(snapshot, pin)
+        // A pin whose engine is full but not far over keeps its key: passing
+        // it over in the table's walk is then no spill.
+        let kept = !far_over(snapshot, pin);
+        let route = select(snapshot, key, |backend, why| {
+            let pin_keeps = kept && why == Spill::EngineFull && std::ptr::eq(backend, &**pin);
+            if !pin_keeps {
+                backend.live.traffic.count_spill(why)
+            }
+        });
+        route.pin_first(snapshot, pin)
     }
 
     /// This route with `pin` tried first, if it is up, under its cap and
     /// its engine not far over its load limits.
     pub fn pin_first(mut self, snapshot: &Snapshot, pin: &Arc<Backend>) -> Route {
-        let far_over = (snapshot.config.load_limits())
-            .is_some_and(|l| pin.live.engine.far_over(l, tokio::time::Instant::now()));
         let takes = pin.live.health.is_up()
             && pin.live.load.active() < Caps::of(pin, self.caps)
-            && !far_over;
+            && !far_over(snapshot, pin);
         if takes {
             self.targets.retain(|b| !Arc::ptr_eq(b, pin));
             self.targets.insert(0, Arc::clone(pin));
@@ -171,6 +178,13 @@ impl Route {
         }
         guard
     }
+}
+
+/// Whether `backend`'s engine is far over its load limits (`health.load`):
+/// then even the keys pinned to it move.
+fn far_over(snapshot: &Snapshot, backend: &Backend) -> bool {
+    (snapshot.config.load_limits())
+        .is_some_and(|l| backend.live.engine.far_over(l, tokio::time::Instant::now()))
 }
 
 /// Walks `key`'s candidates and keeps those the policy accepts, calling

@@ -110,10 +110,21 @@ async fn a_full_engine_takes_no_new_keys_and_pins_move_only_when_far_over() {
         "magpie_backend_spills_total",
         &["backend=\"a\"", "reason=\"engine_full\""],
     );
-    assert!(spills >= 10.0, "engine_full spills on a: {spills}");
+    assert_eq!(spills, 10.0, "engine_full spills on a");
     for k in &pinned {
         assert_eq!(client.get_session(k).await, "a", "{k} is pinned to a");
     }
+    // A pin that keeps its key is no spill; each decision says why.
+    let (_, text) = admin_get(admin, "/metrics").await;
+    let engine_full = ["backend=\"a\"", "reason=\"engine_full\""];
+    let spills = metric_sum(&text, "magpie_backend_spills_total", &engine_full);
+    assert_eq!(spills, 10.0, "pinned requests counted as spills");
+    let routed = |how: &str| {
+        let label = format!("how=\"{how}\"");
+        metric_sum(&text, "magpie_requests_routed_total", &[label.as_str()])
+    };
+    assert_eq!(routed("spilled_engine_full"), 10.0, "{text}");
+    assert_eq!(routed("pinned"), 10.0, "{text}");
 
     // A full KV cache counts the same; far over, even pins move.
     engines.get("a").report(0, 0.97);
