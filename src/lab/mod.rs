@@ -3,9 +3,12 @@
 //! would move, before it is made), `magpie demo` (three HTTP backends and
 //! magpie in front of them) and `magpie engine` (a simulated inference
 //! engine with a prefix cache and a GPU's time model, to route LLM traffic
-//! to without a GPU). Nothing on the data path imports it.
+//! to without a GPU) and `magpie workload` (multi-turn chats against such
+//! engines, through any router, measuring cache hits against the ideal).
+//! Nothing on the data path imports it.
 
 pub mod demo;
 pub mod engine;
 pub mod plan;
 pub mod simulate;
+pub mod workload;
