@@ -45,7 +45,7 @@
 //! | [`supervise`] | long-lived tasks restarted (and counted) if they panic; the panic hook |
 //! | [`throttle`] | rate-limited log lines for conditions that can repeat thousands of times a second |
 //! | [`admin`] | the read-only admin HTTP endpoint: metrics, health, table, route |
-//! | [`lab`] | `magpie simulate`, `plan` and `demo` |
+//! | [`lab`] | `magpie simulate`, `plan`, `demo`, `engine` (a simulated inference engine: prefix cache, prefill and decode times) and `workload` (multi-turn chats measuring cache hits against the ideal) |
 //! | [`probe`] | `magpie probe`: one HTTP `GET`, exit 0 on 2xx (container health checks) |
 //!
 //! `unsafe` is denied everywhere but [`tcp::pipe`], whose splice(2) calls

@@ -82,6 +82,10 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// A simulated OpenAI-compatible inference engine (prefix cache, prefill and decode times).
+    Engine(magpie::lab::engine::EngineArgs),
+    /// Multi-turn chats against OpenAI-compatible URLs: cache hits, prefill against the ideal, TTFT, splits.
+    Workload(magpie::lab::workload::WorkloadArgs),
     /// GET an http://host:port/path URL; exit 0 on a 2xx answer, else 1 (for health checks).
     Probe {
         url: String,
@@ -137,6 +141,17 @@ fn main() -> ExitCode {
             keys,
             json,
         } => plan(&old, &new, keys.as_deref(), json),
+        Command::Engine(args) => runtime().and_then(|rt| {
+            rt.block_on(async {
+                let stop = shutdown_on_signals()?;
+                magpie::lab::engine::main(&args, stop).await?;
+                Ok(ExitCode::SUCCESS)
+            })
+        }),
+        Command::Workload(args) => runtime().and_then(|rt| {
+            rt.block_on(magpie::lab::workload::main(&args))?;
+            Ok(ExitCode::SUCCESS)
+        }),
         Command::Probe { url, timeout } => Ok(magpie::probe::run(&url, timeout)),
     };
     match result {

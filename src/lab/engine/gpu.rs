@@ -1,0 +1,257 @@
+//! The simulated engine's time model: one GPU, owned by one task.
+//!
+//! Requests wait in a FIFO queue (`waiting`) until a batch slot is free and
+//! the GPU is not prefilling. Prefill is serialised: one at a time, costing
+//! `prefill_us_per_token` for each prompt token the prefix cache does not
+//! hold, and it produces the first token (the time to first token is the wait
+//! plus the prefill). The running batch, up to `max_running` sequences
+//! including the one in prefill, decodes together: every
+//! `decode_ms_per_token` each decoding sequence gets one more token. The
+//! cache is consulted when a prefill starts (a queued request benefits from
+//! what ran before it); a request holds its prompt's blocks while it runs and
+//! adds its answer's blocks when it completes, since the next turn's prompt
+//! holds the answer.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::{Instant, sleep_until};
+use tokio_util::sync::CancellationToken;
+
+use super::EngineConfig;
+use super::cache::PrefixCache;
+
+/// One request for the GPU.
+pub struct Job {
+    /// Tokens in the prompt.
+    pub prompt_tokens: usize,
+    /// Chained hashes of the whole blocks of the prompt followed by the
+    /// answer; the first `prompt_blocks` are the prompt's own.
+    pub blocks: Vec<u64>,
+    pub prompt_blocks: usize,
+    /// Tokens to generate (at least 1).
+    pub max_tokens: usize,
+    /// Where the sequence's progress goes. Unbounded, but a job sends at most
+    /// `max_tokens` events, and `max_tokens` is bounded by the config.
+    pub events: mpsc::UnboundedSender<Event>,
+}
+
+/// A sequence's progress, as the GPU makes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// Prefill done: the first token is out. `cached_tokens` of the prompt
+    /// came from the prefix cache.
+    First { cached_tokens: usize },
+    /// One more token. After `max_tokens` tokens in all the channel closes.
+    Token,
+}
+
+/// What the engine has done, for `/metrics` and for tests.
+#[derive(Default)]
+pub struct Counters {
+    pub requests: AtomicU64,
+    pub finished: AtomicU64,
+    pub cancelled: AtomicU64,
+    pub rejected: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub cached_tokens: AtomicU64,
+    pub generation_tokens: AtomicU64,
+    pub waiting: AtomicU64,
+    pub running: AtomicU64,
+    pub cache_held: AtomicU64,
+    pub cache_blocks: AtomicU64,
+    pub evictions: AtomicU64,
+    /// Time spent prefilling, in microseconds.
+    pub prefill_busy_us: AtomicU64,
+}
+
+/// A job in the batch.
+struct Seq {
+    job: Job,
+    /// Of `job.blocks`, how many it holds in the cache (all from the first).
+    held: usize,
+    /// Prompt tokens the cache held when its prefill started.
+    cached: usize,
+    emitted: usize,
+}
+
+struct Gpu {
+    config: EngineConfig,
+    cache: PrefixCache,
+    waiting: VecDeque<Job>,
+    /// The sequence in prefill and when its prefill ends.
+    prefill: Option<(Instant, Seq)>,
+    decoding: Vec<Seq>,
+    next_step: Instant,
+    counters: Arc<Counters>,
+}
+
+/// Runs the GPU until `stop` fires or every sender of `jobs` is gone.
+pub async fn run(
+    config: EngineConfig,
+    mut jobs: mpsc::Receiver<Job>,
+    counters: Arc<Counters>,
+    stop: CancellationToken,
+) {
+    let mut gpu = Gpu {
+        cache: PrefixCache::new(config.cache_blocks),
+        config,
+        waiting: VecDeque::new(),
+        prefill: None,
+        decoding: Vec::new(),
+        next_step: Instant::now(),
+        counters,
+    };
+    loop {
+        gpu.start_prefill();
+        gpu.publish();
+        let prefill_end = gpu.prefill.as_ref().map(|(at, _)| *at);
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => return,
+            job = jobs.recv() => match job {
+                Some(job) => gpu.enqueue(job),
+                None => return,
+            },
+            () = sleep_until(prefill_end.unwrap_or(gpu.next_step)), if prefill_end.is_some() => {
+                gpu.finish_prefill();
+            }
+            () = sleep_until(gpu.next_step), if !gpu.decoding.is_empty() => gpu.step(),
+        }
+    }
+}
+
+impl Gpu {
+    fn running(&self) -> usize {
+        self.decoding.len() + usize::from(self.prefill.is_some())
+    }
+
+    /// Queues a job, or drops it when `max_waiting` jobs wait already (its
+    /// channel then closes before any event: the server answers 503).
+    fn enqueue(&mut self, job: Job) {
+        if self.waiting.len() >= self.config.max_waiting {
+            self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.counters.requests.fetch_add(1, Ordering::Relaxed);
+            self.waiting.push_back(job);
+        }
+    }
+
+    /// Takes the next waiting job into prefill, if the GPU and a batch slot are free.
+    fn start_prefill(&mut self) {
+        while self.prefill.is_none() && self.running() < self.config.max_running {
+            let Some(job) = self.waiting.pop_front() else {
+                return;
+            };
+            if job.events.is_closed() {
+                self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let prompt = &job.blocks[..job.prompt_blocks];
+            // At least one token is computed, as in vLLM: a prompt cached
+            // whole recomputes its last block.
+            let mut matched = self.cache.matched(prompt);
+            if matched * self.config.block_tokens >= job.prompt_tokens {
+                matched = matched.saturating_sub(1);
+            }
+            let cached = matched * self.config.block_tokens;
+            let held = self.cache.acquire(prompt);
+            let uncached = job.prompt_tokens - cached;
+            let cost = Duration::from_secs_f64(
+                uncached as f64 * self.config.prefill_us_per_token / 1_000_000.0,
+            );
+            let c = &self.counters;
+            c.prompt_tokens
+                .fetch_add(job.prompt_tokens as u64, Ordering::Relaxed);
+            c.cached_tokens.fetch_add(cached as u64, Ordering::Relaxed);
+            c.prefill_busy_us
+                .fetch_add(cost.as_micros() as u64, Ordering::Relaxed);
+            let seq = Seq {
+                job,
+                held,
+                cached,
+                emitted: 0,
+            };
+            self.prefill = Some((Instant::now() + cost, seq));
+        }
+    }
+
+    fn finish_prefill(&mut self) {
+        let Some((_, mut seq)) = self.prefill.take() else {
+            return;
+        };
+        let cached_tokens = seq.cached;
+        seq.emitted = 1;
+        self.counters
+            .generation_tokens
+            .fetch_add(1, Ordering::Relaxed);
+        if seq.job.events.send(Event::First { cached_tokens }).is_err() {
+            self.cancel(seq);
+        } else if seq.job.max_tokens <= 1 {
+            self.complete(seq);
+        } else {
+            if self.decoding.is_empty() {
+                self.next_step = Instant::now() + self.decode_step();
+            }
+            self.decoding.push(seq);
+        }
+    }
+
+    fn decode_step(&self) -> Duration {
+        Duration::from_secs_f64(self.config.decode_ms_per_token / 1000.0)
+    }
+
+    /// One decode step: a token for every decoding sequence.
+    fn step(&mut self) {
+        let batch = std::mem::take(&mut self.decoding);
+        let mut tokens = 0;
+        for mut seq in batch {
+            seq.emitted += 1;
+            tokens += 1;
+            if seq.job.events.send(Event::Token).is_err() {
+                self.cancel(seq);
+            } else if seq.emitted >= seq.job.max_tokens {
+                self.complete(seq);
+            } else {
+                self.decoding.push(seq);
+            }
+        }
+        self.counters
+            .generation_tokens
+            .fetch_add(tokens, Ordering::Relaxed);
+        // Steps keep their cadence; a GPU that fell behind does not bunch them.
+        self.next_step = (self.next_step + self.decode_step()).max(Instant::now());
+    }
+
+    /// A finished sequence: its answer's blocks join the cache (when its
+    /// prompt's chain is whole), then it lets go of everything.
+    fn complete(&mut self, mut seq: Seq) {
+        if seq.held == seq.job.prompt_blocks {
+            seq.held += self.cache.acquire(&seq.job.blocks[seq.held..]);
+        }
+        self.cache.release(&seq.job.blocks[..seq.held]);
+        self.counters.finished.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A sequence whose client went away: it stops, keeping what it computed.
+    fn cancel(&mut self, seq: Seq) {
+        self.cache.release(&seq.job.blocks[..seq.held]);
+        self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The gauges.
+    fn publish(&self) {
+        let c = &self.counters;
+        c.waiting
+            .store(self.waiting.len() as u64, Ordering::Relaxed);
+        c.running.store(self.running() as u64, Ordering::Relaxed);
+        c.cache_held
+            .store(self.cache.held() as u64, Ordering::Relaxed);
+        c.cache_blocks
+            .store(self.cache.len() as u64, Ordering::Relaxed);
+        c.evictions.store(self.cache.evictions(), Ordering::Relaxed);
+    }
+}

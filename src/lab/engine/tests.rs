@@ -1,0 +1,303 @@
+//! The simulated engine through a real socket on 127.0.0.1:0.
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+
+/// Fast enough for tests: no prefill time, 1 ms decode steps.
+fn quick(name: &str) -> EngineConfig {
+    EngineConfig {
+        name: name.into(),
+        prefill_us_per_token: 0.0,
+        decode_ms_per_token: 1.0,
+        default_max_tokens: 8,
+        ..EngineConfig::default()
+    }
+}
+
+async fn engine(config: EngineConfig) -> (Engine, CancellationToken) {
+    let stop = CancellationToken::new();
+    let engine = start(config, "127.0.0.1:0".parse().unwrap(), stop.clone())
+        .await
+        .unwrap();
+    (engine, stop)
+}
+
+/// One request on a fresh connection: status, x-engine, body.
+async fn send(addr: SocketAddr, method: &str, path: &str, body: Bytes) -> (u16, String, String) {
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "engine")
+        .header("content-type", "application/json")
+        .body(Full::new(body))
+        .unwrap();
+    let response = sender.send_request(req).await.unwrap();
+    let status = response.status().as_u16();
+    let engine = response
+        .headers()
+        .get(ENGINE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, engine, String::from_utf8_lossy(&body).into_owned())
+}
+
+async fn chat(addr: SocketAddr, request: &Value) -> Value {
+    let (status, engine, body) = send(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        Bytes::from(request.to_string()),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(engine, "r1");
+    serde_json::from_str(&body).unwrap()
+}
+
+#[tokio::test]
+async fn the_second_turn_finds_the_first_in_the_cache() {
+    let (engine, stop) = engine(quick("r1")).await;
+    let system = "You are a careful assistant. ".repeat(20);
+    let mut messages = vec![
+        json!({"role": "system", "content": system}),
+        json!({"role": "user", "content": "What is a consistent hash?"}),
+    ];
+    let first = chat(engine.addr(), &json!({"model": "m", "messages": messages})).await;
+    let prompt = first["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(first["usage"]["completion_tokens"], 8);
+    let answer = first["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(answer.len(), 8 * prompt::BYTES_PER_TOKEN);
+    messages.push(json!({"role": "assistant", "content": answer}));
+    messages.push(json!({"role": "user", "content": "And a bounded load?"}));
+    let second = chat(
+        engine.addr(),
+        &json!({"model": "m", "messages": messages, "max_tokens": 3}),
+    )
+    .await;
+    let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    let whole_blocks = prompt / 16 * 16;
+    assert!(whole_blocks > 0);
+    // The answer's blocks were cached too: more than the first prompt's.
+    assert!(
+        cached > whole_blocks,
+        "{cached} cached, first prompt {prompt}"
+    );
+    assert_eq!(cached % 16, 0);
+    assert_eq!(second["usage"]["completion_tokens"], 3);
+    let counts = engine.counts();
+    assert_eq!(counts.finished, 2);
+    assert_eq!(counts.cached_tokens, cached);
+    assert_eq!(counts.generation_tokens, 11);
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn a_stream_sends_a_token_per_event_then_usage_and_done() {
+    let (engine, stop) = engine(quick("r1")).await;
+    let request = json!({
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": true, "max_tokens": 5,
+        "stream_options": {"include_usage": true},
+    });
+    let (status, name, body) = send(
+        engine.addr(),
+        "POST",
+        "/v1/chat/completions",
+        Bytes::from(request.to_string()),
+    )
+    .await;
+    assert_eq!((status, name.as_str()), (200, "r1"));
+    let events: Vec<&str> = body
+        .split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| e.strip_prefix("data: ").unwrap())
+        .collect();
+    assert_eq!(events.len(), 5 + 3, "{body}");
+    assert_eq!(*events.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = events[..7]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let text: String = chunks[..5]
+        .iter()
+        .map(|c| c["choices"][0]["delta"]["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(text.len(), 20);
+    assert_eq!(chunks[5]["choices"][0]["finish_reason"], "length");
+    assert_eq!(chunks[6]["choices"], json!([]));
+    assert_eq!(chunks[6]["usage"]["completion_tokens"], 5);
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn bad_requests_get_openai_errors() {
+    let mut config = quick("r1");
+    config.max_body_bytes = 4096;
+    let (engine, stop) = engine(config).await;
+    let addr = engine.addr();
+    let cases: [(&str, &str, Bytes, u16); 6] = [
+        (
+            "POST",
+            "/v1/chat/completions",
+            Bytes::from_static(b"{not json"),
+            400,
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            Bytes::from_static(b"{\"messages\": []}"),
+            400,
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            Bytes::from(
+                json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0})
+                    .to_string(),
+            ),
+            400,
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            Bytes::from(vec![b' '; 5000]),
+            413,
+        ),
+        ("GET", "/v1/chat/completions", Bytes::new(), 405),
+        ("GET", "/nowhere", Bytes::new(), 404),
+    ];
+    for (method, path, body, want) in cases {
+        let (status, name, body) = send(addr, method, path, body).await;
+        assert_eq!(status, want, "{method} {path}: {body}");
+        assert_eq!(name, "r1");
+        let error: Value = serde_json::from_str(&body).unwrap();
+        assert!(error["error"]["message"].is_string(), "{body}");
+    }
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn health_models_info_and_metrics_answer() {
+    let (engine, stop) = engine(quick("r1")).await;
+    let addr = engine.addr();
+    let (status, _, _) = send(addr, "GET", "/health", Bytes::new()).await;
+    assert_eq!(status, 200);
+    let (_, _, models) = send(addr, "GET", "/v1/models", Bytes::new()).await;
+    assert!(models.contains("\"magpie-sim\""), "{models}");
+    for path in ["/server_info", "/model_info"] {
+        let (status, _, info) = send(addr, "GET", path, Bytes::new()).await;
+        let info: Value = serde_json::from_str(&info).unwrap();
+        assert_eq!((status, &info["model_path"]), (200, &json!("magpie-sim")));
+    }
+    let request = json!({"prompt": "x".repeat(100), "max_tokens": 2});
+    let (status, _, text) = send(
+        addr,
+        "POST",
+        "/v1/completions",
+        Bytes::from(request.to_string()),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let (_, _, metrics) = send(addr, "GET", "/metrics", Bytes::new()).await;
+    let labels = "{engine=\"0\",model_name=\"magpie-sim\"}";
+    for line in [
+        format!("vllm:prompt_tokens_total{labels} 25"),
+        format!("vllm:generation_tokens_total{labels} 2"),
+        format!("vllm:prefix_cache_queries_total{labels} 25"),
+        format!("vllm:prefix_cache_hits_total{labels} 0"),
+        format!("vllm:num_requests_waiting{labels} 0"),
+        format!("vllm:kv_cache_usage_perc{labels} 0.000000"),
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "{line} not in\n{metrics}"
+        );
+    }
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn prefills_queue_one_at_a_time() {
+    // 10 ms of prefill each (2,000 tokens at 5 µs): the third of three
+    // concurrent requests waits for two prefills.
+    let config = EngineConfig {
+        prefill_us_per_token: 5.0,
+        ..quick("r1")
+    };
+    let (engine, stop) = engine(config).await;
+    let request = json!({"prompt": "y".repeat(8000), "max_tokens": 1}).to_string();
+    let begun = tokio::time::Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let body = Bytes::from(request.clone());
+        tasks.push(tokio::spawn(send(
+            engine.addr(),
+            "POST",
+            "/v1/completions",
+            body,
+        )));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap().0, 200);
+    }
+    // The same prompt: the second and third find all but the last block cached.
+    let counts = engine.counts();
+    assert_eq!(counts.prompt_tokens, 6000);
+    assert_eq!(counts.cached_tokens, 2 * (2000 - 16));
+    assert!(begun.elapsed() >= std::time::Duration::from_millis(10));
+    stop.cancel();
+}
+
+#[test]
+fn nonsense_options_are_refused() {
+    let bad = [
+        EngineConfig {
+            block_tokens: 0,
+            ..EngineConfig::default()
+        },
+        EngineConfig {
+            prefill_us_per_token: f64::NAN,
+            ..EngineConfig::default()
+        },
+        EngineConfig {
+            decode_ms_per_token: -1.0,
+            ..EngineConfig::default()
+        },
+        EngineConfig {
+            default_max_tokens: 10,
+            max_tokens_limit: 5,
+            ..EngineConfig::default()
+        },
+        EngineConfig {
+            name: "r 1".into(),
+            ..EngineConfig::default()
+        },
+    ];
+    for config in bad {
+        assert!(config.validate().is_err(), "{config:?}");
+    }
+    assert!(EngineConfig::default().validate().is_ok());
+}

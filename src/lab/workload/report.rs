@@ -1,0 +1,325 @@
+//! The workload's summary, from every request's record: how much of the
+//! prompts the engines' caches held, the prefill work against the ideal
+//! (one infinite cache shared by all engines), times to first token, the
+//! conversations served by more than one engine, the busiest engine's share,
+//! and after a scale-up, the live conversations that moved.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+
+use serde::Serialize;
+
+use super::drive::Outcome;
+use super::{KeyMode, WorkloadArgs};
+
+/// One request.
+#[derive(Debug, Clone, Serialize)]
+pub struct Record {
+    pub conversation: usize,
+    pub turn: usize,
+    /// Which `--url` it went to.
+    pub url: usize,
+    /// When it was sent, seconds into the run.
+    pub sent_s: f64,
+    pub ttft_ms: f64,
+    pub total_ms: f64,
+    /// The `x-engine` of its answer.
+    pub engine: Option<String>,
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+    /// The tokens the ideal cache would have prefilled.
+    pub ideal_uncached: u64,
+    pub error: Option<String>,
+}
+
+/// The scale-up command and what it did to live conversations.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScaleUp {
+    /// When the command started and finished, seconds into the run.
+    pub at: f64,
+    pub finished_at: f64,
+    pub status: String,
+    /// Conversations with answered turns both before and after `finished_at`.
+    pub live_conversations: usize,
+    /// Of those, the ones whose first turn after it went to another engine
+    /// than their last turn before it.
+    pub moved: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub key: KeyMode,
+    pub urls: usize,
+    pub conversations: usize,
+    pub turns: usize,
+    pub seed: u64,
+    pub elapsed_s: f64,
+    pub requests: usize,
+    pub errors: usize,
+    pub errors_by_kind: BTreeMap<String, usize>,
+    /// Conversations still running at `--max-seconds`.
+    pub cut_conversations: usize,
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+    /// Σ cached ÷ Σ prompt over answered requests.
+    pub hit_ratio: f64,
+    pub uncached_tokens: u64,
+    pub ideal_uncached_tokens: u64,
+    /// Σ uncached ÷ Σ ideal uncached: 1 is as good as one shared cache.
+    pub prefill_vs_ideal: f64,
+    pub ttft_p50_ms: f64,
+    pub ttft_p99_ms: f64,
+    pub total_p50_ms: f64,
+    pub total_p99_ms: f64,
+    /// Conversations with two or more answered turns, and those among them
+    /// served by more than one engine.
+    pub multi_turn_conversations: usize,
+    pub split_conversations: usize,
+    /// Answered requests per engine.
+    pub engines: BTreeMap<String, usize>,
+    /// The busiest engine's requests over the mean of the engines that answered.
+    pub share_max_over_mean: f64,
+    pub scale_up: Option<ScaleUp>,
+}
+
+impl Summary {
+    pub fn of(args: &WorkloadArgs, outcome: &Outcome) -> Self {
+        let records = &outcome.records;
+        let ok: Vec<&Record> = records.iter().filter(|r| r.error.is_none()).collect();
+        let mut errors_by_kind = BTreeMap::new();
+        for r in records {
+            if let Some(e) = &r.error {
+                *errors_by_kind.entry(e.clone()).or_insert(0) += 1;
+            }
+        }
+        let prompt_tokens: u64 = ok.iter().map(|r| r.prompt_tokens).sum();
+        let cached_tokens: u64 = ok.iter().map(|r| r.cached_tokens).sum();
+        let uncached_tokens = prompt_tokens.saturating_sub(cached_tokens);
+        let ideal_uncached_tokens: u64 = ok.iter().map(|r| r.ideal_uncached).sum();
+        let mut ttft: Vec<f64> = ok.iter().map(|r| r.ttft_ms).collect();
+        let mut total: Vec<f64> = ok.iter().map(|r| r.total_ms).collect();
+        let (multi_turn_conversations, split_conversations) = splits(&ok);
+        let engines = per_engine(&ok);
+        let scale_up = outcome.scale_up.clone().map(|s| moved(s, &ok));
+        Self {
+            key: args.key,
+            urls: args.url.len(),
+            conversations: args.conversations,
+            turns: args.turns,
+            seed: args.seed,
+            elapsed_s: outcome.elapsed.as_secs_f64(),
+            requests: records.len(),
+            errors: records.len() - ok.len(),
+            errors_by_kind,
+            cut_conversations: outcome.cut,
+            prompt_tokens,
+            cached_tokens,
+            hit_ratio: ratio(cached_tokens, prompt_tokens),
+            uncached_tokens,
+            ideal_uncached_tokens,
+            prefill_vs_ideal: ratio(uncached_tokens, ideal_uncached_tokens),
+            ttft_p50_ms: percentile(&mut ttft, 0.50),
+            ttft_p99_ms: percentile(&mut ttft, 0.99),
+            total_p50_ms: percentile(&mut total, 0.50),
+            total_p99_ms: percentile(&mut total, 0.99),
+            multi_turn_conversations,
+            split_conversations,
+            share_max_over_mean: share(&engines),
+            engines,
+            scale_up,
+        }
+    }
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 { 0.0 } else { a as f64 / b as f64 }
+}
+
+/// Nearest rank; 0 for no values.
+fn percentile(values: &mut [f64], p: f64) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    values.sort_by(f64::total_cmp);
+    let rank = ((p * values.len() as f64).ceil() as usize).clamp(1, values.len());
+    values[rank - 1]
+}
+
+/// (conversations with two or more answered turns, those served by more than one engine).
+fn splits(ok: &[&Record]) -> (usize, usize) {
+    let mut by_conversation: HashMap<usize, (usize, BTreeSet<&str>)> = HashMap::new();
+    for r in ok {
+        let entry = by_conversation.entry(r.conversation).or_default();
+        entry.0 += 1;
+        entry.1.insert(r.engine.as_deref().unwrap_or("?"));
+    }
+    let multi = by_conversation.values().filter(|(n, _)| *n >= 2);
+    let split = multi.clone().filter(|(_, e)| e.len() > 1).count();
+    (multi.count(), split)
+}
+
+fn per_engine(ok: &[&Record]) -> BTreeMap<String, usize> {
+    let mut engines = BTreeMap::new();
+    for r in ok {
+        let name = r.engine.clone().unwrap_or_else(|| "?".into());
+        *engines.entry(name).or_insert(0) += 1;
+    }
+    engines
+}
+
+fn share(engines: &BTreeMap<String, usize>) -> f64 {
+    let total: usize = engines.values().sum();
+    let max = engines.values().copied().max().unwrap_or(0);
+    if total == 0 {
+        0.0
+    } else {
+        max as f64 * engines.len() as f64 / total as f64
+    }
+}
+
+/// Fills in the live conversations at the scale-up and how many moved.
+fn moved(mut s: ScaleUp, ok: &[&Record]) -> ScaleUp {
+    // Per conversation: the last (time, engine) before the moment, the first after.
+    type Seen<'a> = Option<(f64, &'a str)>;
+    let mut around: HashMap<usize, (Seen, Seen)> = HashMap::new();
+    for r in ok {
+        let engine = r.engine.as_deref().unwrap_or("?");
+        let entry = around.entry(r.conversation).or_default();
+        if r.sent_s < s.finished_at {
+            if entry.0.is_none_or(|(t, _)| r.sent_s > t) {
+                entry.0 = Some((r.sent_s, engine));
+            }
+        } else if entry.1.is_none_or(|(t, _)| r.sent_s < t) {
+            entry.1 = Some((r.sent_s, engine));
+        }
+    }
+    let live: Vec<(&str, &str)> = around
+        .values()
+        .filter_map(|(before, after)| Some((before.as_ref()?.1, after.as_ref()?.1)))
+        .collect();
+    s.live_conversations = live.len();
+    s.moved = live.iter().filter(|(b, a)| b != a).count();
+    s
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let key = serde_json::to_value(self.key)
+            .ok()
+            .and_then(|v| v.as_str().map(String::from))
+            .unwrap_or_default();
+        writeln!(
+            f,
+            "workload: {} conversations x {} turns, key {key}, seed {}, {} URL(s), {:.1} s",
+            self.conversations, self.turns, self.seed, self.urls, self.elapsed_s
+        )?;
+        writeln!(
+            f,
+            "requests              {} ({} errors, {} conversations cut)",
+            self.requests, self.errors, self.cut_conversations
+        )?;
+        for (kind, n) in &self.errors_by_kind {
+            writeln!(f, "  error {kind}: {n}")?;
+        }
+        writeln!(
+            f,
+            "hit ratio             {:.3} ({} of {} prompt tokens cached)",
+            self.hit_ratio, self.cached_tokens, self.prompt_tokens
+        )?;
+        writeln!(
+            f,
+            "prefill ÷ ideal       {:.2} ({} uncached, ideal {})",
+            self.prefill_vs_ideal, self.uncached_tokens, self.ideal_uncached_tokens
+        )?;
+        writeln!(
+            f,
+            "TTFT p50 / p99        {:.0} ms / {:.0} ms",
+            self.ttft_p50_ms, self.ttft_p99_ms
+        )?;
+        writeln!(
+            f,
+            "total p50 / p99       {:.0} ms / {:.0} ms",
+            self.total_p50_ms, self.total_p99_ms
+        )?;
+        writeln!(
+            f,
+            "split conversations   {} of {}",
+            self.split_conversations, self.multi_turn_conversations
+        )?;
+        let per: Vec<String> = self
+            .engines
+            .iter()
+            .map(|(e, n)| format!("{e} {n}"))
+            .collect();
+        writeln!(
+            f,
+            "share max / mean      {:.2} ({})",
+            self.share_max_over_mean,
+            per.join(", ")
+        )?;
+        if let Some(s) = &self.scale_up {
+            writeln!(
+                f,
+                "scale-up at {:.1} s    done at {:.1} s ({}); moved {} of {} live conversations",
+                s.at, s.finished_at, s.status, s.moved, s.live_conversations
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(conversation: usize, sent_s: f64, engine: &str) -> Record {
+        Record {
+            conversation,
+            turn: 0,
+            url: 0,
+            sent_s,
+            ttft_ms: sent_s,
+            total_ms: 0.0,
+            engine: Some(engine.into()),
+            prompt_tokens: 100,
+            cached_tokens: 50,
+            ideal_uncached: 25,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn splits_shares_and_moves() {
+        let records = [
+            record(0, 1.0, "a"),
+            record(0, 2.0, "a"),
+            record(0, 6.0, "b"),
+            record(1, 1.5, "b"),
+            record(1, 7.0, "b"),
+            record(2, 8.0, "c"),
+        ];
+        let ok: Vec<&Record> = records.iter().collect();
+        assert_eq!(splits(&ok), (2, 1));
+        let engines = per_engine(&ok);
+        assert_eq!(engines["b"], 3);
+        assert!((share(&engines) - 1.5).abs() < 1e-9);
+        let s = ScaleUp {
+            at: 4.0,
+            finished_at: 5.0,
+            status: "ok".into(),
+            live_conversations: 0,
+            moved: 0,
+        };
+        let s = moved(s, &ok);
+        assert_eq!((s.live_conversations, s.moved), (2, 1));
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let mut v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&mut v, 0.5), 50.0);
+        assert_eq!(percentile(&mut v, 0.99), 99.0);
+        assert_eq!(percentile(&mut [], 0.5), 0.0);
+        assert_eq!(percentile(&mut [7.0], 0.99), 7.0);
+    }
+}
