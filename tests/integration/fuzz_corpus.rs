@@ -11,6 +11,11 @@ use magpie::key::json::{FieldPath, json_field_key};
 use magpie::proxy_protocol::{parse, signature};
 use magpie::tcp::header_key::scan_head;
 
+/// The `usage_scan` target's check, from the file the target includes too.
+mod usage_scan {
+    include!("../../fuzz/usage_scan_check.rs");
+}
+
 /// Every file in `fuzz/corpus/<target>/`, with its bytes; never empty.
 fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -91,5 +96,12 @@ fn json_field_corpus_is_keyed_or_falls_back() {
             let _ = json_field_key(&bytes, path);
         }
         let _ = magpie::key::conversation::conversation_key(&bytes);
+    }
+}
+
+#[test]
+fn usage_scan_corpus_agrees_however_framed() {
+    for (_, bytes) in corpus("usage_scan") {
+        usage_scan::check(&bytes);
     }
 }
