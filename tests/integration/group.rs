@@ -83,6 +83,30 @@ async fn conversations_of_one_head_land_together() {
     magpie.stop().await;
 }
 
+/// With a session header, the body is still read for the group: the head
+/// places the first request, and the session's pin keeps later ones even
+/// when their head changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_header_keeps_the_pin_its_head_placed() {
+    let backends = HyperBackends::start(&["a", "b", "c", "d", "e"]).await;
+    let magpie = Magpie::with(BY_HEAD, &backends.pairs()).await;
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    // A head and a session whose own primaries differ.
+    let (session, body) = (0..100)
+        .map(|i| (format!("s-{i}"), chat(&format!("head {i}"), &["hi"])))
+        .find(|(s, b)| magpie.primary(text_key(s.as_bytes())) != magpie.primary(head_group(b)))
+        .expect("a session and a head on different backends");
+    let home = magpie.primary(head_group(&body));
+    assert_eq!(client.post_json(&body, Some(&session)).await, home);
+    let other = (0..100)
+        .map(|i| chat(&format!("other {i}"), &["hi"]))
+        .find(|b| magpie.primary(head_group(b)) != home)
+        .expect("another head elsewhere");
+    assert_eq!(client.post_json(&other, Some(&session)).await, home);
+    assert_eq!(magpie.shared.stats.group_misses(GroupMiss::NotJson), 0);
+    magpie.stop().await;
+}
+
 /// A held `/slow` request of `session` in `tenant`: the client, the
 /// streaming response, and the backend that took it.
 async fn hold(magpie: &Magpie, tenant: &str, session: &str) -> (KeepAlive, Response, String) {
@@ -228,6 +252,7 @@ async fn a_hot_group_spreads_along_its_candidates_and_back() {
         &[&format!("backend=\"{}\"", candidates[0])],
     );
     assert_eq!(seen, 1.0, "{metrics}");
+    crate::engine_load::promtool_accepts(&metrics);
     magpie.stop().await;
 }
 
