@@ -155,6 +155,33 @@ async fn settle(magpie: &Magpie, n: u64) {
     .await;
 }
 
+/// Holds `n` slow conversations of tenant `hot` (`conv-0`, …), checking
+/// each lands on the first of `candidates` under its bounded-load cap;
+/// returns them and how many each backend holds.
+async fn fill(
+    magpie: &Magpie,
+    candidates: &[String],
+    n: u64,
+) -> (Vec<(KeepAlive, Response)>, BTreeMap<String, u64>) {
+    let mut active: BTreeMap<String, u64> = BTreeMap::new();
+    let mut held = Vec::new();
+    for s in 0..n {
+        let total = active.values().sum();
+        let cap = bounded::spill_cap(1.25, 2, total, 1, 3);
+        let expected = candidates
+            .iter()
+            .find(|c| active.get(*c).copied().unwrap_or(0) < cap)
+            .expect("a candidate with room")
+            .clone();
+        let (client, response, got) = hold(magpie, "hot", &format!("conv-{s}")).await;
+        assert_eq!(got, expected, "conversation {s}: {active:?}, cap {cap}");
+        *active.entry(got).or_default() += 1;
+        held.push((client, response));
+        settle(magpie, s + 1).await;
+    }
+    (held, active)
+}
+
 /// A hot tenant's new conversations fill its first candidate, then its
 /// second, then its third, each one where the bounded-load cap says; once
 /// the load is gone a new conversation is back on the first, and every
@@ -166,22 +193,7 @@ async fn a_hot_group_spreads_along_its_candidates_and_back() {
     let magpie = Magpie::start(&yaml).await;
     let admin = magpie.admin.expect("admin is on");
     let candidates = magpie.candidates(text_key(b"hot"));
-    let mut active: BTreeMap<String, u64> = BTreeMap::new();
-    let mut held = Vec::new();
-    for s in 0..20u64 {
-        let total = active.values().sum();
-        let cap = bounded::spill_cap(1.25, 2, total, 1, 3);
-        let expected = candidates
-            .iter()
-            .find(|c| active.get(*c).copied().unwrap_or(0) < cap)
-            .expect("a candidate with room")
-            .clone();
-        let (client, response, got) = hold(&magpie, "hot", &format!("conv-{s}")).await;
-        assert_eq!(got, expected, "conversation {s}: {active:?}, cap {cap}");
-        *active.entry(got).or_default() += 1;
-        held.push((client, response));
-        settle(&magpie, s + 1).await;
-    }
+    let (held, active) = fill(&magpie, &candidates, 20).await;
     let rank = |r: Rank| -> u64 {
         let names = candidates.iter();
         names
@@ -197,16 +209,10 @@ async fn a_hot_group_spreads_along_its_candidates_and_back() {
         20
     );
     let second = &candidates[1];
+    let pins = magpie.shared.sessions().expect("sessions are on");
     let on_second: Vec<String> = (0..20)
         .map(|s| format!("conv-{s}"))
-        .filter(|s| {
-            magpie
-                .shared
-                .sessions()
-                .and_then(|x| x.pins.peek(text_key(s.as_bytes())))
-                .as_deref()
-                == Some(second.as_str())
-        })
+        .filter(|s| pins.pins.peek(text_key(s.as_bytes())).as_deref() == Some(second.as_str()))
         .collect();
     assert!(!on_second.is_empty());
     let (_, route) = admin_get(admin, &format!("/route?key={}&group=hot", on_second[0])).await;
