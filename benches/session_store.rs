@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use magpie::config::Config;
 use magpie::http::pinning;
 use magpie::recent::{self, Recent};
+use magpie::route::Keys;
 use magpie::sessions::Sessions;
 use magpie::snapshot::Snapshot;
 
@@ -42,7 +43,13 @@ async fn measure(
     for round in out.iter_mut() {
         for key in first..first + n {
             let started = Instant::now();
-            let pinned = pinning::route(Some(Arc::clone(sessions)), snapshot, &recent, key).await;
+            let pinned = pinning::route(
+                Some(Arc::clone(sessions)),
+                snapshot,
+                &recent,
+                Keys::single(key),
+            )
+            .await;
             pinned.served(pinned.route.first().expect("a target"));
             round.push(started.elapsed());
         }

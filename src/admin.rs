@@ -8,6 +8,7 @@
 //! | `GET /table` | JSON: version, fingerprint, algorithm, and every backend's name, address, weight, zone, up, active and share |
 //! | `GET /route?key=K` | JSON: the candidates for `K` in order, and the one a connection would be sent to now |
 //! | `GET /route?addr=A` | the same for a client at address `A` (in header and body modes: its fallback key) |
+//! | `GET /route?key=K&group=G` | with `key.group`: the candidates of group `G` (a header group's value, or a body group's hash `0x…`), the session's pin and its rank among them; without `group=`, the group of the key's last request |
 //!
 //! No endpoint changes state. `/route` takes the key as text, the way
 //! `magpie lookup` does: a header value in header mode, an IP in `source_ip`
@@ -29,6 +30,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
+use crate::key::group::GroupBy;
 use crate::recent::Last;
 use crate::route::Route;
 use crate::snapshot::{Shared, Snapshot};
@@ -121,34 +123,7 @@ pub fn answer<B>(req: &Request<B>, shared: &Shared, registry: &Registry) -> Resp
             }
         }
         "/table" => json_response(StatusCode::OK, table_json(&snapshot)),
-        "/route" => {
-            let query = req.uri().query().unwrap_or("");
-            // ?key=K as the key mode reads it; ?addr=A as a client at A
-            // (in header and body modes: the fallback key).
-            let asked = match (query_param(query, "key"), query_param(query, "addr")) {
-                (Some(text), None) => Some((snapshot.config.key.key_of_text(&text), text)),
-                (None, Some(text)) => Some((snapshot.config.key.key_of_address(&text), text)),
-                _ => None,
-            };
-            match asked {
-                None => json_response(
-                    StatusCode::BAD_REQUEST,
-                    json!({"error": "give one of ?key=K or ?addr=IP[:PORT]"}),
-                ),
-                Some((key, key_text)) => match key {
-                    Ok(key) => {
-                        let pin = shared.sessions().and_then(|s| s.pins.peek(key));
-                        let mut answer = route_json(&snapshot, &key_text, key);
-                        answer["pinned"] = json!(pin.as_deref());
-                        answer["last"] = last_json(shared.recent.last(key));
-                        json_response(StatusCode::OK, answer)
-                    }
-                    Err(e) => {
-                        json_response(StatusCode::BAD_REQUEST, json!({"error": e.to_string()}))
-                    }
-                },
-            }
-        }
+        "/route" => route_answer(req.uri().query().unwrap_or(""), &snapshot, shared),
         _ => text(
             StatusCode::NOT_FOUND,
             "not found; try /metrics, /healthz, /readyz, /table or /route?key=K\n",
@@ -182,12 +157,95 @@ pub fn table_json(snapshot: &Snapshot) -> serde_json::Value {
     })
 }
 
-pub fn route_json(snapshot: &Snapshot, key_text: &str, key: u64) -> serde_json::Value {
-    let chosen = Route::preview(snapshot, key)
+/// `/route?key=K` or `?addr=A` (and `&group=G` with `key.group`).
+fn route_answer(query: &str, snapshot: &Snapshot, shared: &Shared) -> Response<Body> {
+    let bad = |e: String| json_response(StatusCode::BAD_REQUEST, json!({ "error": e }));
+    // ?key=K as the key mode reads it; ?addr=A as a client at A (in header
+    // and body modes: the fallback key).
+    let key_config = &snapshot.config.key;
+    let (key, key_text) = match (query_param(query, "key"), query_param(query, "addr")) {
+        (Some(text), None) => (key_config.key_of_text(&text), text),
+        (None, Some(text)) => (key_config.key_of_address(&text), text),
+        _ => return bad("give one of ?key=K or ?addr=IP[:PORT]".to_string()),
+    };
+    let key = match key {
+        Ok(key) => key,
+        Err(e) => return bad(e.to_string()),
+    };
+    let last = shared.recent.last(key);
+    let pin = shared.sessions().and_then(|s| s.pins.peek(key));
+    let Some(by) = &snapshot.config.group else {
+        let mut answer = route_json(snapshot, &key_text, key, key);
+        answer["pinned"] = json!(pin.as_deref());
+        answer["last"] = last_json(last);
+        return json_response(StatusCode::OK, answer);
+    };
+    let given = query_param(query, "group");
+    let group = match &given {
+        Some(text) => match group_of_text(by, text) {
+            Ok(g) => Some((g, "query")),
+            Err(e) => return bad(e),
+        },
+        None => last
+            .as_ref()
+            .and_then(|l| l.group)
+            .map(|g| (g, "last_request")),
+    };
+    let table_key = group.map_or(key, |(g, _)| g);
+    let mut answer = route_json(snapshot, &key_text, key, table_key);
+    let pin_rank = pin.as_deref().and_then(|name| {
+        let position = snapshot.candidates(table_key).position(|b| b.name == name);
+        position.filter(|_| group.is_some()).map(|i| i + 1)
+    });
+    answer["pinned"] = json!(pin.as_deref());
+    answer["last"] = last_json(last);
+    answer["session"] = json!({
+        "key": key_text,
+        "hash": format!("{key:#018x}"),
+        "pinned": pin.as_deref(),
+    });
+    answer["group"] = json!({
+        "setting": by.describe(),
+        "given": given,
+        "hash": group.map(|(g, _)| format!("{g:#018x}")),
+        "from": group.map(|(_, from)| from),
+        "pin_rank": pin_rank,
+    });
+    answer["table_key"] = json!(if group.is_some() { "group" } else { "session" });
+    json_response(StatusCode::OK, answer)
+}
+
+/// A group written as text: a header group's value, or the hash of a body
+/// group (`0x` and hex digits, as `/route` shows it).
+fn group_of_text(by: &GroupBy, text: &str) -> Result<u64, String> {
+    if let GroupBy::Header(_) = by {
+        return Ok(crate::key::text_key(text.as_bytes()));
+    }
+    text.trim()
+        .strip_prefix("0x")
+        .filter(|hex| !hex.is_empty() && hex.len() <= 16)
+        .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+        .ok_or_else(|| {
+            format!(
+                "key.group is {}: give ?group= as the group's hash (0x and up to 16 hex digits, as /route shows it)",
+                by.describe()
+            )
+        })
+}
+
+/// The route of session key `key` whose table is looked up by `table_key`
+/// (the same key without a group).
+pub fn route_json(
+    snapshot: &Snapshot,
+    key_text: &str,
+    key: u64,
+    table_key: u64,
+) -> serde_json::Value {
+    let chosen = Route::preview(snapshot, table_key)
         .first()
         .map(|b| b.name.clone());
     let candidates: Vec<_> = snapshot
-        .candidates(key)
+        .candidates(table_key)
         .map(|b| {
             json!({
                 "name": b.name,

@@ -7,6 +7,7 @@
 use std::fmt::Write as _;
 
 use crate::config::{Config, CopyMode, KeyConfig, Mode, SPLICE_AFTER};
+use crate::key::group::GroupBy;
 use crate::snapshot::{Snapshot, Table};
 
 /// Where `check` runs, for the warnings that depend on it.
@@ -51,6 +52,9 @@ pub fn report(
         writeln!(out, "copy:        {}", copy_text(config.copy))?;
     }
     writeln!(out, "key:         {}", key_text(&config.key))?;
+    if let Some(group) = &config.group {
+        writeln!(out, "group:       {}", group_text(group))?;
+    }
     writeln!(out, "proxy in:    {}", proxy_in(config))?;
     let send = if config.proxy_protocol.send_v2 {
         "v2 (every backend connection starts with a PROXY v2 header)"
@@ -150,6 +154,20 @@ fn key_text(key: &KeyConfig) -> String {
         Some(read) => format!("{}, else {}", parts.join(", then "), read.fallback.as_str()),
         None => k.from.to_string(),
     }
+}
+
+/// `key.group`: what places a conversation's first request.
+fn group_text(group: &GroupBy) -> String {
+    let what = match group {
+        GroupBy::System => "the body's model, instructions and tools".to_string(),
+        GroupBy::PrefixBytes(n) => {
+            format!("the first {n} bytes of the body's model, instructions and tools")
+        }
+        GroupBy::Header(name) => format!("header {name}"),
+    };
+    format!(
+        "{what}: places a conversation's first request; the key above pins it (without a group, the key places it too)"
+    )
 }
 
 fn copy_text(copy: CopyMode) -> String {

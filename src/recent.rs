@@ -1,4 +1,5 @@
-//! What routing last did with each key: the backend its last request went
+//! What routing last did with each key (the session key, with
+//! `key.group`): the backend its last request went
 //! to and why ([`How`]), where it spilled to (so it stays there), and the
 //! prompt tokens the engine last reported for it (so a cache miss can be
 //! told and given a cause).
@@ -109,6 +110,8 @@ struct Record {
     at: Instant,
     /// Set while the key stays on the backend it spilled to.
     spilled: bool,
+    /// The group of its last request (`key.group`), if it had one.
+    group: Option<u64>,
     /// The backend and prompt tokens of its last request whose usage was read.
     served: Option<(Arc<str>, u64)>,
 }
@@ -121,6 +124,8 @@ pub struct Last {
     pub age: Duration,
     pub spilled: bool,
     pub prompt_tokens: Option<u64>,
+    /// The group of the key's last request (`key.group`).
+    pub group: Option<u64>,
 }
 
 /// What one request's route means for the key's memory.
@@ -129,6 +134,8 @@ pub struct Decision {
     pub how: How,
     /// Sessions are on and the key was not routed by its pin.
     pub pin_lost: bool,
+    /// The request's group (`key.group`); the memory stays the session key's.
+    pub group: Option<u64>,
 }
 
 /// A request's usage as the engine reported it.
@@ -223,6 +230,7 @@ impl Recent {
                     at: now,
                     spilled: decision.how.is_load_spill(),
                     served: None,
+                    group: decision.group,
                 },
             );
             return None;
@@ -239,6 +247,7 @@ impl Recent {
         }
         record.how = decision.how;
         record.at = now;
+        record.group = decision.group;
         moved
     }
 
@@ -286,6 +295,7 @@ impl Recent {
             age: r.at.elapsed(),
             spilled: r.spilled && r.at.elapsed() < self.spill_ttl(),
             prompt_tokens: r.served.as_ref().map(|(_, p)| *p),
+            group: r.group,
         })
     }
 

@@ -37,6 +37,30 @@ use crate::placement::{MAX_CANDIDATES, bounded};
 pub use crate::recent::How;
 use crate::snapshot::Snapshot;
 
+/// The keys of one request: the session key names the conversation (its
+/// pin, its memory in [`crate::recent`]); the table is looked up by its
+/// group (`key.group`) when it has one, else by the session key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keys {
+    pub session: u64,
+    pub group: Option<u64>,
+}
+
+impl Keys {
+    /// One key for both (no group).
+    pub fn single(key: u64) -> Keys {
+        Keys {
+            session: key,
+            group: None,
+        }
+    }
+
+    /// The key the table is looked up by.
+    pub fn table(&self) -> u64 {
+        self.group.unwrap_or(self.session)
+    }
+}
+
 /// The bounded-load caps in force when a route was planned.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Caps {

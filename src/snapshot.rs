@@ -8,7 +8,8 @@
 //! drops it before any `.await`. Only a config change builds a new one; health
 //! never does (a down backend is skipped at lookup instead).
 //!
-//! The fingerprint is a BLAKE2b-128 digest of the algorithm, the backend
+//! The fingerprint is a BLAKE2b-128 digest of how keys are read (and
+//! `key.group`, when set), the load bound, the algorithm, the backend
 //! names in order, and the table (Maglev: each slot's owner index; ring: each
 //! point's hash and owner index). Identical backend sets give identical
 //! fingerprints on every instance, so a fleet can prove it agrees.
@@ -197,6 +198,12 @@ fn fingerprint(config: &Config, table: &Table, backends: &[Arc<Backend>]) -> Str
     h.update(b"\0");
     h.update(key_identity(&config.key).as_bytes());
     h.update(b"\0");
+    // Only when set, so configs without groups keep their fingerprints.
+    if let Some(group) = &config.group {
+        h.update(b"group:");
+        h.update(group.describe().as_bytes());
+        h.update(b"\0");
+    }
     match config.placement.bounded_load {
         Some(c) => {
             h.update(&c.to_bits().to_be_bytes());
@@ -456,6 +463,19 @@ mod tests {
             base.replace("listen", "key: {from: header, header: x-a}\nlisten"),
             base.replace("listen", "key: {from: source_addr}\nlisten"),
             base.replace("listen", "placement: {bounded_load: 1.25}\nlisten"),
+            base.replace("listen", "mode: http\nkey: {from: header, header: x-a}\nlisten"),
+            base.replace(
+                "listen",
+                "mode: http\nkey: {from: header, header: x-a, group: system}\nsessions: {}\nlisten",
+            ),
+            base.replace(
+                "listen",
+                "mode: http\nkey: {from: header, header: x-a, group: {prefix_bytes: 64}}\nsessions: {}\nlisten",
+            ),
+            base.replace(
+                "listen",
+                "mode: http\nkey: {from: header, header: x-a, group: {header: x-t}}\nsessions: {}\nlisten",
+            ),
         ];
         let mut seen = vec![reference.clone()];
         for text in &routing {

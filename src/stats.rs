@@ -8,6 +8,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::key::FallbackReason;
+use crate::key::group::GroupMiss;
 use crate::label::labels;
 
 labels! {
@@ -46,6 +47,8 @@ labels! {
 #[derive(Debug, Default)]
 pub struct Stats {
     key_fallbacks: [AtomicU64; FallbackReason::COUNT],
+    /// Requests without a group (`key.group`), routed by their session key.
+    group_misses: [AtomicU64; GroupMiss::COUNT],
     rejected: AtomicU64,
     accept_errors: AtomicU64,
     client_failures: [AtomicU64; ClientFailure::COUNT],
@@ -62,6 +65,14 @@ impl Stats {
 
     pub fn fallbacks(&self, why: FallbackReason) -> u64 {
         self.key_fallbacks[why.index()].load(Ordering::Relaxed)
+    }
+
+    pub fn count_group_miss(&self, why: GroupMiss) {
+        self.group_misses[why.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn group_misses(&self, why: GroupMiss) -> u64 {
+        self.group_misses[why.index()].load(Ordering::Relaxed)
     }
 
     pub fn count_rejected(&self) {

@@ -4,6 +4,7 @@ use std::sync::LazyLock;
 
 use libfuzzer_sys::fuzz_target;
 use magpie::key::conversation::conversation_key;
+use magpie::key::group::{GroupBy, body_group_key};
 use magpie::key::json::{FieldPath, json_field_key};
 
 // The body_field forms a config can name (a top-level field and JSON
@@ -15,11 +16,15 @@ static PATHS: LazyLock<Vec<FieldPath>> = LazyLock::new(|| {
         .collect()
 });
 
-// A request body, searched for the key at each path, and for its
-// conversation's head (key.from: conversation).
+// A request body, searched for the key at each path, for its
+// conversation's head (key.from: conversation), and for its group
+// (key.group: system, and a prefix of its rendered head).
 fuzz_target!(|data: &[u8]| {
     for path in PATHS.iter() {
         let _ = json_field_key(data, path);
     }
     let _ = conversation_key(data);
+    for by in [GroupBy::System, GroupBy::PrefixBytes(16)] {
+        let _ = body_group_key(data, &by);
+    }
 });

@@ -1,9 +1,9 @@
 //! A backend: its identity (name, address, weight, zone) and its live state.
 //!
 //! Identity comes from the config and never changes within a snapshot. Live
-//! state is atomics shared by the data paths (which count and take slots),
-//! health (which marks up and down) and metrics/admin (which read), in five
-//! named parts:
+//! state is atomics (and, for groups, a small lock) shared by the data paths
+//! (which count and take slots), health (which marks up and down) and
+//! metrics/admin (which read), in six named parts:
 //!
 //! | part | owns |
 //! |---|---|
@@ -12,12 +12,14 @@
 //! | [`crate::health::Health`] | up or down, the streaks that move it, transitions |
 //! | [`crate::health::EngineLoad`] | the inference engine's queue and KV cache, as last scraped |
 //! | [`drain`] | when a removed backend's connections must close |
+//! | [`groups`] | `key.group`: distinct groups served lately, placements by candidate rank |
 //!
 //! Live state lives behind its own `Arc`, so a reload can hand the same live
 //! state to the next snapshot when a backend's name and address are
 //! unchanged: its counters, health and open connections carry over.
 
 pub mod drain;
+pub mod groups;
 pub mod load;
 pub mod traffic;
 
@@ -27,6 +29,7 @@ use std::sync::Arc;
 pub use traffic::{CodeClass, Side, Spill};
 
 use self::drain::Drain;
+use self::groups::Groups;
 use self::load::Load;
 use self::traffic::Traffic;
 use crate::config::BackendConfig;
@@ -80,6 +83,8 @@ pub struct Live {
     /// The engine's queue and KV cache as last scraped (`health.load`).
     pub engine: EngineLoad,
     pub drain: Drain,
+    /// The groups it served (`key.group`).
+    pub groups: Groups,
 }
 
 impl Live {

@@ -67,6 +67,11 @@ const DAY: u64 = 24 * HOUR;
 
 /// The smallest header buffer: room for a request line and little else.
 pub const MIN_MAX_BYTES: u64 = 16;
+/// `key.group: {prefix_bytes: N}`: fewer bytes than this are hardly a head
+/// (a model name and a few words); more than 1 MiB is beyond any prompt a
+/// body read for its key holds.
+pub const MIN_GROUP_PREFIX_BYTES: u64 = 16;
+pub const MAX_GROUP_PREFIX_BYTES: u64 = 1 << 20;
 pub const MAX_MAX_BYTES: u64 = 1 << 20;
 /// Above anything one process serves, and far below tokio's semaphore limit
 /// (`usize::MAX >> 3` permits), which panics when exceeded.

@@ -20,6 +20,8 @@ use std::time::Duration;
 use ipnet::IpNet;
 use serde::Deserialize;
 
+use crate::key::group::GroupBy;
+
 mod error;
 pub mod file;
 mod key;
@@ -144,6 +146,10 @@ pub struct Config {
     pub places: Places,
     pub placement: PlacementConfig,
     pub key: KeyConfig,
+    /// `key.group` (mode http, with `sessions`): what the table is looked up
+    /// by for a conversation's first request; `key` is then the session key.
+    /// `None` looks the table up by `key`, as without groups.
+    pub group: Option<GroupBy>,
     pub connect: ConnectConfig,
     pub idle_timeout: Duration,
     pub max_connections: usize,

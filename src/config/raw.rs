@@ -150,6 +150,64 @@ pub(super) struct RawKey {
     pub(super) max_bytes: Option<Spanned<u64>>,
     #[serde(default)]
     pub(super) fallback: Option<Spanned<Fallback>>,
+    #[serde(default)]
+    pub(super) group: Option<Spanned<RawGroup>>,
+}
+
+/// `key.group`: `system`, `{prefix_bytes: N}` or `{header: NAME}`. Read by
+/// hand, so a wrong form is answered with the three right ones.
+#[derive(Debug)]
+pub(super) enum RawGroup {
+    System,
+    PrefixBytes(u64),
+    Header(String),
+}
+
+const GROUP_FORMS: &str = "write key.group: system, {prefix_bytes: N} or {header: NAME}";
+
+impl<'de> Deserialize<'de> for RawGroup {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct GroupVisitor;
+        impl<'de> serde::de::Visitor<'de> for GroupVisitor {
+            type Value = RawGroup;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(GROUP_FORMS)
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawGroup, E> {
+                match v.trim() {
+                    "system" => Ok(RawGroup::System),
+                    other => Err(E::custom(format!("key.group {other:?}: {GROUP_FORMS}"))),
+                }
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<RawGroup, A::Error> {
+                use serde::de::Error;
+                let Some(name) = map.next_key::<String>()? else {
+                    return Err(A::Error::custom(format!(
+                        "key.group is empty: {GROUP_FORMS}"
+                    )));
+                };
+                let group = match name.as_str() {
+                    "prefix_bytes" => RawGroup::PrefixBytes(map.next_value()?),
+                    "header" => RawGroup::Header(map.next_value()?),
+                    other => {
+                        return Err(A::Error::custom(format!(
+                            "key.group has no field {other:?}: {GROUP_FORMS}"
+                        )));
+                    }
+                };
+                if map.next_key::<String>()?.is_some() {
+                    return Err(A::Error::custom(format!(
+                        "key.group takes one form: {GROUP_FORMS}"
+                    )));
+                }
+                Ok(group)
+            }
+        }
+        d.deserialize_any(GroupVisitor)
+    }
 }
 
 #[derive(Debug, Deserialize)]

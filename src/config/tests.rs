@@ -4,6 +4,7 @@
 use super::test_util::{parse, problems};
 use super::*;
 use crate::key::Fallback;
+use crate::key::group::GroupBy;
 
 const MINIMAL: &str = "listen: 127.0.0.1:7000\nbackends:\n  - name: a\n    addr: 127.0.0.1:8001\n";
 
@@ -520,4 +521,48 @@ fn an_http_config_parses() {
     assert_eq!(h.http_path.as_deref(), Some("/health"));
     assert_eq!(h.expect_status, 200..=399);
     assert!(h.passive_status);
+}
+
+#[test]
+fn key_group_forms_and_their_needs() {
+    let with = |group: &str, rest: &str| {
+        format!(
+            "mode: http\nlisten: 127.0.0.1:7000\nkey:\n  from: conversation\n  group: {group}\n{rest}backends:\n  - {{name: a, addr: 127.0.0.1:8001}}\n"
+        )
+    };
+    let sessions = "sessions: {ttl: 10m}\n";
+    for (group, want) in [
+        ("system", GroupBy::System),
+        ("{prefix_bytes: 4096}", GroupBy::PrefixBytes(4096)),
+        (
+            "{header: X-Tenant-Id}",
+            GroupBy::Header("x-tenant-id".into()),
+        ),
+    ] {
+        assert_eq!(parse(&with(group, sessions)).unwrap().group, Some(want));
+    }
+    assert_eq!(
+        parse(&with("system", sessions).replace("  group: system\n", ""))
+            .unwrap()
+            .group,
+        None
+    );
+    for (text, needle) in [
+        (with("system", ""), "test.yaml:5:10: key.group needs sessions: the session pin is what keeps a conversation on the replica its group placed it on"),
+        (with("{prefix_bytes: 8}", sessions), "prefix_bytes 8 is out of range (16 to 1048576)"),
+        (with("{prefix_bytes: 2097152}", sessions), "out of range"),
+        (with("{header: \"a b\"}", sessions), "not a valid HTTP header name"),
+        (with("tenant", sessions), "write key.group: system, {prefix_bytes: N} or {header: NAME}"),
+        (with("{model: x}", sessions), "key.group has no field \"model\""),
+        (with("{header: a, prefix_bytes: 64}", sessions), "key.group takes one form"),
+        (with("system", sessions).replace("from: conversation", "from: source_ip"), "key.group needs key.from: header, body or conversation"),
+        (
+            "listen: 127.0.0.1:7000\nkey: {from: header, header: x-a, group: system}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n".to_string(),
+            "key.group needs mode: http",
+        ),
+    ] {
+        let p = problems(&text).join("\n");
+        assert!(p.contains(needle), "for {text:?} expected {needle:?} in:\n{p}");
+        assert!(p.starts_with("test.yaml:"), "{p}");
+    }
 }

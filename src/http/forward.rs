@@ -27,7 +27,7 @@ use crate::backend::{Backend, CodeClass, Spill};
 use crate::config::Config;
 use crate::health::passive::{self, Blame};
 use crate::recent::Decision;
-use crate::route::Route;
+use crate::route::{Keys, Route};
 use crate::snapshot::Shared;
 use crate::stats::ClientFailure;
 use crate::usage::UsageScanner;
@@ -50,9 +50,9 @@ const HOP_BY_HOP: [HeaderName; 7] = [
 /// What a request needs besides itself.
 pub struct Forward<'a> {
     pub route: &'a Route,
-    /// The request's key, and whether its session pin was lost (for the
-    /// key's memory, [`crate::recent`]).
-    pub key: u64,
+    /// The request's keys (the session key's memory, [`crate::recent`],
+    /// notes its group too), and whether its session pin was lost.
+    pub keys: Keys,
     pub pin_lost: bool,
     pub config: &'a Config,
     pub pool: &'a Arc<Pool>,
@@ -136,8 +136,10 @@ pub async fn forward(request: Request<Upload>, forward: Forward<'_>) -> Result<S
                 let decision = Decision {
                     how,
                     pin_lost: forward.pin_lost,
+                    group: forward.keys.group,
                 };
-                let moved = forward.shared.recent.routed(forward.key, backend, decision);
+                let session = forward.keys.session;
+                let moved = forward.shared.recent.routed(session, backend, decision);
                 let in_flight = InFlight {
                     backend: Arc::clone(backend),
                     slot,
@@ -145,7 +147,7 @@ pub async fn forward(request: Request<Upload>, forward: Forward<'_>) -> Result<S
                     lease,
                     tally: Tally {
                         shared: Arc::clone(forward.shared),
-                        key: forward.key,
+                        key: session,
                         moved,
                     },
                 };

@@ -47,10 +47,12 @@ use self::clock::{Clock, Timed};
 use self::forward::{Forward, local};
 use self::pool::Pool;
 use self::reply::Reply;
+use self::request_key::KeyPlan;
 use crate::config::{DEFAULT_HTTP_MAX_BYTES, DEFAULT_HTTP_READ_TIMEOUT, KeyConfig};
 use crate::listener::Accepted;
 use crate::net::{Client, reset_on_close};
 use crate::proxy_protocol::{self, Addresses};
+use crate::route::Keys;
 use crate::snapshot::Shared;
 use crate::stats::{ClientFailure, Stats};
 
@@ -157,7 +159,12 @@ impl HttpPath {
     ) -> Response<Reply> {
         let snapshot = shared.snapshot.load_full();
         let config = Arc::clone(&snapshot.config);
-        let (found, request) = match request_key::request_key(request, &config.key, client).await {
+        let plan = KeyPlan {
+            key: &config.key,
+            group: config.group.as_ref(),
+            client,
+        };
+        let (found, request) = match request_key::request_key(request, plan).await {
             Ok(found) => found,
             Err(e) => {
                 debug!(%client, error = %e, "request body failed while reading its key");
@@ -171,13 +178,25 @@ impl HttpPath {
         if let Some(why) = found.fallback {
             shared.stats.count_fallback(why);
         }
-        let pinned = pinning::route(shared.sessions(), &snapshot, &shared.recent, found.key)
+        let group = match found.group {
+            Some(Ok(group)) => Some(group),
+            Some(Err(why)) => {
+                shared.stats.count_group_miss(why);
+                None
+            }
+            None => None,
+        };
+        let keys = Keys {
+            session: found.key,
+            group,
+        };
+        let pinned = pinning::route(shared.sessions(), &snapshot, &shared.recent, keys)
             .await
             .for_fallback(found.fallback.is_some());
         drop(snapshot);
         let forward = Forward {
             route: &pinned.route,
-            key: found.key,
+            keys,
             pin_lost: pinned.pin_lost(),
             config: &config,
             pool: &self.pool,

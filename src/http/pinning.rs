@@ -17,24 +17,38 @@
 //! [`crate::recent`] record does. Either way it goes back to its primary
 //! once that one is below its mean share. A shared pin stays where it is
 //! bound (moving it back would need every instance to agree on loads).
+//!
+//! With `key.group` the pin is the session key's and the table is looked
+//! up by the group ([`Keys`]): a conversation's first request goes to its
+//! group's first candidate that takes it (so a hot group's new
+//! conversations fill its second candidate, then its third), that backend
+//! becomes the session's pin, and later requests stay on the pin whatever
+//! the group's load does since. The pin itself gives the stickiness a
+//! spilled key's memory gives without groups, so a grouped conversation
+//! never "goes home".
 
 use std::sync::Arc;
 
 use crate::backend::Backend;
+use crate::backend::groups::Rank;
 use crate::recent::{How, Recent};
-use crate::route::Route;
+use crate::route::{Keys, Route};
 use crate::sessions::Sessions;
 use crate::snapshot::Snapshot;
 
 /// A request's route, and what serving it does to the key's pin.
 pub struct Pinned {
     pub route: Route,
-    key: u64,
+    keys: Keys,
     /// `None` without `sessions`: routing stays stateless.
     sessions: Option<Arc<Sessions>>,
     /// Whether the backend that serves the request becomes the key's pin
     /// (else the pin, already bound, is only used again).
     bind_served: bool,
+    /// Set when this request places its conversation by its group (its pin
+    /// is bound here, from this request): the group's first candidates, to
+    /// rank the backend that serves it.
+    placing: Option<Vec<Arc<Backend>>>,
 }
 
 impl Pinned {
@@ -54,94 +68,137 @@ impl Pinned {
 
     /// The request was served by `backend`: with `store: local`, it becomes
     /// the key's pin (or the pin is renewed); with a shared store, the pin
-    /// bound while routing is used again.
+    /// bound while routing is used again. A group's request is counted among
+    /// the backend's groups, and a placement by the candidate's rank.
     pub fn served(&self, backend: &Backend) {
+        if let Some(group) = self.keys.group {
+            backend.live.groups.served(group);
+        }
+        if let Some(candidates) = &self.placing {
+            let index = candidates.iter().position(|c| c.name == backend.name);
+            let rank = Rank::of_index(index.unwrap_or(usize::MAX));
+            backend.live.groups.count_placement(rank);
+        }
         let Some(sessions) = &self.sessions else {
             return;
         };
         if self.bind_served {
-            sessions.pins.bind(self.key, &backend.name);
+            sessions.pins.bind(self.keys.session, &backend.name);
         } else {
-            sessions.pins.touch(self.key);
+            sessions.pins.touch(self.keys.session);
         }
     }
 }
 
-/// The route for `key`: by the table (and where the key spilled) without
-/// `sessions`, else by its pin.
+/// The route for `keys`: by the table (and where the key spilled) without
+/// `sessions`, else by the session key's pin, the table looked up by the
+/// group when there is one.
 pub async fn route(
     sessions: Option<Arc<Sessions>>,
     snapshot: &Snapshot,
     recent: &Recent,
-    key: u64,
+    keys: Keys,
 ) -> Pinned {
-    let spilled_to = recent.spilled_to(key);
+    let spilled_to = recent.spilled_to(keys.session);
     let spilled_to = spilled_to.as_deref();
-    let (route, bind_served) = match &sessions {
-        None => (Route::plan_remembered(snapshot, key, spilled_to), false),
-        Some(s) => by_pin(s, snapshot, key, spilled_to).await,
+    let (route, bound) = match &sessions {
+        None => (
+            Route::plan_remembered(snapshot, keys.table(), spilled_to),
+            Bound::default(),
+        ),
+        Some(s) => by_pin(s, snapshot, keys, spilled_to).await,
     };
+    let placing = (bound.placed && keys.group.is_some()).then(|| {
+        let first = snapshot.candidates(keys.table()).take(Rank::COUNT - 1);
+        first.cloned().collect()
+    });
     Pinned {
         route,
-        key,
+        keys,
         sessions,
-        bind_served,
+        bind_served: bound.bind_served,
+        placing,
     }
 }
 
-/// The route for `key` under `sessions`, and whether the backend that serves
-/// it becomes the pin.
+/// What routing under `sessions` did to the pin.
+#[derive(Debug, Default, Clone, Copy)]
+struct Bound {
+    /// The backend that serves the request becomes the pin.
+    bind_served: bool,
+    /// The pin is (or will be) bound by this request, not found.
+    placed: bool,
+}
+
+/// The route for `keys` under `sessions`, and what it does to the pin.
 async fn by_pin(
     sessions: &Sessions,
     snapshot: &Snapshot,
-    key: u64,
+    keys: Keys,
     spilled_to: Option<&str>,
-) -> (Route, bool) {
+) -> (Route, Bound) {
+    let (session, table_key) = (keys.session, keys.table());
     let usable = |name: &str| -> Option<&Arc<Backend>> {
         snapshot.backend(name).filter(|b| b.live.health.is_up())
     };
     let Some(store) = &sessions.store else {
-        let pin = sessions.pins.get(key);
+        let pin = sessions.pins.get(session);
         let pin = pin.as_deref().and_then(|name| snapshot.backend(name));
+        // A spilled key goes home; a grouped conversation stays on its pin
+        // (its group may have grown past its primary meanwhile).
         let goes_home = |pin: &Backend| {
-            spilled_to == Some(pin.name.as_str()) && Route::home_has_room(snapshot, key)
+            keys.group.is_none()
+                && spilled_to == Some(pin.name.as_str())
+                && Route::home_has_room(snapshot, table_key)
         };
         let route = match pin {
-            Some(pin) if !goes_home(pin) => Route::plan_pinned(snapshot, key, pin),
-            _ => Route::plan(snapshot, key),
+            Some(pin) if !goes_home(pin) => Route::plan_pinned(snapshot, table_key, pin),
+            _ => Route::plan(snapshot, table_key),
         };
-        return (route, true);
+        let placed = route.how != How::Pinned;
+        return (
+            route,
+            Bound {
+                bind_served: true,
+                placed,
+            },
+        );
     };
+    let kept = Bound::default();
     // Shared pins: the local map first.
-    if let Some((name, due)) = sessions.pins.get_and_due(key, sessions.ttl / 4)
+    if let Some((name, due)) = sessions.pins.get_and_due(session, sessions.ttl / 4)
         && let Some(pin) = usable(&name)
     {
         if due {
-            store.refresh(key);
+            store.refresh(session);
         }
-        return (Route::plan_pinned(snapshot, key, pin), false);
+        return (Route::plan_pinned(snapshot, table_key, pin), kept);
     }
     store.ensure_connecting();
-    let table = Route::plan(snapshot, key);
+    let table = Route::plan(snapshot, table_key);
     let Some(choice) = table.first().map(|b| b.name.clone()) else {
-        return (table, false);
+        return (table, kept);
     };
-    let Some(held) = store.bind_or_get(key, &choice).await else {
-        return (table, false);
+    let Some(held) = store.bind_or_get(session, &choice).await else {
+        return (table, kept);
+    };
+    let placed = |name: &str| Bound {
+        bind_served: false,
+        placed: name == choice,
     };
     if let Some(pin) = usable(&held) {
-        sessions.pins.bind(key, &held);
-        return (table.pin_first(snapshot, pin), false);
+        sessions.pins.bind(session, &held);
+        return (table.pin_first(snapshot, pin), placed(&held));
     }
     // Bound to a backend that is down or gone: replace it, once for all.
-    match store.replace(key, &held, &choice).await {
+    match store.replace(session, &held, &choice).await {
         Some(now) => match usable(&now) {
             Some(pin) => {
-                sessions.pins.bind(key, &now);
-                (table.pin_first(snapshot, pin), false)
+                sessions.pins.bind(session, &now);
+                (table.pin_first(snapshot, pin), placed(&now))
             }
-            None => (table, false),
+            None => (table, kept),
         },
-        None => (table, false),
+        None => (table, kept),
     }
 }

@@ -11,6 +11,12 @@
 //! then sent on first, followed by the rest of the stream, so the backend
 //! receives the body unchanged. Only a JSON body (by `content-type`) is read.
 //! When no key is found, the fallback key is used and the reason counted.
+//!
+//! With `key.group`, the group key is found beside it: a header's value,
+//! or (`system`, `prefix_bytes`) the body's chat head, which is then read
+//! even when a header carried the session key. One parse of the body gives
+//! both the conversation key and the group. A request without a group is
+//! routed by its session key; the reason ([`GroupMiss`]) is counted.
 
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
@@ -21,7 +27,8 @@ use tokio::time::Instant;
 
 use super::upload::Upload;
 use crate::config::{KeyConfig, KeySources};
-use crate::key::conversation::conversation_key;
+use crate::key::conversation::{ChatHead, read_head};
+use crate::key::group::{GroupBy, GroupMiss};
 use crate::key::json::json_field_key;
 use crate::key::{self, FallbackReason};
 use crate::net::Client;
@@ -29,8 +36,12 @@ use crate::net::Client;
 /// The key a request goes by, and why it is the fallback when it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestKey {
+    /// The session key (the table's key too, without a group).
     pub key: u64,
     pub fallback: Option<FallbackReason>,
+    /// With `key.group`: the group key, or why the request has none (then
+    /// the table is looked up by the session key). `None` without groups.
+    pub group: Option<Result<u64, GroupMiss>>,
 }
 
 /// The client stopped sending its body while it was read for the key.
@@ -38,62 +49,134 @@ pub struct RequestKey {
 #[error("the request body could not be read: {0}")]
 pub struct BodyError(#[from] hyper::Error);
 
-/// Finds `request`'s key; returns it with the request, its body ready to be
-/// sent on unchanged.
+/// Where a request's keys are looked for.
+#[derive(Clone, Copy)]
+pub struct KeyPlan<'a> {
+    pub key: &'a KeyConfig,
+    /// `key.group`, if set.
+    pub group: Option<&'a GroupBy>,
+    pub client: Client,
+}
+
+/// Finds `request`'s key (and group); returns them with the request, its
+/// body ready to be sent on unchanged.
 pub async fn request_key(
     request: Request<Incoming>,
-    config: &KeyConfig,
-    client: Client,
+    plan: KeyPlan<'_>,
 ) -> Result<(RequestKey, Request<Upload>), BodyError> {
-    let Some(read) = config.read() else {
-        return Ok(address(request, config.address_key(client.0)));
+    let Some(read) = plan.key.read() else {
+        return Ok(address(request, plan.key.address_key(plan.client.0)));
     };
-    let sources = config.sources();
-    let fall_back = |why| RequestKey {
-        key: key::fallback_key(read.fallback, client.0),
-        fallback: Some(why),
-    };
+    let sources = plan.key.sources();
+    let fallback_key = key::fallback_key(read.fallback, plan.client.0);
     let (parts, body) = request.into_parts();
-    let from_head = match sources.header.and_then(|h| header_value(&parts.headers, h)) {
-        Some(value) => Some(RequestKey {
-            key: key::text_key(value),
-            fallback: None,
-        }),
-        None if sources.body_field.is_none() && !sources.conversation => {
-            Some(fall_back(FallbackReason::MissingHeader))
-        }
-        None if !is_json(&parts.headers) => Some(fall_back(FallbackReason::NotJson)),
-        None => None,
+    let session = sources
+        .header
+        .and_then(|h| header_value(&parts.headers, h))
+        .map(key::text_key);
+    let header_group = match plan.group {
+        Some(GroupBy::Header(name)) => Some(
+            header_value(&parts.headers, name)
+                .map(key::text_key)
+                .ok_or(GroupMiss::MissingHeader),
+        ),
+        _ => None,
     };
-    if let Some(found) = from_head {
-        return Ok((found, Request::from_parts(parts, Upload::streaming(body))));
+    let session_reads_body =
+        session.is_none() && (sources.body_field.is_some() || sources.conversation);
+    let group_reads_body = plan.group.is_some_and(GroupBy::reads_body);
+    let json = is_json(&parts.headers);
+    let found = |session: Result<u64, FallbackReason>, group| match session {
+        Ok(key) => RequestKey {
+            key,
+            fallback: None,
+            group,
+        },
+        Err(why) => RequestKey {
+            key: fallback_key,
+            fallback: Some(why),
+            group,
+        },
+    };
+    if !json || !(session_reads_body || group_reads_body) {
+        let why = if session_reads_body {
+            FallbackReason::NotJson
+        } else {
+            FallbackReason::MissingHeader
+        };
+        let group = header_group.or(group_reads_body.then_some(Err(GroupMiss::NotJson)));
+        let keyed = found(session.ok_or(why), group);
+        return Ok((keyed, Request::from_parts(parts, Upload::streaming(body))));
     }
     let deadline = Instant::now() + read.read_timeout;
     let (outcome, upload) = read_body(body, read.max_bytes, deadline).await?;
-    let found = match outcome {
-        Read::Complete(ref bytes) => match body_key(&sources, bytes) {
-            Ok(key) => RequestKey {
-                key,
-                fallback: None,
-            },
-            Err(reason) => fall_back(reason),
-        },
-        Read::TooLarge => fall_back(FallbackReason::TooLarge),
-        Read::Timeout => fall_back(FallbackReason::Timeout),
+    let (by_body, group) = match outcome {
+        Read::Complete(ref bytes) => {
+            let wants = Wants {
+                session: session_reads_body,
+                group: plan.group.filter(|_| group_reads_body),
+            };
+            body_keys(&sources, wants, bytes)
+        }
+        Read::TooLarge => unread(FallbackReason::TooLarge, group_reads_body),
+        Read::Timeout => unread(FallbackReason::Timeout, group_reads_body),
     };
-    Ok((found, Request::from_parts(parts, upload)))
+    let session = match session {
+        Some(key) => Ok(key),
+        None if session_reads_body => by_body,
+        None => Err(FallbackReason::MissingHeader),
+    };
+    let keyed = found(session, header_group.or(group));
+    Ok((keyed, Request::from_parts(parts, upload)))
 }
 
-/// The key in a complete JSON body: the field, else the conversation.
-fn body_key(sources: &KeySources<'_>, bytes: &[u8]) -> Result<u64, FallbackReason> {
+/// What a complete body is read for.
+struct Wants<'a> {
+    /// The session key (no header carried it).
+    session: bool,
+    /// The group, when it is read from the body.
+    group: Option<&'a GroupBy>,
+}
+
+/// The keys a body that was not read in full gives: none, for `why`.
+fn unread(
+    why: FallbackReason,
+    group_reads_body: bool,
+) -> (Result<u64, FallbackReason>, Option<Result<u64, GroupMiss>>) {
+    (
+        Err(why),
+        group_reads_body.then_some(Err(GroupMiss::of_body(why))),
+    )
+}
+
+/// The session key (the field, else the conversation) and the group key in
+/// a complete JSON body, each only if wanted; the chat head is parsed once
+/// for both.
+fn body_keys(
+    sources: &KeySources<'_>,
+    wants: Wants<'_>,
+    bytes: &[u8],
+) -> (Result<u64, FallbackReason>, Option<Result<u64, GroupMiss>>) {
     let by_field = match sources.body_field {
-        Some(field) => json_field_key(bytes, field),
-        None => Err(FallbackReason::MissingField),
+        Some(field) if wants.session => json_field_key(bytes, field),
+        _ => Err(FallbackReason::MissingField),
     };
-    match by_field {
-        Err(_) if sources.conversation => conversation_key(bytes),
-        found => found,
-    }
+    let needs_head =
+        (wants.session && sources.conversation && by_field.is_err()) || wants.group.is_some();
+    let head: Option<Result<ChatHead, FallbackReason>> = needs_head.then(|| read_head(bytes));
+    let session = match (&head, by_field) {
+        (Some(head), Err(_)) if wants.session && sources.conversation => head
+            .as_ref()
+            .map_err(|why| *why)
+            .and_then(ChatHead::conversation_key),
+        (_, found) => found,
+    };
+    let group = wants.group.and_then(|by| match &head {
+        Some(Ok(head)) => by.of_head(head),
+        Some(Err(why)) => Some(Err(GroupMiss::of_body(*why))),
+        None => None,
+    });
+    (session, group)
 }
 
 /// The key is the client's address; the body is not looked at.
@@ -101,6 +184,7 @@ fn address(request: Request<Incoming>, key: u64) -> (RequestKey, Request<Upload>
     let found = RequestKey {
         key,
         fallback: None,
+        group: None,
     };
     (found, request.map(Upload::streaming))
 }

@@ -18,7 +18,9 @@
 //! spread a hot one. A body without a user message has no conversation key.
 //!
 //! Pure: the messages after the first user message are skipped without
-//! being built.
+//! being built. [`read_head`] parses a body once into a [`ChatHead`], which
+//! gives both this key and the group keys of [`super::group`] (the same
+//! instructions, and the `tools` definitions).
 
 use std::fmt;
 
@@ -42,6 +44,8 @@ struct Body {
     messages: Option<Head>,
     #[serde(default)]
     input: Option<Input>,
+    #[serde(default)]
+    tools: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -130,8 +134,24 @@ fn text_of(content: &Value) -> String {
     }
 }
 
-/// The conversation key of a JSON chat body, or why there is none.
-pub fn conversation_key(body: &[u8]) -> Result<u64, FallbackReason> {
+/// The head of a chat body: what every turn of a conversation repeats.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatHead {
+    /// `model` when it is a string, else empty.
+    pub model: String,
+    /// The instructions in order: a top-level `system`, a top-level
+    /// `instructions`, then the system and developer messages before the
+    /// first user message.
+    pub instructions: Vec<String>,
+    /// The text of the first user message, if there is one.
+    pub first_user: Option<String>,
+    /// The top-level `tools` definitions, as parsed.
+    pub tools: Option<Value>,
+}
+
+/// Parses a JSON chat body's head once; the messages after the first user
+/// message are skipped.
+pub fn read_head(body: &[u8]) -> Result<ChatHead, FallbackReason> {
     let body: Body = serde_json::from_slice(body).map_err(|_| FallbackReason::NotJson)?;
     let mut head = body.messages.unwrap_or_default();
     let mut instructions: Vec<String> = Vec::new();
@@ -146,21 +166,42 @@ pub fn conversation_key(body: &[u8]) -> Result<u64, FallbackReason> {
         _ => {}
     }
     instructions.extend(head.instructions);
-    let first_user = head.first_user.ok_or(FallbackReason::NoConversation)?;
-    // Length-prefixed parts: no two different heads encode alike.
-    let mut encoded = Vec::new();
-    let model = match &body.model {
-        Some(Value::String(m)) => m.as_str(),
-        _ => "",
+    let model = match body.model {
+        Some(Value::String(m)) => m,
+        _ => String::new(),
     };
-    for part in std::iter::once(model)
-        .chain(instructions.iter().map(String::as_str))
-        .chain(std::iter::once(first_user.as_str()))
-    {
-        encoded.extend_from_slice(&(part.len() as u64).to_le_bytes());
-        encoded.extend_from_slice(part.as_bytes());
+    Ok(ChatHead {
+        model,
+        instructions,
+        first_user: head.first_user,
+        tools: body.tools.filter(|t| !t.is_null()),
+    })
+}
+
+impl ChatHead {
+    /// The conversation key: the model, the instructions and the first user
+    /// message; none without a user message.
+    pub fn conversation_key(&self) -> Result<u64, FallbackReason> {
+        let first_user = self
+            .first_user
+            .as_deref()
+            .ok_or(FallbackReason::NoConversation)?;
+        // Length-prefixed parts: no two different heads encode alike.
+        let mut encoded = Vec::new();
+        for part in std::iter::once(self.model.as_str())
+            .chain(self.instructions.iter().map(String::as_str))
+            .chain(std::iter::once(first_user))
+        {
+            encoded.extend_from_slice(&(part.len() as u64).to_le_bytes());
+            encoded.extend_from_slice(part.as_bytes());
+        }
+        Ok(h64(&encoded))
     }
-    Ok(h64(&encoded))
+}
+
+/// The conversation key of a JSON chat body, or why there is none.
+pub fn conversation_key(body: &[u8]) -> Result<u64, FallbackReason> {
+    read_head(body)?.conversation_key()
 }
 
 #[cfg(test)]

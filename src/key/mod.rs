@@ -16,12 +16,18 @@
 //! * `conversation`: the head of a chat conversation: its model, system
 //!   prompt and first user message ([`conversation`]).
 //!
+//! With `key.group` (mode http), a second key, the group ([`group`]: a
+//! chat body's instructions and tools, a prefix of them, or a tenant header),
+//! is what the table is looked up by; the key above is then the session key
+//! that names the conversation and its pin.
+//!
 //! When a key that is read from the bytes cannot be found, the [`Fallback`]
 //! address key is used and the [`FallbackReason`] counted. The same text
 //! always gives the same key, so `magpie lookup KEY` and the admin
 //! `/route?key=` answer exactly what the proxy does.
 
 pub mod conversation;
+pub mod group;
 pub mod json;
 
 use std::net::{IpAddr, SocketAddr};

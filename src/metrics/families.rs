@@ -11,10 +11,12 @@ use prometheus::proto::MetricType;
 
 use super::peak_ratio;
 use super::series::{BackendView, Scrape, Series};
+use crate::backend::groups::Rank;
 use crate::backend::{CodeClass, Side, Spill};
 use crate::discovery::Lookup;
 use crate::health::{CheckOutcome, ConnectFailure, ScrapeResult};
 use crate::key::FallbackReason;
+use crate::key::group::GroupMiss;
 use crate::recent::{How, MissCause};
 use crate::sessions::store::{OpResult, Store};
 use crate::stats::{ClientFailure, Exhausted, FAST_BUCKETS, Histogram};
@@ -123,6 +125,20 @@ pub const FAMILIES: &[Family] = &[
         labels: &["backend", "addr", "reason"],
         help: "Connections (mode http: requests) whose key this backend was a candidate for but which went elsewhere, by reason: down (health), at_cap (bounded load) or engine_full (health.load).",
         read: Read::Backend(|b, s| s.by(|why: Spill| b.live().traffic.spills(why))),
+    },
+    Family {
+        name: "magpie_group_placements_total",
+        kind: COUNTER,
+        labels: &["backend", "addr", "rank"],
+        help: "key.group: conversations first placed on the backend by their group, by the backend's rank among the group's candidates (1, 2, 3, 4+); a hot group's new conversations reach rank 2, then 3.",
+        read: Read::Backend(|b, s| s.by(|rank: Rank| b.live().groups.placements(rank))),
+    },
+    Family {
+        name: "magpie_backend_groups_seen",
+        kind: GAUGE,
+        labels: &["backend", "addr"],
+        help: "key.group: distinct groups whose requests the backend served in the last 2.5 to 5 minutes (two rotating sets of at most 10000 group hashes): how many heads its cache must hold.",
+        read: Read::Backend(|b, s| s.value(&[], b.live().groups.seen() as f64)),
     },
     Family {
         name: "magpie_backend_idle_closes_total",
@@ -328,6 +344,13 @@ pub const FAMILIES: &[Family] = &[
         labels: &["reason"],
         help: "Connections (mode http: requests) keyed by the fallback because no header or body key was read, by reason.",
         read: Read::Global(|g, s| s.by(|why: FallbackReason| g.stats.fallbacks(why))),
+    },
+    Family {
+        name: "magpie_group_fallbacks_total",
+        kind: COUNTER,
+        labels: &["reason"],
+        help: "key.group: requests without a group, so the table was looked up by their session key, by reason (missing_header, no_head, not_json, too_large, timeout).",
+        read: Read::Global(|g, s| s.by(|why: GroupMiss| g.stats.group_misses(why))),
     },
     Family {
         name: "magpie_requests_routed_total",

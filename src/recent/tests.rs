@@ -12,6 +12,7 @@ fn decision(how: How) -> Decision {
     Decision {
         how,
         pin_lost: false,
+        group: None,
     }
 }
 
@@ -70,6 +71,7 @@ fn a_move_is_blamed_on_its_cause() {
     let lost = Decision {
         how: How::Primary,
         pin_lost: true,
+        group: None,
     };
     assert_eq!(recent.routed(1, b, lost), Some(MissCause::PinExpired));
     assert_eq!(

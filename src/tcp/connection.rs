@@ -76,6 +76,7 @@ pub async fn serve(accepted: Accepted) {
     let decision = Decision {
         how,
         pin_lost: false,
+        group: None,
     };
     shared.recent.routed(key, &backend, decision);
     let connected = Instant::now();

@@ -34,7 +34,12 @@ fn every_file_in_config_parses_and_builds() {
                 .to_string(),
         );
     }
-    for required in ["magpie.yaml", "llm-sessions.yaml", "sidecar.yaml"] {
+    for required in [
+        "magpie.yaml",
+        "llm-sessions.yaml",
+        "sidecar.yaml",
+        "agents.yaml",
+    ] {
         assert!(
             checked.iter().any(|c| c == required),
             "config/{required} is missing; found {checked:?}"
@@ -72,6 +77,20 @@ fn the_reference_config_sets_every_section() {
     let load = health.load.as_ref().expect("engine load is on");
     assert_eq!(load.preset, magpie::config::LoadPreset::Vllm);
     assert!(llm.sessions.is_some());
+
+    let agents = Config::load(&config_dir().join("agents.yaml")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(agents.group, Some(magpie::key::group::GroupBy::System));
+    assert!(matches!(
+        agents.key,
+        magpie::config::KeyConfig::Conversation { .. }
+    ));
+    assert!(agents.sessions.is_some());
+    assert_eq!(agents.placement.bounded_load, Some(1.25));
+    let load = agents.health.as_ref().and_then(|h| h.load.as_ref());
+    assert_eq!(
+        load.map(|l| l.preset),
+        Some(magpie::config::LoadPreset::Vllm)
+    );
 
     let sidecar =
         Config::load(&config_dir().join("sidecar.yaml")).unwrap_or_else(|e| panic!("{e}"));
@@ -304,6 +323,16 @@ fn example_configs_route_as_pinned() {
             ],
         ),
         (
+            // Session keys: where a conversation without a group goes.
+            "agents.yaml",
+            "abf207b7199c9470018045e2a8a763ed",
+            &[
+                ("alice", "gpu-0"),
+                ("bob", "gpu-0"),
+                ("session-42", "gpu-1"),
+            ],
+        ),
+        (
             "sidecar.yaml",
             "d84ece23554150e511da694ba7d81ba8",
             &[
@@ -368,4 +397,18 @@ fn commands_end_quietly_on_a_closed_stdout() {
         assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     }
+}
+
+/// `magpie check` says what places a conversation with `key.group`, and
+/// says nothing of groups without it.
+#[test]
+fn check_prints_the_group_setting() {
+    let out = check(&config_dir().join("agents.yaml"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("\ngroup:       the body's model, instructions and tools: places a conversation's first request"),
+        "{stdout}"
+    );
+    let out = check(&config_dir().join("llm-sessions.yaml"));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("group:"));
 }

@@ -220,8 +220,8 @@ async fn a_stale_value_is_ignored_after_max_age() {
 }
 
 /// `promtool check metrics` takes magpie's exposition with the engine
-/// families in it.
-fn promtool_accepts(text: &str) {
+/// (or group) families in it.
+pub(crate) fn promtool_accepts(text: &str) {
     let mut child = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use magpie::config::{Config, LoadPreset};
 use magpie::health::exposition;
+use magpie::key::group::{GroupBy, body_group_key};
 use magpie::key::json::{FieldPath, json_field_key};
 use magpie::proxy_protocol::{parse, signature};
 use magpie::tcp::header_key::scan_head;
@@ -96,6 +97,9 @@ fn json_field_corpus_is_keyed_or_falls_back() {
             let _ = json_field_key(&bytes, path);
         }
         let _ = magpie::key::conversation::conversation_key(&bytes);
+        for by in [GroupBy::System, GroupBy::PrefixBytes(16)] {
+            let _ = body_group_key(&bytes, &by);
+        }
     }
 }
 

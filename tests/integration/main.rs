@@ -13,6 +13,7 @@ mod engine_load;
 mod failover;
 mod faults;
 mod fuzz_corpus;
+mod group;
 mod health;
 mod http_mode;
 mod probe;

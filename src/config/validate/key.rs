@@ -7,16 +7,23 @@
 //! depend on the mode. Body and conversation keys need `mode: http`, where
 //! each request is keyed; in mode tcp the key is read once per connection,
 //! from its request head.
+//!
+//! `key.group` needs mode http, a session key read from the request
+//! (`from: header`, `body` or `conversation`) and `sessions`: a group only
+//! places a conversation's first request, and the session pin is what keeps
+//! the conversation on the replica its group placed it on.
 
 use serde_saphyr::{Location, Spanned};
 
 use super::Validator;
-use crate::config::raw::{KeyFrom, RawKey};
+use crate::config::raw::{KeyFrom, RawGroup, RawKey};
 use crate::config::{
     DEFAULT_HTTP_MAX_BYTES, DEFAULT_HTTP_READ_TIMEOUT, DEFAULT_MAX_BYTES, DEFAULT_READ_TIMEOUT,
-    KeyConfig, KeyRead, MAX_HTTP_MAX_BYTES, MAX_MAX_BYTES, MAX_READ_TIMEOUT, MIN_MAX_BYTES, Mode,
+    KeyConfig, KeyRead, MAX_GROUP_PREFIX_BYTES, MAX_HTTP_MAX_BYTES, MAX_MAX_BYTES,
+    MAX_READ_TIMEOUT, MIN_GROUP_PREFIX_BYTES, MIN_MAX_BYTES, Mode,
 };
 use crate::key::Fallback;
+use crate::key::group::GroupBy;
 use crate::key::json::FieldPath;
 
 impl Validator<'_> {
@@ -69,6 +76,45 @@ impl Validator<'_> {
                 }
             }
         }
+    }
+
+    /// `key.group`, with what it needs: mode http, a session key read from
+    /// the request, and `sessions`.
+    pub(super) fn group(
+        &mut self,
+        raw: Option<Spanned<RawGroup>>,
+        key: &KeyConfig,
+        mode: Mode,
+        sessions: bool,
+    ) -> Option<GroupBy> {
+        let raw = raw?;
+        let at = raw.referenced;
+        if mode == Mode::Tcp {
+            self.err(
+                &at,
+                "key.group needs mode: http (the group is read from each request)",
+            );
+        } else if key.read().is_none() {
+            self.err(&at, "key.group needs key.from: header, body or conversation: that key names the session, the group only places its first request");
+        } else if !sessions {
+            self.err(&at, "key.group needs sessions: the session pin is what keeps a conversation on the replica its group placed it on (add e.g. sessions: {ttl: 30m})");
+        }
+        let group = match raw.value {
+            RawGroup::System => GroupBy::System,
+            RawGroup::PrefixBytes(n) => {
+                if !(MIN_GROUP_PREFIX_BYTES..=MAX_GROUP_PREFIX_BYTES).contains(&n) {
+                    self.err(&at, format!("key.group.prefix_bytes {n} is out of range ({MIN_GROUP_PREFIX_BYTES} to {MAX_GROUP_PREFIX_BYTES})"));
+                }
+                // At most MAX_GROUP_PREFIX_BYTES once valid.
+                GroupBy::PrefixBytes(n.min(MAX_GROUP_PREFIX_BYTES) as usize)
+            }
+            RawGroup::Header(name) => GroupBy::Header(self.header_name(&Spanned {
+                value: name,
+                referenced: at,
+                defined: raw.defined,
+            })),
+        };
+        Some(group)
     }
 
     /// Read settings under an address key are a silent mistake: each is an

@@ -139,7 +139,7 @@ impl<'a> Validator<'a> {
         default
     }
 
-    pub(super) fn validate(mut self, raw: RawConfig) -> Result<Config, ConfigErrors> {
+    pub(super) fn validate(mut self, mut raw: RawConfig) -> Result<Config, ConfigErrors> {
         let mode = raw.mode.map(|m| m.value).unwrap_or_default();
         let mut places = Places::default();
         let listen = self.listen(raw.listen, &mut places);
@@ -147,6 +147,7 @@ impl<'a> Validator<'a> {
         let (backends, sources) = self.backends(raw.backends, &listen, admin);
         let discovery = self.discovery(raw.discovery, sources);
         let placement = self.placement(raw.placement, &backends);
+        let raw_group = raw.key.as_mut().and_then(|k| k.group.take());
         let key = self.key(raw.key, mode);
         let connect = self.connect(raw.connect);
         let idle_timeout = self.positive(
@@ -184,6 +185,7 @@ impl<'a> Validator<'a> {
         let reload = self.reload(raw.reload);
         let http = self.http(raw.http, mode);
         let sessions = self.sessions(raw.sessions, mode);
+        let group = self.group(raw_group, &key, mode, sessions.is_some());
 
         if self.errors.is_empty() {
             Ok(Config {
@@ -195,6 +197,7 @@ impl<'a> Validator<'a> {
                 places,
                 placement,
                 key,
+                group,
                 connect,
                 idle_timeout,
                 // At most MAX_MAX_CONNECTIONS, so this fits any usize.
