@@ -31,6 +31,7 @@ pub mod gpu;
 pub mod prompt;
 mod reply;
 mod server;
+mod state;
 #[cfg(test)]
 mod tests;
 
@@ -254,7 +255,7 @@ pub fn serve(
         Arc::clone(&counters),
         stop.clone(),
     ));
-    let state = Arc::new(server::State::new(config, jobs, Arc::clone(&counters)));
+    let state = Arc::new(state::State::new(config, jobs, Arc::clone(&counters)));
     tokio::spawn(server::accept_loop(listener, state, stop));
     Ok(Engine { addr, counters })
 }

@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 
 use super::gpu::Event;
 use super::prompt::BYTES_PER_TOKEN;
-use super::server::State;
+use super::state::State;
 
 /// Chat or plain completion: the shape of the answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,13 +8,13 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
-use hyper::header::{CONTENT_LENGTH, HeaderValue};
+use hyper::header::CONTENT_LENGTH;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -24,43 +24,14 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use super::gpu::{Counters, Event, Job};
+use super::gpu::{Event, Job};
 use super::prompt;
 use super::reply::{self, ApiError, Kind, Reply, Shape, Usage};
+use super::state::State;
 use super::{ENGINE_HEADER, EngineConfig};
 
 /// A client that never finishes its request head does not hold a task forever.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// What every connection shares.
-pub struct State {
-    pub config: EngineConfig,
-    jobs: mpsc::Sender<Job>,
-    pub counters: Arc<Counters>,
-    next_id: AtomicU64,
-    /// Seconds since the epoch at start (`created` in answers).
-    pub started: u64,
-    engine: HeaderValue,
-}
-
-impl State {
-    pub fn new(config: EngineConfig, jobs: mpsc::Sender<Job>, counters: Arc<Counters>) -> Self {
-        // The name was validated as visible ASCII, which a header value takes.
-        let engine = HeaderValue::from_str(&config.name)
-            .unwrap_or_else(|_| HeaderValue::from_static("engine"));
-        let started = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        Self {
-            config,
-            jobs,
-            counters,
-            next_id: AtomicU64::new(1),
-            started,
-            engine,
-        }
-    }
-}
 
 /// Accepts connections until `stop` fires; each is served in its own task.
 pub async fn accept_loop(listener: TcpListener, state: Arc<State>, stop: CancellationToken) {

@@ -16,18 +16,9 @@ use tokio::time::{Instant, sleep_until};
 
 use super::chat::{self, Conversation};
 use super::client::{Pool, Target};
-use super::report::{Record, ScaleUp};
+use super::report::{Outcome, Record, ScaleUp};
 use super::{KeyMode, WorkloadArgs, WorkloadError};
 use crate::lab::engine::prompt::{block_hashes, render_chat, token_count};
-
-/// What a run produced.
-pub struct Outcome {
-    pub records: Vec<Record>,
-    pub scale_up: Option<ScaleUp>,
-    /// Conversations the deadline cut.
-    pub cut: usize,
-    pub elapsed: Duration,
-}
 
 struct Shared {
     args: WorkloadArgs,

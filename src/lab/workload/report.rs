@@ -6,11 +6,20 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
+use std::time::Duration;
 
 use serde::Serialize;
 
-use super::drive::Outcome;
 use super::{KeyMode, WorkloadArgs};
+
+/// What a run produced.
+pub struct Outcome {
+    pub records: Vec<Record>,
+    pub scale_up: Option<ScaleUp>,
+    /// Conversations the deadline cut.
+    pub cut: usize,
+    pub elapsed: Duration,
+}
 
 /// One request.
 #[derive(Debug, Clone, Serialize)]
