@@ -57,6 +57,24 @@ pub fn system_prompt(seed: u64, index: usize, tokens: usize) -> String {
     text(&head, seed_for(seed, &format!("system {index}")), tokens)
 }
 
+/// The tool definitions of system prompt `index`'s agent: one function
+/// whose description is about `tokens` tokens; none for 0.
+pub fn tools(seed: u64, index: usize, tokens: usize) -> Option<serde_json::Value> {
+    if tokens == 0 {
+        return None;
+    }
+    let head = format!("Tools of assistant {index}.");
+    let description = text(&head, seed_for(seed, &format!("tools {index}")), tokens);
+    Some(serde_json::json!([{
+        "type": "function",
+        "function": {
+            "name": format!("tool_{index}"),
+            "description": description,
+            "parameters": {"type": "object", "properties": {}},
+        },
+    }]))
+}
+
 /// The user's message in turn `turn` of conversation `conversation`.
 pub fn user_message(seed: u64, conversation: usize, turn: usize, tokens: usize) -> String {
     let head = format!("conv-{conversation} turn {turn}:");

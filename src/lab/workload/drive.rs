@@ -25,6 +25,8 @@ struct Shared {
     pools: Vec<Pool>,
     next_url: AtomicUsize,
     systems: Vec<String>,
+    /// Each system prompt's tool definitions, if any, as sent.
+    tools: Vec<Option<Value>>,
     /// Every block some request already had: one infinite cache shared by all.
     ideal: Mutex<HashSet<u64>>,
     records: Mutex<Vec<Record>>,
@@ -39,12 +41,16 @@ pub async fn run(args: &WorkloadArgs) -> Result<Outcome, WorkloadError> {
     let systems = (0..args.system_prompts)
         .map(|i| chat::system_prompt(args.seed, i, args.system_tokens))
         .collect();
+    let tools = (0..args.system_prompts)
+        .map(|i| chat::tools(args.seed, i, args.tool_tokens))
+        .collect();
     let start = Instant::now();
     let shared = Arc::new(Shared {
         args: args.clone(),
         pools,
         next_url: AtomicUsize::new(0),
         systems,
+        tools,
         ideal: Mutex::new(HashSet::new()),
         records: Mutex::new(Vec::new()),
         start,
@@ -133,24 +139,44 @@ async fn converse(shared: Arc<Shared>, conversation: Conversation) {
         }
         let user = chat::user_message(args.seed, conversation.id, turn, args.user_tokens);
         history.push(("user", user));
-        let Some(content) = one_turn(&shared, conversation.id, turn, &history).await else {
+        let chat = Chat {
+            conversation: conversation.id,
+            turn,
+            tools: shared.tools[conversation.system].as_ref(),
+            history: &history,
+        };
+        let Some(content) = one_turn(&shared, chat).await else {
             return;
         };
         history.push(("assistant", content));
     }
 }
 
-/// Sends one turn, records it, and returns the answer's text (none on failure).
-async fn one_turn(
-    shared: &Shared,
+/// One turn of a conversation: what it sends.
+struct Chat<'a> {
     conversation: usize,
     turn: usize,
-    history: &[(&'static str, String)],
-) -> Option<String> {
+    tools: Option<&'a Value>,
+    history: &'a [(&'static str, String)],
+}
+
+/// Sends one turn, records it, and returns the answer's text (none on failure).
+async fn one_turn(shared: &Shared, chat: Chat<'_>) -> Option<String> {
+    let Chat {
+        conversation,
+        turn,
+        history,
+        ..
+    } = chat;
     let args = &shared.args;
-    let prompt = render_chat(history.iter().map(|(r, c)| (*r, c.as_str())), None);
+    // The engine renders the tools as their JSON text, as parsed.
+    let tools = chat.tools.map(Value::to_string);
+    let prompt = render_chat(
+        history.iter().map(|(r, c)| (*r, c.as_str())),
+        tools.as_deref(),
+    );
     let ideal_uncached = ideal_check(shared, &prompt);
-    let (headers, body) = request(args, conversation, history);
+    let (headers, body) = request(args, &chat);
     let url = shared.next_url.fetch_add(1, Ordering::Relaxed) % shared.pools.len();
     let sent = shared.start.elapsed();
     let result = tokio::time::timeout(
@@ -216,13 +242,10 @@ fn ideal_check(shared: &Shared, prompt: &str) -> u64 {
 }
 
 /// One turn's headers and body, with the conversation's key where `--key` puts it.
-fn request(
-    args: &WorkloadArgs,
-    conversation: usize,
-    history: &[(&'static str, String)],
-) -> (Vec<(&'static str, String)>, Bytes) {
-    let key = format!("conv-{conversation}");
-    let messages: Vec<Value> = history
+fn request(args: &WorkloadArgs, chat: &Chat<'_>) -> (Vec<(&'static str, String)>, Bytes) {
+    let key = format!("conv-{}", chat.conversation);
+    let messages: Vec<Value> = chat
+        .history
         .iter()
         .map(|(role, content)| json!({"role": role, "content": content}))
         .collect();
@@ -234,6 +257,9 @@ fn request(
     });
     if !args.no_stream {
         body["stream_options"] = json!({"include_usage": true});
+    }
+    if let Some(tools) = chat.tools {
+        body["tools"] = tools.clone();
     }
     let mut headers = Vec::new();
     match args.key {

@@ -67,6 +67,9 @@ pub struct WorkloadArgs {
     /// Tokens per system prompt.
     #[arg(long, default_value_t = 1000)]
     pub system_tokens: usize,
+    /// Tokens of tool definitions sent with each system prompt (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub tool_tokens: usize,
     /// Tokens per user message.
     #[arg(long, default_value_t = 100)]
     pub user_tokens: usize,
@@ -140,6 +143,7 @@ impl WorkloadArgs {
         count("--turns", self.turns, 1, 1000)?;
         count("--system-prompts", self.system_prompts, 1, 10_000)?;
         count("--system-tokens", self.system_tokens, 0, 1_000_000)?;
+        count("--tool-tokens", self.tool_tokens, 0, 1_000_000)?;
         count("--user-tokens", self.user_tokens, 1, 1_000_000)?;
         count("--max-tokens", self.max_tokens, 1, 1_000_000)?;
         count("--connections", self.connections, 1, 10_000)?;

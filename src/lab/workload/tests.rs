@@ -78,6 +78,31 @@ async fn one_engine_one_connection_is_the_ideal() {
     stop.cancel();
 }
 
+/// With tool definitions the engine renders them into the head, and the
+/// workload's ideal renders them the same way.
+#[tokio::test]
+async fn tools_are_sent_and_the_ideal_counts_them() {
+    let stop = CancellationToken::new();
+    let urls = engines(1, &stop).await;
+    let plain = run(&args(&urls, &["--connections", "1"])).await.unwrap();
+    let stop2 = CancellationToken::new();
+    let urls = engines(1, &stop2).await;
+    let with_tools = args(&urls, &["--connections", "1", "--tool-tokens", "300"]);
+    let summary = run(&with_tools).await.unwrap();
+    assert_eq!(summary.errors, 0, "{summary}");
+    assert_eq!(
+        summary.uncached_tokens, summary.ideal_uncached_tokens,
+        "{summary}"
+    );
+    // Every request's prompt grew by the tools (6 conversations x 3 turns).
+    assert!(
+        summary.prompt_tokens >= plain.prompt_tokens + 18 * 300,
+        "{summary} against {plain}"
+    );
+    stop.cancel();
+    stop2.cancel();
+}
+
 #[tokio::test]
 async fn alternating_urls_split_conversations_and_cost_prefill() {
     let stop = CancellationToken::new();
