@@ -4,7 +4,7 @@
 //! |---|---|
 //! | `GET /metrics` | Prometheus text format ([`crate::metrics`]) |
 //! | `GET /healthz` | 200 while the process runs |
-//! | `GET /readyz` | 200 when a table is published and at least one backend is up, else 503 |
+//! | `GET /readyz` | 200 when a table is published and at least one backend is up, else 503; 503 from the first SIGTERM on (draining) |
 //! | `GET /table` | JSON: version, fingerprint, algorithm, and every backend's name, address, weight, zone, up, active and share |
 //! | `GET /route?key=K` | JSON: the candidates for `K` in order, and the one a connection would be sent to now |
 //! | `GET /route?addr=A` | the same for a client at address `A` (in header and body modes: its fallback key) |
@@ -101,6 +101,10 @@ pub fn answer<B>(req: &Request<B>, shared: &Shared, registry: &Registry) -> Resp
             r
         }
         "/healthz" => text(StatusCode::OK, "ok\n"),
+        "/readyz" if shared.is_draining() => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: draining (shutting down)\n",
+        ),
         "/readyz" => {
             let up = snapshot
                 .backends

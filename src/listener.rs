@@ -95,6 +95,9 @@ where
         .collect();
 
     shutdown.cancelled().await;
+    // Not ready from now on (`/readyz`): load balancers stop sending new
+    // connections while the open ones drain.
+    shared.start_draining();
     for accept_loop in accept_loops {
         if let Err(e) = accept_loop.await {
             warn!(error = %e, "accept loop ended abnormally");

@@ -267,6 +267,8 @@ pub struct Shared {
     sessions: ArcSwapOption<Sessions>,
     /// What routing last did with each key (spills, misses, `/route`).
     pub recent: Recent,
+    /// Set at the first SIGTERM: `/readyz` answers 503 from then on.
+    draining: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -291,7 +293,18 @@ impl Shared {
             version,
             sessions,
             recent,
+            draining: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// The process is shutting down: no longer ready for new traffic.
+    pub fn start_draining(&self) {
+        self.draining
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The session pins (and their store), when `sessions` is configured.

@@ -157,3 +157,34 @@ async fn a_second_signal_exits_at_once_with_status_2() {
     assert_eq!(status.code(), Some(2), "{}", child.log.join("\n"));
     drop(client);
 }
+
+/// From the first SIGTERM on `/readyz` answers 503 (a load balancer stops
+/// sending new connections) while `/healthz` stays 200 until the exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_is_503_while_draining_and_healthz_stays_200() {
+    let backends = RawBackends::start(&["echo"], Behaviour::GreetEcho).await;
+    let file = TempFile::new(
+        "magpie.yaml",
+        &config_yaml_with_admin("127.0.0.1:0", "shutdown_grace: 1h\n", &backends.list),
+    );
+    let path = file.path.to_str().expect("a UTF-8 temp path");
+    let mut child = Child::spawn(&["run", "--config", path]);
+    let addr = child.listen_addr().await;
+    let admin = child.admin_addr().await;
+    assert_eq!(admin_get(admin, "/readyz").await.0, 200);
+    let mut client = connect(addr).await;
+    assert_eq!(read_greeting(&mut client).await, "echo");
+    child.signal("-TERM");
+    child.wait_for_line("no new connections").await;
+    let (status, body) = admin_get(admin, "/readyz").await;
+    assert_eq!(
+        (status, body.trim()),
+        (503, "not ready: draining (shutting down)")
+    );
+    assert_eq!(admin_get(admin, "/healthz").await.0, 200);
+    child.signal("-INT");
+    within("magpie to exit at the second signal", child.process.wait())
+        .await
+        .expect("wait for magpie");
+    drop(client);
+}
