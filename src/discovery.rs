@@ -19,7 +19,7 @@ use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hickory_resolver::TokioResolver;
 use hickory_resolver::config::{NameServerConfig, ResolverConfig, ResolverOpts};
@@ -60,7 +60,16 @@ pub struct Discovery {
     resolvers: Mutex<HashMap<Option<SocketAddr>, Arc<TokioResolver>>>,
     last_good: Mutex<HashMap<Source, Vec<BackendConfig>>>,
     lookups: [AtomicU64; Lookup::COUNT],
+    /// Per discovered entry that reaches magpie itself: when it was last
+    /// said, and how many times it was found since.
+    self_loops: Mutex<HashMap<String, (Instant, u64)>>,
 }
+
+/// A discovered entry that reaches magpie's own listener is said at most
+/// this often.
+const SELF_LOOP_EVERY: Duration = Duration::from_secs(60);
+/// Entries remembered for that; beyond, the ones said long ago are forgotten.
+const SELF_LOOPS_KEPT: usize = 4096;
 
 impl std::fmt::Debug for Discovery {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -92,7 +101,7 @@ impl Discovery {
             for found in self.resolve(&resolver, source).await? {
                 let own = config.listen.iter().chain(&config.admin);
                 if own.clone().any(|&o| crate::config::reaches(found.addr, o)) {
-                    warn!(backend = %found.name, "discovered backend reaches magpie's own listener; left out");
+                    self.self_loop(&found.name);
                     continue;
                 }
                 if names.insert(found.name.clone()) && addrs.insert(found.addr) {
@@ -104,6 +113,27 @@ impl Discovery {
             return Err(DiscoveryError::Empty);
         }
         Ok(config)
+    }
+
+    /// Says that the discovered `name` reaches magpie itself (and is left
+    /// out), once per [`SELF_LOOP_EVERY`] per entry.
+    fn self_loop(&self, name: &str) {
+        let now = Instant::now();
+        let mut said = lock(&self.self_loops);
+        if let Some((at, held_back)) = said.get_mut(name)
+            && now.duration_since(*at) < SELF_LOOP_EVERY
+        {
+            *held_back += 1;
+            return;
+        }
+        if said.len() >= SELF_LOOPS_KEPT {
+            said.retain(|_, (at, _)| now.duration_since(*at) < SELF_LOOP_EVERY);
+        }
+        let held_back = said
+            .insert(name.to_string(), (now, 0))
+            .map_or(0, |(_, n)| n);
+        drop(said);
+        warn!(backend = %name, held_back, "discovered backend reaches magpie's own listener; left out");
     }
 
     fn resolver(&self, discovery: &DiscoveryConfig) -> Result<Arc<TokioResolver>, DiscoveryError> {

@@ -193,3 +193,38 @@ async fn check_resolves_and_shows_discovery() {
         "{stdout}"
     );
 }
+
+/// A discovered address that is magpie's own listener is left out every
+/// round, and said once a minute per entry, not at every lookup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_self_loop_warning_is_throttled_per_entry() {
+    let port = free_port();
+    let dns = DnsServer::start().await;
+    dns.set_addresses("pool.test", &[ip(1), ip(2)]);
+    let yaml = format!(
+        "listen: 127.0.0.1:{port}\nadmin: 127.0.0.1:0\nkey: {{from: source_addr}}\ndiscovery: {{interval: 100ms, resolver: \"{}\"}}\nbackends:\n  - {{dns: \"pool.test:{port}\"}}\n",
+        dns.addr
+    );
+    let file = TempFile::new("magpie.yaml", &yaml);
+    let path = file.path.to_str().expect("a UTF-8 temp path");
+    let mut child = Child::spawn(&["run", "--config", path]);
+    let admin = child.admin_addr().await;
+    // Ten discovery rounds, each of which finds the loop again.
+    within("ten discovery rounds", async {
+        loop {
+            let (_, text) = admin_get(admin, "/metrics").await;
+            let ok = metric_sum(&text, "magpie_discovery_lookups_total", &["result=\"ok\""]);
+            if ok >= 10.0 {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let warned = child
+        .lines_so_far()
+        .iter()
+        .filter(|l| l.contains("reaches magpie's own listener"))
+        .count();
+    assert_eq!(warned, 1, "{}", child.log.join("\n"));
+}

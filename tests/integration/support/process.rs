@@ -125,6 +125,14 @@ impl Child {
         }
     }
 
+    /// Every stderr line seen so far, the ones not yet read included.
+    pub fn lines_so_far(&mut self) -> &[String] {
+        while let Ok(line) = self.lines.try_recv() {
+            self.log.push(line);
+        }
+        &self.log
+    }
+
     /// Where magpie serves traffic: its first `listening role=proxy addr=…` line.
     pub async fn listen_addr(&mut self) -> SocketAddr {
         self.addr_of("proxy").await
