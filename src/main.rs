@@ -275,8 +275,8 @@ fn plan(
         return Ok(ExitCode::FAILURE);
     };
     let keys: Vec<String> = match keys {
-        Some(path) => std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read {}", path.display()))?
+        Some(path) => magpie::config::file::read_keys(path)
+            .with_context(|| format!("--keys {}", path.display()))?
             .lines()
             .map(str::trim)
             .filter(|l| !l.is_empty())

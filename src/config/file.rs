@@ -1,5 +1,5 @@
 //! Reading a config file: a regular file of at most [`MAX_CONFIG_BYTES`],
-//! in UTF-8. A FIFO would block `check` and every reload forever, and
+//! in UTF-8 (and a key file for `plan --keys`, at most [`MAX_KEYS_BYTES`]). A FIFO would block `check` and every reload forever, and
 //! `/dev/zero` would be read without end; both are refused by what the open
 //! file *is*, checked on the open descriptor (no race with a rename), and the
 //! open itself does not wait for a FIFO's writer.
@@ -12,21 +12,38 @@ use std::path::Path;
 /// The largest config file magpie reads: far above any real pool (10,000
 /// backends take about 600 KB) and far below what would hurt.
 pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+/// The largest key file `plan --keys` reads: a few million keys.
+pub const MAX_KEYS_BYTES: u64 = 64 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
     #[error("cannot read: {0}")]
     Io(#[from] io::Error),
-    #[error("is a {0}, not a regular file: a config must be a file")]
-    NotRegular(&'static str),
-    #[error("is larger than {} MiB (the most a config may be)", MAX_CONFIG_BYTES >> 20)]
-    TooLarge,
+    #[error("is a {kind}, not a regular file: a {what} must be a file")]
+    NotRegular {
+        kind: &'static str,
+        what: &'static str,
+    },
+    #[error("is larger than {} MiB (the most a {what} may be)", max >> 20)]
+    TooLarge { max: u64, what: &'static str },
     #[error("is not UTF-8 text (line {line}, column {column})")]
     NotUtf8 { line: u64, column: u64 },
 }
 
 /// Reads `path` as a config file: regular, at most [`MAX_CONFIG_BYTES`], UTF-8.
 pub fn read(path: &Path) -> Result<String, FileError> {
+    read_bounded(path, MAX_CONFIG_BYTES, "config")
+}
+
+/// Reads `path` as a key file (`plan --keys`): regular, at most
+/// [`MAX_KEYS_BYTES`], UTF-8.
+pub fn read_keys(path: &Path) -> Result<String, FileError> {
+    read_bounded(path, MAX_KEYS_BYTES, "key file")
+}
+
+/// Reads `path`, a regular file of at most `max` bytes of UTF-8; `what` it
+/// is names it in errors.
+fn read_bounded(path: &Path, max: u64, what: &'static str) -> Result<String, FileError> {
     let mut file = File::options()
         .read(true)
         // A FIFO's open would wait for a writer; non-blocking, it returns at
@@ -35,18 +52,18 @@ pub fn read(path: &Path) -> Result<String, FileError> {
         .open(path)?;
     let meta = file.metadata()?;
     if !meta.is_file() {
-        return Err(FileError::NotRegular(kind(meta.file_type())));
+        let kind = kind(meta.file_type());
+        return Err(FileError::NotRegular { kind, what });
     }
-    if meta.len() > MAX_CONFIG_BYTES {
-        return Err(FileError::TooLarge);
+    let too_large = FileError::TooLarge { max, what };
+    if meta.len() > max {
+        return Err(too_large);
     }
     let mut bytes = Vec::with_capacity(meta.len() as usize);
     // The file may grow between the check and the read.
-    (&mut file)
-        .take(MAX_CONFIG_BYTES + 1)
-        .read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > MAX_CONFIG_BYTES {
-        return Err(FileError::TooLarge);
+    (&mut file).take(max + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(too_large);
     }
     String::from_utf8(bytes).map_err(|e| {
         let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
@@ -84,11 +101,17 @@ mod tests {
     fn devices_and_directories_are_refused() {
         assert!(matches!(
             read(Path::new("/dev/zero")),
-            Err(FileError::NotRegular("character device"))
+            Err(FileError::NotRegular {
+                kind: "character device",
+                what: "config"
+            })
         ));
         assert!(matches!(
             read(Path::new("/")),
-            Err(FileError::NotRegular("directory"))
+            Err(FileError::NotRegular {
+                kind: "directory",
+                what: "config"
+            })
         ));
     }
 

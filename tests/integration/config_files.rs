@@ -412,3 +412,25 @@ fn check_prints_the_group_setting() {
     let out = check(&config_dir().join("llm-sessions.yaml"));
     assert!(!String::from_utf8_lossy(&out.stdout).contains("group:"));
 }
+
+/// `plan --keys` reads a bounded regular file: a device is refused at once
+/// with a one-line error, never read until memory runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_refuses_a_key_file_that_is_not_a_bounded_file() {
+    let config = config_dir().join("magpie.yaml");
+    let config = config.to_str().expect("a UTF-8 path");
+    let run = tokio::process::Command::new(magpie_bin())
+        .args(["plan", config, config, "--keys", "/dev/zero"])
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .output();
+    let out = within("plan to refuse /dev/zero", run)
+        .await
+        .expect("run magpie plan");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--keys /dev/zero") && stderr.contains("a key file must be a file"),
+        "{stderr}"
+    );
+}
