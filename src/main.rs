@@ -40,12 +40,18 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
-    /// Start three HTTP backends and magpie in front of them, keyed by x-session-id.
+    /// Start three simulated inference replicas and magpie in front of them
+    /// (mode http), or with --mode tcp three HTTP backends keyed per connection.
     Demo {
-        /// tcp: one key per connection; http: one key per request (header,
-        /// else the prompt_cache_key field of a JSON body).
-        #[arg(long, value_enum, default_value_t = DemoMode::Tcp)]
+        /// http: one key per request (x-session-id, else the prompt_cache_key
+        /// of a JSON body, else the conversation), in front of simulated
+        /// engines; tcp: one key per connection, in front of plain backends.
+        #[arg(long, value_enum, default_value_t = DemoMode::Http)]
         mode: DemoMode,
+        /// Run a short multi-turn workload through magpie and through round
+        /// robin, then a scale-up, and print the comparison (about 30 s).
+        #[arg(long)]
+        load: bool,
         /// Where magpie listens.
         #[arg(long, default_value = "127.0.0.1:7000")]
         listen: SocketAddr,
@@ -104,9 +110,15 @@ enum DemoMode {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The demo's comparison prints a table: four magpies starting and
+    // stopping are not news there.
+    let level = match cli.command {
+        Command::Demo { load: true, .. } => "warn",
+        _ => "info",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level)),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -117,15 +129,18 @@ fn main() -> ExitCode {
         Command::Run { config } => runtime().and_then(|rt| rt.block_on(run(config))),
         Command::Demo {
             mode,
+            load,
             listen,
             admin,
-        } => {
-            let mode = match mode {
-                DemoMode::Tcp => magpie::config::Mode::Tcp,
-                DemoMode::Http => magpie::config::Mode::Http,
-            };
-            runtime().and_then(|rt| rt.block_on(demo(mode, listen, admin)))
-        }
+        } => runtime().and_then(|rt| {
+            rt.block_on(async {
+                match (mode, load) {
+                    (_, true) => demo_load().await,
+                    (DemoMode::Http, false) => llm_demo(listen, admin).await,
+                    (DemoMode::Tcp, false) => demo(magpie::config::Mode::Tcp, listen, admin).await,
+                }
+            })
+        }),
         Command::Lookup {
             config,
             verbose,
@@ -343,6 +358,67 @@ async fn run(path: PathBuf) -> anyhow::Result<ExitCode> {
 /// or a second SIGTERM/SIGINT asked for an immediate exit. (1 is a config or
 /// start error; 0 a clean shutdown.)
 const EXIT_CUT: u8 = 2;
+
+/// `magpie demo --load`: the comparison, printed as a table.
+async fn demo_load() -> anyhow::Result<ExitCode> {
+    let dir = std::env::temp_dir().join(format!("magpie-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let table = magpie::lab::llm_demo::load(&dir).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    emit(&table?)
+}
+
+/// `magpie demo`: three simulated inference replicas behind magpie in mode
+/// http, and what to try.
+async fn llm_demo(listen: SocketAddr, admin: SocketAddr) -> anyhow::Result<ExitCode> {
+    let shutdown = shutdown_on_signals()?;
+    let engines = magpie::lab::llm_demo::start_engines(3, &shutdown).await?;
+    let yaml = magpie::lab::llm_demo::config_yaml(listen, admin, &engines, true);
+    let config =
+        Config::parse(std::path::Path::new("<demo>"), &yaml).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let running = magpie::app::start(config, shutdown)
+        .await
+        .context("cannot start magpie (a port taken? choose others with --listen and --admin)")?;
+    let (at, admin) = (running.listen[0], running.admin.unwrap_or(admin));
+    let chat = |extra: &str, body_key: &str| {
+        format!(
+            "  curl -s http://{at}/v1/chat/completions -H 'content-type: application/json' {extra}\\\n    -d '{{\"model\": \"m\",{body_key} \"messages\": [{{\"role\": \"system\", \"content\": \"You are terse.\"}}, {{\"role\": \"user\", \"content\": \"hi\"}}]}}'"
+        )
+    };
+    let mut out = String::new();
+    writeln!(
+        out,
+        "magpie demo: three simulated inference replicas (prefix caches, vLLM-style /metrics) behind magpie on {at}, mode http.\n"
+    )?;
+    writeln!(out, "The config it runs:\n\n{yaml}")?;
+    writeln!(
+        out,
+        "Try (the answer's x-magpie-backend header names the replica; usage.prompt_tokens_details.cached_tokens shows its cache):\n"
+    )?;
+    writeln!(out, "{}", chat("-H 'x-session-id: conv-1' -i ", ""))?;
+    writeln!(out, "{}", chat("-i ", " \"prompt_cache_key\": \"conv-2\","))?;
+    writeln!(
+        out,
+        "{}   # no key: the conversation's head is the key",
+        chat("-i ", "")
+    )?;
+    writeln!(
+        out,
+        "  curl -s 'http://{admin}/route?key=conv-1'        # where conv-1 goes, and why"
+    )?;
+    writeln!(
+        out,
+        "  curl -s http://{admin}/metrics | grep -E 'tokens_total|routed_total'   # realized hits per replica\n"
+    )?;
+    writeln!(
+        out,
+        "magpie demo --load compares magpie with round robin on a short multi-turn workload."
+    )?;
+    writeln!(out, "Press Ctrl-C to stop.")?;
+    emit(&out)?;
+    running.wait().await;
+    Ok(ExitCode::SUCCESS)
+}
 
 async fn demo(
     mode: magpie::config::Mode,

@@ -1,4 +1,4 @@
-//! `magpie demo`: three small HTTP backends on loopback, and magpie in front of
+//! `magpie demo --mode tcp`: three small HTTP backends on loopback, and magpie in front of
 //! them keyed by the `x-session-id` header, all in one process.
 //!
 //! Each backend answers every request with a plain-text body whose first line

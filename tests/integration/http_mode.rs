@@ -473,34 +473,50 @@ async fn bad_input_gets_its_status_and_harms_nobody() {
     magpie.stop().await;
 }
 
-/// `magpie demo --mode http`: the binary's own demo keys each request, so two
-/// sessions on one connection reach their own backends.
+/// `magpie demo` (mode http, simulated engines): the binary's own demo keys
+/// each request, so sessions on one connection reach their own replicas,
+/// by header or by the body's `prompt_cache_key`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_routes_per_request() {
-    let mut child = Child::spawn(&[
-        "demo",
-        "--mode",
-        "http",
-        "--listen",
-        "127.0.0.1:0",
-        "--admin",
-        "127.0.0.1:0",
-    ]);
+    let mut child = Child::spawn(&["demo", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"]);
     let addr = child.listen_addr().await;
     let admin = child.admin_addr().await;
     let mut client = KeepAlive::connect(addr).await;
+    let chat = |header: Option<&str>, body_key: &str| {
+        let body = format!(
+            r#"{{"model": "m",{body_key} "messages": [{{"role": "user", "content": "hi"}}]}}"#
+        );
+        let mut builder = Request::post("/v1/chat/completions")
+            .header("host", "magpie")
+            .header("content-type", "application/json");
+        if let Some(h) = header {
+            builder = builder.header("x-session-id", h);
+        }
+        builder
+            .body(Full::new(Bytes::from(body)))
+            .expect("a request")
+    };
+    let served = |response: &hyper::Response<()>| -> String {
+        let name = response.headers().get("x-magpie-backend");
+        name.and_then(|v| v.to_str().ok())
+            .expect("named")
+            .to_string()
+    };
     for session in ["alice", "bob", "carol", "dave", "erin", "frank"] {
-        let got = client.get_session(session).await;
+        let (response, body) = client.send(chat(Some(session), "")).await;
+        assert_eq!(response.status(), 200, "{body:?}");
+        assert!(String::from_utf8_lossy(&body).contains("cached_tokens"));
         let (status, route) = admin_get(admin, &format!("/route?key={session}")).await;
         assert_eq!(status, 200);
         let route: serde_json::Value = serde_json::from_str(&route).expect("JSON");
-        assert_eq!(route["chosen"], got.as_str(), "{session}");
+        assert_eq!(route["chosen"], served(&response).as_str(), "{session}");
     }
     // And by the body, when there is no header.
-    let got = client
-        .post_json(r#"{"prompt_cache_key": "alice"}"#, None)
+    let (by_body, _) = client
+        .send(chat(None, r#" "prompt_cache_key": "alice","#))
         .await;
-    assert_eq!(got, client.get_session("alice").await);
+    let (by_header, _) = client.send(chat(Some("alice"), "")).await;
+    assert_eq!(served(&by_body), served(&by_header));
 }
 
 /// A trusted peer's PROXY header makes its source the client in mode http

@@ -7,6 +7,7 @@ mod bounded_load;
 mod cache_hits;
 mod config_files;
 mod conversation;
+mod demo;
 mod deploy;
 mod discovery;
 mod engine_load;
