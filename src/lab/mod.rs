@@ -8,6 +8,7 @@
 //! engines, through any router, measuring cache hits against the ideal).
 //! Nothing on the data path imports it.
 
+pub mod bounds;
 pub mod demo;
 pub mod engine;
 pub mod llm_demo;

@@ -310,17 +310,7 @@ async fn the_redis_store_shares_the_session_pin() {
         Magpie::with(&settings, &backends.pairs()).await,
     ];
     for m in &magpies {
-        let store = m
-            .shared
-            .sessions()
-            .and_then(|s| s.store.clone())
-            .expect("a store");
-        within("the store to connect", async {
-            while !store.is_connected() {
-                tokio::task::yield_now().await;
-            }
-        })
-        .await;
+        m.store_connected().await;
     }
     let candidates = magpies[0].candidates(text_key(b"hot"));
     // Load the first candidate through magpie 0 until it is full.

@@ -34,17 +34,7 @@ impl Fleet {
             Magpie::start_file(&files[1].path).await,
         ];
         for m in &magpies {
-            let store = m
-                .shared
-                .sessions()
-                .and_then(|s| s.store.clone())
-                .expect("a store");
-            within("the store to connect", async {
-                while !store.is_connected() {
-                    tokio::task::yield_now().await;
-                }
-            })
-            .await;
+            m.store_connected().await;
         }
         Fleet { files, magpies }
     }

@@ -18,6 +18,7 @@
 //! | `server` | the HTTP/1.1 server: routes, request parsing, limits |
 //! | `reply` | response bodies: JSON, server-sent events, metrics, info |
 
+use crate::lab::bounds::{OutOfRange, range};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -85,13 +86,8 @@ impl Default for EngineConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
-    #[error("{option} must be between {min} and {max}, not {value}")]
-    OutOfRange {
-        option: &'static str,
-        min: f64,
-        max: f64,
-        value: f64,
-    },
+    #[error(transparent)]
+    OutOfRange(#[from] OutOfRange),
     #[error("{option} must be 1 to {max} visible ASCII characters, not {value:?}")]
     BadName {
         option: &'static str,
@@ -136,21 +132,8 @@ impl EngineConfig {
             1,
             self.max_tokens_limit,
         )?;
-        count("--max-body-bytes", self.max_body_bytes, 1024, 1 << 30)
-    }
-}
-
-fn range(option: &'static str, value: f64, min: f64, max: f64) -> Result<(), EngineError> {
-    // NaN fails both comparisons' negation, so it is out of range too.
-    if value >= min && value <= max {
+        count("--max-body-bytes", self.max_body_bytes, 1024, 1 << 30)?;
         Ok(())
-    } else {
-        Err(EngineError::OutOfRange {
-            option,
-            min,
-            max,
-            value,
-        })
     }
 }
 

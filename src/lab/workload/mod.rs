@@ -24,6 +24,7 @@
 //! | `drive` | running it: a task per conversation, the ideal cache, the scale-up, the deadline |
 //! | [`report`] | the records' summary: hit ratio, prefill ÷ ideal, TTFT, splits, shares, moves |
 
+use crate::lab::bounds::{OutOfRange, range};
 use std::time::Duration;
 
 pub mod chat;
@@ -120,13 +121,8 @@ pub struct WorkloadArgs {
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkloadError {
-    #[error("{option} must be between {min} and {max}, not {value}")]
-    OutOfRange {
-        option: &'static str,
-        min: f64,
-        max: f64,
-        value: f64,
-    },
+    #[error(transparent)]
+    OutOfRange(#[from] OutOfRange),
     #[error("--url {0:?}: expected http://host:port (https is not supported)")]
     Url(String),
     #[error("cannot write the summary: {0}")]
@@ -158,19 +154,6 @@ impl WorkloadArgs {
             client::Target::parse(url)?;
         }
         Ok(())
-    }
-}
-
-fn range(option: &'static str, value: f64, min: f64, max: f64) -> Result<(), WorkloadError> {
-    if value >= min && value <= max {
-        Ok(())
-    } else {
-        Err(WorkloadError::OutOfRange {
-            option,
-            min,
-            max,
-            value,
-        })
     }
 }
 

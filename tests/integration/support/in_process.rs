@@ -98,6 +98,21 @@ impl Magpie {
             .collect()
     }
 
+    /// Waits until its shared session store (`store: redis`) is connected.
+    pub async fn store_connected(&self) {
+        let store = self
+            .shared
+            .sessions()
+            .and_then(|s| s.store.clone())
+            .expect("a store");
+        within("the store to connect", async {
+            while !store.is_connected() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await;
+    }
+
     /// Stops accepting and waits until every connection is closed.
     pub async fn stop(mut self) {
         self.shutdown.cancel();
