@@ -71,7 +71,18 @@ struct Caps {
     total_weight: u64,
 }
 
+/// A pinned key (a session pin, or a key that spilled and stays) keeps its
+/// backend until that one holds this many times its bounded-load cap: a
+/// pin's backend at its cap is loaded, not failing, and moving the key
+/// would throw its cache away for a share of load that new keys rebalance.
+pub const PIN_CAP_FACTOR: u64 = 2;
+
 impl Caps {
+    /// The bound a pinned key's backend keeps it under.
+    fn pinned(backend: &Backend, caps: Option<Caps>) -> u64 {
+        Caps::of(backend, caps).saturating_mul(PIN_CAP_FACTOR)
+    }
+
     fn of(backend: &Backend, caps: Option<Caps>) -> u64 {
         match caps {
             Some(c) => bounded::spill_cap(
@@ -143,11 +154,17 @@ impl Route {
     /// key's other candidates. A pin that cannot take the request is passed
     /// over like any candidate, and the route is the table's.
     pub fn plan_pinned(snapshot: &Snapshot, key: u64, pin: &Arc<Backend>) -> Route {
-        // A pin whose engine is full but not far over keeps its key: passing
-        // it over in the table's walk is then no spill.
-        let kept = !far_over(snapshot, pin);
+        // A pin at its cap or with its engine full, but not far over either,
+        // keeps its key: passing it over in the table's walk is then no spill.
+        let kept = |caps: Option<Caps>| {
+            !far_over(snapshot, pin) && pin.live.load.active() < Caps::pinned(pin, caps)
+        };
+        let mut keeps = None;
         let route = select(snapshot, key, |backend, why| {
-            let pin_keeps = kept && why == Spill::EngineFull && std::ptr::eq(backend, &**pin);
+            let is_pin = std::ptr::eq(backend, &**pin);
+            let pin_keeps = is_pin
+                && matches!(why, Spill::EngineFull | Spill::AtCap)
+                && *keeps.get_or_insert_with(|| kept(caps_of(snapshot)));
             if !pin_keeps {
                 backend.live.traffic.count_spill(why)
             }
@@ -159,7 +176,7 @@ impl Route {
     /// its engine not far over its load limits.
     pub fn pin_first(mut self, snapshot: &Snapshot, pin: &Arc<Backend>) -> Route {
         let takes = pin.live.health.is_up()
-            && pin.live.load.active() < Caps::of(pin, self.caps)
+            && pin.live.load.active() < Caps::pinned(pin, self.caps)
             && !far_over(snapshot, pin);
         if takes {
             self.targets.retain(|b| !Arc::ptr_eq(b, pin));
@@ -196,7 +213,14 @@ impl Route {
         if self.caps.is_none() {
             return Some(backend.live.reserve());
         }
-        let guard = backend.live.try_reserve(Caps::of(backend, self.caps));
+        let pinned =
+            self.how == How::Pinned && self.first().is_some_and(|b| Arc::ptr_eq(b, backend));
+        let cap = if pinned {
+            Caps::pinned(backend, self.caps)
+        } else {
+            Caps::of(backend, self.caps)
+        };
+        let guard = backend.live.try_reserve(cap);
         if guard.is_none() {
             backend.live.traffic.count_spill(Spill::AtCap);
         }
@@ -211,17 +235,23 @@ fn far_over(snapshot: &Snapshot, backend: &Backend) -> bool {
         .is_some_and(|l| backend.live.engine.far_over(l, tokio::time::Instant::now()))
 }
 
+/// The bounded-load caps in force now, if any.
+fn caps_of(snapshot: &Snapshot) -> Option<Caps> {
+    let placement = &snapshot.config.placement;
+    placement.bounded_load.map(|factor| Caps {
+        factor,
+        min_excess: placement.spill_min_excess,
+        total_load: snapshot.total_active(),
+        total_weight: snapshot.total_weight,
+    })
+}
+
 /// Walks `key`'s candidates and keeps those the policy accepts, calling
 /// `on_skip` for each one passed over.
 fn select(snapshot: &Snapshot, key: u64, mut on_skip: impl FnMut(&Backend, Spill)) -> Route {
     let config = &snapshot.config;
     let attempts = config.connect.attempts as usize;
-    let caps = config.placement.bounded_load.map(|factor| Caps {
-        factor,
-        min_excess: config.placement.spill_min_excess,
-        total_load: snapshot.total_active(),
-        total_weight: snapshot.total_weight,
-    });
+    let caps = caps_of(snapshot);
     let engine = config
         .load_limits()
         .map(|l| (l, tokio::time::Instant::now()));
@@ -404,6 +434,31 @@ mod tests {
             Route::plan_remembered(&s, 5, spilled).first().unwrap().name,
             order[2]
         );
+    }
+
+    #[test]
+    fn a_pin_at_its_cap_keeps_its_key_until_twice_the_cap() {
+        let s = snapshot("placement: {bounded_load: 1.0, spill_min_excess: 0}\n");
+        let order: Vec<String> = s.candidates(5).map(|b| b.name.clone()).collect();
+        let pin = Arc::clone(s.backend(&order[1]).unwrap());
+        // 2 of 3 active on the pin: mean 1, cap 1; the pin is at its cap
+        // but under twice it, so the key stays and no spill is counted.
+        let held = hold(&pin, 2);
+        let _other = hold(s.backend(&order[2]).unwrap(), 1);
+        let route = Route::plan_pinned(&s, 5, &pin);
+        assert_eq!(
+            (route.first().unwrap().name.as_str(), route.how),
+            (order[1].as_str(), How::Pinned)
+        );
+        assert_eq!(pin.live.traffic.spills_total(), 0);
+        assert!(route.reserve(&pin).is_some());
+        // 4 of 5: mean 5/3, cap 2, twice the cap 4: the key moves.
+        let _more = hold(&pin, 2);
+        let route = Route::plan_pinned(&s, 5, &pin);
+        assert_ne!(route.first().unwrap().name, order[1]);
+        assert_ne!(route.how, How::Pinned);
+        assert!(pin.live.traffic.spills_total() >= 1);
+        drop(held);
     }
 
     #[test]

@@ -117,6 +117,10 @@ pub struct WorkloadArgs {
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Also write every request's record to this file, one JSON object per
+    /// line (conversation, turn, engine, TTFT, tokens, error).
+    #[arg(long)]
+    pub records: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -164,9 +168,15 @@ pub async fn run(args: &WorkloadArgs) -> Result<Summary, WorkloadError> {
     Ok(Summary::of(args, &outcome))
 }
 
-/// `magpie workload`: runs, then prints the summary (text or JSON).
+/// `magpie workload`: runs, then prints the summary (text or JSON) and
+/// writes the records if asked.
 pub async fn main(args: &WorkloadArgs) -> Result<(), WorkloadError> {
-    let summary = run(args).await?;
+    args.validate()?;
+    let outcome = drive::run(args).await?;
+    if let Some(path) = &args.records {
+        report::write_records(path, &outcome.records)?;
+    }
+    let summary = Summary::of(args, &outcome);
     let text = if args.json {
         format!(
             "{}\n",

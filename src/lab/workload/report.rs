@@ -91,6 +91,17 @@ pub struct Summary {
     pub scale_up: Option<ScaleUp>,
 }
 
+/// Writes `records` to `path`, one JSON object per line.
+pub fn write_records(path: &std::path::Path, records: &[Record]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+    for r in records {
+        serde_json::to_writer(&mut out, r).map_err(std::io::Error::other)?;
+        out.write_all(b"\n")?;
+    }
+    out.flush()
+}
+
 impl Summary {
     pub fn of(args: &WorkloadArgs, outcome: &Outcome) -> Self {
         let records = &outcome.records;

@@ -180,3 +180,29 @@ fn nonsense_options_are_refused() {
     );
     assert!(args(&["http://127.0.0.1:1".into()], &[]).validate().is_ok());
 }
+
+#[tokio::test]
+async fn records_are_written_one_json_line_per_request() {
+    let stop = CancellationToken::new();
+    let urls = engines(1, &stop).await;
+    let path = std::env::temp_dir().join(format!("magpie-records-{}.jsonl", std::process::id()));
+    let path_arg = path.to_str().unwrap();
+    main(&args(&urls, &["--records", path_arg, "--json"]))
+        .await
+        .unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 18);
+    assert!(
+        lines
+            .iter()
+            .all(|r| r["engine"] == "r0" && r["error"].is_null())
+    );
+    let turns: Vec<u64> = lines.iter().map(|r| r["turn"].as_u64().unwrap()).collect();
+    assert_eq!(turns.iter().filter(|&&t| t == 0).count(), 6);
+    std::fs::remove_file(&path).unwrap();
+    stop.cancel();
+}
