@@ -73,6 +73,14 @@ pub fn report(
         });
     writeln!(out, "bounded:     {bounded}")?;
     writeln!(out, "sessions:    {}", sessions_text(config))?;
+    if config.mode == Mode::Http {
+        let l = config.limits;
+        writeln!(
+            out,
+            "limits:      request heads up to {} bytes; bodies read for keys hold up to {} bytes in total",
+            l.max_head_bytes, l.key_buffer_bytes
+        )?;
+    }
     if let Some(d) = &config.discovery {
         let sources: Vec<String> = d.sources.iter().map(|s| s.source.to_string()).collect();
         let resolver = d.resolver.map_or("system".to_string(), |r| r.to_string());
@@ -302,6 +310,7 @@ mod tests {
             "health:      HTTP GET /health (200-299) every 2s",
             "bounded:     1.25 x fair share",
             "sessions:    pins for 10m, at most 100000, in this process",
+            "limits:      request heads up to 65536 bytes; bodies read for keys hold up to 67108864 bytes in total",
             "warning: proxy_protocol.accept_from has 10.0.0.0/8",
         ] {
             assert!(text.contains(needle), "{needle:?} not in:\n{text}");

@@ -27,6 +27,7 @@
 //! | [`snapshot`] | `Snapshot` (version, fingerprint, backends, table, settings) and the `Shared` state it is published in |
 //! | [`backend`] | a backend's identity and live state: load, traffic, health, drain |
 //! | [`key`] | keys from an address, a header value, a JSON body field or a conversation's head; group keys (`key.group`: a chat body's instructions and tools, a prefix of them, a tenant header); fallback reasons |
+//! | [`key_budget`] | the bytes all requests together hold while reading bodies for keys (`limits.key_buffer_bytes`) |
 //! | [`route`] | candidates + accept policy (health, bounded-load caps, attempts, fail-open) → the backends to try |
 //! | [`health`] | a backend's health: its state, active checks (TCP or HTTP) with rise/fall, passive failures, engine load scraped from its metrics |
 //! | [`proxy_protocol`] | the intake both data paths share: PROXY v1/v2 in from trusted peers, v2 out |
@@ -63,6 +64,7 @@ pub mod hash;
 pub mod health;
 pub mod http;
 pub mod key;
+pub mod key_budget;
 pub mod lab;
 pub mod label;
 pub mod listener;

@@ -71,10 +71,11 @@ struct Caps {
     total_weight: u64,
 }
 
-/// A pinned key (a session pin, or a key that spilled and stays) keeps its
-/// backend until that one holds this many times its bounded-load cap: a
-/// pin's backend at its cap is loaded, not failing, and moving the key
-/// would throw its cache away for a share of load that new keys rebalance.
+/// A key pinned by `sessions` keeps its backend until that one holds this
+/// many times its bounded-load cap: a pin's backend at its cap is loaded,
+/// not failing, and moving the key would throw its cache away for a share
+/// of load that new keys rebalance. (A key that spilled and stays, without
+/// sessions, stays only while its backend is under the cap itself.)
 pub const PIN_CAP_FACTOR: u64 = 2;
 
 impl Caps {
@@ -105,6 +106,9 @@ pub struct Route {
     pub how: How,
     /// `None` when no cap applies (no bounded load, or a fail-open route).
     caps: Option<Caps>,
+    /// The first target is the session's pin, which keeps its key up to
+    /// [`PIN_CAP_FACTOR`] times its cap.
+    session_pin: bool,
 }
 
 impl Route {
@@ -129,7 +133,7 @@ impl Route {
             return route;
         }
         match snapshot.backend(spilled_to) {
-            Some(pin) => route.pin_first(snapshot, pin),
+            Some(pin) => route.stay_first(snapshot, pin),
             None => route,
         }
     }
@@ -172,18 +176,38 @@ impl Route {
         route.pin_first(snapshot, pin)
     }
 
-    /// This route with `pin` tried first, if it is up, under its cap and
-    /// its engine not far over its load limits.
-    pub fn pin_first(mut self, snapshot: &Snapshot, pin: &Arc<Backend>) -> Route {
-        let takes = pin.live.health.is_up()
-            && pin.live.load.active() < Caps::pinned(pin, self.caps)
-            && !far_over(snapshot, pin);
+    /// This route with the session's `pin` tried first, if it is up, under
+    /// [`PIN_CAP_FACTOR`] times its cap and its engine not far over its
+    /// load limits.
+    pub fn pin_first(self, snapshot: &Snapshot, pin: &Arc<Backend>) -> Route {
+        let limit = Caps::pinned(pin, self.caps);
+        self.put_first(snapshot, pin, limit, true)
+    }
+
+    /// This route with `to`, where the key spilled and stays, tried first
+    /// if it is up, under its cap and its engine not far over: a key's
+    /// memory of a spill never takes a backend past its bound.
+    fn stay_first(self, snapshot: &Snapshot, to: &Arc<Backend>) -> Route {
+        let limit = Caps::of(to, self.caps);
+        self.put_first(snapshot, to, limit, false)
+    }
+
+    fn put_first(
+        mut self,
+        snapshot: &Snapshot,
+        pin: &Arc<Backend>,
+        limit: u64,
+        session: bool,
+    ) -> Route {
+        let takes =
+            pin.live.health.is_up() && pin.live.load.active() < limit && !far_over(snapshot, pin);
         if takes {
             self.targets.retain(|b| !Arc::ptr_eq(b, pin));
             self.targets.insert(0, Arc::clone(pin));
             self.targets
                 .truncate(snapshot.config.connect.attempts as usize);
             self.how = How::Pinned;
+            self.session_pin = session;
         }
         self
     }
@@ -213,8 +237,7 @@ impl Route {
         if self.caps.is_none() {
             return Some(backend.live.reserve());
         }
-        let pinned =
-            self.how == How::Pinned && self.first().is_some_and(|b| Arc::ptr_eq(b, backend));
+        let pinned = self.session_pin && self.first().is_some_and(|b| Arc::ptr_eq(b, backend));
         let cap = if pinned {
             Caps::pinned(backend, self.caps)
         } else {
@@ -299,11 +322,17 @@ fn select(snapshot: &Snapshot, key: u64, mut on_skip: impl FnMut(&Backend, Spill
                 targets,
                 how: How::Primary,
                 caps: None,
+                session_pin: false,
             };
         }
     }
     debug_assert!(targets.len() <= MAX_CANDIDATES);
-    Route { targets, how, caps }
+    Route {
+        targets,
+        how,
+        caps,
+        session_pin: false,
+    }
 }
 
 #[cfg(test)]

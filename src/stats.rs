@@ -56,6 +56,8 @@ pub struct Stats {
     reloads_ok: AtomicU64,
     reloads_failed: AtomicU64,
     exhausted: [AtomicU64; Exhausted::COUNT],
+    /// The bytes requests hold while their bodies are read for keys.
+    pub key_budget: std::sync::Arc<crate::key_budget::KeyBudget>,
 }
 
 impl Stats {

@@ -7,6 +7,10 @@ use magpie::key::conversation::conversation_key;
 use magpie::key::group::{GroupBy, body_group_key};
 use magpie::key::json::{FieldPath, json_field_key};
 
+mod json_prefix {
+    include!("../json_prefix_check.rs");
+}
+
 // The body_field forms a config can name (a top-level field and JSON
 // pointers), one per line; the corpus replay test reads the same file.
 static PATHS: LazyLock<Vec<FieldPath>> = LazyLock::new(|| {
@@ -18,10 +22,12 @@ static PATHS: LazyLock<Vec<FieldPath>> = LazyLock::new(|| {
 
 // A request body, searched for the key at each path, for its
 // conversation's head (key.from: conversation), and for its group
-// (key.group: system, and a prefix of its rendered head).
+// (key.group: system, and a prefix of its rendered head); and read a part
+// at a time, a key known early must be the whole body's.
 fuzz_target!(|data: &[u8]| {
     for path in PATHS.iter() {
         let _ = json_field_key(data, path);
+        json_prefix::check(data, path);
     }
     let _ = conversation_key(data);
     for by in [GroupBy::System, GroupBy::PrefixBytes(16)] {

@@ -18,6 +18,18 @@ pub const DEFAULT_HTTP_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// `mode: http`: the most of a request head, and of a body read for its key.
 pub const DEFAULT_HTTP_MAX_BYTES: u64 = 1 << 20;
 pub const MAX_HTTP_MAX_BYTES: u64 = 64 << 20;
+/// `limits.max_head_bytes` (mode http): the most of one request head, over
+/// HTTP/1.1 and HTTP/2 alike. Also what hyper may queue towards a client
+/// that reads slowly, so it bounds a slow reader's cost too. hyper needs
+/// at least 8 KiB.
+pub const DEFAULT_MAX_HEAD_BYTES: u64 = 64 << 10;
+pub const MIN_MAX_HEAD_BYTES: u64 = 8 << 10;
+pub const MAX_MAX_HEAD_BYTES: u64 = 1 << 20;
+/// `limits.key_buffer_bytes` (mode http): the most body bytes all requests
+/// together may hold while their keys are looked for.
+pub const DEFAULT_KEY_BUFFER_BYTES: u64 = 64 << 20;
+pub const MIN_KEY_BUFFER_BYTES: u64 = 64 << 10;
+pub const MAX_KEY_BUFFER_BYTES: u64 = 16 << 30;
 pub const DEFAULT_EXPECT_STATUS: RangeInclusive<u16> = 200..=299;
 pub const DEFAULT_SESSION_TTL: Duration = Duration::from_secs(30 * 60);
 pub const DEFAULT_SESSION_MAX: u64 = 100_000;

@@ -162,6 +162,8 @@ pub struct Config {
     pub health: Option<HealthConfig>,
     pub reload: ReloadConfig,
     pub http: HttpConfig,
+    /// Memory bounds (mode http).
+    pub limits: LimitsConfig,
     /// Session pins (`mode: http` only); `None` keeps routing stateless.
     pub sessions: Option<SessionsConfig>,
     /// In file order; placement sorts by name itself.
@@ -244,6 +246,26 @@ impl Default for HealthConfig {
 pub struct HttpConfig {
     /// Add `x-magpie-backend: NAME` to responses.
     pub expose_backend: bool,
+}
+
+/// Memory bounds of mode http (`limits`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitsConfig {
+    /// The most of one request head (HTTP/1.1 and HTTP/2), and of what is
+    /// queued towards a client that reads slowly.
+    pub max_head_bytes: usize,
+    /// The most body bytes all requests together hold while their keys are
+    /// looked for.
+    pub key_buffer_bytes: u64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_head_bytes: DEFAULT_MAX_HEAD_BYTES as usize,
+            key_buffer_bytes: DEFAULT_KEY_BUFFER_BYTES,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -50,6 +50,8 @@ pub struct RawConfig {
     pub(super) http: Option<Spanned<RawHttp>>,
     #[serde(default)]
     pub(super) sessions: Option<Spanned<RawSessions>>,
+    #[serde(default)]
+    pub(super) limits: Option<Spanned<RawLimits>>,
     pub(super) backends: Spanned<Vec<Spanned<RawBackend>>>,
     #[serde(default)]
     pub(super) discovery: Option<Spanned<RawDiscovery>>,
@@ -322,6 +324,15 @@ impl<'de> Deserialize<'de> for StatusRange {
 pub(super) struct RawHttp {
     #[serde(default)]
     pub(super) expose_backend: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLimits {
+    #[serde(default)]
+    pub(super) max_head_bytes: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub(super) key_buffer_bytes: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize)]

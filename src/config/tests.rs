@@ -419,6 +419,32 @@ backends:
         (
             "mode: http
 listen: 127.0.0.1:7000
+limits: {max_head_bytes: 4096}
+backends:
+  - {name: a, addr: 127.0.0.1:8001}
+",
+            "test.yaml:3:26: limits.max_head_bytes must be at least 8192",
+        ),
+        (
+            "mode: http
+listen: 127.0.0.1:7000
+limits: {key_buffer_bytes: 17179869185}
+backends:
+  - {name: a, addr: 127.0.0.1:8001}
+",
+            "test.yaml:3:28: limits.key_buffer_bytes 17179869185 is too large (at most 17179869184)",
+        ),
+        (
+            "listen: 127.0.0.1:7000
+limits: {max_head_bytes: 65536}
+backends:
+  - {name: a, addr: 127.0.0.1:8001}
+",
+            "test.yaml:2:9: the limits section needs mode: http",
+        ),
+        (
+            "mode: http
+listen: 127.0.0.1:7000
 health: {http_path: health}
 backends:
   - {name: a, addr: 127.0.0.1:8001}

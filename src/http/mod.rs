@@ -48,7 +48,7 @@ use self::forward::{Forward, local};
 use self::pool::Pool;
 use self::reply::Reply;
 use self::request_key::KeyPlan;
-use crate::config::{DEFAULT_HTTP_MAX_BYTES, DEFAULT_HTTP_READ_TIMEOUT, KeyConfig};
+use crate::config::{DEFAULT_HTTP_READ_TIMEOUT, KeyConfig};
 use crate::listener::Accepted;
 use crate::net::{Client, reset_on_close};
 use crate::proxy_protocol::{self, Addresses};
@@ -86,7 +86,8 @@ impl HttpPath {
             return;
         };
         let client = intake.client;
-        let (head_timeout, head_limit) = head_limits(&config.key);
+        let head_timeout = head_timeout(&config.key);
+        let head_limit = config.limits.max_head_bytes;
         let clock = Clock::new();
         let io = Timed::new(
             intake.stream,
@@ -102,8 +103,12 @@ impl HttpPath {
             .http1()
             .timer(TokioTimer::new())
             .header_read_timeout(None)
-            // A head that overflows this buffer is answered with 431.
+            // A head that overflows this buffer is answered with 431; it
+            // also bounds what hyper queues for a client that reads slowly.
             .max_buf_size(head_limit.max(MIN_HEAD_BUFFER));
+        builder
+            .http2()
+            .max_header_list_size(u32::try_from(head_limit).unwrap_or(u32::MAX));
         let connection = builder.serve_connection(TokioIo::new(io), service);
         tokio::pin!(connection);
         let ended = tokio::select! {
@@ -163,6 +168,8 @@ impl HttpPath {
             key: &config.key,
             group: config.group.as_ref(),
             client,
+            budget: &shared.stats.key_budget,
+            budget_max: config.limits.key_buffer_bytes,
         };
         let (found, request) = match request_key::request_key(request, plan).await {
             Ok(found) => found,
@@ -215,13 +222,11 @@ impl HttpPath {
     }
 }
 
-/// How long a request head may take from its first byte, and how large it
-/// may be: the key's read settings, or mode http's defaults for address keys.
-fn head_limits(key: &KeyConfig) -> (Duration, usize) {
-    key.read().map_or(
-        (DEFAULT_HTTP_READ_TIMEOUT, DEFAULT_HTTP_MAX_BYTES as usize),
-        |r| (r.read_timeout, r.max_bytes),
-    )
+/// How long a request head may take from its first byte: the key's read
+/// timeout, or mode http's default for address keys.
+fn head_timeout(key: &KeyConfig) -> Duration {
+    key.read()
+        .map_or(DEFAULT_HTTP_READ_TIMEOUT, |r| r.read_timeout)
 }
 
 /// The client connection is over: a head that timed out is counted, and a

@@ -18,6 +18,8 @@
 //! both the conversation key and the group. A request without a group is
 //! routed by its session key; the reason ([`GroupMiss`]) is counted.
 
+use std::sync::Arc;
+
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 use hyper::Request;
@@ -29,8 +31,9 @@ use super::upload::Upload;
 use crate::config::{KeyConfig, KeySources};
 use crate::key::conversation::{ChatHead, read_head};
 use crate::key::group::{GroupBy, GroupMiss};
-use crate::key::json::json_field_key;
+use crate::key::json::{FieldPath, Prefix, json_field_key, json_field_prefix};
 use crate::key::{self, FallbackReason};
+use crate::key_budget::{Held, KeyBudget};
 use crate::net::Client;
 
 /// The key a request goes by, and why it is the fallback when it is.
@@ -56,6 +59,10 @@ pub struct KeyPlan<'a> {
     /// `key.group`, if set.
     pub group: Option<&'a GroupBy>,
     pub client: Client,
+    /// The bytes all requests hold while reading bodies for keys, and their
+    /// most (`limits.key_buffer_bytes`).
+    pub budget: &'a Arc<KeyBudget>,
+    pub budget_max: u64,
 }
 
 /// Finds `request`'s key (and group); returns them with the request, its
@@ -108,8 +115,18 @@ pub async fn request_key(
         let keyed = found(session.ok_or(why), group);
         return Ok((keyed, Request::from_parts(parts, Upload::streaming(body))));
     }
-    let deadline = Instant::now() + read.read_timeout;
-    let (outcome, upload) = read_body(body, read.max_bytes, deadline).await?;
+    // Only a body field, and nothing after it, is wanted: the read may stop
+    // as soon as the field's value is in.
+    let early = sources
+        .body_field
+        .filter(|_| session_reads_body && !sources.conversation && !group_reads_body);
+    let reading = BodyRead {
+        max_bytes: read.max_bytes,
+        deadline: Instant::now() + read.read_timeout,
+        share: plan.budget.share(plan.budget_max),
+        early,
+    };
+    let (outcome, upload) = read_body(body, reading).await?;
     let (by_body, group) = match outcome {
         Read::Complete(ref bytes) => {
             let wants = Wants {
@@ -118,8 +135,10 @@ pub async fn request_key(
             };
             body_keys(&sources, wants, bytes)
         }
+        Read::Early(found) => (found, None),
         Read::TooLarge => unread(FallbackReason::TooLarge, group_reads_body),
         Read::Timeout => unread(FallbackReason::Timeout, group_reads_body),
+        Read::OverBudget => unread(FallbackReason::BufferBudget, group_reads_body),
     };
     let session = match session {
         Some(key) => Ok(key),
@@ -213,39 +232,66 @@ fn is_json(headers: &HeaderMap) -> bool {
 enum Read {
     /// The whole body.
     Complete(Bytes),
+    /// The body field's first occurrence arrived before the body's end.
+    Early(Result<u64, FallbackReason>),
     /// More than `max_bytes`.
     TooLarge,
     /// The deadline passed first.
     Timeout,
+    /// Holding more would pass `limits.key_buffer_bytes`.
+    OverBudget,
 }
 
-/// Reads `body` until it ends, passes `max_bytes`, or `deadline` passes;
-/// returns what happened and the body to send on (the bytes read, then the
-/// rest).
-async fn read_body(
-    mut body: Incoming,
+/// How one body is read for its key.
+struct BodyRead<'a> {
     max_bytes: usize,
     deadline: Instant,
-) -> Result<(Read, Upload), BodyError> {
+    /// This request's bytes of the key budget.
+    share: Held,
+    /// The body field, when nothing after it is wanted: the read stops as
+    /// soon as its value is in.
+    early: Option<&'a FieldPath>,
+}
+
+/// Reads `body` until it ends, its field is found (`early`), it passes
+/// `max_bytes` or the key budget, or the deadline passes; returns what
+/// happened and the body to send on (the bytes read, then the rest).
+async fn read_body(mut body: Incoming, mut r: BodyRead<'_>) -> Result<(Read, Upload), BodyError> {
     let mut buf = BytesMut::new();
     let mut trailers = None;
+    // Looked for again each time the bytes read double: a body arriving in
+    // many small frames costs at most twice one parse.
+    let mut next_look = 0;
+    let mut unheld = None;
     let outcome = loop {
-        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+        let frame = match tokio::time::timeout_at(r.deadline, body.frame()).await {
             Err(_) => break Read::Timeout,
             Ok(None) => break Read::Complete(Bytes::new()),
             Ok(Some(frame)) => frame?,
         };
-        match frame.into_data() {
-            Ok(data) => {
-                buf.extend_from_slice(&data);
-                if buf.len() > max_bytes {
-                    break Read::TooLarge;
-                }
-            }
+        let data = match frame.into_data() {
+            Ok(data) => data,
             Err(frame) => {
                 // Trailers end the body.
                 trailers = frame.into_trailers().ok();
                 break Read::Complete(Bytes::new());
+            }
+        };
+        if buf.len() + data.len() > r.max_bytes {
+            unheld = Some(data);
+            break Read::TooLarge;
+        }
+        if !r.share.grow(data.len()) {
+            unheld = Some(data);
+            break Read::OverBudget;
+        }
+        buf.extend_from_slice(&data);
+        if let Some(field) = r.early.filter(|_| buf.len() >= next_look) {
+            next_look = buf.len().saturating_mul(2);
+            match json_field_prefix(&buf, field) {
+                Prefix::Known(found) => break Read::Early(found),
+                Prefix::NotJson => break Read::Early(Err(FallbackReason::NotJson)),
+                Prefix::NeedMore => {}
             }
         }
     };
@@ -253,9 +299,12 @@ async fn read_body(
     Ok(match outcome {
         Read::Complete(_) => (
             Read::Complete(head.clone()),
-            Upload::replay(head, None).with_trailers(trailers),
+            Upload::replay([head], r.share, None).with_trailers(trailers),
         ),
-        unfinished => (unfinished, Upload::replay(head, Some(body))),
+        unfinished => (
+            unfinished,
+            Upload::replay([head].into_iter().chain(unheld), r.share, Some(body)),
+        ),
     })
 }
 

@@ -1,7 +1,9 @@
 //! A request body on its way to the backend: the bytes already read to find
 //! the key, then the rest of the client's stream, frame by frame. Nothing is
-//! buffered beyond what the key needed.
+//! buffered beyond what the key needed, and what was is counted in the key
+//! budget ([`Held`]) until it has been handed on.
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -9,10 +11,15 @@ use bytes::Bytes;
 use hyper::HeaderMap;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 
-/// A request body: `head` (already read, may be empty), then `rest`.
+use crate::key_budget::Held;
+
+/// A request body: `head` (the chunks already read, may be none), then
+/// `rest`.
 #[derive(Debug)]
 pub struct Upload {
-    head: Option<Bytes>,
+    head: VecDeque<Bytes>,
+    /// The key budget's share of `head`, given back once it is sent on.
+    held: Option<Held>,
     rest: Option<Incoming>,
     /// Trailers met while reading the head (then `rest` is `None`).
     trailers: Option<HeaderMap>,
@@ -22,16 +29,23 @@ impl Upload {
     /// The client's body, untouched.
     pub fn streaming(body: Incoming) -> Upload {
         Upload {
-            head: None,
+            head: VecDeque::new(),
+            held: None,
             rest: Some(body),
             trailers: None,
         }
     }
 
-    /// `head` then whatever of `rest` is left (`None`: the body ended).
-    pub fn replay(head: Bytes, rest: Option<Incoming>) -> Upload {
+    /// The chunks of `head` then whatever of `rest` is left (`None`: the
+    /// body ended); `held` is given back once `head` is sent on.
+    pub fn replay(
+        head: impl IntoIterator<Item = Bytes>,
+        held: Held,
+        rest: Option<Incoming>,
+    ) -> Upload {
         Upload {
-            head: (!head.is_empty()).then_some(head),
+            head: head.into_iter().filter(|b| !b.is_empty()).collect(),
+            held: Some(held),
             rest,
             trailers: None,
         }
@@ -52,7 +66,10 @@ impl Body for Upload {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        if let Some(head) = self.head.take() {
+        if let Some(head) = self.head.pop_front() {
+            if self.head.is_empty() {
+                self.held = None;
+            }
             return Poll::Ready(Some(Ok(Frame::data(head))));
         }
         if let Some(trailers) = self.trailers.take() {
@@ -65,13 +82,13 @@ impl Body for Upload {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.head.is_none()
+        self.head.is_empty()
             && self.trailers.is_none()
             && self.rest.as_ref().is_none_or(|r| r.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
-        let head = self.head.as_ref().map_or(0, |h| h.len() as u64);
+        let head: u64 = self.head.iter().map(|h| h.len() as u64).sum();
         let rest = self
             .rest
             .as_ref()

@@ -94,6 +94,8 @@ labels! {
         TooLarge => "too_large",
         /// The body did not arrive within `key.read_timeout`.
         Timeout => "timeout",
+        /// Reading the body would have held more than `limits.key_buffer_bytes`.
+        BufferBudget => "buffer_budget",
     }
 }
 
@@ -103,6 +105,7 @@ impl GroupMiss {
         match why {
             FallbackReason::TooLarge => GroupMiss::TooLarge,
             FallbackReason::Timeout => GroupMiss::Timeout,
+            FallbackReason::BufferBudget => GroupMiss::BufferBudget,
             _ => GroupMiss::NotJson,
         }
     }

@@ -12,6 +12,7 @@
 //! (trimmed, then `h64`), so a client may send the same session ID in either
 //! place. A number is keyed by its JSON text as written (`42`, `4.5e3`).
 
+use std::cell::Cell;
 use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -79,27 +80,87 @@ fn unescape(token: &str) -> Option<String> {
 /// The key in `body` at `path`, or why there is none.
 pub fn json_field_key(body: &[u8], path: &FieldPath) -> Result<u64, FallbackReason> {
     let mut de = serde_json::Deserializer::from_slice(body);
-    let found = Follow { steps: &path.steps }
+    let found = Follow::root(&path.steps, None)
         .deserialize(&mut de)
         .and_then(|found| de.end().map(|()| found));
     match found {
-        Ok(Found::Key(k)) => Ok(k),
-        Ok(Found::Missing) => Err(FallbackReason::MissingField),
-        Ok(Found::WrongType) => Err(FallbackReason::FieldType),
+        Ok(found) => found.key(),
         Err(_) => Err(FallbackReason::NotJson),
     }
 }
 
+/// What the first bytes of a body say about the key at `path`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prefix {
+    /// The path's first occurrence is complete in these bytes, with this
+    /// answer; the rest of the body cannot change it.
+    Known(Result<u64, FallbackReason>),
+    /// The bytes end before the path's value does.
+    NeedMore,
+    /// The bytes are not the start of a JSON document.
+    NotJson,
+}
+
+/// The key at `path` in `bytes`, the first part of a body still arriving:
+/// known as soon as the path's first occurrence is complete (a later
+/// duplicate is ignored anyway), so a large or slow body can be routed
+/// before its end. The bytes after that value are not checked.
+pub fn json_field_prefix(bytes: &[u8], path: &FieldPath) -> Prefix {
+    // A number at the very end may go on in the next bytes: leave it out.
+    let number = |b: &u8| b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'+' | b'-');
+    let cut = bytes.len() - bytes.iter().rev().take_while(|b| number(b)).count();
+    let bytes = &bytes[..cut];
+    let first = Cell::new(None);
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let parsed = Follow::root(&path.steps, Some(&first)).deserialize(&mut de);
+    match (first.get(), parsed) {
+        (Some(found), _) | (None, Ok(found)) => Prefix::Known(found.key()),
+        (None, Err(e)) if e.is_eof() => Prefix::NeedMore,
+        (None, Err(_)) => Prefix::NotJson,
+    }
+}
+
 /// What following a path through one value found.
+#[derive(Debug, Clone, Copy)]
 enum Found {
     Key(u64),
     Missing,
     WrongType,
 }
 
+impl Found {
+    fn key(self) -> Result<u64, FallbackReason> {
+        match self {
+            Found::Key(k) => Ok(k),
+            Found::Missing => Err(FallbackReason::MissingField),
+            Found::WrongType => Err(FallbackReason::FieldType),
+        }
+    }
+}
+
 /// Follows `steps` into the value being deserialized; the rest is skipped.
 struct Follow<'p> {
     steps: &'p [String],
+    /// At the top level only: where the first step's value is noted as soon
+    /// as it is complete (it decides the answer).
+    first: Option<&'p Cell<Option<Found>>>,
+}
+
+impl<'p> Follow<'p> {
+    fn root(steps: &'p [String], first: Option<&'p Cell<Option<Found>>>) -> Follow<'p> {
+        Follow { steps, first }
+    }
+
+    fn inner(steps: &'p [String]) -> Follow<'p> {
+        Follow { steps, first: None }
+    }
+
+    fn note(&self, found: Found) -> Found {
+        if let Some(first) = self.first {
+            first.set(Some(found));
+        }
+        found
+    }
 }
 
 impl<'de> DeserializeSeed<'de> for Follow<'_> {
@@ -128,7 +189,7 @@ impl<'de> Visitor<'de> for Follow<'_> {
         while let Some(name) = map.next_key_seed(Matches(step))? {
             if name && !seen {
                 seen = true;
-                found = map.next_value_seed(Follow { steps: rest })?;
+                found = self.note(map.next_value_seed(Follow::inner(rest))?);
             } else {
                 map.next_value::<IgnoredAny>()?;
             }
@@ -146,8 +207,8 @@ impl<'de> Visitor<'de> for Follow<'_> {
         let mut i = 0usize;
         loop {
             if Some(i) == index {
-                match seq.next_element_seed(Follow { steps: rest })? {
-                    Some(f) => found = f,
+                match seq.next_element_seed(Follow::inner(rest))? {
+                    Some(f) => found = self.note(f),
                     None => break,
                 }
             } else if seq.next_element::<IgnoredAny>()?.is_none() {
@@ -318,6 +379,54 @@ mod tests {
         let filler = "x".repeat(1 << 20);
         let body = format!(r#"{{"messages":[{{"content":"{filler}"}}],"user":"late"}}"#);
         assert_eq!(key(&body, "user"), Ok(h64(b"late")));
+    }
+
+    fn prefix(bytes: &str, path: &str) -> Prefix {
+        json_field_prefix(bytes.as_bytes(), &FieldPath::parse(path).unwrap())
+    }
+
+    #[test]
+    fn a_prefix_knows_the_key_once_its_first_occurrence_is_complete() {
+        let body = r#"{"prompt_cache_key":"conv-1","messages":[{"content":"long"#;
+        assert_eq!(
+            prefix(body, "prompt_cache_key"),
+            Prefix::Known(Ok(h64(b"conv-1")))
+        );
+        // Cut inside the value, or before it: not yet.
+        assert_eq!(
+            prefix(r#"{"prompt_cache_key":"conv"#, "prompt_cache_key"),
+            Prefix::NeedMore
+        );
+        assert_eq!(
+            prefix(r#"{"model":"m","#, "prompt_cache_key"),
+            Prefix::NeedMore
+        );
+        assert_eq!(prefix("", "prompt_cache_key"), Prefix::NeedMore);
+        // A number is complete only once something follows it.
+        assert_eq!(prefix(r#"{"user": 42"#, "user"), Prefix::NeedMore);
+        assert_eq!(
+            prefix(r#"{"user": 42,"#, "user"),
+            Prefix::Known(Ok(h64(b"42")))
+        );
+        // Nested: known when the first "metadata" object closes.
+        let nested = r#"{"metadata":{"session_id":"s-9"},"messages":["#;
+        assert_eq!(
+            prefix(nested, "/metadata/session_id"),
+            Prefix::Known(Ok(h64(b"s-9")))
+        );
+        assert_eq!(
+            prefix(r#"{"metadata":{"other":1},"x":"#, "/metadata/session_id"),
+            Prefix::Known(Err(FallbackReason::MissingField))
+        );
+        assert_eq!(
+            prefix(r#"{"user": true, "#, "user"),
+            Prefix::Known(Err(FallbackReason::FieldType))
+        );
+        assert_eq!(prefix(r#"{"user" x"#, "user"), Prefix::NotJson);
+        // A whole body gives what json_field_key gives.
+        let whole = r#"{"model":"m","user":"u"}"#;
+        assert_eq!(prefix(whole, "user"), Prefix::Known(key(whole, "user")));
+        assert_eq!(prefix(whole, "nope"), Prefix::Known(key(whole, "nope")));
     }
 
     #[test]

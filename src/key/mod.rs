@@ -138,6 +138,9 @@ labels! {
         NotJson => "not_json",
         /// `key.from: conversation`: the JSON body holds no user message.
         NoConversation => "no_conversation",
+        /// Reading the body for the key would have held more than
+        /// `limits.key_buffer_bytes` across all requests.
+        BufferBudget => "buffer_budget",
     }
 }
 

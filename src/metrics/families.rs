@@ -346,10 +346,17 @@ pub const FAMILIES: &[Family] = &[
         read: Read::Global(|g, s| s.by(|why: FallbackReason| g.stats.fallbacks(why))),
     },
     Family {
+        name: "magpie_key_buffer_bytes",
+        kind: GAUGE,
+        labels: &[],
+        help: "Request body bytes held now, across all requests, while their keys are read (at most limits.key_buffer_bytes).",
+        read: Read::Global(|g, s| s.value(&[], g.stats.key_budget.held() as f64)),
+    },
+    Family {
         name: "magpie_group_fallbacks_total",
         kind: COUNTER,
         labels: &["reason"],
-        help: "key.group: requests without a group, so the table was looked up by their session key, by reason (missing_header, no_head, not_json, too_large, timeout).",
+        help: "key.group: requests without a group, so the table was looked up by their session key, by reason (missing_header, no_head, not_json, too_large, timeout, buffer_budget).",
         read: Read::Global(|g, s| s.by(|why: GroupMiss| g.stats.group_misses(why))),
     },
     Family {

@@ -12,6 +12,11 @@ use magpie::key::json::{FieldPath, json_field_key};
 use magpie::proxy_protocol::{parse, signature};
 use magpie::tcp::header_key::scan_head;
 
+/// The `json_field` target's check of bodies read a part at a time.
+mod json_prefix {
+    include!("../../fuzz/json_prefix_check.rs");
+}
+
 /// The `usage_scan` target's check, from the file the target includes too.
 mod usage_scan {
     include!("../../fuzz/usage_scan_check.rs");
@@ -95,6 +100,7 @@ fn json_field_corpus_is_keyed_or_falls_back() {
     for (_, bytes) in corpus("json_field") {
         for path in &paths {
             let _ = json_field_key(&bytes, path);
+            json_prefix::check(&bytes, path);
         }
         let _ = magpie::key::conversation::conversation_key(&bytes);
         for by in [GroupBy::System, GroupBy::PrefixBytes(16)] {

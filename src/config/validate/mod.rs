@@ -185,6 +185,7 @@ impl<'a> Validator<'a> {
         let reload = self.reload(raw.reload);
         let http = self.http(raw.http, mode);
         let sessions = self.sessions(raw.sessions, mode);
+        let limits = self.limits(raw.limits, mode);
         let group = self.group(raw_group, &key, mode, sessions.is_some());
 
         if self.errors.is_empty() {
@@ -209,6 +210,7 @@ impl<'a> Validator<'a> {
                 health,
                 reload,
                 http,
+                limits,
                 sessions,
                 backends,
                 discovery,

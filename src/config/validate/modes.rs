@@ -10,11 +10,15 @@
 use serde_saphyr::Spanned;
 
 use super::Validator;
-use crate::config::raw::{RawHealth, RawHttp, RawRedis, RawSessions, StatusRange, StoreKind};
+use crate::config::raw::{
+    RawHealth, RawHttp, RawLimits, RawRedis, RawSessions, StatusRange, StoreKind,
+};
 use crate::config::{
-    CopyMode, DEFAULT_REDIS_ADDR, DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT, DEFAULT_SESSION_MAX,
-    DEFAULT_SESSION_TTL, HealthConfig, HttpConfig, MAX_REDIS_PREFIX, MAX_REDIS_TIMEOUT,
-    MAX_SESSION_MAX, MAX_SESSION_TTL, Mode, RedisConfig, SessionsConfig,
+    CopyMode, DEFAULT_KEY_BUFFER_BYTES, DEFAULT_MAX_HEAD_BYTES, DEFAULT_REDIS_ADDR,
+    DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT, DEFAULT_SESSION_MAX, DEFAULT_SESSION_TTL,
+    HealthConfig, HttpConfig, LimitsConfig, MAX_KEY_BUFFER_BYTES, MAX_MAX_HEAD_BYTES,
+    MAX_REDIS_PREFIX, MAX_REDIS_TIMEOUT, MAX_SESSION_MAX, MAX_SESSION_TTL, MIN_KEY_BUFFER_BYTES,
+    MIN_MAX_HEAD_BYTES, Mode, RedisConfig, SessionsConfig,
 };
 
 impl Validator<'_> {
@@ -42,6 +46,33 @@ impl Validator<'_> {
         }
         HttpConfig {
             expose_backend: raw.value.expose_backend.unwrap_or(false),
+        }
+    }
+
+    /// The `limits` section: only in `mode: http`.
+    pub(super) fn limits(&mut self, raw: Option<Spanned<RawLimits>>, mode: Mode) -> LimitsConfig {
+        let Some(raw) = raw else {
+            return LimitsConfig::default();
+        };
+        if mode != Mode::Http {
+            self.err(&raw.referenced, "the limits section needs mode: http");
+        }
+        let max_head_bytes = self.count(
+            raw.value.max_head_bytes,
+            "limits.max_head_bytes",
+            DEFAULT_MAX_HEAD_BYTES,
+            MIN_MAX_HEAD_BYTES..=MAX_MAX_HEAD_BYTES,
+        );
+        let key_buffer_bytes = self.count(
+            raw.value.key_buffer_bytes,
+            "limits.key_buffer_bytes",
+            DEFAULT_KEY_BUFFER_BYTES,
+            MIN_KEY_BUFFER_BYTES..=MAX_KEY_BUFFER_BYTES,
+        );
+        LimitsConfig {
+            // At most MAX_MAX_HEAD_BYTES, so this fits any usize.
+            max_head_bytes: max_head_bytes as usize,
+            key_buffer_bytes,
         }
     }
 
