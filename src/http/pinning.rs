@@ -179,26 +179,14 @@ async fn by_pin(
     let Some(choice) = table.first().map(|b| b.name.clone()) else {
         return (table, kept);
     };
-    let Some(held) = store.bind_or_get(session, &choice).await else {
+    let pinned = store.pin(session, &choice, |name| usable(name).is_some());
+    let Some(pin) = pinned.await.and_then(|held| usable(&held).cloned()) else {
         return (table, kept);
     };
-    let placed = |name: &str| Bound {
+    sessions.pins.bind(session, &pin.name);
+    let placed = Bound {
         bind_served: false,
-        placed: name == choice,
+        placed: pin.name == choice,
     };
-    if let Some(pin) = usable(&held) {
-        sessions.pins.bind(session, &held);
-        return (table.pin_first(snapshot, pin), placed(&held));
-    }
-    // Bound to a backend that is down or gone: replace it, once for all.
-    match store.replace(session, &held, &choice).await {
-        Some(now) => match usable(&now) {
-            Some(pin) => {
-                sessions.pins.bind(session, &now);
-                (table.pin_first(snapshot, pin), placed(&now))
-            }
-            None => (table, kept),
-        },
-        None => (table, kept),
-    }
+    (table.pin_first(snapshot, &pin), placed)
 }
