@@ -2,11 +2,18 @@
 //!
 //! Every magpie using the same store agrees on pinned keys, as they already
 //! agree on unpinned ones through the table. The local pin map stays in front
-//! as a cache: a hit never touches the store. On a miss, one round trip binds
+//! as a cache: a hit never waits on the store. On a miss, one round trip binds
 //! the key to the table's choice unless another instance bound it first
 //! (`SET NX` semantics inside a script): the first binding wins everywhere. A
 //! binding to a backend that is down or gone is replaced by a compare-and-set
 //! script, so one replacement wins everywhere too.
+//!
+//! A cached pin's binding is refreshed in the background at most once per
+//! key per `ttl / 4` by the same script as a miss: its TTL is extended, or,
+//! if the store lost it (an empty restart, a flush, an eviction), it is bound
+//! again to the cached backend unless another instance bound the key
+//! meanwhile. Either way the binding that holds is returned, and the cache
+//! follows it, so every instance converges on one binding per live key.
 //!
 //! Bindings are read with a bounded size: every script checks `TYPE` and
 //! `STRLEN` before `GET`, and a value that is not a string of at most
@@ -115,7 +122,7 @@ pub struct StoreStats {
     fallbacks: AtomicU64,
     /// Bindings to a down or removed backend replaced by this instance.
     replaced: AtomicU64,
-    /// Background TTL refreshes that the store answered.
+    /// Background TTL refreshes (or re-bindings) that the store answered.
     refreshes: AtomicU64,
     /// Values under a key that were not a binding (wrong type, or longer
     /// than [`MAX_BINDING`]), treated as absent and bound over.
@@ -212,6 +219,11 @@ impl Store {
         self.connection.load().is_some()
     }
 
+    /// Whether the store is asked now: connected and not backing off.
+    pub fn is_usable(&self) -> bool {
+        self.is_connected() && self.now_ms() >= self.resume_at_ms.load(Ordering::Relaxed)
+    }
+
     fn key(&self, key: u64) -> String {
         format!("{}{key:016x}", self.config.prefix)
     }
@@ -262,26 +274,16 @@ impl Store {
         Some(String::from_utf8(now).ok().filter(|name| usable(name)))
     }
 
-    /// Extends `key`'s binding by the TTL, in the background.
-    pub fn refresh(self: &Arc<Self>, key: u64) {
-        let store = Arc::clone(self);
-        tokio::spawn(async move {
-            let k = store.key(key);
-            let ttl = store.ttl_ms;
-            let deadline = Instant::now() + store.config.timeout;
-            let done: Option<i64> = store
-                .run(deadline, |mut c| async move {
-                    redis::cmd("PEXPIRE")
-                        .arg(k)
-                        .arg(ttl)
-                        .query_async(&mut c)
-                        .await
-                })
-                .await;
-            if done.is_some() {
-                store.stats.refreshes.fetch_add(1, Ordering::Relaxed);
-            }
-        });
+    /// Extends `key`'s binding to `backend` by the TTL, or binds it again
+    /// if the store lost it. The binding that holds now (another
+    /// instance's, if it bound the key meanwhile); `None`: no answer.
+    pub async fn refresh(&self, key: u64, backend: &str) -> Option<Vec<u8>> {
+        let deadline = Instant::now() + self.config.timeout;
+        let held = self.bind(key, backend, deadline).await;
+        if held.is_some() {
+            self.stats.refreshes.fetch_add(1, Ordering::Relaxed);
+        }
+        held
     }
 
     /// Binds `key` to `backend` unless it is bound; the binding that holds.

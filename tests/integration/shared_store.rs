@@ -1,6 +1,7 @@
 //! What the shared session store (`sessions.store: redis`, a real
-//! `redis-server`) may hold that magpie must survive: a value far over 256
-//! bytes, a key of the wrong type.
+//! `redis-server`) may lose or hold that magpie must survive: every binding
+//! (an empty restart or a FLUSHALL after a scale-up, healed within `ttl/4`),
+//! a value far over 256 bytes, a key of the wrong type.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,6 +12,95 @@ use magpie::route::Keys;
 use magpie::sessions::store::OpResult;
 
 use crate::support::*;
+
+/// How the store loses its bindings.
+#[derive(Clone, Copy, Debug)]
+enum Loss {
+    /// Killed and started again, empty.
+    Restart,
+    /// `FLUSHALL` on a live connection.
+    Flush,
+}
+
+const TTL: Duration = Duration::from_secs(4);
+
+/// Conversations pinned through magpie 0, the pool scaled from 3 to 4 in
+/// both configs, then the store loses every binding. Each pass sends every
+/// conversation through magpie 1, then magpie 0. Within `ttl/4` (and well
+/// before any pin could expire) no conversation is split between backends,
+/// and none splits again.
+async fn pins_heal_after(loss: Loss) {
+    let mut redis = RedisServer::start().await;
+    let backends = HyperBackends::start(&["a", "b", "c", "d"]).await;
+    let pairs = backends.pairs();
+    let settings = store_settings_ttl(redis.addr, &format!("{}s", TTL.as_secs()), "");
+    let fleet = Fleet::start(&settings, &pairs[..3]).await;
+    let mut clients = [
+        KeepAlive::connect(fleet.magpies[0].addr).await,
+        KeepAlive::connect(fleet.magpies[1].addr).await,
+    ];
+    let keys: Vec<String> = (0..60).map(|s| format!("conv-{s}")).collect();
+    let mut placed = Vec::new();
+    for key in &keys {
+        placed.push(clients[0].get_session(key).await);
+    }
+    fleet.reload(&settings, &pairs).await;
+    let moved = keys
+        .iter()
+        .zip(&placed)
+        .filter(|(key, before)| fleet.magpies[1].primary(text_key(key.as_bytes())) != **before)
+        .count();
+    assert!(moved > 0, "the new table moves none of the pinned keys");
+    match loss {
+        Loss::Restart => {
+            redis.kill();
+            redis.restart().await;
+        }
+        Loss::Flush => {
+            redis.command(&[b"FLUSHALL"]).await;
+        }
+    }
+    let lost = Instant::now();
+    let mut splits = Vec::new();
+    let healed = loop {
+        let mut split = 0;
+        for key in &keys {
+            let second = clients[1].get_session(key).await;
+            let first = clients[0].get_session(key).await;
+            split += usize::from(first != second);
+        }
+        splits.push(split);
+        if split == 0 {
+            break lost.elapsed();
+        }
+        assert!(
+            lost.elapsed() < TTL / 4 + Duration::from_millis(1500),
+            "{loss:?}: still split after {:?}, split keys per pass: {splits:?}",
+            lost.elapsed()
+        );
+    };
+    assert!(healed < TTL, "{loss:?}: healed only after {healed:?}");
+    for _ in 0..3 {
+        for key in &keys {
+            let second = clients[1].get_session(key).await;
+            assert_eq!(
+                clients[0].get_session(key).await,
+                second,
+                "{loss:?}: {key} split again"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pins_heal_after_the_store_restarts_empty() {
+    pins_heal_after(Loss::Restart).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pins_heal_after_the_store_is_flushed() {
+    pins_heal_after(Loss::Flush).await;
+}
 
 /// One routing decision for `session` through magpie `m` (its pin, the
 /// store, the table), timed.
