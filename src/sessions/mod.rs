@@ -251,7 +251,11 @@ impl Sessions {
                 return;
             };
             match store.refresh(key, &backend).await {
-                None => sessions.pins.refresh_failed(key, &backend),
+                // The store failed and backs off: ask again at the first use
+                // once it is back. (An operation refused alone waits its
+                // `ttl / 4` like any refresh, so a key cannot storm it.)
+                None if !store.is_usable() => sessions.pins.refresh_failed(key, &backend),
+                None => {}
                 Some(held) if held == backend.as_bytes() => {}
                 Some(held) => {
                     let now = std::str::from_utf8(&held).ok();
