@@ -4,13 +4,14 @@
 //!
 //! With `store: local` pins live in this process: a miss is routed by the
 //! table and the backend that served it is pinned. With `store: redis` the
-//! local map is a cache of the shared bindings: a hit never touches the store
-//! (its TTL there is extended in the background, at most once per `ttl / 4`);
-//! a miss, or a cached pin whose backend is down or gone, asks the store in
-//! one round trip, where the first binding of a key wins for every instance
-//! and a stale binding is replaced by compare-and-set. When the store does
-//! not answer within its timeout the request goes by the table, which every
-//! instance agrees on, and nothing is pinned.
+//! local map is a cache of the shared bindings: a hit never waits on the
+//! store (in the background, at most once per `ttl / 4`, its binding there
+//! is extended, or bound again if the store lost it, and the cache follows
+//! whatever binding holds); a miss, or a cached pin whose backend is down or
+//! gone, asks the store, where the first binding of a key wins for every
+//! instance and a stale binding is replaced by compare-and-set. When the
+//! store does not answer within its timeout the request goes by the table,
+//! which every instance agrees on, and nothing is pinned.
 //!
 //! A key that spilled off a loaded backend stays where it spilled: with
 //! `store: local` its pin says so; without `sessions` the key's
@@ -132,7 +133,7 @@ struct Bound {
 
 /// The route for `keys` under `sessions`, and what it does to the pin.
 async fn by_pin(
-    sessions: &Sessions,
+    sessions: &Arc<Sessions>,
     snapshot: &Snapshot,
     keys: Keys,
     spilled_to: Option<&str>,
@@ -166,11 +167,11 @@ async fn by_pin(
     };
     let kept = Bound::default();
     // Shared pins: the local map first.
-    if let Some((name, due)) = sessions.pins.get_and_due(session, sessions.ttl / 4)
+    if let Some((name, due)) = sessions.cached(session)
         && let Some(pin) = usable(&name)
     {
         if due {
-            store.refresh(session);
+            sessions.refresh(session, name);
         }
         return (Route::plan_pinned(snapshot, table_key, pin), kept);
     }
@@ -179,26 +180,14 @@ async fn by_pin(
     let Some(choice) = table.first().map(|b| b.name.clone()) else {
         return (table, kept);
     };
-    let Some(held) = store.bind_or_get(session, &choice).await else {
+    let pinned = store.pin(session, &choice, |name| usable(name).is_some());
+    let Some(pin) = pinned.await.and_then(|held| usable(&held).cloned()) else {
         return (table, kept);
     };
-    let placed = |name: &str| Bound {
+    sessions.pins.bind(session, &pin.name);
+    let placed = Bound {
         bind_served: false,
-        placed: name == choice,
+        placed: pin.name == choice,
     };
-    if let Some(pin) = usable(&held) {
-        sessions.pins.bind(session, &held);
-        return (table.pin_first(snapshot, pin), placed(&held));
-    }
-    // Bound to a backend that is down or gone: replace it, once for all.
-    match store.replace(session, &held, &choice).await {
-        Some(now) => match usable(&now) {
-            Some(pin) => {
-                sessions.pins.bind(session, &now);
-                (table.pin_first(snapshot, pin), placed(&now))
-            }
-            None => (table, kept),
-        },
-        None => (table, kept),
-    }
+    (table.pin_first(snapshot, &pin), placed)
 }

@@ -430,6 +430,15 @@ pub const FAMILIES: &[Family] = &[
         }),
     },
     Family {
+        name: "magpie_session_store_bad_values_total",
+        kind: COUNTER,
+        labels: &[],
+        help: "Values under a session key in the store that were not a binding (not a string, or over 256 bytes), treated as absent and bound over.",
+        read: Read::Global(|g, s| {
+            s.value(&[], g.store().map_or(0, |st| st.stats.bad_values()) as f64)
+        }),
+    },
+    Family {
         name: "magpie_session_bindings_replaced_total",
         kind: COUNTER,
         labels: &[],

@@ -26,8 +26,9 @@ const SHARDS: usize = 16;
 struct Pin {
     backend: Arc<str>,
     last_used: Instant,
-    /// When the shared store last extended this pin's TTL (`store: redis`).
-    refreshed: Instant,
+    /// When the shared store was last asked to extend (or re-bind) this
+    /// pin's binding (`store: redis`); `None`: due now.
+    refreshed: Option<Instant>,
 }
 
 /// The pins of one process.
@@ -99,13 +100,42 @@ impl Pins {
         let backend = self.get(key)?;
         let mut shard = self.shard(key);
         let due = match shard.peek_mut(&key) {
-            Some(pin) if pin.refreshed.elapsed() >= every => {
-                pin.refreshed = Instant::now();
+            Some(pin) if pin.refreshed.is_none_or(|at| at.elapsed() >= every) => {
+                pin.refreshed = Some(Instant::now());
                 true
             }
             _ => false,
         };
         Some((backend, due))
+    }
+
+    /// The refresh of `key`'s pin to `backend` got no answer: it is due
+    /// again (the next use asks once more).
+    pub fn refresh_failed(&self, key: u64, backend: &str) {
+        if let Some(pin) = self.shard(key).peek_mut(&key)
+            && &*pin.backend == backend
+        {
+            pin.refreshed = None;
+        }
+    }
+
+    /// The shared store binds `key` to `now`, not to the cached `was`: the
+    /// pin follows (it stays as used as it was); `None` (the store holds no
+    /// backend's name) drops it, so the next request asks the store.
+    pub fn follow(&self, key: u64, was: &str, now: Option<&str>) {
+        let mut shard = self.shard(key);
+        let Some(pin) = shard.peek_mut(&key) else {
+            return;
+        };
+        if &*pin.backend != was {
+            return;
+        }
+        match now {
+            Some(now) => pin.backend = Arc::from(now),
+            None => {
+                shard.pop(&key);
+            }
+        }
     }
 
     /// Uses the pin of `key` now (it lives another `ttl`).
@@ -137,7 +167,7 @@ impl Pins {
         let pin = Pin {
             backend: Arc::from(backend),
             last_used: now,
-            refreshed: now,
+            refreshed: Some(now),
         };
         if let Some((evicted, _)) = shard.push(key, pin)
             && evicted != key
@@ -194,6 +224,46 @@ impl Sessions {
             ttl: config.ttl,
         }
     }
+
+    /// With a shared store: the cached pin of `key`, and whether its
+    /// binding in the store is due for a refresh (at most once per
+    /// `ttl / 4`, and only while the store is asked at all; a store that
+    /// dropped its connection is reconnected meanwhile).
+    pub fn cached(&self, key: u64) -> Option<(Arc<str>, bool)> {
+        match &self.store {
+            Some(store) if store.is_usable() => self.pins.get_and_due(key, self.ttl / 4),
+            Some(store) => {
+                store.ensure_connecting();
+                self.pins.get(key).map(|backend| (backend, false))
+            }
+            None => self.pins.get(key).map(|backend| (backend, false)),
+        }
+    }
+
+    /// Refreshes `key`'s binding to its cached `backend` in the background:
+    /// the store extends it, or binds it again if it was lost. If another
+    /// instance bound the key to another backend meanwhile, the store's
+    /// binding wins and the cached pin follows it.
+    pub fn refresh(self: &Arc<Self>, key: u64, backend: Arc<str>) {
+        let sessions = Arc::clone(self);
+        tokio::spawn(async move {
+            let Some(store) = &sessions.store else {
+                return;
+            };
+            match store.refresh(key, &backend).await {
+                // The store failed and backs off: ask again at the first use
+                // once it is back. (An operation refused alone waits its
+                // `ttl / 4` like any refresh, so a key cannot storm it.)
+                None if !store.is_usable() => sessions.pins.refresh_failed(key, &backend),
+                None => {}
+                Some(held) if held == backend.as_bytes() => {}
+                Some(held) => {
+                    let now = std::str::from_utf8(&held).ok();
+                    sessions.pins.follow(key, &backend, now);
+                }
+            }
+        });
+    }
 }
 
 #[cfg(test)]
@@ -229,5 +299,39 @@ mod tests {
         pins.bind(k2, "c");
         assert_eq!(pins.peek(k2).as_deref(), Some("c"));
         assert_eq!(pins.evictions(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refresh_is_due_once_per_period_and_again_after_a_failure() {
+        let pins = Pins::new(100, Duration::from_secs(60));
+        let every = Duration::from_secs(15);
+        let due = |pins: &Pins| pins.get_and_due(1, every).map(|(_, due)| due);
+        pins.bind(1, "a");
+        assert_eq!(due(&pins), Some(false));
+        tokio::time::advance(every).await;
+        assert_eq!(due(&pins), Some(true));
+        assert_eq!(due(&pins), Some(false));
+        // A failure for another backend's refresh changes nothing.
+        pins.refresh_failed(1, "b");
+        assert_eq!(due(&pins), Some(false));
+        pins.refresh_failed(1, "a");
+        assert_eq!(due(&pins), Some(true));
+        assert_eq!(due(&pins), Some(false));
+    }
+
+    #[test]
+    fn a_cached_pin_follows_the_store_only_from_what_it_was() {
+        let pins = Pins::new(100, Duration::from_secs(60));
+        pins.bind(1, "a");
+        // Re-bound locally meanwhile: an older answer does not apply.
+        pins.follow(1, "b", Some("c"));
+        assert_eq!(pins.peek(1).as_deref(), Some("a"));
+        pins.follow(1, "a", Some("d"));
+        assert_eq!(pins.peek(1).as_deref(), Some("d"));
+        // The store holds no backend's name: the pin goes.
+        pins.follow(1, "d", None);
+        assert_eq!(pins.peek(1), None);
+        pins.follow(2, "a", Some("b"));
+        assert!(pins.is_empty());
     }
 }

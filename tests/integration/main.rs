@@ -22,6 +22,7 @@ mod probe;
 mod proxy_protocol;
 mod reload;
 mod shared_pins;
+mod shared_store;
 mod shutdown;
 mod simulate;
 mod spill;

@@ -5,58 +5,8 @@
 use std::sync::Arc;
 
 use magpie::key::text_key;
-use magpie::reload::Reloader;
 
 use crate::support::*;
-
-fn settings(redis: std::net::SocketAddr, extra: &str) -> String {
-    format!(
-        "mode: http\nkey:\n  from: header\n  header: x-session-id\nreload:\n  watch: false\nsessions:\n  ttl: 10m\n  store: redis\n  redis: {{addr: \"{redis}\", timeout: 50ms}}\n{extra}"
-    )
-}
-
-/// Two magpies on one store, each from its own file.
-struct Fleet {
-    files: [TempFile; 2],
-    magpies: [Magpie; 2],
-}
-
-impl Fleet {
-    async fn start(settings: &str, backends: &[(String, std::net::SocketAddr)]) -> Fleet {
-        let files = [0, 1].map(|_| {
-            TempFile::new(
-                "magpie.yaml",
-                &config_yaml("127.0.0.1:0", settings, backends),
-            )
-        });
-        let magpies = [
-            Magpie::start_file(&files[0].path).await,
-            Magpie::start_file(&files[1].path).await,
-        ];
-        for m in &magpies {
-            m.store_connected().await;
-        }
-        Fleet { files, magpies }
-    }
-
-    async fn reload(&self, settings: &str, backends: &[(String, std::net::SocketAddr)]) {
-        for (file, magpie) in self.files.iter().zip(&self.magpies) {
-            std::fs::write(&file.path, config_yaml("127.0.0.1:0", settings, backends))
-                .expect("rewrite");
-            Reloader::new(file.path.clone(), Arc::clone(&magpie.shared))
-                .reload(true)
-                .await
-                .expect("the reload applies");
-        }
-    }
-}
-
-fn store_stats(m: &Magpie) -> Arc<magpie::sessions::store::Store> {
-    m.shared
-        .sessions()
-        .and_then(|s| s.store.clone())
-        .expect("a store")
-}
 
 /// 40 conversations, each started on one magpie and continued on the other
 /// after both scaled from 3 to 4 backends: every one stays on its backend,
@@ -66,7 +16,7 @@ async fn two_magpies_keep_every_conversation_through_scale_up() {
     let redis = RedisServer::start().await;
     let backends = HyperBackends::start(&["a", "b", "c", "d"]).await;
     let pairs = backends.pairs();
-    let settings = settings(redis.addr, "");
+    let settings = store_settings(redis.addr, "");
     let fleet = Fleet::start(&settings, &pairs[..3]).await;
     let mut clients = [
         KeepAlive::connect(fleet.magpies[0].addr).await,
@@ -129,7 +79,7 @@ async fn a_dead_store_costs_no_request() {
     use magpie::sessions::store::OpResult;
     let mut redis = RedisServer::start().await;
     let backends = HyperBackends::start(&["a", "b", "c"]).await;
-    let fleet = Fleet::start(&settings(redis.addr, ""), &backends.pairs()).await;
+    let fleet = Fleet::start(&store_settings(redis.addr, ""), &backends.pairs()).await;
     let magpie = &fleet.magpies[0];
     let mut client = KeepAlive::connect(magpie.addr).await;
     for s in 0..10 {
@@ -184,7 +134,7 @@ async fn a_dead_backend_is_rebound_once_for_both() {
     let redis = RedisServer::start().await;
     let mut backends = HyperBackends::start(&["a", "b", "c"]).await;
     let extra = "health:\n  interval: 100ms\n  timeout: 100ms\n  rise: 1\n  fall: 1\n";
-    let fleet = Fleet::start(&settings(redis.addr, extra), &backends.pairs()).await;
+    let fleet = Fleet::start(&store_settings(redis.addr, extra), &backends.pairs()).await;
     let mut clients = [
         KeepAlive::connect(fleet.magpies[0].addr).await,
         KeepAlive::connect(fleet.magpies[1].addr).await,

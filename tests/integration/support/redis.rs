@@ -1,11 +1,15 @@
-//! A real `redis-server` on a free loopback port, stopped when dropped.
+//! A real `redis-server` on a free loopback port, stopped when dropped, and
+//! two magpies sharing it (`sessions.store: redis`).
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 
+use magpie::reload::Reloader;
+use magpie::sessions::store::Store;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::within;
+use super::{Magpie, TempFile, config_yaml, within};
 
 pub struct RedisServer {
     pub addr: SocketAddr,
@@ -54,6 +58,24 @@ impl RedisServer {
         .await;
     }
 
+    /// Runs one command on a fresh connection (to write what magpie must
+    /// cope with, or to read what it wrote).
+    pub async fn command(&self, args: &[&[u8]]) -> redis::Value {
+        let client = redis::Client::open(format!("redis://{}/", self.addr)).expect("a redis url");
+        within("a redis command", async {
+            let mut c = client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("a connection to redis-server");
+            let mut cmd = redis::cmd(std::str::from_utf8(args[0]).expect("a command name"));
+            for a in &args[1..] {
+                cmd.arg(*a);
+            }
+            cmd.query_async(&mut c).await.expect("the command runs")
+        })
+        .await
+    }
+
     /// Kills it at once (no shutdown, like a crash).
     pub fn kill(&mut self) {
         if let Some(mut p) = self.process.take() {
@@ -67,4 +89,66 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Settings of `mode: http` keyed by `x-session-id`, pins kept `ttl` unused
+/// and shared in the store at `redis` (50 ms timeout), and `extra` lines.
+pub fn store_settings_ttl(redis: SocketAddr, ttl: &str, extra: &str) -> String {
+    format!(
+        "mode: http\nkey:\n  from: header\n  header: x-session-id\nreload:\n  watch: false\nsessions:\n  ttl: {ttl}\n  store: redis\n  redis: {{addr: \"{redis}\", timeout: 50ms}}\n{extra}"
+    )
+}
+
+/// [`store_settings_ttl`] with a 10-minute TTL.
+pub fn store_settings(redis: SocketAddr, extra: &str) -> String {
+    store_settings_ttl(redis, "10m", extra)
+}
+
+/// The key magpie binds `session` under in the store (default prefix).
+pub fn store_key(session: &str) -> Vec<u8> {
+    format!("magpie:{:016x}", magpie::key::text_key(session.as_bytes())).into_bytes()
+}
+
+/// Two magpies on one store, each from its own file.
+pub struct Fleet {
+    files: [TempFile; 2],
+    pub magpies: [Magpie; 2],
+}
+
+impl Fleet {
+    pub async fn start(settings: &str, backends: &[(String, SocketAddr)]) -> Fleet {
+        let files = [0, 1].map(|_| {
+            TempFile::new(
+                "magpie.yaml",
+                &config_yaml("127.0.0.1:0", settings, backends),
+            )
+        });
+        let magpies = [
+            Magpie::start_file(&files[0].path).await,
+            Magpie::start_file(&files[1].path).await,
+        ];
+        for m in &magpies {
+            m.store_connected().await;
+        }
+        Fleet { files, magpies }
+    }
+
+    pub async fn reload(&self, settings: &str, backends: &[(String, SocketAddr)]) {
+        for (file, magpie) in self.files.iter().zip(&self.magpies) {
+            std::fs::write(&file.path, config_yaml("127.0.0.1:0", settings, backends))
+                .expect("rewrite");
+            Reloader::new(file.path.clone(), Arc::clone(&magpie.shared))
+                .reload(true)
+                .await
+                .expect("the reload applies");
+        }
+    }
+}
+
+/// The shared store of magpie `m`.
+pub fn store_stats(m: &Magpie) -> Arc<Store> {
+    m.shared
+        .sessions()
+        .and_then(|s| s.store.clone())
+        .expect("a store")
 }

@@ -1,0 +1,210 @@
+//! What the shared session store (`sessions.store: redis`, a real
+//! `redis-server`) may lose or hold that magpie must survive: every binding
+//! (an empty restart or a FLUSHALL after a scale-up, healed within `ttl/4`),
+//! a value far over 256 bytes, a key of the wrong type.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use magpie::http::pinning;
+use magpie::key::text_key;
+use magpie::route::Keys;
+use magpie::sessions::store::OpResult;
+
+use crate::support::*;
+
+/// How the store loses its bindings.
+#[derive(Clone, Copy, Debug)]
+enum Loss {
+    /// Killed and started again, empty.
+    Restart,
+    /// `FLUSHALL` on a live connection.
+    Flush,
+}
+
+const TTL: Duration = Duration::from_secs(4);
+
+/// Conversations pinned through magpie 0, the pool scaled from 3 to 4 in
+/// both configs, then the store loses every binding. Each pass sends every
+/// conversation through magpie 1, then magpie 0. Within `ttl/4` (and well
+/// before any pin could expire) no conversation is split between backends,
+/// and none splits again.
+async fn pins_heal_after(loss: Loss) {
+    let mut redis = RedisServer::start().await;
+    let backends = HyperBackends::start(&["a", "b", "c", "d"]).await;
+    let pairs = backends.pairs();
+    let settings = store_settings_ttl(redis.addr, &format!("{}s", TTL.as_secs()), "");
+    let fleet = Fleet::start(&settings, &pairs[..3]).await;
+    let mut clients = [
+        KeepAlive::connect(fleet.magpies[0].addr).await,
+        KeepAlive::connect(fleet.magpies[1].addr).await,
+    ];
+    let keys: Vec<String> = (0..60).map(|s| format!("conv-{s}")).collect();
+    let mut placed = Vec::new();
+    for key in &keys {
+        placed.push(clients[0].get_session(key).await);
+    }
+    fleet.reload(&settings, &pairs).await;
+    let moved = keys
+        .iter()
+        .zip(&placed)
+        .filter(|(key, before)| fleet.magpies[1].primary(text_key(key.as_bytes())) != **before)
+        .count();
+    assert!(moved > 0, "the new table moves none of the pinned keys");
+    match loss {
+        Loss::Restart => {
+            redis.kill();
+            redis.restart().await;
+        }
+        Loss::Flush => {
+            redis.command(&[b"FLUSHALL"]).await;
+        }
+    }
+    let lost = Instant::now();
+    let mut splits = Vec::new();
+    let healed = loop {
+        let mut split = 0;
+        for key in &keys {
+            let second = clients[1].get_session(key).await;
+            let first = clients[0].get_session(key).await;
+            split += usize::from(first != second);
+        }
+        splits.push(split);
+        if split == 0 {
+            break lost.elapsed();
+        }
+        assert!(
+            lost.elapsed() < TTL / 4 + Duration::from_millis(1500),
+            "{loss:?}: still split after {:?}, split keys per pass: {splits:?}",
+            lost.elapsed()
+        );
+    };
+    assert!(healed < TTL, "{loss:?}: healed only after {healed:?}");
+    for _ in 0..3 {
+        for key in &keys {
+            let second = clients[1].get_session(key).await;
+            assert_eq!(
+                clients[0].get_session(key).await,
+                second,
+                "{loss:?}: {key} split again"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pins_heal_after_the_store_restarts_empty() {
+    pins_heal_after(Loss::Restart).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pins_heal_after_the_store_is_flushed() {
+    pins_heal_after(Loss::Flush).await;
+}
+
+/// One routing decision for `session` through magpie `m` (its pin, the
+/// store, the table), timed.
+async fn decide(m: &Magpie, session: &str) -> (String, Duration) {
+    let snapshot = m.shared.snapshot.load_full();
+    let started = Instant::now();
+    let pinned = pinning::route(
+        m.shared.sessions(),
+        &snapshot,
+        &m.shared.recent,
+        Keys::single(text_key(session.as_bytes())),
+    )
+    .await;
+    let elapsed = started.elapsed();
+    let first = pinned.route.first().expect("a backend");
+    pinned.served(first);
+    (first.name.clone(), elapsed)
+}
+
+/// What the store holds for `session`.
+async fn binding(redis: &RedisServer, session: &str) -> Option<String> {
+    match redis.command(&[b"GET", &store_key(session)]).await {
+        redis::Value::BulkString(bytes) => Some(String::from_utf8(bytes).expect("UTF-8")),
+        redis::Value::Nil => None,
+        other => panic!("GET answered {other:?}"),
+    }
+}
+
+async fn one_magpie(redis: &RedisServer, backends: &HyperBackends) -> Magpie {
+    let yaml = config_yaml(
+        "127.0.0.1:0",
+        &store_settings(redis.addr, ""),
+        &backends.pairs(),
+    );
+    let magpie = Magpie::start(&yaml).await;
+    magpie.store_connected().await;
+    magpie
+}
+
+/// 8 MiB under one key: its lookup answers within the 50 ms timeout, as
+/// do 20 new keys looked up at the same time; the value is treated as
+/// absent, replaced by the table's choice and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_value_is_absent_replaced_and_counted() {
+    let redis = RedisServer::start().await;
+    let backends = HyperBackends::start(&["a", "b", "c"]).await;
+    let magpie = Arc::new(one_magpie(&redis, &backends).await);
+    let big = vec![b'x'; 8 << 20];
+    redis.command(&[b"SET", &store_key("big"), &big]).await;
+    let others = (0..20).map(|s| {
+        let magpie = Arc::clone(&magpie);
+        tokio::spawn(async move { decide(&magpie, &format!("other-{s}")).await })
+    });
+    let (got, elapsed) = decide(&magpie, "big").await;
+    assert!(
+        elapsed < Duration::from_millis(50),
+        "the lookup took {elapsed:?}"
+    );
+    assert_eq!(got, magpie.primary(text_key(b"big")));
+    assert_eq!(binding(&redis, "big").await.as_deref(), Some(got.as_str()));
+    for (s, other) in others.enumerate() {
+        let (got, _) = other.await.expect("the lookup runs");
+        let key = format!("other-{s}");
+        assert_eq!(binding(&redis, &key).await, Some(got), "{key} is not bound");
+    }
+    let store = store_stats(&magpie);
+    assert_eq!(store.stats.fallbacks(), 0, "a lookup went by the table");
+    assert_eq!(store.stats.ops(OpResult::Timeout), 0);
+    assert_eq!(store.stats.bad_values(), 1);
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    assert_eq!(client.get_session("big").await, got);
+}
+
+/// A list and a hash where bindings live: each is absent for its own key
+/// only (bound over, counted), and the next key's lookup still uses the
+/// store: nothing backs off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_type_key_is_absent_for_that_key_only() {
+    let redis = RedisServer::start().await;
+    let backends = HyperBackends::start(&["a", "b", "c"]).await;
+    let magpie = one_magpie(&redis, &backends).await;
+    redis
+        .command(&[b"RPUSH", &store_key("listed"), b"a", b"b"])
+        .await;
+    redis
+        .command(&[b"HSET", &store_key("hashed"), b"backend", b"a"])
+        .await;
+    let store = store_stats(&magpie);
+    for (n, key) in ["listed", "next-1", "hashed", "next-2"].iter().enumerate() {
+        let (got, _) = decide(&magpie, key).await;
+        assert_eq!(got, magpie.primary(text_key(key.as_bytes())), "{key}");
+        assert_eq!(binding(&redis, key).await, Some(got), "{key} is not bound");
+        assert_eq!(store.stats.bad_values(), (n as u64 + 2) / 2, "after {key}");
+    }
+    assert_eq!(
+        store.stats.ops(OpResult::Skipped),
+        0,
+        "the store backed off"
+    );
+    assert_eq!(store.stats.ops(OpResult::Error), 0);
+    assert_eq!(store.stats.fallbacks(), 0);
+    let text = magpie::metrics::render(&magpie::metrics::registry(Arc::clone(&magpie.shared)));
+    assert_eq!(
+        metric_sum(&text, "magpie_session_store_bad_values_total", &[]),
+        2.0
+    );
+}
