@@ -6,7 +6,7 @@
 
 use std::fmt::Write as _;
 
-use crate::config::{Config, CopyMode, KeyConfig, Mode, SPLICE_AFTER};
+use crate::config::{Config, CopyMode, HttpConfig, KeyConfig, Mode, SPLICE_AFTER};
 use crate::key::group::GroupBy;
 use crate::snapshot::{Snapshot, Table};
 
@@ -50,6 +50,8 @@ pub fn report(
     writeln!(out, "mode:        {}", config.mode.as_str())?;
     if config.mode == Mode::Tcp {
         writeln!(out, "copy:        {}", copy_text(config.copy))?;
+    } else {
+        writeln!(out, "deadlines:   {}", deadlines_text(&config.http))?;
     }
     writeln!(out, "key:         {}", key_text(&config.key))?;
     if let Some(group) = &config.group {
@@ -144,10 +146,30 @@ pub fn warnings(snapshot: &Snapshot, env: Environment) -> Vec<String> {
             }
         }
     }
+    if config.http.idle_timeout_unused {
+        out.push(format!(
+            "idle_timeout is not used in mode http: a client connection idles for http.keepalive_timeout ({}), and a backend's answer is bounded by http.response_timeout and http.stream_idle_timeout",
+            humantime::format_duration(config.http.keepalive_timeout)
+        ));
+    }
     if config.health.is_none() {
         out.push("no health section: a dead backend is not taken out of the rotation; every connection to it costs a failed connect before the next candidate".to_string());
     }
     out
+}
+
+/// Mode http's deadlines towards backends and clients, and its pool.
+fn deadlines_text(http: &HttpConfig) -> String {
+    let d = humantime::format_duration;
+    format!(
+        "backend head {} after the request (else 504), body gaps {} (else cut); client first byte {}, keep-alive idle {}; pool {} idle per backend for {}",
+        d(http.response_timeout),
+        d(http.stream_idle_timeout),
+        d(http.first_byte_timeout),
+        d(http.keepalive_timeout),
+        http.pool_max_idle_per_backend,
+        d(http.pool_idle_timeout),
+    )
 }
 
 fn key_text(key: &KeyConfig) -> String {
@@ -317,11 +339,15 @@ mod tests {
         }
         assert!(!text.contains("loopback"), "{text}");
         assert!(!text.contains("copy:"), "copy is mode tcp's: {text}");
+        let needle = "deadlines:   backend head 5m after the request (else 504), body gaps 5m (else cut); client first byte 10s, keep-alive idle 1m; pool 32 idle per backend for 4s";
+        assert!(text.contains(needle), "{needle:?} not in:\n{text}");
+        assert!(!text.contains("idle_timeout is not used"), "{text}");
         let s = snapshot(
             "listen: 127.0.0.1:7000\nproxy_protocol: {accept_from: [10.0.0.5/32], send: v2}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
         );
         let text = report("t.yaml", &s, Environment::default()).unwrap();
         assert!(text.contains("proxy out:   v2"), "{text}");
+        assert!(!text.contains("deadlines:"), "mode http's: {text}");
         assert!(
             text.contains("copy:        buffered (through userspace buffers)"),
             "{text}"
@@ -359,5 +385,24 @@ mod tests {
                 .iter()
                 .all(|w| !w.contains("loopback"))
         );
+    }
+
+    #[test]
+    fn idle_timeout_in_mode_http_is_warned_about() {
+        let s = snapshot(
+            "mode: http\nlisten: 127.0.0.1:7000\nidle_timeout: 10m\nhttp: {keepalive_timeout: 90s}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+        );
+        let w = warnings(&s, Environment::default());
+        assert!(
+            w.iter().any(|w| w.starts_with(
+                "idle_timeout is not used in mode http: a client connection idles for http.keepalive_timeout (1m 30s)"
+            )),
+            "{w:?}"
+        );
+        let s = snapshot(
+            "listen: 127.0.0.1:7000\nidle_timeout: 10m\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+        );
+        let w = warnings(&s, Environment::default());
+        assert!(w.iter().all(|w| !w.contains("idle_timeout")), "{w:?}");
     }
 }

@@ -26,7 +26,7 @@ pub mod traffic;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-pub use traffic::{CodeClass, Side, Spill};
+pub use traffic::{CodeClass, Side, Spill, TimeoutKind};
 
 use self::drain::Drain;
 use self::groups::Groups;

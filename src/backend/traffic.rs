@@ -53,6 +53,18 @@ labels! {
     }
 }
 
+labels! {
+    /// Which deadline a backend missed (`mode: http`).
+    pub enum TimeoutKind {
+        /// No response head within `http.response_timeout` of the request's
+        /// last byte (the client got `504`).
+        Response => "response",
+        /// No byte of the response body for `http.stream_idle_timeout` (the
+        /// client's stream was cut).
+        StreamIdle => "stream_idle",
+    }
+}
+
 /// Prompt, cached prompt and completion tokens, as engines report them.
 #[derive(Debug, Default)]
 struct Tokens {
@@ -79,6 +91,8 @@ pub struct Traffic {
     /// Connections closed because neither side sent anything for
     /// `idle_timeout` (`mode: tcp`).
     idle_closes: AtomicU64,
+    /// Requests whose backend missed a deadline (`mode: http`), by which.
+    timeouts: [AtomicU64; TimeoutKind::COUNT],
     /// Token counts the backend's engine reported in its responses' `usage`.
     tokens: Tokens,
     /// Time to open a data-path connection (mode http: a fresh one).
@@ -102,6 +116,7 @@ impl Default for Traffic {
             client_aborts: AtomicU64::new(0),
             resets: Default::default(),
             idle_closes: AtomicU64::new(0),
+            timeouts: Default::default(),
             tokens: Tokens::default(),
             connect_time: Histogram::with_bounds(&FAST_BUCKETS),
             connection_duration: Histogram::default(),
@@ -205,5 +220,14 @@ impl Traffic {
 
     pub fn idle_closes(&self) -> u64 {
         self.idle_closes.load(Ordering::Relaxed)
+    }
+
+    /// A request to this backend missed the deadline `kind`.
+    pub fn count_timeout(&self, kind: TimeoutKind) {
+        self.timeouts[kind.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn timeouts(&self, kind: TimeoutKind) -> u64 {
+        self.timeouts[kind.index()].load(Ordering::Relaxed)
     }
 }

@@ -112,6 +112,24 @@ pub const MAX_LOAD_INTERVAL: Duration = Duration::from_secs(5 * MINUTE);
 pub const MAX_LOAD_MAX_AGE: Duration = Duration::from_secs(HOUR);
 /// Far above any engine's queue; `4 ×` this still fits a u64 many times.
 pub const MAX_MAX_WAITING: u64 = 1_000_000;
+/// `http`: mode http's deadlines towards backends and for silent clients,
+/// and its upstream pool. A long prompt can take minutes to prefill, so the
+/// response head and the gaps in a stream get minutes; a client that sends
+/// nothing, or idles between requests, gets what nginx gives it.
+pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5 * MINUTE);
+pub const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(5 * MINUTE);
+pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(MINUTE);
+pub const DEFAULT_FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Below uvicorn's 5 s keep-alive (vLLM, SGLang): a request sent on a
+/// connection the server is closing is lost.
+pub const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+pub const DEFAULT_POOL_MAX_IDLE: u64 = 32;
+/// `http.response_timeout`, `.stream_idle_timeout`, `.keepalive_timeout`.
+pub const MAX_HTTP_TIMEOUT: Duration = Duration::from_secs(DAY);
+pub const MAX_FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(HOUR);
+pub const MAX_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(HOUR);
+/// Each idle connection is a socket on both ends.
+pub const MAX_POOL_MAX_IDLE: u64 = 10_000;
 pub const DEFAULT_DISCOVERY_INTERVAL: Duration = Duration::from_secs(10);
 pub const MIN_DISCOVERY_INTERVAL: Duration = Duration::from_millis(100);
 pub const MAX_DISCOVERY_INTERVAL: Duration = Duration::from_secs(HOUR);

@@ -242,10 +242,41 @@ impl Default for HealthConfig {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpConfig {
     /// Add `x-magpie-backend: NAME` to responses.
     pub expose_backend: bool,
+    /// From a request's last byte sent to its response head; past it, `504`.
+    pub response_timeout: Duration,
+    /// The longest gap between the bytes of a response body; past it the
+    /// client's stream is cut (a reset, never a clean end).
+    pub stream_idle_timeout: Duration,
+    /// A client connection idle between requests is closed after this.
+    pub keepalive_timeout: Duration,
+    /// A client connection that has sent nothing at all is closed after this.
+    pub first_byte_timeout: Duration,
+    /// An idle pooled upstream connection is closed after this.
+    pub pool_idle_timeout: Duration,
+    /// Idle pooled upstream connections kept per backend at most.
+    pub pool_max_idle_per_backend: usize,
+    /// `idle_timeout` was written, which mode http does not use (`check`
+    /// says so).
+    pub idle_timeout_unused: bool,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            expose_backend: false,
+            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+            stream_idle_timeout: DEFAULT_STREAM_IDLE_TIMEOUT,
+            keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT,
+            first_byte_timeout: DEFAULT_FIRST_BYTE_TIMEOUT,
+            pool_idle_timeout: DEFAULT_POOL_IDLE_TIMEOUT,
+            pool_max_idle_per_backend: DEFAULT_POOL_MAX_IDLE as usize,
+            idle_timeout_unused: false,
+        }
+    }
 }
 
 /// Memory bounds of mode http (`limits`).

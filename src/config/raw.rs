@@ -324,6 +324,18 @@ impl<'de> Deserialize<'de> for StatusRange {
 pub(super) struct RawHttp {
     #[serde(default)]
     pub(super) expose_backend: Option<bool>,
+    #[serde(default)]
+    pub(super) response_timeout: Option<Spanned<HumanDuration>>,
+    #[serde(default)]
+    pub(super) stream_idle_timeout: Option<Spanned<HumanDuration>>,
+    #[serde(default)]
+    pub(super) keepalive_timeout: Option<Spanned<HumanDuration>>,
+    #[serde(default)]
+    pub(super) first_byte_timeout: Option<Spanned<HumanDuration>>,
+    #[serde(default)]
+    pub(super) pool_idle_timeout: Option<Spanned<HumanDuration>>,
+    #[serde(default)]
+    pub(super) pool_max_idle_per_backend: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize)]

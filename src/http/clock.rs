@@ -1,6 +1,9 @@
-//! Deadlines on an HTTP/1 client connection: a request head must arrive
-//! within `key.read_timeout` of its first byte (else `408`), and a keep-alive
-//! connection may idle between requests for `idle_timeout`.
+//! Deadlines on a client connection (`mode: http`): a connection that sends
+//! nothing at all is closed after `http.first_byte_timeout`, one that idles
+//! between requests after `http.keepalive_timeout`, and a request head must
+//! arrive within `key.read_timeout` of its first byte (else `408`). Either
+//! close frees the connection's `max_connections` slot. (`idle_timeout` is
+//! mode tcp's: `check` says so when it is written in mode http.)
 //!
 //! hyper's own `header_read_timeout` starts counting as soon as it waits for
 //! a head, idle keep-alive time included, and closes without an answer; a
@@ -9,22 +12,29 @@
 //! request's phase is kept in a [`Clock`] the wrapper and the request handler
 //! share:
 //!
-//! * `Idle`: between requests; the idle deadline runs from the end of the
-//!   last response;
+//! * `Idle`: no request is being served; the deadline runs from the end of
+//!   the last response (or from the connection's start, when nothing was
+//!   read yet);
 //! * `Head`: the first byte of a head arrived; the head deadline runs from it;
-//! * `Serving`: the handler has the request; no deadline here (the response
-//!   may stream for minutes).
+//! * `Serving`: the handler has a request ([`Busy`]); no deadline here (the
+//!   response may stream for minutes; the backend's deadlines are
+//!   [`super::deadline`]'s).
 //!
 //! A deadline that passes while hyper waits to read ends the read with EOF;
-//! for a head, the wrapper first writes a `408` itself. HTTP/2 connections
-//! (prior knowledge) multiplex requests and keep their own pings, so the
-//! wrapper stands aside once it sees the HTTP/2 preface.
+//! for a head, the wrapper first writes a `408` itself. An HTTP/2 connection
+//! (prior knowledge) multiplexes requests, so it has no head deadline: it is
+//! `Serving` while any request is, and idle once none is and nothing has
+//! been read for `keepalive_timeout`.
+//!
+//! A response whose body fails half-way (a backend that stalled or failed)
+//! marks the clock `cut`: an HTTP/1 connection is then closed with a reset,
+//! so the client cannot take what it got for a complete answer.
 
 use std::io;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::task::{Context, Poll};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -42,15 +52,30 @@ const IDLE: u64 = 0;
 const HEAD: u64 = 1;
 const SERVING: u64 = 2;
 
-/// The phase of a connection's current request, shared by its socket wrapper
-/// and its request handler. Packed in one atomic: phase in the low 2 bits,
-/// milliseconds since `epoch` when the phase began above them.
+/// The state's layout: phase in the low 2 bits, requests being served in the
+/// next 20 (an HTTP/2 connection serves up to hyper's stream limit at
+/// once), milliseconds since `epoch` when the phase began above them.
+const PHASE_BITS: u32 = 2;
+const COUNT_BITS: u32 = 20;
+const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
+const MS_SHIFT: u32 = PHASE_BITS + COUNT_BITS;
+
+/// The phase of a connection's requests, shared by its socket wrapper and
+/// its request handler. Packed in one atomic, updated by compare-and-swap,
+/// so concurrent HTTP/2 requests never leave it idle while one is served.
 #[derive(Debug)]
 pub struct Clock {
     epoch: Instant,
     state: AtomicU64,
     /// A head deadline passed and a 408 was sent.
     pub timed_out: AtomicBool,
+    /// A response was cut half-way: close an HTTP/1 connection with a reset.
+    cut: AtomicBool,
+    /// The client speaks HTTP/2 (its streams are reset one by one instead).
+    h2: AtomicBool,
+    /// The socket's reader while a request is served: no deadline is armed
+    /// then, so it is woken when the connection idles, to arm one.
+    reader: Mutex<Option<Waker>>,
 }
 
 impl Clock {
@@ -59,38 +84,120 @@ impl Clock {
             epoch: Instant::now(),
             state: AtomicU64::new(IDLE),
             timed_out: AtomicBool::new(false),
+            cut: AtomicBool::new(false),
+            h2: AtomicBool::new(false),
+            reader: Mutex::new(None),
         })
     }
 
-    fn set(&self, phase: u64) {
+    /// Moves to the phase and count `next` makes of the current ones, from
+    /// now; `next` returning `None` leaves the state as it is. The phase
+    /// moved to, if any.
+    fn update(&self, next: impl Fn(u64, u64) -> Option<(u64, u64)>) -> Option<u64> {
         let ms = self.epoch.elapsed().as_millis() as u64;
-        self.state.store(ms << 2 | phase, Ordering::Relaxed);
+        let mut current = self.state.load(Ordering::Relaxed);
+        loop {
+            let (phase, count) = next(current & 3, (current >> PHASE_BITS) & COUNT_MASK)?;
+            let new = ms << MS_SHIFT | (count & COUNT_MASK) << PHASE_BITS | phase;
+            match self.state.compare_exchange_weak(
+                current,
+                new,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Some(phase),
+                Err(seen) => current = seen,
+            }
+        }
     }
 
     fn get(&self) -> (u64, Instant) {
         let s = self.state.load(Ordering::Relaxed);
-        (s & 3, self.epoch + Duration::from_millis(s >> 2))
+        (s & 3, self.epoch + Duration::from_millis(s >> MS_SHIFT))
     }
 
-    /// The handler has a complete head.
-    pub fn serving(&self) {
-        self.set(SERVING);
+    /// The handler has a complete head; the request is served until the
+    /// guard is dropped (its reply sent, or abandoned).
+    pub fn serving(self: &Arc<Self>) -> Busy {
+        self.update(|_, count| Some((SERVING, count + 1)));
+        Busy(Arc::clone(self))
     }
 
-    /// The response is done (or abandoned): the connection idles.
-    pub fn idle(&self) {
-        self.set(IDLE);
+    /// Bytes came in: a head begins (HTTP/1), or an idle HTTP/2 connection
+    /// starts its idle time again.
+    fn read(&self, h2: bool) {
+        self.update(|phase, count| {
+            (phase == IDLE).then_some((if h2 { IDLE } else { HEAD }, count))
+        });
+    }
+
+    /// Wakes `waker` when the connection idles (registered before the phase
+    /// is looked at again, so an idling in between is not missed).
+    fn wake_on_idle(&self, waker: &Waker) {
+        let mut reader = self.reader.lock().unwrap_or_else(|e| e.into_inner());
+        if !reader.as_ref().is_some_and(|r| r.will_wake(waker)) {
+            *reader = Some(waker.clone());
+        }
+    }
+
+    /// Whether an HTTP/1 connection's response was cut half-way.
+    pub fn was_cut(&self) -> bool {
+        self.cut.load(Ordering::Relaxed)
     }
 }
 
-/// A client socket with the head and idle deadlines of its [`Clock`]. The
-/// socket is shared, so that after hyper is done with it the connection can
-/// still be closed gently ([`linger`]).
+/// One request being served on a connection; dropped, and none left, the
+/// connection idles from then.
+#[derive(Debug)]
+pub struct Busy(Arc<Clock>);
+
+impl Busy {
+    /// The response failed half-way: the client must not see a clean end.
+    pub fn cut(&self) {
+        if !self.0.h2.load(Ordering::Relaxed) {
+            self.0.cut.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let now = self.0.update(|_, count| {
+            let left = count.saturating_sub(1);
+            Some((if left == 0 { IDLE } else { SERVING }, left))
+        });
+        if now == Some(IDLE) {
+            let reader = self
+                .0
+                .reader
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            if let Some(reader) = reader {
+                reader.wake();
+            }
+        }
+    }
+}
+
+/// How long a client connection may take, phase by phase.
+#[derive(Debug, Clone, Copy)]
+pub struct Deadlines {
+    /// From a head's first byte to its end (`key.read_timeout`).
+    pub head: Duration,
+    /// From the connection's start while it has sent nothing.
+    pub first_byte: Duration,
+    /// From the end of a response while no other is served.
+    pub keepalive: Duration,
+}
+
+/// A client socket with the deadlines of its [`Clock`]. The socket is
+/// shared, so that after hyper is done with it the connection can still be
+/// closed gently ([`linger`]), or with a reset.
 pub struct Timed {
     stream: Arc<TcpStream>,
     clock: Arc<Clock>,
-    head_timeout: Duration,
-    idle_timeout: Duration,
+    deadlines: Deadlines,
     sleep: Pin<Box<Sleep>>,
     /// The deadline `sleep` is set to, if any.
     armed: Option<Instant>,
@@ -99,25 +206,19 @@ pub struct Timed {
     /// Client bytes read before hyper took over (what came with a PROXY
     /// header); handed out before anything else.
     pending: Vec<u8>,
-    /// HTTP/2: no deadlines here.
+    /// HTTP/2: no head deadline.
     h2: bool,
 }
 
 impl Timed {
     /// The client's stream with the deadlines of `clock`; the bytes already
     /// read from it (what came with a PROXY header) are handed out first.
-    pub fn new(
-        stream: ReadAhead,
-        clock: Arc<Clock>,
-        head_timeout: Duration,
-        idle_timeout: Duration,
-    ) -> Timed {
+    pub fn new(stream: ReadAhead, clock: Arc<Clock>, deadlines: Deadlines) -> Timed {
         let (stream, pending) = stream.into_parts();
         Timed {
             stream: Arc::new(stream),
             clock,
-            head_timeout,
-            idle_timeout,
+            deadlines,
             sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
             armed: None,
             first_read: true,
@@ -133,13 +234,15 @@ impl Timed {
 
     /// Whether the current deadline passed; arms the timer otherwise.
     fn deadline_passed(&mut self, cx: &mut Context<'_>) -> Option<u64> {
-        if self.h2 {
-            return None;
+        let (mut phase, mut since) = self.clock.get();
+        if phase == SERVING {
+            self.clock.wake_on_idle(cx.waker());
+            (phase, since) = self.clock.get();
         }
-        let (phase, since) = self.clock.get();
         let deadline = match phase {
-            IDLE => since + self.idle_timeout,
-            HEAD => since + self.head_timeout,
+            IDLE if self.first_read => since + self.deadlines.first_byte,
+            IDLE => since + self.deadlines.keepalive,
+            HEAD if !self.h2 => since + self.deadlines.head,
             _ => return None,
         };
         if self.armed != Some(deadline) {
@@ -196,10 +299,9 @@ impl AsyncRead for Timed {
                 this.first_read = false;
                 let n = got.len().min(H2_PREFACE.len());
                 this.h2 = got[..n] == H2_PREFACE[..n];
+                this.clock.h2.store(this.h2, Ordering::Relaxed);
             }
-            if this.clock.get().0 == IDLE {
-                this.clock.set(HEAD);
-            }
+            this.clock.read(this.h2);
         }
         polled
     }
@@ -280,5 +382,55 @@ pub async fn linger(stream: &TcpStream) {
     };
     if tokio::time::timeout(LINGER_TIME, drain).await.is_err() {
         tracing::debug!("client still sending after the linger time; closing");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Count(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_connection_idles_when_its_last_request_ends() {
+        let clock = Clock::new();
+        assert_eq!(clock.get().0, IDLE);
+        clock.read(false);
+        assert_eq!(clock.get().0, HEAD);
+        // Two HTTP/2 streams at once: idle only once both ended.
+        let a = clock.serving();
+        let b = clock.serving();
+        drop(a);
+        assert_eq!(clock.get().0, SERVING);
+        let woken = Arc::new(Count(0.into()));
+        clock.wake_on_idle(&Waker::from(Arc::clone(&woken)));
+        drop(b);
+        assert_eq!(clock.get().0, IDLE);
+        assert_eq!(
+            woken.0.load(Ordering::SeqCst),
+            1,
+            "the reader is woken to arm its deadline"
+        );
+        // HTTP/2 reads while idle restart the idle time; they begin no head.
+        clock.read(true);
+        assert_eq!(clock.get().0, IDLE);
+    }
+
+    #[test]
+    fn only_an_http1_response_is_cut_with_a_reset() {
+        let clock = Clock::new();
+        let busy = clock.serving();
+        busy.cut();
+        assert!(clock.was_cut());
+        let clock = Clock::new();
+        clock.h2.store(true, Ordering::Relaxed);
+        clock.serving().cut();
+        assert!(!clock.was_cut());
     }
 }

@@ -6,6 +6,13 @@
 //! abandoned half-way, it closes. A Server-Sent Events stream or a chunked
 //! generation flows through as each frame arrives.
 //!
+//! A body that pauses for `http.stream_idle_timeout` while the client waits
+//! for it ([`Silence`]) is cut: the backend's connection is closed, the slot
+//! given back, the timeout counted against the backend, and the client gets
+//! an error instead of the next frame, so its stream ends in a reset (HTTP/1)
+//! or a reset stream (HTTP/2), never in a clean end that would pass for a
+//! complete answer.
+//!
 //! A JSON or event-stream answer is also read for its `usage` as it passes
 //! ([`crate::usage`], at most [`crate::usage::MAX_BUFFER`] bytes held): at
 //! its end the engine's token counts go to the backend's counters, and the
@@ -19,11 +26,14 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tokio::time::Instant;
+use tracing::warn;
 
+use super::deadline::Silence;
 use super::pool::Lease;
-use crate::backend::{ActiveGuard, Backend};
+use crate::backend::{ActiveGuard, Backend, TimeoutKind};
 use crate::recent::{MissCause, Tokens};
 use crate::snapshot::Shared;
+use crate::throttle::Throttle;
 use crate::usage::{Usage, UsageScanner};
 
 /// The error type of every body on this path.
@@ -39,6 +49,8 @@ pub struct InFlight {
     pub lease: Lease,
     /// What the response's usage is counted against.
     pub tally: Tally,
+    /// `http.stream_idle_timeout`.
+    pub stream_idle: std::time::Duration,
 }
 
 /// Where a response's usage goes: the key's memory (a cache miss and its
@@ -70,6 +82,7 @@ pub struct Download {
     /// Reads the answer's `usage`, for a JSON or event-stream body (boxed:
     /// most of a scanner is its buffers' bookkeeping).
     usage: Option<Box<UsageScanner>>,
+    silence: Silence,
 }
 
 impl Download {
@@ -77,9 +90,34 @@ impl Download {
     pub fn new(body: Incoming, in_flight: InFlight, usage: Option<UsageScanner>) -> Download {
         Download {
             body,
+            silence: Silence::new(in_flight.stream_idle),
             in_flight: Some(in_flight),
             usage: usage.map(Box::new),
         }
+    }
+
+    /// The backend has been silent for `http.stream_idle_timeout`: counted,
+    /// its connection closed, its slot given back; the error for the client.
+    fn cut(&mut self) -> BoxError {
+        static LOG: Throttle = Throttle::new(std::time::Duration::from_secs(1));
+        let limit = humantime::format_duration(self.silence.limit());
+        let name = match &self.in_flight {
+            Some(f) => {
+                f.backend
+                    .live
+                    .traffic
+                    .count_timeout(TimeoutKind::StreamIdle);
+                f.backend.name.clone()
+            }
+            None => String::new(),
+        };
+        if let Some(held_back) = LOG.allow() {
+            warn!(backend = %name, %limit, held_back, "backend sent no byte of its response for http.stream_idle_timeout; the stream is cut");
+        }
+        self.finish(false);
+        BoxError::from(format!(
+            "backend {name} sent no byte of its response for {limit}"
+        ))
     }
 
     /// The response ended: time it, count its usage, and give the connection
@@ -133,6 +171,7 @@ impl Body for Download {
         let polled = Pin::new(&mut self.body).poll_frame(cx);
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
+                self.silence.frame();
                 if let (Some(data), Some(f)) = (frame.data_ref(), &self.in_flight) {
                     let traffic = &f.backend.live.traffic;
                     traffic.add_bytes_received(data.len() as u64);
@@ -143,7 +182,11 @@ impl Body for Download {
             }
             Poll::Ready(None) => self.finish(true),
             Poll::Ready(Some(Err(_))) => self.finish(false),
-            Poll::Pending => {}
+            Poll::Pending => {
+                if self.in_flight.is_some() && self.silence.expired(cx) {
+                    return Poll::Ready(Some(Err(self.cut())));
+                }
+            }
         }
         polled.map(|frame| frame.map(|r| r.map_err(BoxError::from)))
     }

@@ -8,7 +8,11 @@
 //! counts against its backend, as on the TCP path). Once any byte of the
 //! request was written it is never sent again: LLM requests are not
 //! idempotent. When no target takes it, the client gets `502` with a
-//! one-line reason.
+//! one-line reason. A backend that sends no response head within
+//! `http.response_timeout` of the request's last byte gets its connection
+//! closed and the client `504` (counted against it as a timeout; a failed
+//! answer for passive health only with `health.passive_status`, like a 504
+//! of its own).
 
 use std::sync::Arc;
 
@@ -19,11 +23,12 @@ use hyper::{Request, Response, StatusCode, Uri, Version};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
+use super::deadline::{self, Outgoing, Progress};
 use super::download::{Download, InFlight, Tally};
-use super::pool::{self, Lease, Pool};
+use super::pool::{self, Lease, Limits, Pool};
 use super::reply::Reply;
 use super::upload::Upload;
-use crate::backend::{Backend, CodeClass, Spill};
+use crate::backend::{Backend, CodeClass, Spill, TimeoutKind};
 use crate::config::Config;
 use crate::health::passive::{self, Blame};
 use crate::recent::Decision;
@@ -71,6 +76,11 @@ pub enum Failure {
         backend: String,
         error: hyper::Error,
     },
+    /// The backend sent no response head within `http.response_timeout`.
+    ResponseTimeout {
+        backend: String,
+        after: std::time::Duration,
+    },
 }
 
 impl Failure {
@@ -78,11 +88,14 @@ impl Failure {
     pub fn client_failure(&self) -> ClientFailure {
         match self {
             Failure::LocalResources => ClientFailure::LocalResources,
-            Failure::NoBackend { .. } | Failure::AfterSend { .. } => ClientFailure::NoBackend,
+            Failure::NoBackend { .. }
+            | Failure::AfterSend { .. }
+            | Failure::ResponseTimeout { .. } => ClientFailure::NoBackend,
         }
     }
 
-    /// The one-line answer: `503` when magpie is out of resources, else `502`.
+    /// The one-line answer: `503` when magpie is out of resources, `504`
+    /// when the backend did not answer in time, else `502`.
     pub fn reply(&self) -> Response<Reply> {
         let text = match self {
             Failure::NoBackend { tried } if tried.is_empty() => {
@@ -101,6 +114,15 @@ impl Failure {
             }
             Failure::AfterSend { backend, error } => {
                 format!("magpie: backend {backend} failed after the request was sent: {error}\n")
+            }
+            Failure::ResponseTimeout { backend, after } => {
+                return local(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    format!(
+                        "magpie: backend {backend} sent no response head within {} of the request\n",
+                        humantime::format_duration(*after)
+                    ),
+                );
             }
         };
         local(StatusCode::BAD_GATEWAY, text)
@@ -150,6 +172,7 @@ pub async fn forward(request: Request<Upload>, forward: Forward<'_>) -> Result<S
                         key: session,
                         moved,
                     },
+                    stream_idle: forward.config.http.stream_idle_timeout,
                 };
                 return Ok(Served {
                     response: respond(response, in_flight, forward.config),
@@ -198,7 +221,19 @@ async fn send(
             Err(Blame::Local) => return Attempt::Failed(Failure::LocalResources),
         };
         let sent = Instant::now();
-        let mut error = match lease.sender.try_send_request(request).await {
+        let progress = Progress::new();
+        let request_out = request.map(|body| Outgoing::new(body, Arc::clone(&progress)));
+        let head = lease.conn.sender.try_send_request(request_out);
+        let timeout = forward.config.http.response_timeout;
+        let Some(answer) = deadline::response_head(head, &progress, timeout).await else {
+            // The lease is dropped here: its connection closes.
+            timed_out(backend, forward.config);
+            return Attempt::Failed(Failure::ResponseTimeout {
+                backend: backend.name.clone(),
+                after: timeout,
+            });
+        };
+        let mut error = match answer {
             Ok(response) => {
                 return Attempt::Answered {
                     response,
@@ -218,7 +253,7 @@ async fn send(
             });
         };
         debug!(backend = %backend.name, fresh = lease.fresh, error = %error.error(), "connection closed before the request was sent");
-        request = back;
+        request = back.map(Outgoing::into_inner);
         if lease.fresh {
             return Attempt::Unsent(request);
         }
@@ -229,13 +264,15 @@ async fn send(
 /// that is ready, else a new one (counted like a TCP-path connect; a failure
 /// counts against the backend unless magpie itself is out of resources).
 async fn connect(backend: &Arc<Backend>, forward: &Forward<'_>) -> Result<Lease, Blame> {
-    while let Some(mut lease) = forward.pool.checkout(backend.addr) {
-        if lease.sender.ready().await.is_ok() {
+    let limits = Limits::of(&forward.config.http);
+    while let Some(mut lease) = forward.pool.checkout(backend.addr, limits) {
+        if lease.conn.sender.ready().await.is_ok() {
             return Ok(lease);
         }
     }
     let started = Instant::now();
-    match pool::connect(forward.pool, backend, forward.config.connect.timeout).await {
+    let timeout = forward.config.connect.timeout;
+    match pool::connect(forward.pool, backend, timeout, limits).await {
         Ok(lease) => {
             let traffic = &backend.live.traffic;
             traffic.connect_time.observe(started.elapsed());
@@ -252,6 +289,19 @@ async fn connect(backend: &Arc<Backend>, forward: &Forward<'_>) -> Result<Lease,
                 &forward.shared.stats,
             ))
         }
+    }
+}
+
+/// Counts a response head that did not come in time: a timeout and a failed
+/// request for the backend, and with `health.passive_status` a failed answer
+/// towards passive health, as a `504` from the backend itself would be.
+fn timed_out(backend: &Backend, config: &Config) {
+    let traffic = &backend.live.traffic;
+    traffic.count_timeout(TimeoutKind::Response);
+    traffic.count_request(CodeClass::Error);
+    warn!(backend = %backend.name, timeout = ?config.http.response_timeout, "backend sent no response head within http.response_timeout; the client gets 504");
+    if let Some(health) = config.health.as_ref().filter(|h| h.passive_status) {
+        passive::answer_failed(backend, 504, health);
     }
 }
 

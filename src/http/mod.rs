@@ -20,9 +20,11 @@
 //! | [`upload`] | a request body: the bytes read for the key, then the rest |
 //! | [`download`] | a response body: counted, timed, its connection given back at the end |
 //! | [`reply`] | what the client gets: a download, or magpie's own short answer |
-//! | [`clock`] | head and keep-alive deadlines on a client connection (`408`) |
+//! | [`clock`] | first-byte, head and keep-alive deadlines on a client connection (`408`) |
+//! | [`deadline`] | a backend's deadlines: the response head (`504`), pauses in its body |
 
 pub mod clock;
+pub mod deadline;
 pub mod download;
 pub mod forward;
 pub mod pinning;
@@ -43,7 +45,7 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpStream;
 use tracing::debug;
 
-use self::clock::{Clock, Timed};
+use self::clock::{Clock, Deadlines, Timed};
 use self::forward::{Forward, local};
 use self::pool::Pool;
 use self::reply::Reply;
@@ -88,13 +90,14 @@ impl HttpPath {
         let client = intake.client;
         let head_timeout = head_timeout(&config.key);
         let head_limit = config.limits.max_head_bytes;
+        let deadlines = Deadlines {
+            head: head_timeout,
+            first_byte: config.http.first_byte_timeout,
+            keepalive: config.http.keepalive_timeout,
+        };
+        self.pool.start_sweeper(&shared);
         let clock = Clock::new();
-        let io = Timed::new(
-            intake.stream,
-            Arc::clone(&clock),
-            head_timeout,
-            config.idle_timeout,
-        );
+        let io = Timed::new(intake.stream, Arc::clone(&clock), deadlines);
         let socket = io.socket();
         drop(config);
         let service = self.service(Arc::clone(&shared), Arc::clone(&clock), client);
@@ -148,9 +151,9 @@ impl HttpPath {
             let clock = Arc::clone(&clock);
             let shared = Arc::clone(&shared);
             async move {
-                clock.serving();
+                let busy = clock.serving();
                 let response = path.request(request, &shared, client).await;
-                Ok::<_, Infallible>(response.map(|reply| reply.ending(clock)))
+                Ok::<_, Infallible>(response.map(|reply| reply.ending(busy)))
             }
         })
     }
@@ -229,9 +232,10 @@ fn head_timeout(key: &KeyConfig) -> Duration {
         .map_or(DEFAULT_HTTP_READ_TIMEOUT, |r| r.read_timeout)
 }
 
-/// The client connection is over: a head that timed out is counted, and a
-/// connection that ended in an error (or a `408`) is closed gently, so the
-/// answer it got is not destroyed by a reset.
+/// The client connection is over: a head that timed out is counted; a
+/// connection whose response was cut half-way is reset, so the client cannot
+/// take it for a complete answer; one that ended in another error (or a
+/// `408`) is closed gently, so the answer it got is not destroyed by a reset.
 async fn close(
     socket: &TcpStream,
     clock: &Clock,
@@ -246,7 +250,9 @@ async fn close(
     if let Some(error) = &failed {
         debug!(%client, %error, "client connection ended with an error");
     }
-    if failed.is_some() || timed_out {
+    if clock.was_cut() {
+        reset_on_close(socket);
+    } else if failed.is_some() || timed_out {
         clock::linger(socket).await;
     }
 }

@@ -2,41 +2,93 @@
 //! and clients.
 //!
 //! A connection is opened on demand (`net::connect`, counted against the
-//! backend like a TCP-path connect) and handed to hyper's HTTP/1.1 client. A
+//! backend like a TCP-path connect) and handed to hyper's HTTP/1.1 client,
+//! whose connection task is kept as a [`Conn`]: dropping a `Conn` aborts the
+//! task, which closes the socket at once, whatever state hyper was in. A
 //! request holds its connection as a [`Lease`]; the response body gives the
 //! lease back to its backend's idle list when the client has read it to the
-//! end (a response abandoned half-way drops the lease, which closes the
-//! connection). Idle lists are bounded ([`MAX_IDLE_PER_BACKEND`]) and an idle
-//! connection is not reused after [`IDLE_TIMEOUT`]: servers such as uvicorn
-//! (vLLM, SGLang) close idle keep-alive connections after 5 s, and a request
-//! sent on a connection the server is closing is lost. Connections are kept
-//! by backend address, so a reload that keeps a backend keeps them.
+//! end, and a response abandoned or cut half-way drops it (closing it).
+//!
+//! Idle connections are closed by a timer, not when a request happens to
+//! meet them: each waits at most `http.pool_idle_timeout` (servers such as
+//! uvicorn, behind vLLM and SGLang, close idle keep-alive connections after
+//! 5 s, and a request sent on a connection the server is closing is lost),
+//! and a backend keeps at most `http.pool_max_idle_per_backend` (the oldest
+//! goes first). Both come from the config the request was routed with.
+//!
+//! Connections are kept by backend address, so a reload that keeps a
+//! backend keeps them. One sweeper task per pool ([`Pool::start_sweeper`])
+//! sleeps until the earliest idle deadline, or until a connection comes back
+//! with an earlier one, and closes what has expired (or was closed by the
+//! backend). It also follows the published snapshot: on every publish, the
+//! idle connections to addresses that are no longer a backend's close at
+//! once, and connections given back to such an address later are closed
+//! instead of kept.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
+use tokio::sync::{Notify, watch};
+use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tracing::debug;
 
-use super::upload::Upload;
+use super::deadline::Outgoing;
 use crate::backend::Backend;
-
-/// Idle connections kept per backend.
-pub const MAX_IDLE_PER_BACKEND: usize = 128;
-/// How long an idle connection may wait for its next request.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+use crate::config::HttpConfig;
+use crate::snapshot::Shared;
 
 /// A sender for requests on one upstream connection.
-pub type Sender = SendRequest<Upload>;
+pub type Sender = SendRequest<Outgoing>;
+
+/// How long, and how many, idle connections are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub idle_timeout: Duration,
+    pub max_idle: usize,
+}
+
+impl Limits {
+    pub fn of(http: &HttpConfig) -> Limits {
+        Limits {
+            idle_timeout: http.pool_idle_timeout,
+            max_idle: http.pool_max_idle_per_backend,
+        }
+    }
+}
+
+/// One upstream connection: the sender for its requests, and its task.
+/// Dropping it aborts the task, which closes the socket.
+pub struct Conn {
+    pub sender: Sender,
+    task: AbortHandle,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
 
 struct Idle {
-    sender: Sender,
-    since: Instant,
+    conn: Conn,
+    until: Instant,
+}
+
+#[derive(Default)]
+struct Lists {
+    by_addr: HashMap<SocketAddr, VecDeque<Idle>>,
+    /// The backends' addresses in the published snapshot, once the sweeper
+    /// follows it; a connection to any other address is not kept.
+    current: Option<HashSet<SocketAddr>>,
+    /// When the sweeper wakes next, if it sleeps until a deadline.
+    wake_at: Option<Instant>,
 }
 
 /// The idle connections of every backend, by address (addresses are unique
@@ -44,41 +96,49 @@ struct Idle {
 /// has it).
 #[derive(Default)]
 pub struct Pool {
-    idle: Mutex<HashMap<SocketAddr, VecDeque<Idle>>>,
+    lists: Mutex<Lists>,
+    /// Wakes the sweeper: a connection came back with an earlier deadline
+    /// than it sleeps until, or the pool is gone.
+    news: Arc<Notify>,
+    sweeping: AtomicBool,
 }
 
 /// One upstream connection, held by one request from its send to the end of
 /// its response. Given back, it waits in the pool for the next request;
 /// dropped, it closes.
 pub struct Lease {
-    pub sender: Sender,
+    pub conn: Conn,
     /// Opened for this request (not taken from the pool).
     pub fresh: bool,
     addr: SocketAddr,
+    limits: Limits,
     pool: Arc<Pool>,
 }
 
 impl Lease {
     /// The response was read to its end: the connection goes back to the pool.
     pub fn give_back(self) {
-        self.pool.checkin(self.addr, self.sender);
+        self.pool.checkin(self.addr, self.conn, self.limits);
     }
 }
 
 impl Pool {
     /// The most recently used idle connection to `addr` that is still open
-    /// and fresh, if any; older or closed ones met on the way are dropped.
-    /// Its last response was read to the end, so it is ready for a request
-    /// as soon as its connection task has noticed (`SendRequest::ready`).
-    pub fn checkout(self: &Arc<Self>, addr: SocketAddr) -> Option<Lease> {
-        let mut idle = lock(&self.idle);
-        let list = idle.get_mut(&addr)?;
-        while let Some(entry) = list.pop_back() {
-            if entry.since.elapsed() < IDLE_TIMEOUT && !entry.sender.is_closed() {
+    /// and within its deadline, if any; closed ones met on the way are
+    /// dropped. Its last response was read to the end, so it is ready for a
+    /// request as soon as its connection task has noticed
+    /// (`SendRequest::ready`).
+    pub fn checkout(self: &Arc<Self>, addr: SocketAddr, limits: Limits) -> Option<Lease> {
+        let mut lists = lock(&self.lists);
+        let list = lists.by_addr.get_mut(&addr)?;
+        let now = Instant::now();
+        while let Some(idle) = list.pop_back() {
+            if idle.until > now && !idle.conn.sender.is_closed() {
                 return Some(Lease {
-                    sender: entry.sender,
+                    conn: idle.conn,
                     fresh: false,
                     addr,
+                    limits,
                     pool: Arc::clone(self),
                 });
             }
@@ -86,26 +146,121 @@ impl Pool {
         None
     }
 
-    /// Puts `sender` back once the response it carried has been read to the
-    /// end. Entries are kept in the order they came back, so the ones that
-    /// idled out are at the front.
-    fn checkin(&self, addr: SocketAddr, sender: Sender) {
-        if sender.is_closed() {
+    /// Keeps `conn` once the response it carried has been read to the end,
+    /// unless its address left the pool or `limits` keep nothing; the
+    /// oldest idle connection makes room when the list is full.
+    fn checkin(&self, addr: SocketAddr, conn: Conn, limits: Limits) {
+        if conn.sender.is_closed() || limits.max_idle == 0 {
             return;
         }
-        let mut idle = lock(&self.idle);
-        let list = idle.entry(addr).or_default();
-        while list
-            .front()
-            .is_some_and(|e| e.since.elapsed() >= IDLE_TIMEOUT)
-        {
+        let until = Instant::now() + limits.idle_timeout;
+        let mut lists = lock(&self.lists);
+        if lists.current.as_ref().is_some_and(|c| !c.contains(&addr)) {
+            return;
+        }
+        let list = lists.by_addr.entry(addr).or_default();
+        while list.len() >= limits.max_idle {
             list.pop_front();
         }
-        if list.len() < MAX_IDLE_PER_BACKEND {
-            list.push_back(Idle {
-                sender,
-                since: Instant::now(),
-            });
+        list.push_back(Idle { conn, until });
+        if lists.wake_at.is_none_or(|at| until < at) {
+            lists.wake_at = Some(until);
+            self.news.notify_one();
+        }
+    }
+
+    /// Closes the idle connections past their deadline or closed by their
+    /// backend; the earliest deadline left, which the sweeper sleeps until.
+    fn close_expired(&self, now: Instant) -> Option<Instant> {
+        let mut lists = lock(&self.lists);
+        let mut earliest: Option<Instant> = None;
+        lists.by_addr.retain(|_, list| {
+            list.retain(|idle| idle.until > now && !idle.conn.sender.is_closed());
+            for idle in list.iter() {
+                earliest = Some(earliest.map_or(idle.until, |e| e.min(idle.until)));
+            }
+            !list.is_empty()
+        });
+        lists.wake_at = earliest;
+        earliest
+    }
+
+    /// A snapshot was published with backends at `addrs`: idle connections
+    /// to any other address close now, and none will be kept for one.
+    fn follow(&self, addrs: HashSet<SocketAddr>) {
+        let mut lists = lock(&self.lists);
+        lists.by_addr.retain(|addr, _| addrs.contains(addr));
+        lists.current = Some(addrs);
+    }
+
+    /// Starts this pool's sweeper, once: it closes idle connections at their
+    /// deadline and those of removed backends on every publish of `shared`.
+    /// It ends when the pool is dropped or `shared` publishes no more.
+    pub fn start_sweeper(self: &Arc<Self>, shared: &Arc<Shared>) {
+        if self.sweeping.load(Ordering::Relaxed) || self.sweeping.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        self.follow(addresses(shared));
+        let sweeper = Sweeper {
+            pool: Arc::downgrade(self),
+            news: Arc::clone(&self.news),
+            shared: Arc::downgrade(shared),
+            versions: shared.versions(),
+        };
+        tokio::spawn(sweeper.run());
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        // The sweeper holds only a weak reference: let it see that.
+        self.news.notify_one();
+    }
+}
+
+/// The backends' addresses in `shared`'s published snapshot.
+fn addresses(shared: &Shared) -> HashSet<SocketAddr> {
+    let snapshot = shared.snapshot.load();
+    snapshot.backends.iter().map(|b| b.addr).collect()
+}
+
+/// Closes a pool's idle connections when their time is up, and a removed
+/// backend's at the publish that removed it.
+struct Sweeper {
+    pool: Weak<Pool>,
+    news: Arc<Notify>,
+    shared: Weak<Shared>,
+    versions: watch::Receiver<u64>,
+}
+
+impl Sweeper {
+    async fn run(mut self) {
+        loop {
+            let Some(pool) = self.pool.upgrade() else {
+                return;
+            };
+            let next = pool.close_expired(Instant::now());
+            drop(pool);
+            let deadline = async {
+                match next {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = deadline => {}
+                _ = self.news.notified() => {}
+                changed = self.versions.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let (Some(pool), Some(shared)) = (self.pool.upgrade(), self.shared.upgrade())
+                    else {
+                        return;
+                    };
+                    pool.follow(addresses(&shared));
+                }
+            }
         }
     }
 }
@@ -116,6 +271,7 @@ pub async fn connect(
     pool: &Arc<Pool>,
     backend: &Arc<Backend>,
     timeout: Duration,
+    limits: Limits,
 ) -> io::Result<Lease> {
     let stream = crate::net::connect(backend.addr, timeout).await?;
     let (sender, connection) = http1::Builder::new()
@@ -124,16 +280,22 @@ pub async fn connect(
         .map_err(io::Error::other)?;
     let open = backend.live.open_upstream();
     let name = backend.name.clone();
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
+        // Aborted (its `Conn` dropped), this future is dropped with its
+        // socket and the guard.
+        let _open = open;
         if let Err(e) = connection.await {
             debug!(backend = %name, error = %e, "upstream connection ended with an error");
         }
-        drop(open);
     });
     Ok(Lease {
-        sender,
+        conn: Conn {
+            sender,
+            task: task.abort_handle(),
+        },
         fresh: true,
         addr: backend.addr,
+        limits,
         pool: Arc::clone(pool),
     })
 }
@@ -142,4 +304,92 @@ pub async fn connect(
 /// lists themselves are still valid.
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connection to `addr` whose other end is kept open by the test.
+    async fn conn_to(listener: &tokio::net::TcpListener) -> (Conn, tokio::net::TcpStream) {
+        let addr = listener.local_addr().unwrap();
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (peer, _) = listener.accept().await.unwrap();
+        let (sender, connection) = http1::Builder::new()
+            .handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        let task = tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                eprintln!("test connection: {e}");
+            }
+        });
+        let conn = Conn {
+            sender,
+            task: task.abort_handle(),
+        };
+        (conn, peer)
+    }
+
+    fn limits(ms: u64, max_idle: usize) -> Limits {
+        Limits {
+            idle_timeout: Duration::from_millis(ms),
+            max_idle,
+        }
+    }
+
+    fn idle_count(pool: &Pool, addr: SocketAddr) -> usize {
+        lock(&pool.lists)
+            .by_addr
+            .get(&addr)
+            .map_or(0, VecDeque::len)
+    }
+
+    #[tokio::test]
+    async fn deadlines_and_the_cap_decide_what_stays() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let pool = Arc::new(Pool::default());
+        let mut peers = Vec::new();
+        for _ in 0..3 {
+            let (conn, peer) = conn_to(&listener).await;
+            pool.checkin(addr, conn, limits(60_000, 2));
+            peers.push(peer);
+        }
+        // The oldest made room.
+        assert_eq!(idle_count(&pool, addr), 2);
+        // Nothing is due yet; then everything is.
+        let now = Instant::now();
+        let next = pool.close_expired(now).expect("a deadline");
+        assert!(next > now && next <= now + Duration::from_secs(60));
+        assert_eq!(lock(&pool.lists).wake_at, Some(next));
+        assert_eq!(idle_count(&pool, addr), 2);
+        assert_eq!(pool.close_expired(now + Duration::from_secs(61)), None);
+        assert_eq!(idle_count(&pool, addr), 0);
+        assert!(pool.checkout(addr, limits(1, 2)).is_none());
+        // Keeping none is allowed.
+        let (conn, _peer) = conn_to(&listener).await;
+        pool.checkin(addr, conn, limits(60_000, 0));
+        assert_eq!(idle_count(&pool, addr), 0);
+    }
+
+    #[tokio::test]
+    async fn an_address_that_left_keeps_nothing() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let pool = Arc::new(Pool::default());
+        let (conn, _peer) = conn_to(&listener).await;
+        pool.checkin(addr, conn, limits(60_000, 4));
+        assert_eq!(idle_count(&pool, addr), 1);
+        pool.follow(HashSet::new());
+        assert_eq!(idle_count(&pool, addr), 0);
+        let (conn, _peer) = conn_to(&listener).await;
+        pool.checkin(addr, conn, limits(60_000, 4));
+        assert_eq!(idle_count(&pool, addr), 0);
+        pool.follow(HashSet::from([addr]));
+        let (conn, _peer) = conn_to(&listener).await;
+        pool.checkin(addr, conn, limits(60_000, 4));
+        let lease = pool.checkout(addr, limits(60_000, 4)).expect("kept");
+        assert!(!lease.fresh);
+    }
 }

@@ -1,31 +1,34 @@
 //! What a client gets: a backend's response streamed through
-//! ([`Download`]), or a short answer magpie writes itself (`502`, `400`, ...).
-//! When a reply is dropped (sent, or abandoned), the client connection's
-//! [`Clock`] goes back to idle, so its keep-alive deadline starts then.
+//! ([`Download`]), or a short answer magpie writes itself (`502`, `504`,
+//! `400`, ...). A reply holds its request's [`Busy`] mark on the client
+//! connection's clock: when it is dropped (sent, or abandoned) the
+//! connection idles, so its keep-alive deadline starts then. A download that
+//! fails half-way marks the connection cut, so an HTTP/1 client sees a reset
+//! rather than an end.
 
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::{Body, Frame, SizeHint};
 
-use super::clock::Clock;
+use super::clock::Busy;
 use super::download::{BoxError, Download};
 
 /// What magpie answers a client with: a backend's response, or a short
-/// answer of its own. When it is dropped (sent, or abandoned), the client
-/// connection's [`Clock`] goes back to idle.
+/// answer of its own, and its request's mark on the connection's clock.
 #[derive(Debug)]
 pub struct Reply {
     body: ReplyBody,
-    on_end: Option<Arc<Clock>>,
+    busy: Option<Busy>,
 }
 
 #[derive(Debug)]
 enum ReplyBody {
-    Download(Download),
+    /// Boxed: a download's bookkeeping (its lease, slot, usage scanner and
+    /// timer) is many times a short answer's size.
+    Download(Box<Download>),
     Local(Full<Bytes>),
 }
 
@@ -33,29 +36,21 @@ impl Reply {
     pub fn text(body: impl Into<Bytes>) -> Reply {
         Reply {
             body: ReplyBody::Local(Full::new(body.into())),
-            on_end: None,
+            busy: None,
         }
     }
 
     pub fn download(download: Download) -> Reply {
         Reply {
-            body: ReplyBody::Download(download),
-            on_end: None,
+            body: ReplyBody::Download(Box::new(download)),
+            busy: None,
         }
     }
 
-    /// Sets `clock` idle when this reply is done.
-    pub fn ending(mut self, clock: Arc<Clock>) -> Reply {
-        self.on_end = Some(clock);
+    /// Holds `busy` until this reply is done.
+    pub fn ending(mut self, busy: Busy) -> Reply {
+        self.busy = Some(busy);
         self
-    }
-}
-
-impl Drop for Reply {
-    fn drop(&mut self) {
-        if let Some(clock) = &self.on_end {
-            clock.idle();
-        }
     }
 }
 
@@ -67,8 +62,15 @@ impl Body for Reply {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match &mut self.get_mut().body {
-            ReplyBody::Download(d) => Pin::new(d).poll_frame(cx),
+        let this = self.get_mut();
+        match &mut this.body {
+            ReplyBody::Download(d) => {
+                let polled = Pin::new(&mut **d).poll_frame(cx);
+                if let (Poll::Ready(Some(Err(_))), Some(busy)) = (&polled, &this.busy) {
+                    busy.cut();
+                }
+                polled
+            }
             ReplyBody::Local(full) => Pin::new(full)
                 .poll_frame(cx)
                 .map(|f| f.map(|r| r.map_err(|never| match never {}))),

@@ -12,7 +12,7 @@ use prometheus::proto::MetricType;
 use super::peak_ratio;
 use super::series::{BackendView, Scrape, Series};
 use crate::backend::groups::Rank;
-use crate::backend::{CodeClass, Side, Spill};
+use crate::backend::{CodeClass, Side, Spill, TimeoutKind};
 use crate::discovery::Lookup;
 use crate::health::{CheckOutcome, ConnectFailure, ScrapeResult};
 use crate::key::FallbackReason;
@@ -188,6 +188,13 @@ pub const FAMILIES: &[Family] = &[
         labels: &["backend", "addr"],
         help: "mode http: responses the client went away from before their end.",
         read: Read::Backend(|b, s| s.value(&[], b.live().traffic.client_aborts() as f64)),
+    },
+    Family {
+        name: "magpie_backend_timeouts_total",
+        kind: COUNTER,
+        labels: &["backend", "addr", "kind"],
+        help: "mode http: requests whose backend missed a deadline, by kind: response (no response head within http.response_timeout of the request's last byte; the client got 504) or stream_idle (no body byte for http.stream_idle_timeout; the client's stream was cut with a reset).",
+        read: Read::Backend(|b, s| s.by(|kind: TimeoutKind| b.live().traffic.timeouts(kind))),
     },
     Family {
         name: "magpie_backend_time_to_first_byte_seconds",

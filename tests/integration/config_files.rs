@@ -77,6 +77,18 @@ fn the_reference_config_sets_every_section() {
     let load = health.load.as_ref().expect("engine load is on");
     assert_eq!(load.preset, magpie::config::LoadPreset::Vllm);
     assert!(llm.sessions.is_some());
+    assert_eq!(
+        llm.http.keepalive_timeout,
+        std::time::Duration::from_secs(600)
+    );
+    assert_eq!(
+        llm.http,
+        magpie::config::HttpConfig {
+            expose_backend: true,
+            keepalive_timeout: std::time::Duration::from_secs(600),
+            ..Default::default()
+        }
+    );
 
     let agents = Config::load(&config_dir().join("agents.yaml")).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(agents.group, Some(magpie::key::group::GroupBy::System));
@@ -411,6 +423,21 @@ fn check_prints_the_group_setting() {
     );
     let out = check(&config_dir().join("llm-sessions.yaml"));
     assert!(!String::from_utf8_lossy(&out.stdout).contains("group:"));
+}
+
+/// `magpie check` prints mode http's deadlines, and the example configs in
+/// mode http use them rather than `idle_timeout`, which it warns about.
+#[test]
+fn check_prints_the_http_deadlines() {
+    for file in ["llm-sessions.yaml", "agents.yaml"] {
+        let out = check(&config_dir().join(file));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            stdout.contains("\ndeadlines:   backend head 5m after the request (else 504), body gaps 5m (else cut); client first byte 10s, keep-alive idle 10m; pool 32 idle per backend for 4s\n"),
+            "{file}: {stdout}"
+        );
+        assert!(!stdout.contains("idle_timeout"), "{file}: {stdout}");
+    }
 }
 
 /// `plan --keys` reads a bounded regular file: a device is refused at once

@@ -260,6 +260,10 @@ fn kubernetes_config_checks_and_the_deployment_drains_in_time() {
         "check prints the table summary: {}",
         String::from_utf8_lossy(&out.stdout)
     );
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("warning: idle_timeout"),
+        "mode http's idle connections are closed by http.keepalive_timeout"
+    );
     let config = Config::parse_offline(&file.path, config_text).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(config.mode, Mode::Http);
     assert_eq!(

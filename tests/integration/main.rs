@@ -17,6 +17,7 @@ mod fuzz_corpus;
 mod group;
 mod health;
 mod http_mode;
+mod http_timeouts;
 mod key_buffers;
 mod probe;
 mod proxy_protocol;

@@ -150,6 +150,7 @@ impl<'a> Validator<'a> {
         let raw_group = raw.key.as_mut().and_then(|k| k.group.take());
         let key = self.key(raw.key, mode);
         let connect = self.connect(raw.connect);
+        let idle_written = raw.idle_timeout.is_some();
         let idle_timeout = self.positive(
             raw.idle_timeout,
             "idle_timeout",
@@ -183,7 +184,7 @@ impl<'a> Validator<'a> {
         let proxy_protocol = self.proxy_protocol(raw.proxy_protocol);
         let health = raw.health.map(|h| self.health(h, mode));
         let reload = self.reload(raw.reload);
-        let http = self.http(raw.http, mode);
+        let http = self.http(raw.http, mode, idle_written);
         let sessions = self.sessions(raw.sessions, mode);
         let limits = self.limits(raw.limits, mode);
         let group = self.group(raw_group, &key, mode, sessions.is_some());

@@ -16,6 +16,7 @@ pub mod http;
 mod in_process;
 mod process;
 mod redis;
+mod upstream;
 
 pub use admin::*;
 pub use backends::*;
@@ -26,6 +27,7 @@ pub use http::*;
 pub use in_process::*;
 pub use process::*;
 pub use redis::*;
+pub use upstream::*;
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
