@@ -111,7 +111,9 @@ impl HttpPath {
             .max_buf_size(head_limit.max(MIN_HEAD_BUFFER));
         builder
             .http2()
-            .max_header_list_size(u32::try_from(head_limit).unwrap_or(u32::MAX));
+            .max_header_list_size(u32::try_from(head_limit).unwrap_or(u32::MAX))
+            // What one stream may queue for a client that reads slowly.
+            .max_send_buf_size(head_limit);
         let connection = builder.serve_connection(TokioIo::new(io), service);
         tokio::pin!(connection);
         let ended = tokio::select! {

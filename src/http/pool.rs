@@ -44,6 +44,10 @@ use crate::backend::Backend;
 use crate::config::HttpConfig;
 use crate::snapshot::Shared;
 
+/// The most one upstream connection's reader and writer each hold (hyper's
+/// least is 8 KiB).
+pub const UPSTREAM_BUFFER_BYTES: usize = 16 << 10;
+
 /// A sender for requests on one upstream connection.
 pub type Sender = SendRequest<Outgoing>;
 
@@ -275,6 +279,10 @@ pub async fn connect(
 ) -> io::Result<Lease> {
     let stream = crate::net::connect(backend.addr, timeout).await?;
     let (sender, connection) = http1::Builder::new()
+        // What one upstream connection may buffer: a response head (as
+        // HAProxy's default 16 KiB buffers allow), and of a body no more
+        // than that while the client is slow to take it.
+        .max_buf_size(UPSTREAM_BUFFER_BYTES)
         .handshake(TokioIo::new(stream))
         .await
         .map_err(io::Error::other)?;

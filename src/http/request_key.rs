@@ -277,22 +277,42 @@ async fn read_body(mut body: Incoming, mut r: BodyRead<'_>) -> Result<(Read, Upl
                 break Read::Complete(Bytes::new());
             }
         };
-        if buf.len() + data.len() > r.max_bytes {
-            unheld = Some(data);
-            break Read::TooLarge;
+        // What of the frame may be held: up to max_bytes, within the budget.
+        let room = r.max_bytes.saturating_sub(buf.len());
+        let fits = data.len() <= room;
+        let part = data.slice(..data.len().min(room));
+        let granted = r.share.grow(part.len());
+        if granted {
+            buf.extend_from_slice(&part);
         }
-        if !r.share.grow(data.len()) {
-            unheld = Some(data);
-            break Read::OverBudget;
-        }
-        buf.extend_from_slice(&data);
-        if let Some(field) = r.early.filter(|_| buf.len() >= next_look) {
+        // What is left of the frame to send on after the bytes held.
+        let left = if !granted {
+            Some(data)
+        } else if !fits {
+            Some(data.slice(room..))
+        } else {
+            None
+        };
+        let last = left.is_some();
+        if let Some(field) = r.early.filter(|_| last || buf.len() >= next_look) {
             next_look = buf.len().saturating_mul(2);
-            match json_field_prefix(&buf, field) {
-                Prefix::Known(found) => break Read::Early(found),
-                Prefix::NotJson => break Read::Early(Err(FallbackReason::NotJson)),
-                Prefix::NeedMore => {}
+            let found = match json_field_prefix(&buf, field) {
+                Prefix::Known(found) => Some(found),
+                Prefix::NotJson => Some(Err(FallbackReason::NotJson)),
+                Prefix::NeedMore => None,
+            };
+            if let Some(found) = found {
+                unheld = left;
+                break Read::Early(found);
             }
+        }
+        if last {
+            unheld = left;
+            break if granted {
+                Read::TooLarge
+            } else {
+                Read::OverBudget
+            };
         }
     };
     let head = buf.freeze();
