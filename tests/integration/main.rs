@@ -20,6 +20,7 @@ mod http_mode;
 mod probe;
 mod proxy_protocol;
 mod reload;
+mod scrapes;
 mod shared_pins;
 mod shutdown;
 mod simulate;
