@@ -142,8 +142,8 @@ pub fn warnings(snapshot: &Snapshot, env: Environment) -> Vec<String> {
     let n = snapshot.backends.len();
     if config.metrics.per_backend == PerBackend::On && n > PER_BACKEND_AUTO_MAX {
         out.push(format!(
-            "metrics.per_backend is on with {n} backends: every /metrics scrape renders about {} MB of text (about 10 KB per backend); auto writes pool totals above {PER_BACKEND_AUTO_MAX}",
-            n.div_ceil(100)
+            "metrics.per_backend is on with {n} backends: every /metrics scrape renders about {:.1} MB of text (about 11 KB per backend); auto writes pool totals above {PER_BACKEND_AUTO_MAX}",
+            n as f64 * 0.011
         ));
     }
     if config.health.is_none() {
@@ -386,7 +386,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("warning: metrics.per_backend is on with 300 backends: every /metrics scrape renders about 3 MB"),
+            text.contains("warning: metrics.per_backend is on with 300 backends: every /metrics scrape renders about 3.3 MB"),
             "{text}"
         );
         let off = pool(1, "metrics: {per_backend: off}\n");

@@ -83,7 +83,7 @@ impl Scrapes {
         let mut r = Response::new(Body::new(body));
         let h = r.headers_mut();
         h.insert(CONTENT_TYPE, HeaderValue::from_static(TEXT_FORMAT));
-        h.insert(VARY, HeaderValue::from_static("accept-encoding"));
+        h.insert(VARY, HeaderValue::from_static("Accept-Encoding"));
         if gzipped {
             h.insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
         }
