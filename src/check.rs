@@ -6,7 +6,9 @@
 
 use std::fmt::Write as _;
 
-use crate::config::{Config, CopyMode, HttpConfig, KeyConfig, Mode, SPLICE_AFTER};
+use crate::config::{
+    Config, CopyMode, HttpConfig, KeyConfig, Mode, PER_BACKEND_AUTO_MAX, PerBackend, SPLICE_AFTER,
+};
 use crate::key::group::GroupBy;
 use crate::snapshot::{Snapshot, Table};
 
@@ -83,6 +85,7 @@ pub fn report(
             l.max_head_bytes, l.key_buffer_bytes
         )?;
     }
+    writeln!(out, "metrics:     {}", metrics_text(snapshot))?;
     if let Some(d) = &config.discovery {
         let sources: Vec<String> = d.sources.iter().map(|s| s.source.to_string()).collect();
         let resolver = d.resolver.map_or("system".to_string(), |r| r.to_string());
@@ -152,6 +155,13 @@ pub fn warnings(snapshot: &Snapshot, env: Environment) -> Vec<String> {
             humantime::format_duration(config.http.keepalive_timeout)
         ));
     }
+    let n = snapshot.backends.len();
+    if config.metrics.per_backend == PerBackend::On && n > PER_BACKEND_AUTO_MAX {
+        out.push(format!(
+            "metrics.per_backend is on with {n} backends: every /metrics scrape renders about {:.1} MB of text (about 11 KB per backend); auto writes pool totals above {PER_BACKEND_AUTO_MAX}",
+            n as f64 * 0.011
+        ));
+    }
     if config.health.is_none() {
         out.push("no health section: a dead backend is not taken out of the rotation; every connection to it costs a failed connect before the next candidate".to_string());
     }
@@ -170,6 +180,26 @@ fn deadlines_text(http: &HttpConfig) -> String {
         http.pool_max_idle_per_backend,
         d(http.pool_idle_timeout),
     )
+}
+
+/// `metrics.per_backend`: what `/metrics` writes for this pool.
+fn metrics_text(snapshot: &Snapshot) -> String {
+    let setting = snapshot.config.metrics.per_backend;
+    let n = snapshot.backends.len();
+    let now = if setting.applies(n) {
+        "per backend"
+    } else {
+        "pool totals"
+    };
+    let rule = match setting {
+        PerBackend::Auto => {
+            format!("auto (per backend up to {PER_BACKEND_AUTO_MAX} backends, then pool totals)")
+        }
+        PerBackend::On => "on (always per backend)".to_string(),
+        PerBackend::Off => "off (always pool totals)".to_string(),
+    };
+    let plural = if n == 1 { "" } else { "s" };
+    format!("per_backend {rule}: {now} for {n} backend{plural}")
 }
 
 fn key_text(key: &KeyConfig) -> String {
@@ -366,6 +396,37 @@ mod tests {
             !text.contains("accept_from has"),
             "a single load balancer is not wide: {text}"
         );
+    }
+
+    #[test]
+    fn the_report_shows_what_metrics_write_for_the_pool() {
+        let pool = |n: usize, setting: &str| {
+            let backends: String = (0..n)
+                .map(|i| format!("  - {{name: b{i}, addr: \"127.0.0.1:{}\"}}\n", 20_000 + i))
+                .collect();
+            snapshot(&format!(
+                "listen: 127.0.0.1:7000\n{setting}health: {{}}\nbackends:\n{backends}"
+            ))
+        };
+        let text = report("t.yaml", &pool(2, ""), Environment::default()).unwrap();
+        let needle = "metrics:     per_backend auto (per backend up to 256 backends, then pool totals): per backend for 2 backends";
+        assert!(text.contains(needle), "{needle:?} not in:\n{text}");
+        let text = report("t.yaml", &pool(257, ""), Environment::default()).unwrap();
+        assert!(text.contains("pool totals for 257 backends"), "{text}");
+        assert!(!text.contains("warning: metrics"), "{text}");
+        let on = pool(300, "metrics: {per_backend: on}\n");
+        let text = report("t.yaml", &on, Environment::default()).unwrap();
+        assert!(
+            text.contains("per_backend on (always per backend): per backend for 300 backends"),
+            "{text}"
+        );
+        assert!(
+            text.contains("warning: metrics.per_backend is on with 300 backends: every /metrics scrape renders about 3.3 MB"),
+            "{text}"
+        );
+        let off = pool(1, "metrics: {per_backend: off}\n");
+        let text = report("t.yaml", &off, Environment::default()).unwrap();
+        assert!(text.contains("pool totals for 1 backend\n"), "{text}");
     }
 
     #[test]

@@ -27,10 +27,12 @@ pub mod file;
 mod key;
 mod limits;
 mod load;
+mod metrics;
 pub use error::{ConfigError, ConfigErrors, Place, Places};
 pub use key::{KeyConfig, KeyRead, KeySources};
 pub use limits::*;
 pub use load::{Gauges, LoadConfig, LoadLimits, LoadPreset};
+pub use metrics::{MetricsConfig, PER_BACKEND_AUTO_MAX, PerBackend};
 pub(crate) use validate::reaches;
 mod raw;
 mod resolve;
@@ -172,6 +174,8 @@ pub struct Config {
     pub backends: Vec<BackendConfig>,
     /// `dns` and `srv` entries, resolved again every `discovery.interval`.
     pub discovery: Option<DiscoveryConfig>,
+    /// What `/metrics` writes for a large pool. Not in the fingerprint.
+    pub metrics: MetricsConfig,
 }
 
 #[derive(Debug, Clone, PartialEq)]

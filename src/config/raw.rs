@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
-use super::{Algorithm, AllDown, ConfigError, CopyMode, LoadPreset, Mode};
+use super::{Algorithm, AllDown, ConfigError, CopyMode, LoadPreset, Mode, PerBackend};
 use crate::key::Fallback;
 
 #[derive(Debug, Deserialize)]
@@ -55,6 +55,15 @@ pub struct RawConfig {
     pub(super) backends: Spanned<Vec<Spanned<RawBackend>>>,
     #[serde(default)]
     pub(super) discovery: Option<Spanned<RawDiscovery>>,
+    #[serde(default)]
+    pub(super) metrics: Option<RawMetrics>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawMetrics {
+    #[serde(default)]
+    pub(super) per_backend: Option<PerBackend>,
 }
 
 #[derive(Debug, Deserialize)]

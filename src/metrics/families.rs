@@ -309,6 +309,13 @@ pub const FAMILIES: &[Family] = &[
         read: Read::Global(|g, s| s.value(&[], g.snapshot.version as f64)),
     },
     Family {
+        name: "magpie_table_backends",
+        kind: GAUGE,
+        labels: &[],
+        help: "Backends in the published table (draining ones not counted); with pool totals (metrics.per_backend), this minus magpie_backend_up is how many are down.",
+        read: Read::Global(|g, s| s.value(&[], g.snapshot.backends.len() as f64)),
+    },
+    Family {
         name: "magpie_table_info",
         kind: GAUGE,
         labels: &["algorithm", "fingerprint"],
@@ -486,6 +493,20 @@ pub const FAMILIES: &[Family] = &[
         labels: &["version"],
         help: "Always 1; the version label is magpie's.",
         read: Read::Global(|_, s| s.value(&[env!("CARGO_PKG_VERSION")], 1.0)),
+    },
+    Family {
+        name: "magpie_admin_metrics_renders_total",
+        kind: COUNTER,
+        labels: &[],
+        help: "Renderings of this exposition, this one included; scrapes that arrive while one runs wait for it and share it, so this grows slower than the scrapes under load.",
+        read: Read::Global(|g, s| s.value(&[], g.renders.count() as f64)),
+    },
+    Family {
+        name: "magpie_admin_metrics_render_seconds",
+        kind: GAUGE,
+        labels: &[],
+        help: "Time the previous rendering of this exposition took (gathering and encoding the text, without gzip); 0 before the first.",
+        read: Read::Global(|g, s| s.value(&[], g.renders.last().as_secs_f64())),
     },
     Family {
         name: "magpie_task_restarts_total",

@@ -18,6 +18,7 @@ pub mod series;
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
@@ -25,7 +26,8 @@ use prometheus::{Encoder, Registry, TextEncoder};
 
 pub use families::{FAMILIES, Family, Read};
 
-use self::series::{BackendView, Scrape, Series};
+pub use self::series::Renders;
+use self::series::{BackendView, Merge, Scrape, Series};
 use crate::backend::Backend;
 use crate::config::Mode;
 use crate::snapshot::Shared;
@@ -34,10 +36,11 @@ use crate::snapshot::Shared;
 pub struct Exporter {
     shared: Arc<Shared>,
     descs: Vec<Desc>,
+    renders: Arc<Renders>,
 }
 
 impl Exporter {
-    pub fn new(shared: Arc<Shared>) -> Self {
+    pub fn new(shared: Arc<Shared>, renders: Arc<Renders>) -> Self {
         let descs = FAMILIES
             .iter()
             .filter_map(|f| {
@@ -50,14 +53,22 @@ impl Exporter {
                 .ok()
             })
             .collect();
-        Exporter { shared, descs }
+        Exporter {
+            shared,
+            descs,
+            renders,
+        }
     }
 }
 
-/// A registry holding magpie's collector.
+/// A registry holding magpie's collector and the process collector.
 pub fn registry(shared: Arc<Shared>) -> Registry {
+    registry_counting(shared, Arc::default())
+}
+
+fn registry_counting(shared: Arc<Shared>, renders: Arc<Renders>) -> Registry {
     let registry = Registry::new();
-    if let Err(e) = registry.register(Box::new(Exporter::new(shared))) {
+    if let Err(e) = registry.register(Box::new(Exporter::new(shared, renders))) {
         tracing::error!(error = %e, "cannot register metrics");
     }
     // process_open_fds, process_max_fds, process_resident_memory_bytes,
@@ -71,12 +82,56 @@ pub fn registry(shared: Arc<Shared>) -> Registry {
 
 /// The text exposition of everything in `registry`.
 pub fn render(registry: &Registry) -> String {
+    let out = encode(registry);
+    String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+fn encode(registry: &Registry) -> Vec<u8> {
     let mut out = Vec::new();
     if let Err(e) = TextEncoder::new().encode(&registry.gather(), &mut out) {
         tracing::error!(error = %e, "cannot encode metrics");
     }
-    String::from_utf8_lossy(&out).into_owned()
+    out
 }
+
+/// A registry that counts and times its renderings (what the admin
+/// endpoint serves).
+pub struct Renderer {
+    registry: Registry,
+    renders: Arc<Renders>,
+}
+
+impl Renderer {
+    pub fn new(shared: Arc<Shared>) -> Renderer {
+        let renders = Arc::new(Renders::default());
+        Renderer {
+            registry: registry_counting(shared, Arc::clone(&renders)),
+            renders,
+        }
+    }
+
+    /// The text exposition (UTF-8). CPU-bound: tens of milliseconds for a
+    /// pool of thousands of backends with per-backend series.
+    pub fn render(&self) -> Vec<u8> {
+        let started = Instant::now();
+        let out = encode(&self.registry);
+        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.renders.took(nanos);
+        out
+    }
+
+    pub fn renders(&self) -> &Renders {
+        &self.renders
+    }
+}
+
+/// Backend families whose pool total is the largest value, not the sum.
+const MAX_IN_TOTALS: &[&str] = &["magpie_backend_engine_kv_usage"];
+
+/// One backend as the families read it: the backend, its table share
+/// (`None` while draining) and its address as text (per-backend series
+/// only).
+type Exported = (Arc<Backend>, Option<f64>, String);
 
 impl Collector for Exporter {
     fn desc(&self) -> Vec<&Desc> {
@@ -84,6 +139,7 @@ impl Collector for Exporter {
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
+        self.renders.started();
         let snapshot = self.shared.snapshot.load_full();
         let sessions = self.shared.sessions();
         let scrape = Scrape {
@@ -92,9 +148,8 @@ impl Collector for Exporter {
             sessions: sessions.as_deref(),
             discovery: &self.shared.discovery,
             recent: &self.shared.recent,
+            renders: &self.renders,
         };
-        let requests = snapshot.config.mode == Mode::Http;
-        let engine_max_age = snapshot.config.load_limits().map(|l| l.max_age);
         // The current backends with their shares, then the draining ones;
         // each with its address as text, for its labels.
         let current = snapshot
@@ -103,13 +158,22 @@ impl Collector for Exporter {
             .zip(&snapshot.shares)
             .map(|(b, &share)| (Arc::clone(b), Some(share)));
         let draining = self.shared.retired().into_iter().map(|b| (b, None));
-        let backends: Vec<(Arc<Backend>, Option<f64>, String)> = current
+        let mut backends: Vec<Exported> = current
             .chain(draining)
-            .map(|(b, share)| {
-                let addr = b.addr.to_string();
-                (b, share, addr)
-            })
+            .map(|(b, share)| (b, share, String::new()))
             .collect();
+        let per_backend = (snapshot.config.metrics.per_backend).applies(backends.len());
+        if per_backend {
+            for (b, _, addr) in &mut backends {
+                *addr = b.addr.to_string();
+            }
+        }
+        let pool = Pool {
+            backends: &backends,
+            per_backend,
+            requests: snapshot.config.mode == Mode::Http,
+            engine_max_age: snapshot.config.load_limits().map(|l| l.max_age),
+        };
         FAMILIES
             .iter()
             .map(|family| {
@@ -121,22 +185,54 @@ impl Collector for Exporter {
                     Read::Global(read) => {
                         read(&scrape, &mut Series::new(&mut out, family.labels, &[]))
                     }
-                    Read::Backend(read) => {
-                        for (backend, share, addr) in &backends {
-                            let view = BackendView {
-                                backend,
-                                share: *share,
-                                requests,
-                                engine_max_age,
-                            };
-                            let fixed = [backend.name.as_str(), addr.as_str()];
-                            read(&view, &mut Series::new(&mut out, family.labels, &fixed));
-                        }
-                    }
+                    Read::Backend(read) => pool.write(family, read, &mut out),
                 }
                 out
             })
             .collect()
+    }
+}
+
+/// The backends one scrape exports, and how.
+struct Pool<'a> {
+    backends: &'a [Exported],
+    /// One series per backend; otherwise pool totals without the `backend`
+    /// and `addr` labels.
+    per_backend: bool,
+    /// `mode: http`: the active count is requests in flight.
+    requests: bool,
+    engine_max_age: Option<Duration>,
+}
+
+impl Pool<'_> {
+    /// A backend family's series: one per backend, or the pool's totals.
+    fn write(
+        &self,
+        family: &Family,
+        read: fn(&BackendView<'_>, &mut Series<'_>),
+        out: &mut MetricFamily,
+    ) {
+        // Backend families list `backend` and `addr` first.
+        let after = family.labels.get(2..).unwrap_or_default();
+        let merge = if MAX_IN_TOTALS.contains(&family.name) {
+            Merge::Max
+        } else {
+            Merge::Sum
+        };
+        for (backend, share, addr) in self.backends {
+            let view = BackendView {
+                backend,
+                share: *share,
+                requests: self.requests,
+                engine_max_age: self.engine_max_age,
+            };
+            if self.per_backend {
+                let fixed = [backend.name.as_str(), addr.as_str()];
+                read(&view, &mut Series::new(out, family.labels, &fixed));
+            } else {
+                read(&view, &mut Series::totals(out, after, merge));
+            }
+        }
     }
 }
 
@@ -214,6 +310,70 @@ mod tests {
         );
         assert!(
             !text.contains("magpie_backend_engine_waiting{backend=\"b\""),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn pool_totals_drop_the_backend_labels_and_add_up() {
+        let config = Config::parse(
+            std::path::Path::new("t.yaml"),
+            "listen: 127.0.0.1:7000\nmetrics: {per_backend: off}\nhealth: {load: {preset: vllm}}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n  - {name: b, addr: 127.0.0.1:8002, weight: 3}\n",
+        )
+        .unwrap();
+        let shared = Arc::new(Shared::new(
+            Snapshot::build(Arc::new(config), 1, &HashMap::new()).unwrap(),
+        ));
+        let snapshot = shared.snapshot.load_full();
+        let (a, b) = (&snapshot.backends[0], &snapshot.backends[1]);
+        let now = tokio::time::Instant::now();
+        for (backend, kv_usage) in [(a, 0.25), (b, 0.75)] {
+            let sample = crate::health::exposition::Sample {
+                waiting: Some(2.0),
+                running: None,
+                kv_usage: Some(kv_usage),
+            };
+            backend.live.engine.record(sample, now);
+        }
+        a.live.traffic.count_connection();
+        b.live.traffic.count_connection();
+        b.live.traffic.count_connection();
+        a.live.traffic.count_spill(crate::backend::Spill::AtCap);
+        a.live
+            .traffic
+            .connect_time
+            .observe(std::time::Duration::from_millis(2));
+        b.live
+            .traffic
+            .connect_time
+            .observe(std::time::Duration::from_millis(3));
+        let text = render(&registry(Arc::clone(&shared)));
+        assert!(!text.contains("backend=\""), "{text}");
+        assert!(!text.contains("addr=\""), "{text}");
+        for line in [
+            "magpie_backend_connections_total 3",
+            "magpie_backend_weight 4",
+            "magpie_backend_up 2",
+            "magpie_backend_table_share_ratio 1",
+            "magpie_backend_spills_total{reason=\"at_cap\"} 1",
+            "magpie_backend_spills_total{reason=\"down\"} 0",
+            "magpie_backend_connect_seconds_count 2",
+            "magpie_backend_engine_waiting 4",
+            // A fraction's total is the largest, not the sum.
+            "magpie_backend_engine_kv_usage 0.75",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line:?} not in:\n{text}");
+        }
+        // Each series once, and every bucket of the merged histogram counts
+        // both observations from 5 ms on.
+        let spills = text
+            .lines()
+            .filter(|l| l.starts_with("magpie_backend_spills_total{"))
+            .count();
+        assert_eq!(spills, 3, "{text}");
+        assert!(
+            text.lines()
+                .any(|l| l == "magpie_backend_connect_seconds_bucket{le=\"0.005\"} 2"),
             "{text}"
         );
     }

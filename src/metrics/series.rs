@@ -4,7 +4,13 @@
 //! families) or a [`BackendView`] (backend families, once per backend) and
 //! writes values to a [`Series`], naming only the label *values*: the label
 //! names come from the family's row, and a backend family's `backend` and
-//! `addr` values are filled in by the series itself.
+//! `addr` values are filled in by the series itself. For pool totals
+//! (`metrics.per_backend`), every backend's reader writes to one series
+//! without those two labels, which adds each value to the series with the
+//! same labels (or keeps the largest, see [`Merge`]).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use prometheus::proto::{Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily};
 
@@ -24,12 +30,45 @@ pub struct Scrape<'a> {
     pub sessions: Option<&'a Sessions>,
     pub discovery: &'a Discovery,
     pub recent: &'a Recent,
+    /// The exporter's renderings (the admin endpoint's families).
+    pub renders: &'a Renders,
 }
 
 impl Scrape<'_> {
     /// The shared session store, if `sessions.store: redis`.
     pub fn store(&self) -> Option<&Store> {
         self.sessions.and_then(|s| s.store.as_deref())
+    }
+}
+
+/// How often, and how long, the exposition was rendered: read by the
+/// `magpie_admin_metrics_render*` families.
+#[derive(Debug, Default)]
+pub struct Renders {
+    count: AtomicU64,
+    /// The previous rendering's time, in nanoseconds.
+    last_nanos: AtomicU64,
+}
+
+impl Renders {
+    /// A rendering starts (the collector is read).
+    pub(super) fn started(&self) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A rendering ended after `nanos`.
+    pub(super) fn took(&self, nanos: u64) {
+        self.last_nanos.store(nanos, Ordering::Relaxed);
+    }
+
+    /// Renderings so far, the one in progress included.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// How long the previous rendering took (zero before the first ended).
+    pub fn last(&self) -> Duration {
+        Duration::from_nanos(self.last_nanos.load(Ordering::Relaxed))
     }
 }
 
@@ -58,6 +97,17 @@ impl BackendView<'_> {
     }
 }
 
+/// How pool totals combine the backends' values of one series.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Merge {
+    /// Added: what `sum()` over the per-backend series gives. Histograms
+    /// add their counts, sums and buckets.
+    Sum,
+    /// The largest (a fraction such as a KV cache's usage, whose sum means
+    /// nothing).
+    Max,
+}
+
 /// Writes one family's series.
 pub struct Series<'a> {
     family: &'a mut MetricFamily,
@@ -66,6 +116,9 @@ pub struct Series<'a> {
     /// The values of the first labels, the same for every series written
     /// here (a backend's name and address).
     fixed: &'a [&'a str],
+    /// Pool totals: a value for labels already written is merged into that
+    /// series instead of adding one.
+    merge: Option<Merge>,
 }
 
 impl<'a> Series<'a> {
@@ -78,14 +131,53 @@ impl<'a> Series<'a> {
             family,
             names,
             fixed,
+            merge: None,
+        }
+    }
+
+    /// A writer of pool totals: `names` are the family's labels after
+    /// `backend` and `addr`, and each value is merged by `merge` into the
+    /// series written before with the same labels.
+    pub fn totals(
+        family: &'a mut MetricFamily,
+        names: &'static [&'static str],
+        merge: Merge,
+    ) -> Series<'a> {
+        Series {
+            family,
+            names,
+            fixed: &[],
+            merge: Some(merge),
         }
     }
 
     /// A counter or gauge (by the family's type) with `labels` after the
     /// fixed ones.
     pub fn value(&mut self, labels: &[&str], value: f64) {
+        let counter = self.family.get_field_type() == prometheus::proto::MetricType::COUNTER;
+        if let Some((merge, m)) = self.written(labels) {
+            let before = if counter {
+                m.get_counter().get_value()
+            } else {
+                m.get_gauge().get_value()
+            };
+            let merged = match merge {
+                Merge::Sum => before + value,
+                Merge::Max => before.max(value),
+            };
+            if counter {
+                let mut c = Counter::default();
+                c.set_value(merged);
+                m.set_counter(c);
+            } else {
+                let mut g = Gauge::default();
+                g.set_value(merged);
+                m.set_gauge(g);
+            }
+            return;
+        }
         let mut m = self.metric(labels);
-        if self.family.get_field_type() == prometheus::proto::MetricType::COUNTER {
+        if counter {
             let mut c = Counter::default();
             c.set_value(value);
             m.set_counter(c);
@@ -106,6 +198,25 @@ impl<'a> Series<'a> {
 
     /// One of magpie's latency histograms.
     pub fn histogram(&mut self, labels: &[&str], h: &stats::Histogram) {
+        if let Some((_, m)) = self.written(labels) {
+            // Every backend's histogram of a family has the same bounds.
+            let mut sum = m.get_histogram().clone();
+            sum.set_sample_count(sum.get_sample_count() + h.count());
+            sum.set_sample_sum(sum.get_sample_sum() + h.sum_seconds());
+            let buckets = sum
+                .get_bucket()
+                .iter()
+                .zip(h.cumulative())
+                .map(|(b, count)| {
+                    let mut b = b.clone();
+                    b.set_cumulative_count(b.cumulative_count() + count);
+                    b
+                })
+                .collect();
+            sum.set_bucket(buckets);
+            m.set_histogram(sum);
+            return;
+        }
         let mut m = self.metric(labels);
         let mut out = Histogram::default();
         out.set_sample_count(h.count());
@@ -124,6 +235,17 @@ impl<'a> Series<'a> {
         );
         m.set_histogram(out);
         self.family.mut_metric().push(m);
+    }
+
+    /// Pool totals: the series already written with these label values.
+    /// A family has a handful of series, so a scan is cheaper than a map.
+    fn written(&mut self, labels: &[&str]) -> Option<(Merge, &mut Metric)> {
+        let merge = self.merge?;
+        let m = self.family.mut_metric().iter_mut().find(|m| {
+            let values = m.get_label().iter().map(|l| l.value());
+            values.eq(labels.iter().copied())
+        })?;
+        Some((merge, m))
     }
 
     fn metric(&self, labels: &[&str]) -> Metric {

@@ -1,6 +1,7 @@
 //! The operator files in `deploy/`: the systemd unit verifies and gives magpie
 //! what it needs, the Kubernetes ConfigMap holds a config `magpie check`
-//! accepts and the Deployment drains it in time, the Prometheus alerts pass
+//! accepts and the Deployment drains it in time, the NetworkPolicy keeps all
+//! but Prometheus off the admin port, the Prometheus alerts pass
 //! their unit tests, and the Grafana dashboard's queries parse and use only
 //! metrics magpie exports.
 //!
@@ -801,5 +802,67 @@ fn deploy_query_helpers_find_names_labels_and_variables() {
             r#"rate(m{instance=~"${instance:regex}", a="$a"}[$__rate_interval]) offset $__interval"#
         ),
         r#"rate(m{instance=~"x", a="x"}[5m]) offset 1m"#
+    );
+}
+
+#[test]
+fn the_network_policy_admits_clients_to_the_proxy_port_and_only_prometheus_to_admin() {
+    let config_text =
+        str_at(&yaml("kubernetes/configmap.yaml"), &["data", "magpie.yaml"]).to_string();
+    let file = TempFile::new("magpie.yaml", &config_text);
+    let config = Config::parse_offline(&file.path, &config_text).unwrap_or_else(|e| panic!("{e}"));
+    let proxy = u64::from(config.listen[0].port());
+    let admin = u64::from(config.admin.expect("admin is on").port());
+    let policy = yaml("kubernetes/networkpolicy.yaml");
+    assert_eq!(str_at(&policy, &["kind"]), "NetworkPolicy");
+    let deployment = yaml("kubernetes/deployment.yaml");
+    let pod_labels = get(&deployment, &["spec", "template", "metadata", "labels"]);
+    let selector = get(&policy, &["spec", "podSelector", "matchLabels"])
+        .as_object()
+        .expect("matchLabels");
+    for (label, value) in selector {
+        assert_eq!(
+            &pod_labels[label], value,
+            "the policy selects {label}={value}"
+        );
+    }
+    let rules = get(&policy, &["spec", "ingress"])
+        .as_array()
+        .expect("ingress rules");
+    let admitting = |port: u64| {
+        rules
+            .iter()
+            .filter(|r| {
+                r["ports"]
+                    .as_array()
+                    .is_some_and(|ps| ps.iter().any(|p| p["port"].as_u64() == Some(port)))
+            })
+            .collect::<Vec<_>>()
+    };
+    let proxy_rules = admitting(proxy);
+    assert_eq!(proxy_rules.len(), 1);
+    assert!(
+        proxy_rules[0].get("from").is_none(),
+        "clients come from anywhere"
+    );
+    let admin_rules = admitting(admin);
+    assert_eq!(admin_rules.len(), 1);
+    let from = admin_rules[0]["from"]
+        .as_array()
+        .expect("admin is admitted from somewhere");
+    assert!(!from.is_empty());
+    assert!(
+        from.iter()
+            .all(|peer| peer.get("namespaceSelector").is_some()),
+        "only the monitoring namespace reaches admin: {from:?}"
+    );
+    // The probes and scrape annotations point at the port the policy guards.
+    let annotations = get(
+        &deployment,
+        &["spec", "template", "metadata", "annotations"],
+    );
+    assert_eq!(
+        str_at(annotations, &["prometheus.io/port"]),
+        admin.to_string()
     );
 }

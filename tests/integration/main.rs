@@ -22,6 +22,7 @@ mod key_buffers;
 mod probe;
 mod proxy_protocol;
 mod reload;
+mod scrapes;
 mod shared_pins;
 mod shared_store;
 mod shutdown;

@@ -20,6 +20,7 @@
 //! | `settings.rs` | the sections that tune a connection (connect, proxy_protocol, health, reload) |
 //! | `load.rs` | `health.load`: engine load signals, their gauges and limits |
 //! | `modes.rs` | what depends on `mode`: `copy`, `http`, `sessions`, HTTP health |
+//! | `metrics.rs` | the `metrics` section |
 
 use std::net::SocketAddr;
 use std::ops::RangeInclusive;
@@ -43,6 +44,7 @@ mod backends;
 mod discovery;
 mod key;
 mod load;
+mod metrics;
 mod modes;
 mod settings;
 
@@ -215,6 +217,7 @@ impl<'a> Validator<'a> {
                 sessions,
                 backends,
                 discovery,
+                metrics: Validator::metrics(raw.metrics),
             })
         } else {
             self.errors.sort_by_key(|e| (e.line, e.column));
