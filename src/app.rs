@@ -67,6 +67,8 @@ pub enum StartError {
     BuildAborted,
     #[error(transparent)]
     Discovery(#[from] DiscoveryError),
+    #[error("cannot hand the admin listener to its thread: {0}")]
+    AdminListener(io::Error),
 }
 
 fn bind_error(config: &Config, addr: SocketAddr, error: io::Error) -> StartError {
@@ -132,17 +134,37 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
             .await
             .map_err(|_| StartError::BuildAborted)??;
     check_fd_limit(config.max_connections);
-    let bound = Bound::bind(&config)?;
+    let mut bound = Bound::bind(&config)?;
+    // The admin thread's descriptors are taken before anyone hears of the
+    // listeners, so clients cannot take them first.
+    // The admin listener leaves this runtime's reactor: only the admin
+    // thread's watches it.
+    let admin_listener = match bound.admin_listener.take() {
+        Some(l) => Some(l.into_std().map_err(StartError::AdminListener)?),
+        None => None,
+    };
+    let prepared = admin_listener.as_ref().map(|l| {
+        crate::admin::Prepared::new(l)
+            .inspect_err(|e| tracing::warn!(error = %e, "cannot prepare the admin thread"))
+            .ok()
+    });
     bound.announce(&config, &snapshot);
     let shared = Arc::new(Shared::with_discovery(snapshot, discovery));
     // The admin endpoint outlives the listeners: during a drain, operators
     // watch the active connections go down. It stops when the drain is done.
     let drained = CancellationToken::new();
-    if let Some(listener) = bound.admin_listener {
+    if let Some(listener) = admin_listener {
         let listener = Arc::new(listener);
         let (shared, drained) = (Arc::clone(&shared), drained.clone());
+        // The first run takes what was prepared; a restart prepares anew.
+        let mut prepared = prepared.flatten();
         supervise::spawn(Task::Admin, move || {
-            crate::admin::serve(Arc::clone(&listener), Arc::clone(&shared), drained.clone())
+            crate::admin::serve(
+                Arc::clone(&listener),
+                prepared.take(),
+                Arc::clone(&shared),
+                drained.clone(),
+            )
         });
     }
     {

@@ -12,12 +12,6 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
-
-/// jemalloc, with its background thread, returns freed pages to the system:
-/// the memory a burst of
-/// clients took comes back when they leave (see Cargo.toml).
-#[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 use tracing_subscriber::EnvFilter;
 
 use magpie::config::Config;

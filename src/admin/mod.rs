@@ -68,14 +68,26 @@ pub const NICE: i32 = 10;
 /// its own (see the module's docs). Should that thread not start, serves
 /// here instead, with a warning. Returns when the endpoint has stopped; a
 /// panic of the admin thread comes out here (so a supervisor restarts it).
-pub async fn serve(listener: Arc<TcpListener>, shared: Arc<Shared>, shutdown: CancellationToken) {
+/// `prepared` is the thread's runtime and descriptor made at start, before
+/// the listeners were announced (a restart after a panic makes new ones):
+/// made later, a burst of clients could take the last descriptors first.
+pub async fn serve(
+    listener: Arc<std::net::TcpListener>,
+    prepared: Option<Prepared>,
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+) {
     let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
-    let started = own_listener(&listener).and_then(|own| {
+    let prepared = match prepared {
+        Some(p) => Ok(p),
+        None => Prepared::new(&listener),
+    };
+    let started = prepared.and_then(|prepared| {
         let (shared, shutdown) = (Arc::clone(&shared), shutdown.clone());
         std::thread::Builder::new()
             .name("magpie-admin".to_string())
             .spawn(move || {
-                run_thread(own, shared, shutdown);
+                run_thread(prepared, shared, shutdown);
                 // Nobody waits only when the serving task itself was dropped.
                 if done_tx.send(()).is_err() {
                     debug!("the admin thread ended after its task");
@@ -92,39 +104,48 @@ pub async fn serve(listener: Arc<TcpListener>, shared: Arc<Shared>, shutdown: Ca
         }
         Err(e) => {
             warn!(error = %e, "cannot start the admin thread; serving admin on the data path's runtime");
-            serve_here(listener, shared, shutdown).await;
+            match listener.try_clone().and_then(TcpListener::from_std) {
+                Ok(here) => serve_here(Arc::new(here), shared, shutdown).await,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot register the admin listener; admin is off")
+                }
+            }
         }
     }
 }
 
-/// A descriptor of `listener` of the admin thread's own, for its runtime's
-/// reactor. The original stays registered with the caller's runtime, which
-/// never accepts on it.
-fn own_listener(listener: &TcpListener) -> std::io::Result<std::net::TcpListener> {
-    use std::os::fd::AsFd;
-    let own = std::net::TcpListener::from(listener.as_fd().try_clone_to_owned()?);
-    own.set_nonblocking(true)?;
-    Ok(own)
+/// What the admin thread needs that takes descriptors: its runtime, and a
+/// descriptor of the listener of its own for that runtime's reactor (the
+/// listener is registered with no other: the data path's runtime never
+/// hears of admin connections).
+pub struct Prepared {
+    runtime: tokio::runtime::Runtime,
+    listener: std::net::TcpListener,
+}
+
+impl Prepared {
+    pub fn new(listener: &std::net::TcpListener) -> std::io::Result<Prepared> {
+        let own = listener.try_clone()?;
+        own.set_nonblocking(true)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .thread_name("magpie-admin-render")
+            .build()?;
+        Ok(Prepared {
+            runtime,
+            listener: own,
+        })
+    }
 }
 
 /// The admin thread: a lower priority, its own runtime, the endpoint.
-fn run_thread(listener: std::net::TcpListener, shared: Arc<Shared>, shutdown: CancellationToken) {
+fn run_thread(prepared: Prepared, shared: Arc<Shared>, shutdown: CancellationToken) {
     // On Linux the nice value is per thread, and threads started from this
     // one (the runtime's blocking threads that render) inherit it.
     if let Err(e) = rustix::process::setpriority_process(None, NICE) {
         warn!(error = %e, "cannot lower the admin thread's priority");
     }
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .thread_name("magpie-admin-render")
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot start the admin runtime; admin is off");
-            return;
-        }
-    };
+    let Prepared { runtime, listener } = prepared;
     runtime.block_on(async move {
         match TcpListener::from_std(listener) {
             Ok(listener) => serve_here(Arc::new(listener), shared, shutdown).await,

@@ -130,6 +130,13 @@ async fn out_of_fds_the_admin_accept_loop_backs_off() {
         silent.push(connect(listen).await);
     }
     child.wait_for_line("during=\"accept\"").await;
+    // The admin endpoint runs on a thread of its own and may win a
+    // descriptor freed for a moment: silent admin connections take any
+    // such, so that the scrape below cannot be accepted.
+    let mut idle_admin = Vec::new();
+    for _ in 0..16 {
+        idle_admin.push(connect(admin).await);
+    }
     // An admin connection magpie cannot accept while the fds are gone.
     let mut scrape = tokio::net::TcpStream::connect(admin)
         .await
@@ -143,6 +150,7 @@ async fn out_of_fds_the_admin_accept_loop_backs_off() {
     // accepts in this time, a backing-off one about ten per second per listener.
     tokio::time::sleep(Duration::from_millis(500)).await;
     drop(silent);
+    drop(idle_admin);
     let body = String::from_utf8(
         within("the queued admin request", read_until_closed(&mut scrape))
             .await
