@@ -81,6 +81,12 @@ pub enum Failure {
         backend: String,
         after: std::time::Duration,
     },
+    /// The client's body failed (a malformed chunk, a cut) while it was
+    /// sent on: the client's fault, not the backend's.
+    ClientBody { error: hyper::Error },
+    /// The backend answered `101 Switching Protocols`, which magpie never
+    /// asks for (it passes no `Upgrade` on).
+    Switched { backend: String },
 }
 
 impl Failure {
@@ -88,14 +94,17 @@ impl Failure {
     pub fn client_failure(&self) -> ClientFailure {
         match self {
             Failure::LocalResources => ClientFailure::LocalResources,
+            Failure::ClientBody { .. } => ClientFailure::BadRequest,
             Failure::NoBackend { .. }
             | Failure::AfterSend { .. }
-            | Failure::ResponseTimeout { .. } => ClientFailure::NoBackend,
+            | Failure::ResponseTimeout { .. }
+            | Failure::Switched { .. } => ClientFailure::NoBackend,
         }
     }
 
-    /// The one-line answer: `503` when magpie is out of resources, `504`
-    /// when the backend did not answer in time, else `502`.
+    /// The one-line answer: `400` when the client's body failed (and the
+    /// connection closes), `503` when magpie is out of resources, `504` when
+    /// the backend did not answer in time, else `502`.
     pub fn reply(&self) -> Response<Reply> {
         let text = match self {
             Failure::NoBackend { tried } if tried.is_empty() => {
@@ -114,6 +123,18 @@ impl Failure {
             }
             Failure::AfterSend { backend, error } => {
                 format!("magpie: backend {backend} failed after the request was sent: {error}\n")
+            }
+            Failure::ClientBody { .. } => {
+                let mut r = local(
+                    StatusCode::BAD_REQUEST,
+                    "magpie: the request body could not be read\n",
+                );
+                r.headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                return r;
+            }
+            Failure::Switched { backend } => {
+                format!("magpie: backend {backend} switched protocols (101) unasked\n")
             }
             Failure::ResponseTimeout { backend, after } => {
                 return local(
@@ -234,6 +255,14 @@ async fn send(
             });
         };
         let mut error = match answer {
+            Ok(response) if response.status() == StatusCode::SWITCHING_PROTOCOLS => {
+                // The lease is dropped here: its connection closes.
+                backend.live.traffic.count_request(CodeClass::Error);
+                warn!(backend = %backend.name, "backend answered 101 Switching Protocols unasked; the client gets 502");
+                return Attempt::Failed(Failure::Switched {
+                    backend: backend.name.clone(),
+                });
+            }
             Ok(response) => {
                 return Attempt::Answered {
                     response,
@@ -244,8 +273,14 @@ async fn send(
             Err(error) => error,
         };
         let Some(back) = error.take_message() else {
-            backend.live.traffic.count_request(CodeClass::Error);
             let error = error.into_error();
+            if error.is_user() {
+                // Only the client's body fails as the user's: the backend is
+                // not to blame, and its connection is gone with the error.
+                debug!(backend = %backend.name, %error, "the request body failed while it was sent");
+                return Attempt::Failed(Failure::ClientBody { error });
+            }
+            backend.live.traffic.count_request(CodeClass::Error);
             warn!(backend = %backend.name, %error, "backend failed after the request was sent");
             return Attempt::Failed(Failure::AfterSend {
                 backend: backend.name.clone(),
@@ -350,16 +385,20 @@ fn respond(response: Response<Incoming>, in_flight: InFlight, config: &Config) -
 }
 
 /// The request as a backend gets it over HTTP/1.1: origin-form target, a
-/// `Host` header (from an HTTP/2 `:authority` if need be), no hop-by-hop
-/// headers.
-fn prepare(request: Request<Upload>) -> Request<Upload> {
+/// `Host` header, no hop-by-hop headers. A target with an authority (HTTP/2's
+/// `:authority`, an HTTP/1.1 absolute-form target) names the host, over a
+/// differing `Host` (RFC 9113 §8.3.1, RFC 9112 §3.2.2); HTTP/2's `cookie`
+/// fields are joined into one (RFC 9113 §8.2.3).
+fn prepare<B>(request: Request<B>) -> Request<B> {
     let (mut parts, body) = request.into_parts();
     strip_hop_by_hop(&mut parts.headers);
-    if !parts.headers.contains_key(header::HOST)
-        && let Some(authority) = parts.uri.authority()
+    if let Some(authority) = parts.uri.authority()
         && let Ok(host) = HeaderValue::from_str(authority.as_str())
     {
         parts.headers.insert(header::HOST, host);
+    }
+    if parts.version == Version::HTTP_2 {
+        join_cookies(&mut parts.headers);
     }
     // HTTP/1 clients send origin-form already; HTTP/2 gives a full URI.
     if parts.uri.scheme().is_some() || parts.uri.authority().is_some() {
@@ -374,6 +413,22 @@ fn prepare(request: Request<Upload>) -> Request<Upload> {
     }
     parts.version = Version::HTTP_11;
     Request::from_parts(parts, body)
+}
+
+/// Several `cookie` fields become one, joined with `; `, as an HTTP/1.1
+/// server expects.
+fn join_cookies(headers: &mut HeaderMap) {
+    let cookies: Vec<&[u8]> = headers
+        .get_all(header::COOKIE)
+        .iter()
+        .map(HeaderValue::as_bytes)
+        .collect();
+    if cookies.len() < 2 {
+        return;
+    }
+    if let Ok(joined) = HeaderValue::from_bytes(&cookies.join(&b"; "[..])) {
+        headers.insert(header::COOKIE, joined);
+    }
 }
 
 /// Removes hop-by-hop headers, and those the `Connection` header names.
@@ -416,5 +471,39 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("x-session-id"));
+    }
+
+    #[test]
+    fn http2_cookies_join_and_authority_names_the_host() {
+        let request = Request::get("http://right.example/p?q")
+            .version(Version::HTTP_2)
+            .header(header::HOST, "wrong.example")
+            .header(header::COOKIE, "a=1")
+            .header(header::COOKIE, "b=2")
+            .body(())
+            .unwrap();
+        let prepared = prepare(request);
+        let h = prepared.headers();
+        assert_eq!(h.get_all(header::HOST).iter().count(), 1);
+        assert_eq!(h[header::HOST], "right.example");
+        assert_eq!(h.get_all(header::COOKIE).iter().count(), 1);
+        assert_eq!(h[header::COOKIE], "a=1; b=2");
+        assert_eq!(prepared.uri(), "/p?q");
+        // An HTTP/1.1 absolute-form target too; an origin-form one keeps
+        // its Host, and its cookies as they came.
+        let request = Request::get("http://right.example/")
+            .header(header::HOST, "other.example")
+            .body(())
+            .unwrap();
+        assert_eq!(prepare(request).headers()[header::HOST], "right.example");
+        let request = Request::get("/")
+            .header(header::HOST, "other.example")
+            .header(header::COOKIE, "a=1")
+            .header(header::COOKIE, "b=2")
+            .body(())
+            .unwrap();
+        let prepared = prepare(request);
+        assert_eq!(prepared.headers()[header::HOST], "other.example");
+        assert_eq!(prepared.headers().get_all(header::COOKIE).iter().count(), 2);
     }
 }

@@ -15,6 +15,7 @@
 //! |---|---|
 //! | [`request_key`] | a request's key: header, JSON body field, conversation, or address |
 //! | [`pinning`] | session pins: the route by a key's pin, and binding or using it once served |
+//! | [`normalize`] | requests refused before any backend: `CONNECT`, two `Host`s, unknown transfer codings |
 //! | [`forward`] | one request in phases: choose, connect, send, account, respond |
 //! | [`pool`] | keep-alive connections to backends, lent to one request at a time |
 //! | [`upload`] | a request body: the bytes read for the key, then the rest |
@@ -27,6 +28,7 @@ pub mod clock;
 pub mod deadline;
 pub mod download;
 pub mod forward;
+pub mod normalize;
 pub mod pinning;
 pub mod pool;
 pub mod reply;
@@ -167,6 +169,9 @@ impl HttpPath {
         shared: &Arc<Shared>,
         client: Client,
     ) -> Response<Reply> {
+        if let Some(refused) = normalize::refuse(&request, &shared.stats, client) {
+            return refused;
+        }
         let snapshot = shared.snapshot.load_full();
         let config = Arc::clone(&snapshot.config);
         let plan = KeyPlan {

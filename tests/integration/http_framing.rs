@@ -1,0 +1,401 @@
+//! `mode: http` framing and normalisation (RFC 9110, 9112, 9113): what a
+//! client may not send is refused by magpie itself and never reaches a
+//! backend; what HTTP/2 carries differently is put the HTTP/1.1 way. A raw
+//! backend reports the exact bytes it receives.
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+use magpie::backend::CodeClass;
+use magpie::stats::ClientFailure;
+
+use crate::support::*;
+
+const SETTINGS: &str = "mode: http\nkey:\n  from: header\n  header: x-session-id\nhealth:\n  interval: 1h\n  passive_failures: 1\n  passive_status: true\n";
+
+/// What the raw backend saw on one connection.
+#[derive(Debug)]
+enum Seen {
+    /// A request head (the body is still to come).
+    Head(String),
+    /// A whole request: head and body, as written on the wire.
+    Request(String),
+    /// magpie closed the connection; the bytes of an unfinished request.
+    Closed(String),
+}
+
+/// A raw HTTP/1.1 backend: it reports every head, request and close, and
+/// answers each whole request with `answer`.
+struct Recorder {
+    addr: SocketAddr,
+    seen: mpsc::UnboundedReceiver<Seen>,
+}
+
+impl Recorder {
+    async fn start(answer: &'static str) -> Recorder {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("an address");
+        let (tx, seen) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(record(stream, answer, tx.clone()));
+            }
+        });
+        Recorder { addr, seen }
+    }
+
+    fn pairs(&self) -> Vec<(String, SocketAddr)> {
+        vec![("a".to_string(), self.addr)]
+    }
+
+    async fn next(&mut self) -> Seen {
+        within("the backend to see something", self.seen.recv())
+            .await
+            .expect("the backend runs")
+    }
+
+    /// The next whole request (heads before it are skipped).
+    async fn request(&mut self) -> String {
+        loop {
+            match self.next().await {
+                Seen::Request(r) => return r,
+                Seen::Head(_) => {}
+                Seen::Closed(partial) => panic!("closed before a request: {partial:?}"),
+            }
+        }
+    }
+
+    /// Nothing reached the backend so far.
+    fn nothing_yet(&mut self) {
+        if let Ok(seen) = self.seen.try_recv() {
+            panic!("the backend got {seen:?}");
+        }
+    }
+}
+
+/// Serves one connection: reads requests (bodies by content-length or
+/// chunked) and answers each. A connection that never carried a byte (a
+/// health check's) is not reported.
+async fn record(mut stream: TcpStream, answer: &'static str, tx: mpsc::UnboundedSender<Seen>) {
+    let mut buf = Vec::new();
+    let mut served = false;
+    loop {
+        let Some(head_end) = read_until(&mut stream, &mut buf, |b| find(b, b"\r\n\r\n")).await
+        else {
+            if served || !buf.is_empty() {
+                let _ = tx.send(Seen::Closed(String::from_utf8_lossy(&buf).into_owned()));
+            }
+            return;
+        };
+        served = true;
+        let head = String::from_utf8_lossy(&buf[..head_end + 4]).to_ascii_lowercase();
+        let _ = tx.send(Seen::Head(head.clone()));
+        let body_end = if head.contains("transfer-encoding: chunked") {
+            read_until(&mut stream, &mut buf, |b| {
+                find(&b[head_end + 2..], b"\r\n0\r\n\r\n").map(|at| head_end + 2 + at + 7)
+            })
+            .await
+        } else {
+            let length = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .and_then(|n| n.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            let end = head_end + 4 + length;
+            read_until(&mut stream, &mut buf, |b| (b.len() >= end).then_some(end)).await
+        };
+        let Some(end) = body_end else {
+            let _ = tx.send(Seen::Closed(String::from_utf8_lossy(&buf).into_owned()));
+            return;
+        };
+        let request: Vec<u8> = buf.drain(..end).collect();
+        let _ = tx.send(Seen::Request(
+            String::from_utf8_lossy(&request).into_owned(),
+        ));
+        if stream.write_all(answer.as_bytes()).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Reads until `done` finds its mark in `buf`; `None` at EOF or an error.
+async fn read_until(
+    stream: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    done: impl Fn(&[u8]) -> Option<usize>,
+) -> Option<usize> {
+    loop {
+        if let Some(at) = done(buf) {
+            return Some(at);
+        }
+        let mut chunk = [0u8; 4096];
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+const OK: &str = "HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nok\n";
+
+/// Sends `bytes` on a new connection, half-closes, and reads all magpie says.
+async fn exchange(magpie: &Magpie, bytes: &[u8]) -> String {
+    let mut s = connect(magpie.addr).await;
+    s.write_all(bytes).await.expect("send");
+    let mut out = Vec::new();
+    within("magpie to answer and close", s.read_to_end(&mut out))
+        .await
+        .ok();
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn bad_requests(magpie: &Magpie) -> u64 {
+    magpie
+        .shared
+        .stats
+        .client_failures(ClientFailure::BadRequest)
+}
+
+/// The backend was not blamed: no error counted, no passive failure.
+fn not_blamed(magpie: &Magpie) {
+    let backend = magpie.backend("a");
+    assert_eq!(backend.live.traffic.requests(CodeClass::Error), 0);
+    assert!(backend.live.health.is_up(), "marked down");
+    let stats = &magpie.shared.stats;
+    assert_eq!(stats.client_failures(ClientFailure::NoBackend), 0);
+}
+
+/// A chunk size that is not hex, in a body read for its key (nothing sent
+/// yet) and in one already streaming to the backend: the client gets `400`,
+/// never a `200`; the backend's connection is dropped and it is not blamed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_chunked_body_gets_400_and_spares_the_backend() {
+    let mut backend = Recorder::start(OK).await;
+    let magpie = Magpie::with(SETTINGS, &backend.pairs()).await;
+    let body_keyed = "mode: http\nkey:\n  from: body\n  body_field: user\nhealth:\n  interval: 1h\n  passive_failures: 1\n  passive_status: true\n";
+    let keyed = Magpie::with(body_keyed, &backend.pairs()).await;
+    // Read for the key: refused before anything is sent.
+    let answer = exchange(
+        &keyed,
+        b"POST / HTTP/1.1\r\nhost: m\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n3\r\n{\"u\r\nzz\r\nser\":1}\r\n0\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer:?}");
+    assert_eq!(bad_requests(&keyed), 1);
+    backend.nothing_yet();
+    not_blamed(&keyed);
+    keyed.stop().await;
+
+    // Streaming: the head and first chunk are at the backend when the bad
+    // chunk comes.
+    let mut s = connect(magpie.addr).await;
+    s.write_all(b"POST / HTTP/1.1\r\nhost: m\r\nx-session-id: s\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n")
+        .await
+        .expect("send");
+    match backend.next().await {
+        Seen::Head(head) => assert!(head.starts_with("post / http/1.1\r\n"), "{head:?}"),
+        other => panic!("no head first: {other:?}"),
+    }
+    s.write_all(b"zz\r\nworld\r\n0\r\n\r\n")
+        .await
+        .expect("send");
+    let mut out = Vec::new();
+    within("magpie to answer and close", s.read_to_end(&mut out))
+        .await
+        .ok();
+    let answer = String::from_utf8_lossy(&out);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer:?}");
+    match backend.next().await {
+        Seen::Closed(partial) => assert!(!partial.contains("world"), "{partial:?}"),
+        other => panic!("the backend connection stayed: {other:?}"),
+    }
+    assert_eq!(bad_requests(&magpie), 1);
+    not_blamed(&magpie);
+    magpie.stop().await;
+}
+
+/// Two `Host` lines: `400`, never forwarded (RFC 9112 §3.2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_host_headers_get_400() {
+    let mut backend = Recorder::start(OK).await;
+    let magpie = Magpie::with(SETTINGS, &backend.pairs()).await;
+    let answer = exchange(
+        &magpie,
+        b"GET / HTTP/1.1\r\nhost: a.example\r\nhost: b.example\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer:?}");
+    assert!(answer.contains("magpie: "), "{answer:?}");
+    backend.nothing_yet();
+    assert_eq!(bad_requests(&magpie), 1);
+    // One Host is served as usual.
+    let answer = exchange(
+        &magpie,
+        b"GET / HTTP/1.1\r\nhost: a.example\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+    assert!(backend.request().await.contains("host: a.example\r\n"));
+    magpie.stop().await;
+}
+
+/// A transfer coding magpie does not implement before `chunked` gets `501`
+/// (RFC 9112 §6.1); one where `chunked` is not last (`identity`) leaves the
+/// length unknown: `400`. Neither reaches the backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transfer_codings_other_than_chunked_are_refused() {
+    let mut backend = Recorder::start(OK).await;
+    let magpie = Magpie::with(SETTINGS, &backend.pairs()).await;
+    // hyper answers those whose last coding is not chunked, uncounted.
+    let cases: [(&str, &str, u64); 5] = [
+        ("transfer-encoding: gzip, chunked\r\n", "501", 1),
+        (
+            "transfer-encoding: gzip\r\ntransfer-encoding: chunked\r\n",
+            "501",
+            2,
+        ),
+        ("transfer-encoding: chunked, chunked\r\n", "400", 3),
+        ("transfer-encoding: identity\r\n", "400", 3),
+        ("transfer-encoding: chunked, gzip\r\n", "400", 3),
+    ];
+    for (te, status, counted) in cases {
+        let request = format!(
+            "POST / HTTP/1.1\r\nhost: m\r\nx-session-id: s\r\n{te}\r\n5\r\nhello\r\n0\r\n\r\n"
+        );
+        let answer = exchange(&magpie, request.as_bytes()).await;
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status}")),
+            "{te:?}: {answer:?}"
+        );
+        backend.nothing_yet();
+        assert_eq!(bad_requests(&magpie), counted, "{te:?}");
+    }
+    // `chunked` alone is forwarded.
+    let answer = exchange(
+        &magpie,
+        b"POST / HTTP/1.1\r\nhost: m\r\nconnection: close\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+    assert!(backend.request().await.contains("hello"));
+    magpie.stop().await;
+}
+
+/// magpie does not tunnel: `CONNECT` gets `405` (with `Allow`); an
+/// authority-form target on another method is malformed: `400`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_gets_405_and_authority_form_targets_400() {
+    let mut backend = Recorder::start(OK).await;
+    let magpie = Magpie::with(SETTINGS, &backend.pairs()).await;
+    let answer = exchange(
+        &magpie,
+        b"CONNECT a.example:443 HTTP/1.1\r\nhost: a.example:443\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 405"), "{answer:?}");
+    assert!(answer.contains("\r\nallow: GET, "), "{answer:?}");
+    backend.nothing_yet();
+    let answer = exchange(
+        &magpie,
+        b"GET a.example:443 HTTP/1.1\r\nhost: a.example:443\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer:?}");
+    assert!(answer.contains("magpie: "), "{answer:?}");
+    backend.nothing_yet();
+    assert_eq!(bad_requests(&magpie), 2);
+    magpie.stop().await;
+}
+
+/// An HTTP/2 connection with prior knowledge, and a way to send on it.
+async fn h2(magpie: &Magpie) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
+    let stream = connect(magpie.addr).await;
+    let (sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .expect("an HTTP/2 handshake");
+    tokio::spawn(conn);
+    sender
+}
+
+async fn h2_send(
+    sender: &mut hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+    request: Request<Full<Bytes>>,
+) -> u16 {
+    let response = within("an HTTP/2 response", sender.send_request(request))
+        .await
+        .expect("a response");
+    let status = response.status().as_u16();
+    response.into_body().collect().await.expect("a body");
+    status
+}
+
+/// HTTP/2 splits cookies into fields of their own; an HTTP/1.1 backend gets
+/// them joined with `; ` in one header (RFC 9113 §8.2.3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_cookies_are_joined_into_one_header() {
+    let mut backend = Recorder::start(OK).await;
+    let magpie = Magpie::with(SETTINGS, &backend.pairs()).await;
+    let mut sender = h2(&magpie).await;
+    let request = Request::get("http://magpie/")
+        .header("cookie", "a=1")
+        .header("cookie", "b=2")
+        .header("cookie", "c=3")
+        .body(Full::default())
+        .expect("a request");
+    assert_eq!(h2_send(&mut sender, request).await, 200);
+    let seen = backend.request().await;
+    assert_eq!(seen.matches("cookie:").count(), 1, "{seen}");
+    assert!(seen.contains("cookie: a=1; b=2; c=3\r\n"), "{seen}");
+    magpie.stop().await;
+}
+
+/// On HTTP/2, `:authority` names the target: a differing `Host` gives way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_authority_wins_over_a_differing_host() {
+    let mut backend = Recorder::start(OK).await;
+    let magpie = Magpie::with(SETTINGS, &backend.pairs()).await;
+    let mut sender = h2(&magpie).await;
+    let request = Request::get("http://right.example/")
+        .header("host", "wrong.example")
+        .body(Full::default())
+        .expect("a request");
+    assert_eq!(h2_send(&mut sender, request).await, 200);
+    let seen = backend.request().await;
+    assert_eq!(seen.matches("host:").count(), 1, "{seen}");
+    assert!(seen.contains("host: right.example\r\n"), "{seen}");
+    magpie.stop().await;
+}
+
+/// A `101` nobody asked for: the client gets `502`, the backend's
+/// connection is closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unasked_for_101_gets_502() {
+    let mut backend = Recorder::start(
+        "HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n",
+    )
+    .await;
+    let magpie = Magpie::with(SETTINGS, &backend.pairs()).await;
+    let answer = exchange(
+        &magpie,
+        b"GET / HTTP/1.1\r\nhost: m\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 502"), "{answer:?}");
+    assert!(answer.contains("magpie: "), "{answer:?}");
+    backend.request().await;
+    assert!(matches!(backend.next().await, Seen::Closed(_)));
+    magpie.stop().await;
+}
