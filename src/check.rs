@@ -68,22 +68,10 @@ pub fn report(
     writeln!(out, "proxy out:   {send}")?;
     writeln!(out, "health:      {}", health_text(config))?;
     writeln!(out, "load:        {}", load_text(config))?;
-    let bounded = config
-        .placement
-        .bounded_load
-        .map_or("off".to_string(), |c| {
-            let excess = config.placement.spill_min_excess;
-            format!("{c} x fair share, and {excess} over the mean, before a key spills")
-        });
-    writeln!(out, "bounded:     {bounded}")?;
+    writeln!(out, "bounded:     {}", bounded_text(config))?;
     writeln!(out, "sessions:    {}", sessions_text(config))?;
     if config.mode == Mode::Http {
-        let l = config.limits;
-        writeln!(
-            out,
-            "limits:      request heads up to {} bytes; bodies read for keys hold up to {} bytes in total",
-            l.max_head_bytes, l.key_buffer_bytes
-        )?;
+        writeln!(out, "limits:      {}", limits_text(config))?;
     }
     writeln!(out, "metrics:     {}", metrics_text(snapshot))?;
     if let Some(d) = &config.discovery {
@@ -179,6 +167,25 @@ fn deadlines_text(http: &HttpConfig) -> String {
         d(http.keepalive_timeout),
         http.pool_max_idle_per_backend,
         d(http.pool_idle_timeout),
+    )
+}
+
+fn bounded_text(config: &Config) -> String {
+    config
+        .placement
+        .bounded_load
+        .map_or("off".to_string(), |c| {
+            let excess = config.placement.spill_min_excess;
+            format!("{c} x fair share, and {excess} over the mean, before a key spills")
+        })
+}
+
+/// Mode http's memory bounds.
+fn limits_text(config: &Config) -> String {
+    let l = config.limits;
+    format!(
+        "request heads up to {} bytes; bodies read for keys hold up to {} bytes in total",
+        l.max_head_bytes, l.key_buffer_bytes
     )
 }
 

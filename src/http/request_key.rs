@@ -28,7 +28,7 @@ use hyper::header::{CONTENT_TYPE, HeaderMap};
 use tokio::time::Instant;
 
 use super::upload::Upload;
-use crate::config::{KeyConfig, KeySources};
+use crate::config::{KeyConfig, KeyRead, KeySources};
 use crate::key::conversation::{ChatHead, read_head};
 use crate::key::group::{GroupBy, GroupMiss};
 use crate::key::json::{FieldPath, Prefix, json_field_key, json_field_prefix};
@@ -120,13 +120,7 @@ pub async fn request_key(
     let early = sources
         .body_field
         .filter(|_| session_reads_body && !sources.conversation && !group_reads_body);
-    let reading = BodyRead {
-        max_bytes: read.max_bytes,
-        deadline: Instant::now() + read.read_timeout,
-        share: plan.budget.share(plan.budget_max),
-        early,
-    };
-    let (outcome, upload) = read_body(body, reading).await?;
+    let (outcome, upload) = read_body(body, BodyRead::new(read, &plan, early)).await?;
     let (by_body, group) = match outcome {
         Read::Complete(ref bytes) => {
             let wants = Wants {
@@ -251,6 +245,17 @@ struct BodyRead<'a> {
     /// The body field, when nothing after it is wanted: the read stops as
     /// soon as its value is in.
     early: Option<&'a FieldPath>,
+}
+
+impl<'a> BodyRead<'a> {
+    fn new(read: &KeyRead, plan: &KeyPlan<'_>, early: Option<&'a FieldPath>) -> BodyRead<'a> {
+        BodyRead {
+            max_bytes: read.max_bytes,
+            deadline: Instant::now() + read.read_timeout,
+            share: plan.budget.share(plan.budget_max),
+            early,
+        }
+    }
 }
 
 /// Reads `body` until it ends, its field is found (`early`), it passes

@@ -170,13 +170,7 @@ impl<'a> Validator<'a> {
             .shutdown_grace
             .and_then(|d| self.at_most(&d, "shutdown_grace", MAX_SHUTDOWN_GRACE))
             .unwrap_or(DEFAULT_SHUTDOWN_GRACE);
-        let drain_timeout = raw.drain_timeout.map(|d| {
-            if d.value.0.is_zero() {
-                self.err(&d.referenced, "drain_timeout must be greater than zero (leave it out to let connections to removed backends finish on their own)");
-            }
-            self.at_most(&d, "drain_timeout", MAX_DRAIN_TIMEOUT)
-                .unwrap_or(d.value.0)
-        });
+        let drain_timeout = self.drain_timeout(raw.drain_timeout);
         if mode == Mode::Http
             && let Some(send) = raw.proxy_protocol.as_ref().and_then(|p| p.send.as_ref())
         {
@@ -223,6 +217,17 @@ impl<'a> Validator<'a> {
             self.errors.sort_by_key(|e| (e.line, e.column));
             Err(ConfigErrors(self.errors))
         }
+    }
+
+    /// `drain_timeout`: off unless written; never zero.
+    fn drain_timeout(&mut self, raw: Option<Spanned<HumanDuration>>) -> Option<Duration> {
+        raw.map(|d| {
+            if d.value.0.is_zero() {
+                self.err(&d.referenced, "drain_timeout must be greater than zero (leave it out to let connections to removed backends finish on their own)");
+            }
+            self.at_most(&d, "drain_timeout", MAX_DRAIN_TIMEOUT)
+                .unwrap_or(d.value.0)
+        })
     }
 
     fn socket_addr(&mut self, s: &Spanned<String>, what: &str) -> Option<SocketAddr> {
