@@ -455,6 +455,17 @@ impl KeepAlive {
     }
 }
 
+/// The next data frame of a streamed response body, which must come (within
+/// the test's patience) and be data.
+pub async fn next_data(body: &mut Incoming) -> Bytes {
+    within("the next chunk", body.frame())
+        .await
+        .expect("a frame")
+        .expect("no error")
+        .into_data()
+        .expect("data")
+}
+
 /// A request builder for `GET path` with a Host header.
 pub fn get(path: &str) -> hyper::http::request::Builder {
     Request::get(path).header("host", "magpie")
