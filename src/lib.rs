@@ -35,7 +35,7 @@
 //! | [`listener`] | the accept loop both data paths share: limits, back-off, graceful drain |
 //! | [`net`] | binding, socket options, connecting with a deadline, address types |
 //! | [`tcp`] | `mode: tcp`: one connection in phases, its header key from the first bytes, copying both ways |
-//! | [`http`] | `mode: http`: each request's keys (session and group) and pin, forwarding in phases, pooled upstreams, streamed bodies |
+//! | [`http`] | `mode: http`: each request's keys (session and group) and pin, framing checks, forwarding in phases, deadlines towards backends and clients, pooled upstreams, streamed bodies |
 //! | [`usage`] | token counts read from LLM responses as they stream: OpenAI chat/completions/responses and Anthropic shapes, JSON or SSE |
 //! | [`sessions`] | session pins: a key's backend kept while the key is in use |
 //! | [`recent`] | what routing last did with each key: where and why, where it spilled (it stays), cache misses and their causes |
@@ -45,7 +45,7 @@
 //! | [`label`] | label enums (a counter's series names) declared once |
 //! | [`supervise`] | long-lived tasks restarted (and counted) if they panic; the panic hook |
 //! | [`throttle`] | rate-limited log lines for conditions that can repeat thousands of times a second |
-//! | [`admin`] | the read-only admin HTTP endpoint: metrics, health, table, route |
+//! | [`admin`] | the read-only admin HTTP endpoint on a thread of its own: metrics (gzip, one rendering shared by concurrent scrapes), health, table, route |
 //! | [`lab`] | `magpie simulate`, `plan`, `demo`, `engine` (a simulated inference engine: prefix cache, prefill and decode times) and `workload` (multi-turn chats measuring cache hits against the ideal) |
 //! | [`probe`] | `magpie probe`: one HTTP `GET`, exit 0 on 2xx (container health checks) |
 //!
