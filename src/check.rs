@@ -184,8 +184,8 @@ fn bounded_text(config: &Config) -> String {
 fn limits_text(config: &Config) -> String {
     let l = config.limits;
     format!(
-        "request heads up to {} bytes; bodies read for keys hold up to {} bytes in total",
-        l.max_head_bytes, l.key_buffer_bytes
+        "request heads up to {} bytes; bodies read for keys hold up to {} bytes in total; an HTTP/2 client resetting over {} dispatched streams a second gets GOAWAY",
+        l.max_head_bytes, l.key_buffer_bytes, l.h2_resets_per_second
     )
 }
 
@@ -369,7 +369,7 @@ mod tests {
             "health:      HTTP GET /health (200-299) every 2s",
             "bounded:     1.25 x fair share",
             "sessions:    pins for 10m, at most 100000, in this process",
-            "limits:      request heads up to 65536 bytes; bodies read for keys hold up to 67108864 bytes in total",
+            "limits:      request heads up to 65536 bytes; bodies read for keys hold up to 67108864 bytes in total; an HTTP/2 client resetting over 100 dispatched streams a second gets GOAWAY",
             "warning: proxy_protocol.accept_from has 10.0.0.0/8",
         ] {
             assert!(text.contains(needle), "{needle:?} not in:\n{text}");

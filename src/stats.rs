@@ -56,11 +56,31 @@ pub struct Stats {
     reloads_ok: AtomicU64,
     reloads_failed: AtomicU64,
     exhausted: [AtomicU64; Exhausted::COUNT],
+    /// HTTP/2 streams reset by the client after dispatch, and connections
+    /// sent GOAWAY for passing `limits.h2_resets_per_second`.
+    h2_resets: AtomicU64,
+    h2_reset_goaways: AtomicU64,
     /// The bytes requests hold while their bodies are read for keys.
     pub key_budget: std::sync::Arc<crate::key_budget::KeyBudget>,
 }
 
 impl Stats {
+    pub fn count_h2_reset(&self) {
+        self.h2_resets.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn count_h2_reset_goaway(&self) {
+        self.h2_reset_goaways.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn h2_resets(&self) -> u64 {
+        self.h2_resets.load(Ordering::Relaxed)
+    }
+
+    pub fn h2_reset_goaways(&self) -> u64 {
+        self.h2_reset_goaways.load(Ordering::Relaxed)
+    }
+
     pub fn count_fallback(&self, why: FallbackReason) {
         self.key_fallbacks[why.index()].fetch_add(1, Ordering::Relaxed);
     }

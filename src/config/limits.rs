@@ -30,6 +30,11 @@ pub const MAX_MAX_HEAD_BYTES: u64 = 1 << 20;
 pub const DEFAULT_KEY_BUFFER_BYTES: u64 = 64 << 20;
 pub const MIN_KEY_BUFFER_BYTES: u64 = 64 << 10;
 pub const MAX_KEY_BUFFER_BYTES: u64 = 16 << 30;
+/// `limits.h2_resets_per_second` (mode http): streams an HTTP/2 client may
+/// reset after magpie dispatched them, per second, before its connection
+/// gets GOAWAY.
+pub const DEFAULT_H2_RESETS_PER_SECOND: u64 = 100;
+pub const MAX_H2_RESETS_PER_SECOND: u64 = 100_000;
 pub const DEFAULT_EXPECT_STATUS: RangeInclusive<u16> = 200..=299;
 pub const DEFAULT_SESSION_TTL: Duration = Duration::from_secs(30 * 60);
 pub const DEFAULT_SESSION_MAX: u64 = 100_000;

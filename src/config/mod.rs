@@ -292,6 +292,9 @@ pub struct LimitsConfig {
     /// The most body bytes all requests together hold while their keys are
     /// looked for.
     pub key_buffer_bytes: u64,
+    /// Streams one HTTP/2 client may reset after dispatch, per second,
+    /// before its connection gets GOAWAY.
+    pub h2_resets_per_second: u64,
 }
 
 impl Default for LimitsConfig {
@@ -299,6 +302,7 @@ impl Default for LimitsConfig {
         LimitsConfig {
             max_head_bytes: DEFAULT_MAX_HEAD_BYTES as usize,
             key_buffer_bytes: DEFAULT_KEY_BUFFER_BYTES,
+            h2_resets_per_second: DEFAULT_H2_RESETS_PER_SECOND,
         }
     }
 }

@@ -354,6 +354,8 @@ pub(super) struct RawLimits {
     pub(super) max_head_bytes: Option<Spanned<u64>>,
     #[serde(default)]
     pub(super) key_buffer_bytes: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub(super) h2_resets_per_second: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize)]

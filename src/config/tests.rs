@@ -445,6 +445,15 @@ backends:
         (
             "mode: http
 listen: 127.0.0.1:7000
+limits: {h2_resets_per_second: 0}
+backends:
+  - {name: a, addr: 127.0.0.1:8001}
+",
+            "test.yaml:3:32: limits.h2_resets_per_second must be at least 1",
+        ),
+        (
+            "mode: http
+listen: 127.0.0.1:7000
 health: {http_path: health}
 backends:
   - {name: a, addr: 127.0.0.1:8001}

@@ -79,6 +79,11 @@ pub struct Clock {
 }
 
 impl Clock {
+    /// The client speaks HTTP/2.
+    pub fn is_h2(&self) -> bool {
+        self.h2.load(Ordering::Relaxed)
+    }
+
     pub fn new() -> Arc<Clock> {
         Arc::new(Clock {
             epoch: Instant::now(),

@@ -21,6 +21,7 @@
 //! | [`upload`] | a request body: the bytes read for the key, then the rest |
 //! | [`download`] | a response body: counted, timed, its connection given back at the end |
 //! | [`reply`] | what the client gets: a download, or magpie's own short answer |
+//! | [`resets`] | HTTP/2 streams reset by the client after dispatch, and the budget past which a connection gets GOAWAY |
 //! | [`clock`] | first-byte, head and keep-alive deadlines on a client connection (`408`) |
 //! | [`deadline`] | a backend's deadlines: the response head (`504`), pauses in its body |
 
@@ -33,6 +34,7 @@ pub mod pinning;
 pub mod pool;
 pub mod reply;
 pub mod request_key;
+pub mod resets;
 pub mod upload;
 
 use std::convert::Infallible;
@@ -52,6 +54,7 @@ use self::forward::{Forward, local};
 use self::pool::Pool;
 use self::reply::Reply;
 use self::request_key::KeyPlan;
+use self::resets::{Dispatched, Resets};
 use crate::config::{DEFAULT_HTTP_READ_TIMEOUT, KeyConfig};
 use crate::listener::Accepted;
 use crate::net::{Client, reset_on_close};
@@ -101,8 +104,13 @@ impl HttpPath {
         let clock = Clock::new();
         let io = Timed::new(intake.stream, Arc::clone(&clock), deadlines);
         let socket = io.socket();
-        drop(config);
-        let service = self.service(Arc::clone(&shared), Arc::clone(&clock), client);
+        let resets = Resets::new(config.limits.h2_resets_per_second);
+        let service = self.service(
+            Arc::clone(&shared),
+            Arc::clone(&clock),
+            Arc::clone(&resets),
+            client,
+        );
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder
             .http1()
@@ -116,12 +124,20 @@ impl HttpPath {
             .max_header_list_size(u32::try_from(head_limit).unwrap_or(u32::MAX))
             // What one stream may queue for a client that reads slowly.
             .max_send_buf_size(head_limit);
+        drop(config);
         let connection = builder.serve_connection(TokioIo::new(io), service);
         tokio::pin!(connection);
         let ended = tokio::select! {
-            ended = connection.as_mut() => ended,
-            _ = shutdown.cancelled() => {
-                // Finish the request in flight, then close keep-alive.
+            ended = connection.as_mut() => Some(ended),
+            _ = shutdown.cancelled() => None,
+            // Too many streams reset after dispatch: GOAWAY.
+            _ = resets.exceeded() => None,
+        };
+        let ended = match ended {
+            Some(ended) => ended,
+            None => {
+                // Finish the requests in flight, then close (HTTP/1:
+                // keep-alive ends; HTTP/2: GOAWAY).
                 connection.as_mut().graceful_shutdown();
                 tokio::select! {
                     ended = connection.as_mut() => ended,
@@ -143,6 +159,7 @@ impl HttpPath {
         self,
         shared: Arc<Shared>,
         clock: Arc<Clock>,
+        resets: Arc<Resets>,
         client: Client,
     ) -> impl hyper::service::Service<
         Request<Incoming>,
@@ -154,9 +171,11 @@ impl HttpPath {
             let path = self.clone();
             let clock = Arc::clone(&clock);
             let shared = Arc::clone(&shared);
+            let dispatched = Dispatched::new(&resets, &clock, &shared);
             async move {
                 let busy = clock.serving();
                 let response = path.request(request, &shared, client).await;
+                dispatched.done();
                 Ok::<_, Infallible>(response.map(|reply| reply.ending(busy)))
             }
         })

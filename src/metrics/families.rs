@@ -360,6 +360,20 @@ pub const FAMILIES: &[Family] = &[
         read: Read::Global(|g, s| s.by(|why: FallbackReason| g.stats.fallbacks(why))),
     },
     Family {
+        name: "magpie_http2_client_resets_total",
+        kind: COUNTER,
+        labels: &[],
+        help: "HTTP/2 streams the client reset after magpie had dispatched them (before their response was ready).",
+        read: Read::Global(|g, s| s.value(&[], g.stats.h2_resets() as f64)),
+    },
+    Family {
+        name: "magpie_http2_reset_goaways_total",
+        kind: COUNTER,
+        labels: &[],
+        help: "HTTP/2 connections sent GOAWAY for resetting more than limits.h2_resets_per_second streams after dispatch within a second.",
+        read: Read::Global(|g, s| s.value(&[], g.stats.h2_reset_goaways() as f64)),
+    },
+    Family {
         name: "magpie_key_buffer_bytes",
         kind: GAUGE,
         labels: &[],

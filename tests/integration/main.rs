@@ -16,6 +16,7 @@ mod faults;
 mod fuzz_corpus;
 mod group;
 mod health;
+mod http2_resets;
 mod http_framing;
 mod http_mode;
 mod http_timeouts;

@@ -14,11 +14,12 @@ use crate::config::raw::{
     RawHealth, RawHttp, RawLimits, RawRedis, RawSessions, StatusRange, StoreKind,
 };
 use crate::config::{
-    CopyMode, DEFAULT_FIRST_BYTE_TIMEOUT, DEFAULT_KEEPALIVE_TIMEOUT, DEFAULT_KEY_BUFFER_BYTES,
-    DEFAULT_MAX_HEAD_BYTES, DEFAULT_POOL_IDLE_TIMEOUT, DEFAULT_POOL_MAX_IDLE, DEFAULT_REDIS_ADDR,
-    DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_SESSION_MAX,
-    DEFAULT_SESSION_TTL, DEFAULT_STREAM_IDLE_TIMEOUT, HealthConfig, HttpConfig, LimitsConfig,
-    MAX_FIRST_BYTE_TIMEOUT, MAX_HTTP_TIMEOUT, MAX_KEY_BUFFER_BYTES, MAX_MAX_HEAD_BYTES,
+    CopyMode, DEFAULT_FIRST_BYTE_TIMEOUT, DEFAULT_H2_RESETS_PER_SECOND, DEFAULT_KEEPALIVE_TIMEOUT,
+    DEFAULT_KEY_BUFFER_BYTES, DEFAULT_MAX_HEAD_BYTES, DEFAULT_POOL_IDLE_TIMEOUT,
+    DEFAULT_POOL_MAX_IDLE, DEFAULT_REDIS_ADDR, DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT,
+    DEFAULT_RESPONSE_TIMEOUT, DEFAULT_SESSION_MAX, DEFAULT_SESSION_TTL,
+    DEFAULT_STREAM_IDLE_TIMEOUT, HealthConfig, HttpConfig, LimitsConfig, MAX_FIRST_BYTE_TIMEOUT,
+    MAX_H2_RESETS_PER_SECOND, MAX_HTTP_TIMEOUT, MAX_KEY_BUFFER_BYTES, MAX_MAX_HEAD_BYTES,
     MAX_POOL_IDLE_TIMEOUT, MAX_POOL_MAX_IDLE, MAX_REDIS_PREFIX, MAX_REDIS_TIMEOUT, MAX_SESSION_MAX,
     MAX_SESSION_TTL, MIN_KEY_BUFFER_BYTES, MIN_MAX_HEAD_BYTES, Mode, RedisConfig, SessionsConfig,
 };
@@ -128,10 +129,17 @@ impl Validator<'_> {
             DEFAULT_KEY_BUFFER_BYTES,
             MIN_KEY_BUFFER_BYTES..=MAX_KEY_BUFFER_BYTES,
         );
+        let h2_resets_per_second = self.count(
+            raw.value.h2_resets_per_second,
+            "limits.h2_resets_per_second",
+            DEFAULT_H2_RESETS_PER_SECOND,
+            1..=MAX_H2_RESETS_PER_SECOND,
+        );
         LimitsConfig {
             // At most MAX_MAX_HEAD_BYTES, so this fits any usize.
             max_head_bytes: max_head_bytes as usize,
             key_buffer_bytes,
+            h2_resets_per_second,
         }
     }
 

@@ -1,0 +1,153 @@
+//! HTTP/2 streams a client resets after magpie dispatched them, and the
+//! budget past which its connection gets GOAWAY (`limits.h2_resets_per_second`).
+//!
+//! hyper already bounds streams reset *before* they are dispatched (the
+//! rapid-reset flood). A client can still open a stream, let magpie pick a
+//! backend and send the request there, and reset it at once, over and over:
+//! every such stream costs a backend request for nothing. Each request's
+//! service future carries a [`Dispatched`] guard; dropped before the
+//! response was ready on an HTTP/2 connection, it counts one reset
+//! (`magpie_http2_client_resets_total`), and a connection that passes its
+//! budget within one second is told to go away
+//! (`magpie_http2_reset_goaways_total`): the streams it has open finish,
+//! new ones are refused.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::clock::Clock;
+use crate::snapshot::Shared;
+use crate::stats::Stats;
+
+/// One connection's resets in the current one-second window.
+#[derive(Debug)]
+pub struct Resets {
+    epoch: Instant,
+    budget: u64,
+    /// The window's start (ms since `epoch`) in the high 40 bits, its
+    /// count in the low 24.
+    window: AtomicU64,
+    over: AtomicBool,
+    notify: Notify,
+}
+
+const COUNT_BITS: u32 = 24;
+const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
+
+impl Resets {
+    pub fn new(budget: u64) -> Arc<Resets> {
+        Arc::new(Resets {
+            epoch: Instant::now(),
+            budget,
+            window: AtomicU64::new(0),
+            over: AtomicBool::new(false),
+            notify: Notify::new(),
+        })
+    }
+
+    /// One stream was reset after dispatch; `true` when this one passed
+    /// the budget.
+    fn reset(&self) -> bool {
+        let now = self.epoch.elapsed().as_millis() as u64;
+        let mut current = self.window.load(Ordering::Relaxed);
+        let count = loop {
+            let (start, count) = (current >> COUNT_BITS, current & COUNT_MASK);
+            let (start, count) = if now.saturating_sub(start) >= 1000 {
+                (now, 1)
+            } else {
+                (start, (count + 1).min(COUNT_MASK))
+            };
+            let next = start << COUNT_BITS | count;
+            match self.window.compare_exchange_weak(
+                current,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break count,
+                Err(seen) => current = seen,
+            }
+        };
+        if count > self.budget && !self.over.swap(true, Ordering::Relaxed) {
+            self.notify.notify_one();
+            return true;
+        }
+        false
+    }
+
+    /// Resolves once the connection has passed its budget.
+    pub async fn exceeded(&self) {
+        loop {
+            let notified = self.notify.notified();
+            if self.over.load(Ordering::Relaxed) {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Rides along with one request's service future.
+pub struct Dispatched {
+    resets: Arc<Resets>,
+    clock: Arc<Clock>,
+    shared: Arc<Shared>,
+    done: bool,
+}
+
+impl Dispatched {
+    pub fn new(resets: &Arc<Resets>, clock: &Arc<Clock>, shared: &Arc<Shared>) -> Dispatched {
+        Dispatched {
+            resets: Arc::clone(resets),
+            clock: Arc::clone(clock),
+            shared: Arc::clone(shared),
+            done: false,
+        }
+    }
+
+    /// The response is ready: no reset.
+    pub fn done(mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for Dispatched {
+    fn drop(&mut self) {
+        if self.done || !self.clock.is_h2() {
+            return;
+        }
+        let stats: &Stats = &self.shared.stats;
+        stats.count_h2_reset();
+        if self.resets.reset() {
+            stats.count_h2_reset_goaway();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_is_per_second_and_passing_it_is_told_once() {
+        let r = Resets::new(3);
+        assert!(!r.reset() && !r.reset() && !r.reset());
+        assert!(r.reset(), "the fourth in a second passes a budget of 3");
+        assert!(!r.reset(), "told once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_second_starts_a_new_count() {
+        let r = Resets::new(2);
+        assert!(!r.reset() && !r.reset());
+        tokio::time::advance(std::time::Duration::from_millis(1000)).await;
+        assert!(!r.reset() && !r.reset());
+        assert!(r.reset());
+        tokio::time::timeout(std::time::Duration::from_secs(1), r.exceeded())
+            .await
+            .expect("exceeded resolves");
+    }
+}
