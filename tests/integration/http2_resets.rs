@@ -26,14 +26,7 @@ async fn streams_reset_after_dispatch_are_counted_and_too_many_get_goaway() {
     let up = Upstream::start("a", Answer::Never).await;
     let settings = "mode: http\nkey:\n  from: header\n  header: x-session-id\nlimits: {h2_resets_per_second: 3}\n";
     let magpie = Magpie::with(settings, &[up.pair()]).await;
-    let stream = connect(magpie.addr).await;
-    let (mut sender, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .expect("an HTTP/2 handshake");
-    let conn = tokio::spawn(conn);
+    let (mut sender, conn) = h2_connect(magpie.addr).await;
     let stats = Arc::clone(&magpie.shared);
     for n in 1..=4u64 {
         let request = hyper::Request::get("http://magpie/")

@@ -319,15 +319,7 @@ async fn connect_gets_405_and_authority_form_targets_400() {
 
 /// An HTTP/2 connection with prior knowledge, and a way to send on it.
 async fn h2(magpie: &Magpie) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
-    let stream = connect(magpie.addr).await;
-    let (sender, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .expect("an HTTP/2 handshake");
-    tokio::spawn(conn);
-    sender
+    h2_connect(magpie.addr).await.0
 }
 
 async fn h2_send(

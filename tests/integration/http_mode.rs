@@ -548,14 +548,7 @@ async fn a_proxy_header_names_the_client_in_mode_http() {
 async fn http2_streams_are_keyed_one_by_one() {
     let backends = HyperBackends::start(&["a", "b", "c"]).await;
     let magpie = Magpie::with(&http_settings(""), &backends.pairs()).await;
-    let stream = connect(magpie.addr).await;
-    let (mut sender, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .expect("an HTTP/2 handshake");
-    tokio::spawn(conn);
+    let (mut sender, _conn) = h2_connect(magpie.addr).await;
     for s in 0..12 {
         let session = format!("h2-{s}");
         let request = Request::get(format!("http://magpie/{s}"))

@@ -165,13 +165,7 @@ async fn a_stalled_stream_is_cut_with_a_reset_after_stream_idle_timeout() {
     assert_eq!(timeouts(&magpie, "a", "stream_idle").await, 2.0);
 
     // HTTP/2: the stream is reset; the connection goes on.
-    let (mut sender, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(connect(magpie.addr).await),
-    )
-    .await
-    .expect("an HTTP/2 handshake");
-    tokio::spawn(conn);
+    let (mut sender, _conn) = h2_connect(magpie.addr).await;
     for round in 0..2 {
         let request = hyper::Request::get("http://magpie/")
             .body(Full::<bytes::Bytes>::default())
@@ -281,14 +275,7 @@ async fn an_http2_connection_idles_only_without_open_streams() {
         &backends.pairs(),
     )
     .await;
-    let stream = connect(magpie.addr).await;
-    let (mut sender, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .expect("an HTTP/2 handshake");
-    let conn = tokio::spawn(conn);
+    let (mut sender, conn) = h2_connect(magpie.addr).await;
     let h2_get = |path: &str| {
         hyper::Request::get(format!("http://magpie{path}"))
             .body(Full::<bytes::Bytes>::default())

@@ -455,6 +455,26 @@ impl KeepAlive {
     }
 }
 
+/// An HTTP/2 connection with prior knowledge to `to`: a sender for its
+/// streams, and the task that drives it (it ends with the connection).
+pub async fn h2_connect(
+    to: SocketAddr,
+) -> (
+    hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+    tokio::task::JoinHandle<hyper::Result<()>>,
+) {
+    let stream = within("connect to magpie", TcpStream::connect(to))
+        .await
+        .unwrap_or_else(|e| panic!("connect to {to}: {e}"));
+    let (sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        TokioIo::new(stream),
+    )
+    .await
+    .expect("an HTTP/2 handshake");
+    (sender, tokio::spawn(conn))
+}
+
 /// The next data frame of a streamed response body, which must come (within
 /// the test's patience) and be data.
 pub async fn next_data(body: &mut Incoming) -> Bytes {
