@@ -12,8 +12,9 @@
 //! (`magpie_http2_reset_goaways_total`): the streams it has open finish,
 //! new ones are refused.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -25,24 +26,19 @@ use crate::stats::Stats;
 /// One connection's resets in the current one-second window.
 #[derive(Debug)]
 pub struct Resets {
-    epoch: Instant,
     budget: u64,
-    /// The window's start (ms since `epoch`) in the high 40 bits, its
-    /// count in the low 24.
-    window: AtomicU64,
+    /// When the window began, and the resets in it. Only a reset takes
+    /// the lock, never a request that completes.
+    window: Mutex<(Instant, u64)>,
     over: AtomicBool,
     notify: Notify,
 }
 
-const COUNT_BITS: u32 = 24;
-const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
-
 impl Resets {
     pub fn new(budget: u64) -> Arc<Resets> {
         Arc::new(Resets {
-            epoch: Instant::now(),
             budget,
-            window: AtomicU64::new(0),
+            window: Mutex::new((Instant::now(), 0)),
             over: AtomicBool::new(false),
             notify: Notify::new(),
         })
@@ -51,25 +47,14 @@ impl Resets {
     /// One stream was reset after dispatch; `true` when this one passed
     /// the budget.
     fn reset(&self) -> bool {
-        let now = self.epoch.elapsed().as_millis() as u64;
-        let mut current = self.window.load(Ordering::Relaxed);
-        let count = loop {
-            let (start, count) = (current >> COUNT_BITS, current & COUNT_MASK);
-            let (start, count) = if now.saturating_sub(start) >= 1000 {
-                (now, 1)
-            } else {
-                (start, (count + 1).min(COUNT_MASK))
-            };
-            let next = start << COUNT_BITS | count;
-            match self.window.compare_exchange_weak(
-                current,
-                next,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => break count,
-                Err(seen) => current = seen,
+        let now = Instant::now();
+        let count = {
+            let mut window = self.window.lock().unwrap_or_else(|e| e.into_inner());
+            if now.duration_since(window.0) >= Duration::from_secs(1) {
+                *window = (now, 0);
             }
+            window.1 += 1;
+            window.1
         };
         if count > self.budget && !self.over.swap(true, Ordering::Relaxed) {
             self.notify.notify_one();
