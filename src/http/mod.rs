@@ -38,6 +38,8 @@ pub mod resets;
 pub mod upload;
 
 use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -65,6 +67,9 @@ use crate::stats::{ClientFailure, Stats};
 
 /// The smallest head buffer hyper accepts.
 const MIN_HEAD_BUFFER: usize = 8192;
+
+/// One request's answer in the making, boxed (see [`HttpPath::service`]).
+type RequestFuture = Pin<Box<dyn Future<Output = Result<Response<Reply>, Infallible>> + Send>>;
 
 /// What every HTTP connection shares.
 #[derive(Clone, Default)]
@@ -165,19 +170,23 @@ impl HttpPath {
         Request<Incoming>,
         Response = Response<Reply>,
         Error = Infallible,
-        Future = impl Future<Output = Result<Response<Reply>, Infallible>> + Send,
+        Future = RequestFuture,
     > + Clone {
         service_fn(move |request: Request<Incoming>| {
             let path = self.clone();
             let clock = Arc::clone(&clock);
             let shared = Arc::clone(&shared);
             let dispatched = Dispatched::new(&resets, &clock, &shared);
-            async move {
+            // Boxed: hyper keeps a slot the size of this future for every
+            // connection, idle or not, so an unboxed one (kilobytes: the
+            // key, the route, the upstream exchange) would be paid by every
+            // idle keep-alive client.
+            Box::pin(async move {
                 let busy = clock.serving();
                 let response = path.request(request, &shared, client).await;
                 dispatched.done();
                 Ok::<_, Infallible>(response.map(|reply| reply.ending(busy)))
-            }
+            }) as RequestFuture
         })
     }
 
