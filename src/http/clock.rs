@@ -359,6 +359,7 @@ impl AsyncWrite for Timed {
 /// be read (and discarded) before it is closed.
 const LINGER_TIME: Duration = Duration::from_secs(2);
 const LINGER_BYTES: usize = 64 << 20;
+const LINGER_BUFFER: usize = 16 << 10;
 
 /// Closes a client connection gently after an error answer (`400`, `431`,
 /// `408`): stop writing, then read and discard what the client is still
@@ -370,7 +371,9 @@ pub async fn linger(stream: &TcpStream) {
         tracing::debug!(error = %e, "cannot shut down the client's write side");
         return;
     }
-    let mut sink = [0u8; 16 * 1024];
+    // On the heap, and only here: an array in this future would be part of
+    // every connection's task, lingering or not.
+    let mut sink = vec![0u8; LINGER_BUFFER];
     let mut read = 0;
     let drain = async {
         while read < LINGER_BYTES {
