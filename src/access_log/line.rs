@@ -7,30 +7,67 @@
 //! value that is empty, is `-`, or holds a space, a quote, a backslash or a
 //! control character, so each line splits on spaces into the same columns.
 
-use std::time::Duration;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::time::{Duration, SystemTime};
 
 use super::{Entry, Status};
 use crate::config::{LogField, LogFormat};
 
-/// One field's value.
+/// One field's value, borrowed from its entry: written straight into the
+/// line, with no allocation of its own.
+#[derive(Clone, Copy)]
 enum Value<'a> {
-    /// Words and numbers that never need quoting or escaping.
-    Plain(String),
-    /// A number that JSON writes bare.
-    Number(String),
+    Time(SystemTime),
+    Addr(SocketAddr),
+    Hex(u64),
+    /// A word magpie chose (a routing reason, how a connection ended).
+    Word(&'static str),
+    Number(u64),
+    Millis(Duration),
     /// Text from the network (or a name from the config): escaped.
     Text(&'a str),
 }
 
+impl Value<'_> {
+    /// Whether JSON writes it bare.
+    fn is_number(self) -> bool {
+        matches!(self, Value::Number(_) | Value::Millis(_))
+    }
+
+    /// The value as it is, unquoted.
+    fn put(self, out: &mut String) {
+        match self {
+            Value::Time(t) => put(out, format_args!("{}", humantime::format_rfc3339_millis(t))),
+            Value::Addr(a) => put(out, format_args!("{a}")),
+            Value::Hex(h) => put(out, format_args!("{h:016x}")),
+            Value::Word(w) => out.push_str(w),
+            Value::Number(n) => put(out, format_args!("{n}")),
+            Value::Millis(d) => put(out, format_args!("{:.3}", d.as_secs_f64() * 1000.0)),
+            Value::Text(t) => out.push_str(t),
+        }
+    }
+}
+
+/// Writing to a `String` cannot fail.
+fn put(out: &mut String, args: std::fmt::Arguments<'_>) {
+    out.write_fmt(args).unwrap_or(());
+}
+
 /// `entry` as one line in `format`, with `fields` in order, and a newline.
 pub fn format(entry: &Entry, format: LogFormat, fields: &[LogField]) -> String {
-    let mut out = String::with_capacity(320);
+    let mut out = String::with_capacity(384);
+    write(entry, format, fields, &mut out);
+    out
+}
+
+/// [`format`], appended to `out`.
+pub fn write(entry: &Entry, format: LogFormat, fields: &[LogField], out: &mut String) {
     match format {
-        LogFormat::Json => json(entry, fields, &mut out),
-        LogFormat::Text => text(entry, fields, &mut out),
+        LogFormat::Json => json(entry, fields, out),
+        LogFormat::Text => text(entry, fields, out),
     }
     out.push('\n');
-    out
 }
 
 fn json(entry: &Entry, fields: &[LogField], out: &mut String) {
@@ -48,9 +85,14 @@ fn json(entry: &Entry, fields: &[LogField], out: &mut String) {
         out.push_str(field.as_str());
         out.push_str("\":");
         match value {
-            Value::Number(n) => out.push_str(&n),
-            Value::Plain(s) => push_quoted(out, &s),
+            v if v.is_number() => v.put(out),
             Value::Text(s) => push_quoted(out, s),
+            // Addresses, times, hex and words need no escaping.
+            v => {
+                out.push('"');
+                v.put(out);
+                out.push('"');
+            }
         }
     }
     out.push('}');
@@ -63,9 +105,8 @@ fn text(entry: &Entry, fields: &[LogField], out: &mut String) {
         }
         match value(entry, field) {
             None => out.push('-'),
-            Some(Value::Number(s) | Value::Plain(s)) => out.push_str(&s),
             Some(Value::Text(s)) if needs_quotes(s) => push_quoted(out, s),
-            Some(Value::Text(s)) => out.push_str(s),
+            Some(v) => v.put(out),
         }
     }
 }
@@ -84,44 +125,35 @@ fn needs_quotes(s: &str) -> bool {
     s.is_empty()
         || s == "-"
         || s.chars()
-            .any(|c| c == ' ' || c == '"' || c == '\\' || c.is_control() || c.is_whitespace())
-}
-
-fn millis(d: Duration) -> String {
-    format!("{:.3}", d.as_secs_f64() * 1000.0)
+            .any(|c| c == '"' || c == '\\' || c.is_control() || c.is_whitespace())
 }
 
 /// The value of `field` in `entry`, if it has one.
 fn value(entry: &Entry, field: LogField) -> Option<Value<'_>> {
-    let plain = |s: String| Some(Value::Plain(s));
-    let number = |n: u64| Some(Value::Number(n.to_string()));
     let http = entry.http.as_ref();
-    match field {
-        LogField::Time => plain(humantime::format_rfc3339_millis(entry.time).to_string()),
-        LogField::Client => plain(entry.client.to_string()),
-        LogField::Listener => plain(entry.listener.to_string()),
-        LogField::Backend => entry.backend.as_ref().map(|(n, _)| Value::Text(n)),
-        LogField::BackendAddr => entry
-            .backend
-            .as_ref()
-            .and_then(|(_, a)| plain(a.to_string())),
-        LogField::KeyHash => plain(format!("{:016x}", entry.key_hash)),
-        LogField::Key => entry.key.as_deref().map(Value::Text),
-        LogField::Routed => entry.routed.and_then(|r| plain(r.to_string())),
+    Some(match field {
+        LogField::Time => Value::Time(entry.time),
+        LogField::Client => Value::Addr(entry.client),
+        LogField::Listener => Value::Addr(entry.listener),
+        LogField::Backend => Value::Text(&entry.backend.as_ref()?.0),
+        LogField::BackendAddr => Value::Addr(entry.backend.as_ref()?.1),
+        LogField::KeyHash => Value::Hex(entry.key_hash),
+        LogField::Key => Value::Text(entry.key.as_deref()?),
+        LogField::Routed => Value::Word(entry.routed?),
         LogField::Status => match entry.status {
-            Status::Code(code) => number(u64::from(code)),
-            Status::Ended(how) => plain(how.to_string()),
+            Status::Code(code) => Value::Number(u64::from(code)),
+            Status::Ended(how) => Value::Word(how),
         },
-        LogField::BytesIn => number(entry.bytes_in),
-        LogField::BytesOut => number(entry.bytes_out),
-        LogField::FirstByteMs => entry.first_byte.map(|d| Value::Number(millis(d))),
-        LogField::DurationMs => Some(Value::Number(millis(entry.duration))),
-        LogField::Method => http.map(|h| Value::Text(&h.method)),
-        LogField::Path => http.map(|h| Value::Text(&h.path)),
-        LogField::Protocol => http.and_then(|h| plain(h.protocol.to_string())),
-        LogField::PromptTokens => entry.tokens.and_then(|t| number(t.prompt)),
-        LogField::CachedTokens => entry.tokens.and_then(|t| number(t.cached)),
-    }
+        LogField::BytesIn => Value::Number(entry.bytes_in),
+        LogField::BytesOut => Value::Number(entry.bytes_out),
+        LogField::FirstByteMs => Value::Millis(entry.first_byte?),
+        LogField::DurationMs => Value::Millis(entry.duration),
+        LogField::Method => Value::Text(&http?.method),
+        LogField::Path => Value::Text(&http?.path),
+        LogField::Protocol => Value::Word(http?.protocol),
+        LogField::PromptTokens => Value::Number(entry.tokens?.prompt),
+        LogField::CachedTokens => Value::Number(entry.tokens?.cached),
+    })
 }
 
 #[cfg(test)]

@@ -48,7 +48,8 @@ enum Output {
 struct Batch {
     output: Option<Output>,
     target: LogTarget,
-    bytes: Vec<u8>,
+    /// Formatted lines.
+    bytes: String,
     lines: u64,
 }
 
@@ -64,7 +65,7 @@ impl Writer {
         };
         let mut receiver = self.receiver.lock().await;
         let mut output = None;
-        let mut bytes = Vec::with_capacity(BATCH_BYTES);
+        let mut bytes = String::with_capacity(BATCH_BYTES);
         let mut flushes = Vec::new();
         loop {
             let mut lines = 0;
@@ -81,9 +82,7 @@ impl Writer {
                     Message::Line(entry) => {
                         self.counters.queued.fetch_sub(1, Ordering::Relaxed);
                         if let Some(s) = &*self.settings.load() {
-                            bytes.extend_from_slice(
-                                line::format(&entry, s.format, &s.fields).as_bytes(),
-                            );
+                            line::write(&entry, s.format, &s.fields, &mut bytes);
                             lines += 1;
                         }
                     }
@@ -140,7 +139,7 @@ impl Writer {
             let empty = Batch {
                 output: None,
                 target: LogTarget::Stderr,
-                bytes: Vec::with_capacity(BATCH_BYTES),
+                bytes: String::with_capacity(BATCH_BYTES),
                 lines: 0,
             };
             (empty, "the writing thread panicked".to_string())
@@ -173,8 +172,8 @@ fn write_blocking(mut batch: Batch) -> (Batch, io::Result<()>) {
         };
         let output = batch.output.insert(output);
         match output {
-            Output::Stderr => io::stderr().lock().write_all(&batch.bytes),
-            Output::File(f) => f.write_all(&batch.bytes),
+            Output::Stderr => io::stderr().lock().write_all(batch.bytes.as_bytes()),
+            Output::File(f) => f.write_all(batch.bytes.as_bytes()),
         }
     })();
     (batch, result)

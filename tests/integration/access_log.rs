@@ -346,3 +346,31 @@ async fn sigusr1_reopens_the_file_in_the_binary() {
     assert_eq!(fresh.len(), 2, "{fresh:?}");
     assert_eq!(fresh[0]["path"], "/r/3");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_changes_the_path_writes_to_the_new_one() {
+    let first = TempFile::new("first.log", "");
+    let second = first.path.with_file_name("second.log");
+    let backends = HyperBackends::start(&["a"]).await;
+    let yaml = |log: &Path| config_yaml("127.0.0.1:0", &http_settings(log, ""), &backends.pairs());
+    let file = TempFile::new("magpie.yaml", &yaml(&first.path));
+    let magpie = Magpie::start_file(&file.path).await;
+    let mut versions = magpie.shared.versions();
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    get_numbered(&mut client, 0, "s").await;
+    std::fs::write(&file.path, yaml(&second)).expect("write the new config");
+    within("the reload", versions.changed())
+        .await
+        .expect("magpie is running");
+    get_numbered(&mut client, 1, "s").await;
+    within(
+        "the access log to be flushed",
+        magpie.shared.access_log.flush(),
+    )
+    .await;
+    assert_eq!(json_lines(&first.path)[..].len(), 1);
+    let moved = json_lines(&second);
+    assert_eq!(moved.len(), 1, "{moved:?}");
+    assert_eq!(moved[0]["path"], "/r/1");
+    magpie.stop().await;
+}
