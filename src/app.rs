@@ -1,6 +1,6 @@
 //! Start and run a whole magpie: the first snapshot, every listener, the
-//! admin endpoint, health checks, engine load scrapes, reloads, and the
-//! drain at shutdown.
+//! admin endpoint, health checks, engine load scrapes, the access log's
+//! writer, reloads, and the drain at shutdown.
 //!
 //! `Config ──build──▶ Snapshot ──▶ Shared` happens here once; then each piece
 //! gets the `Shared` it needs and the shutdown token, and runs as its own task.
@@ -26,6 +26,9 @@ use crate::listener::{self, Drained};
 use crate::net::bind;
 use crate::snapshot::{Shared, Snapshot, SnapshotError};
 use crate::supervise::{self, Task};
+
+/// How long the exit waits for the access log's last lines.
+const ACCESS_LOG_FLUSH: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// File descriptors kept aside for listeners, admin, health checks and logs.
 const FD_MARGIN: u64 = 64;
@@ -179,12 +182,16 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
             crate::health::load::run(Arc::clone(&shared), shutdown.clone())
         });
     }
+    let writer = shared.access_log.writer();
+    supervise::spawn(Task::AccessLog, move || writer.clone().run());
     if config.source.is_file() || config.discovery.is_some() {
         crate::reload::spawn(config.source.clone(), Arc::clone(&shared), shutdown.clone());
     }
     let serving = serve(config.mode, bound.listeners, Arc::clone(&shared), shutdown);
+    let logged = Arc::clone(&shared);
     let task = tokio::spawn(async move {
         let ended = serving.await;
+        flush_access_log(&logged).await;
         drained.cancel();
         ended
     });
@@ -194,6 +201,19 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         shared,
         task,
     })
+}
+
+/// Every connection is closed, so their lines are all queued: waits for
+/// them to be written, but not for long when the log cannot be written (a
+/// stuck disk or pipe).
+async fn flush_access_log(shared: &Shared) {
+    let flushed = shared.access_log.flush();
+    if tokio::time::timeout(ACCESS_LOG_FLUSH, flushed)
+        .await
+        .is_err()
+    {
+        warn!("the access log's last lines were not written within {ACCESS_LOG_FLUSH:?}");
+    }
 }
 
 /// The sockets magpie listens on, bound before anything is served.

@@ -40,6 +40,7 @@
 //! | [`sessions`] | session pins: a key's backend kept while the key is in use |
 //! | [`recent`] | what routing last did with each key: where and why, where it spilled (it stays), cache misses and their causes |
 //! | [`reload`] | SIGHUP and file watching → parse → build → publish, or keep the old snapshot |
+//! | [`access_log`] | one line per request (mode http) or connection (mode tcp): sampling, a bounded queue that drops rather than waits, JSON or text lines, the writer task (batches, reopens on SIGUSR1) |
 //! | [`stats`] | the global counters the data paths bump, and latency histograms |
 //! | [`metrics`] | the Prometheus export: every family declared once, with its reader |
 //! | [`label`] | label enums (a counter's series names) declared once |
@@ -54,6 +55,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod access_log;
 pub mod admin;
 pub mod app;
 pub mod backend;

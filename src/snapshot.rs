@@ -23,6 +23,7 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use blake2b_simd::Params;
 use tokio::sync::{Semaphore, watch};
 
+use crate::access_log::AccessLog;
 use crate::backend::{Backend, Live};
 use crate::config::{Algorithm, Config, KeyConfig};
 use crate::discovery::Discovery;
@@ -269,6 +270,8 @@ pub struct Shared {
     pub recent: Recent,
     /// Set at the first SIGTERM: `/readyz` answers 503 from then on.
     draining: std::sync::atomic::AtomicBool,
+    /// `access_log`: its settings, queue and counters.
+    pub access_log: AccessLog,
 }
 
 impl Shared {
@@ -284,6 +287,7 @@ impl Shared {
         let sessions = ArcSwapOption::from(sessions_for(&snapshot.config));
         let (max, ttl) = recent_size(&snapshot.config);
         let recent = Recent::new(max, ttl);
+        let access_log = AccessLog::new(snapshot.config.access_log.as_ref());
         Shared {
             snapshot: ArcSwap::from_pointee(snapshot),
             stats: Stats::default(),
@@ -294,6 +298,7 @@ impl Shared {
             sessions,
             recent,
             draining: std::sync::atomic::AtomicBool::new(false),
+            access_log,
         }
     }
 
@@ -339,6 +344,9 @@ impl Shared {
             self.sessions.store(sessions_for(&next.config));
             let (max, ttl) = recent_size(&next.config);
             self.recent.configure(max, ttl);
+        }
+        if next.config.access_log != self.snapshot.load().config.access_log {
+            self.access_log.configure(next.config.access_log.as_ref());
         }
         let next = Arc::new(next);
         let old = self.snapshot.swap(Arc::clone(&next));

@@ -29,6 +29,7 @@ labels! {
         Health => "health",
         EngineLoad => "engine_load",
         Reload => "reload",
+        AccessLog => "access_log",
     }
 }
 

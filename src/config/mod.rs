@@ -22,12 +22,16 @@ use serde::Deserialize;
 
 use crate::key::group::GroupBy;
 
+mod access_log;
 mod error;
 pub mod file;
 mod key;
 mod limits;
 mod load;
 mod metrics;
+pub use access_log::{
+    AccessLogConfig, DEFAULT_ACCESS_LOG_QUEUE, LogField, LogFormat, LogTarget, MAX_ACCESS_LOG_QUEUE,
+};
 pub use error::{ConfigError, ConfigErrors, Place, Places};
 pub use key::{KeyConfig, KeyRead, KeySources};
 pub use limits::*;
@@ -176,6 +180,9 @@ pub struct Config {
     pub discovery: Option<DiscoveryConfig>,
     /// What `/metrics` writes for a large pool. Not in the fingerprint.
     pub metrics: MetricsConfig,
+    /// One line per request (mode http) or connection (mode tcp); `None`
+    /// is off. Not in the fingerprint.
+    pub access_log: Option<AccessLogConfig>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

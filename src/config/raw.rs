@@ -13,6 +13,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
+use super::access_log::RawAccessLog;
 use super::{Algorithm, AllDown, ConfigError, CopyMode, LoadPreset, Mode, PerBackend};
 use crate::key::Fallback;
 
@@ -57,6 +58,8 @@ pub struct RawConfig {
     pub(super) discovery: Option<Spanned<RawDiscovery>>,
     #[serde(default)]
     pub(super) metrics: Option<RawMetrics>,
+    #[serde(default)]
+    pub(super) access_log: Option<RawAccessLog>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -31,6 +31,8 @@ pub struct Progress {
     epoch: Instant,
     /// Milliseconds from `epoch` to the latest frame.
     ms: AtomicU64,
+    /// The body's bytes sent so far (for the access log).
+    bytes: AtomicU64,
 }
 
 impl Progress {
@@ -39,7 +41,13 @@ impl Progress {
         Arc::new(Progress {
             epoch: Instant::now(),
             ms: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
         })
+    }
+
+    /// The request body's bytes sent so far.
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
     }
 
     fn touch(&self) {
@@ -80,8 +88,12 @@ impl Body for Outgoing {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let polled = Pin::new(&mut self.body).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(_))) = &polled {
+        if let Poll::Ready(Some(Ok(frame))) = &polled {
             self.progress.touch();
+            if let Some(data) = frame.data_ref() {
+                let n = data.len() as u64;
+                self.progress.bytes.fetch_add(n, Ordering::Relaxed);
+            }
         }
         polled
     }

@@ -29,7 +29,9 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use super::deadline::Silence;
+use super::logged::Logged;
 use super::pool::Lease;
+use crate::access_log;
 use crate::backend::{ActiveGuard, Backend, TimeoutKind};
 use crate::recent::{MissCause, Tokens};
 use crate::snapshot::Shared;
@@ -51,6 +53,8 @@ pub struct InFlight {
     pub tally: Tally,
     /// `http.stream_idle_timeout`.
     pub stream_idle: std::time::Duration,
+    /// The request's access-log line, written at the body's end.
+    pub log: Option<Logged>,
 }
 
 /// Where a response's usage goes: the key's memory (a cache miss and its
@@ -83,6 +87,8 @@ pub struct Download {
     /// most of a scanner is its buffers' bookkeeping).
     usage: Option<Box<UsageScanner>>,
     silence: Silence,
+    /// The body's bytes passed to the client (for the access log).
+    bytes_out: u64,
 }
 
 impl Download {
@@ -93,6 +99,7 @@ impl Download {
             silence: Silence::new(in_flight.stream_idle),
             in_flight: Some(in_flight),
             usage: usage.map(Box::new),
+            bytes_out: 0,
         }
     }
 
@@ -123,7 +130,7 @@ impl Download {
     /// The response ended: time it, count its usage, and give the connection
     /// back when the body was read to its end (`complete`), else let it close.
     fn finish(&mut self, complete: bool) {
-        let Some(f) = self.in_flight.take() else {
+        let Some(mut f) = self.in_flight.take() else {
             return;
         };
         let traffic = &f.backend.live.traffic;
@@ -135,6 +142,13 @@ impl Download {
             .and_then(|u| u.finish());
         if let Some(usage) = usage {
             count_usage(&f, usage);
+        }
+        if let Some(log) = f.log.take() {
+            let tokens = usage.map(|u| access_log::Tokens {
+                prompt: u.prompt_tokens,
+                cached: u.cached_tokens,
+            });
+            log.ended(self.bytes_out, tokens);
         }
         if complete {
             f.lease.give_back();
@@ -175,6 +189,7 @@ impl Body for Download {
                 if let (Some(data), Some(f)) = (frame.data_ref(), &self.in_flight) {
                     let traffic = &f.backend.live.traffic;
                     traffic.add_bytes_received(data.len() as u64);
+                    self.bytes_out += data.len() as u64;
                     if let Some(usage) = &mut self.usage {
                         usage.feed(data);
                     }

@@ -25,6 +25,7 @@ use tracing::{debug, warn};
 
 use super::deadline::{self, Outgoing, Progress};
 use super::download::{Download, InFlight, Tally};
+use super::logged::{Answer, Logged};
 use super::pool::{self, Lease, Limits, Pool};
 use super::reply::Reply;
 use super::upload::Upload;
@@ -62,6 +63,9 @@ pub struct Forward<'a> {
     pub config: &'a Config,
     pub pool: &'a Arc<Pool>,
     pub shared: &'a Arc<Shared>,
+    /// The request's access-log line, if it is sampled; it moves into the
+    /// response body once a backend answers.
+    pub log: &'a mut Option<Logged>,
 }
 
 /// Why a request reached no backend.
@@ -99,6 +103,16 @@ impl Failure {
             | Failure::AfterSend { .. }
             | Failure::ResponseTimeout { .. }
             | Failure::Switched { .. } => ClientFailure::NoBackend,
+        }
+    }
+
+    /// The backend the request failed at, if it reached one.
+    pub fn backend(&self) -> Option<&str> {
+        match self {
+            Failure::AfterSend { backend, .. }
+            | Failure::ResponseTimeout { backend, .. }
+            | Failure::Switched { backend } => Some(backend),
+            _ => None,
         }
     }
 
@@ -174,8 +188,18 @@ pub async fn forward(request: Request<Upload>, forward: Forward<'_>) -> Result<S
                 response,
                 lease,
                 sent,
+                progress,
             } => {
                 account(backend, response.status(), sent, forward.config);
+                let mut log = forward.log.take();
+                if let Some(log) = &mut log {
+                    log.answered(Answer {
+                        backend,
+                        how: how.as_str(),
+                        status: response.status().as_u16(),
+                        progress: &progress,
+                    });
+                }
                 let decision = Decision {
                     how,
                     pin_lost: forward.pin_lost,
@@ -194,6 +218,7 @@ pub async fn forward(request: Request<Upload>, forward: Forward<'_>) -> Result<S
                         moved,
                     },
                     stream_idle: forward.config.http.stream_idle_timeout,
+                    log,
                 };
                 return Ok(Served {
                     response: respond(response, in_flight, forward.config),
@@ -212,11 +237,13 @@ pub async fn forward(request: Request<Upload>, forward: Forward<'_>) -> Result<S
 
 /// What sending a request to one backend came to.
 enum Attempt {
-    /// A response head, the connection it came over, and when it was sent.
+    /// A response head, the connection it came over, when it was sent, and
+    /// how far its body got.
     Answered {
         response: Response<Incoming>,
         lease: Lease,
         sent: Instant,
+        progress: Arc<Progress>,
     },
     /// Not a byte of it was written: it may go to the next target.
     Unsent(Request<Upload>),
@@ -268,6 +295,7 @@ async fn send(
                     response,
                     lease,
                     sent,
+                    progress,
                 };
             }
             Err(error) => error,

@@ -20,6 +20,7 @@
 //! | [`pool`] | keep-alive connections to backends, lent to one request at a time |
 //! | [`upload`] | a request body: the bytes read for the key, then the rest |
 //! | [`download`] | a response body: counted, timed, its connection given back at the end |
+//! | [`logged`] | a request's access-log line: begun on arrival, completed as it is routed and answered, written at its end |
 //! | [`reply`] | what the client gets: a download, or magpie's own short answer |
 //! | [`resets`] | HTTP/2 streams reset by the client after dispatch, and the budget past which a connection gets GOAWAY |
 //! | [`clock`] | first-byte, head and keep-alive deadlines on a client connection (`408`) |
@@ -29,6 +30,7 @@ pub mod clock;
 pub mod deadline;
 pub mod download;
 pub mod forward;
+pub mod logged;
 pub mod normalize;
 pub mod pinning;
 pub mod pool;
@@ -43,7 +45,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::body::Incoming;
+use hyper::body::{Body as _, Incoming};
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -53,6 +55,7 @@ use tracing::debug;
 
 use self::clock::{Clock, Deadlines, Timed};
 use self::forward::{Forward, local};
+use self::logged::{Arrival, Logged};
 use self::pool::Pool;
 use self::reply::Reply;
 use self::request_key::KeyPlan;
@@ -98,10 +101,9 @@ impl HttpPath {
             return;
         };
         let client = intake.client;
-        let head_timeout = head_timeout(&config.key);
         let head_limit = config.limits.max_head_bytes;
         let deadlines = Deadlines {
-            head: head_timeout,
+            head: head_timeout(&config.key),
             first_byte: config.http.first_byte_timeout,
             keepalive: config.http.keepalive_timeout,
         };
@@ -110,12 +112,12 @@ impl HttpPath {
         let io = Timed::new(intake.stream, Arc::clone(&clock), deadlines);
         let socket = io.socket();
         let resets = Resets::new(config.limits.h2_resets_per_second);
-        let service = self.service(
-            Arc::clone(&shared),
-            Arc::clone(&clock),
-            Arc::clone(&resets),
+        let arrival = Arrival {
             client,
-        );
+            local: intake.local,
+        };
+        let (connection_clock, budget) = (Arc::clone(&clock), Arc::clone(&resets));
+        let service = self.service(Arc::clone(&shared), connection_clock, budget, arrival);
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder
             .http1()
@@ -165,13 +167,14 @@ impl HttpPath {
         shared: Arc<Shared>,
         clock: Arc<Clock>,
         resets: Arc<Resets>,
-        client: Client,
+        arrival: Arrival,
     ) -> impl hyper::service::Service<
         Request<Incoming>,
         Response = Response<Reply>,
         Error = Infallible,
         Future = RequestFuture,
-    > + Clone {
+    > + Clone
+    + use<> {
         service_fn(move |request: Request<Incoming>| {
             let path = self.clone();
             let clock = Arc::clone(&clock);
@@ -183,7 +186,15 @@ impl HttpPath {
             // idle keep-alive client.
             Box::pin(async move {
                 let busy = clock.serving();
-                let response = path.request(request, &shared, client).await;
+                let mut log = Logged::start(&request, arrival, &shared);
+                let response = path
+                    .request(request, &shared, arrival.client, &mut log)
+                    .await;
+                if let Some(log) = log {
+                    // Not handed to a response body: magpie answered itself.
+                    let bytes = response.body().size_hint().exact().unwrap_or(0);
+                    log.answered_locally(response.status().as_u16(), bytes);
+                }
                 dispatched.done();
                 Ok::<_, Infallible>(response.map(|reply| reply.ending(busy)))
             }) as RequestFuture
@@ -196,6 +207,7 @@ impl HttpPath {
         request: Request<Incoming>,
         shared: &Arc<Shared>,
         client: Client,
+        log: &mut Option<Logged>,
     ) -> Response<Reply> {
         if let Some(refused) = normalize::refuse(&request, &shared.stats, client) {
             return refused;
@@ -235,6 +247,9 @@ impl HttpPath {
             session: found.key,
             group,
         };
+        if let Some(log) = log.as_mut() {
+            log.keyed(keys.session);
+        }
         let pinned = pinning::route(shared.sessions(), &snapshot, &shared.recent, keys)
             .await
             .for_fallback(found.fallback.is_some());
@@ -246,6 +261,7 @@ impl HttpPath {
             config: &config,
             pool: &self.pool,
             shared,
+            log,
         };
         match forward::forward(request, forward).await {
             Ok(served) => {
@@ -253,6 +269,9 @@ impl HttpPath {
                 served.response
             }
             Err(failure) => {
+                if let (Some(log), Some(name)) = (log.as_mut(), failure.backend()) {
+                    log.tried(name, &pinned.route.targets);
+                }
                 shared.stats.count_client_failure(failure.client_failure());
                 failure.reply()
             }

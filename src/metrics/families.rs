@@ -526,7 +526,7 @@ pub const FAMILIES: &[Family] = &[
         name: "magpie_task_restarts_total",
         kind: COUNTER,
         labels: &["task"],
-        help: "Long-lived tasks (accept, admin, health, engine_load, reload) that panicked and were started again; any non-zero value is a bug to report.",
+        help: "Long-lived tasks (accept, admin, health, engine_load, reload, access_log) that panicked and were started again; any non-zero value is a bug to report.",
         read: Read::Global(|_, s| s.by(supervise::restarts)),
     },
     Family {
@@ -569,5 +569,26 @@ pub const FAMILIES: &[Family] = &[
         read: Read::Global(|g, s| {
             s.value(&[], g.sessions.map_or(0, |x| x.pins.evictions()) as f64)
         }),
+    },
+    Family {
+        name: "magpie_access_log_lines_total",
+        kind: COUNTER,
+        labels: &[],
+        help: "Access log lines written (access_log on).",
+        read: Read::Global(|g, s| s.value(&[], g.access_log.lines() as f64)),
+    },
+    Family {
+        name: "magpie_access_log_dropped_total",
+        kind: COUNTER,
+        labels: &[],
+        help: "Access log lines dropped because access_log.queue lines were already waiting for the writer (the disk or pipe is slower than traffic).",
+        read: Read::Global(|g, s| s.value(&[], g.access_log.dropped() as f64)),
+    },
+    Family {
+        name: "magpie_access_log_write_errors_total",
+        kind: COUNTER,
+        labels: &[],
+        help: "Failed writes (or opens) of the access log; each loses its batch of lines, and the file is opened again for the next.",
+        read: Read::Global(|g, s| s.value(&[], g.access_log.write_errors() as f64)),
     },
 ];

@@ -148,6 +148,7 @@ impl Collector for Exporter {
             sessions: sessions.as_deref(),
             discovery: &self.shared.discovery,
             recent: &self.shared.recent,
+            access_log: self.shared.access_log.counters(),
             renders: &self.renders,
         };
         // The current backends with their shares, then the draining ones;

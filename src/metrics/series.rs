@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use prometheus::proto::{Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily};
 
+use crate::access_log::Counters;
 use crate::backend::{Backend, Live};
 use crate::discovery::Discovery;
 use crate::label::Label;
@@ -30,6 +31,8 @@ pub struct Scrape<'a> {
     pub sessions: Option<&'a Sessions>,
     pub discovery: &'a Discovery,
     pub recent: &'a Recent,
+    /// Lines written, dropped and failed.
+    pub access_log: &'a Counters,
     /// The exporter's renderings (the admin endpoint's families).
     pub renders: &'a Renders,
 }

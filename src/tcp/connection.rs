@@ -17,6 +17,7 @@ use tracing::{debug, warn};
 
 use super::copy::{End, Transfer, copy_both_ways};
 use super::header_key::{HeaderKey, Want, read_header_key};
+use super::logged::Logged;
 use crate::backend::{ActiveGuard, Backend, Side, Spill};
 use crate::config::{Config, KeyConfig};
 use crate::health::passive::{self, Blame};
@@ -53,6 +54,7 @@ pub async fn serve(accepted: Accepted) {
         return;
     };
     let (key, fallback) = key(&config, &mut intake, stats).await;
+    let mut log = Logged::start(&shared, intake.client, intake.local, key);
     let spilled_to = shared.recent.spilled_to(key);
     let route =
         Route::plan_remembered(&snapshot, key, spilled_to.as_deref()).for_fallback(fallback);
@@ -69,9 +71,11 @@ pub async fn serve(accepted: Accepted) {
                 warn!(client = %intake.client, tried = route.targets.len(), "no backend took the connection; closing client");
             }
             stats.count_client_failure(failure);
+            log.failed(&shared, failure.as_str());
             return;
         }
     };
+    log.connected(&backend, how.as_str());
     debug!(client = %intake.client, backend = %backend.name, how = how.as_str(), "connected");
     let decision = Decision {
         how,
@@ -80,12 +84,9 @@ pub async fn serve(accepted: Accepted) {
     };
     shared.recent.routed(key, &backend, decision);
     let connected = Instant::now();
-    if config.proxy_protocol.send_v2 {
-        let header = proxy_protocol::v2_header(intake.client.0, intake.local.0);
-        if let Err(e) = upstream.write_all(&header).await {
-            warn!(backend = %backend.name, error = %e, "cannot send PROXY header to backend");
-            return;
-        }
+    if config.proxy_protocol.send_v2 && !send_proxy_header(&intake, &backend, &mut upstream).await {
+        log.failed(&shared, "proxy_header_failed");
+        return;
     }
     let transfer = Transfer {
         backend: &backend,
@@ -94,14 +95,27 @@ pub async fn serve(accepted: Accepted) {
         check_signature,
         copy: config.copy,
     };
-    let end = copy_both_ways(&mut intake.stream, &mut upstream, transfer).await;
+    let copied = copy_both_ways(&mut intake.stream, &mut upstream, transfer).await;
+    log.copied(&shared, &copied);
     let ended = Ended {
         backend: &backend,
         downstream: intake.stream.stream(),
         upstream: &upstream,
         client: intake.client,
     };
-    ended.account(end, connected, stats);
+    ended.account(copied.end, connected, stats);
+}
+
+/// Sends the PROXY v2 header naming the client; `false` when it failed.
+async fn send_proxy_header(intake: &Intake, backend: &Backend, upstream: &mut TcpStream) -> bool {
+    let header = proxy_protocol::v2_header(intake.client.0, intake.local.0);
+    match upstream.write_all(&header).await {
+        Ok(()) => true,
+        Err(e) => {
+            warn!(backend = %backend.name, error = %e, "cannot send PROXY header to backend");
+            false
+        }
+    }
 }
 
 /// Whether the copy must still watch an untrusted peer's first bytes for a

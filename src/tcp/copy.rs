@@ -40,6 +40,18 @@ pub enum End {
     Aborted(Side, io::Error),
 }
 
+/// How a copy ended, and what it moved.
+#[derive(Debug)]
+pub struct Copied {
+    pub end: End,
+    /// Bytes from the client to the backend (the bytes read ahead included).
+    pub bytes_in: u64,
+    /// Bytes from the backend to the client.
+    pub bytes_out: u64,
+    /// When the backend's first byte came, if one did.
+    pub first_byte: Option<Instant>,
+}
+
 /// The rules of one copy.
 pub struct Transfer<'a> {
     /// Counts the bytes; its `closing` token ends the copy (drain timeout).
@@ -64,7 +76,7 @@ pub async fn copy_both_ways(
     client: &mut ReadAhead,
     upstream: &mut TcpStream,
     transfer: Transfer<'_>,
-) -> End {
+) -> Copied {
     let live = &transfer.backend.live;
     let closing = live.drain.closing();
     let stop = transfer.stop.cancelled();
@@ -79,7 +91,8 @@ pub async fn copy_both_ways(
     let mut up = Direction::new((Side::Client, Side::Backend), transfer.copy, head);
     up.check_signature = transfer.check_signature;
     let mut down = Direction::new((Side::Backend, Side::Client), transfer.copy, Vec::new());
-    std::future::poll_fn(|cx| {
+    let mut first_byte = None;
+    let end = std::future::poll_fn(|cx| {
         if stop.as_mut().poll(cx).is_ready() {
             return Poll::Ready(End::Stopped);
         }
@@ -101,6 +114,9 @@ pub async fn copy_both_ways(
         }
         if up.moved + down.moved != before {
             last_activity = Instant::now();
+            if down.moved > 0 && first_byte.is_none() {
+                first_byte = Some(last_activity);
+            }
         }
         // The timer is moved only when it fires: activity just pushes the
         // deadline it will find then.
@@ -113,7 +129,13 @@ pub async fn copy_both_ways(
         }
         Poll::Pending
     })
-    .await
+    .await;
+    Copied {
+        end,
+        bytes_in: up.moved,
+        bytes_out: down.moved,
+        first_byte,
+    }
 }
 
 impl From<PipeError> for End {
@@ -223,7 +245,9 @@ mod tests {
         });
         let mut transfer = rules(&backend, &stop);
         transfer.copy = copy;
-        let end = copy_both_ways(&mut client, &mut upstream, transfer).await;
+        let end = copy_both_ways(&mut client, &mut upstream, transfer)
+            .await
+            .end;
         assert!(matches!(end, End::Done), "{end:?}");
         // The last EOF is passed on by closing, as a connection does.
         drop((client, upstream));
@@ -267,7 +291,9 @@ mod tests {
         let copying = tokio::spawn(async move {
             let mut transfer = rules(&backend, &stop);
             transfer.copy = copy;
-            copy_both_ways(&mut client, &mut upstream, transfer).await
+            copy_both_ways(&mut client, &mut upstream, transfer)
+                .await
+                .end
         });
         for round in 0..rounds {
             let one = async {
@@ -332,7 +358,9 @@ mod tests {
         });
         let mut transfer = rules(&backend, &stop);
         transfer.check_signature = true;
-        let end = copy_both_ways(&mut client, &mut upstream, transfer).await;
+        let end = copy_both_ways(&mut client, &mut upstream, transfer)
+            .await
+            .end;
         assert!(matches!(end, End::Refused), "{end:?}");
         assert_eq!(backend.live.traffic.bytes_sent(), 0);
         drop((writer.await.unwrap(), server));
@@ -355,7 +383,9 @@ mod tests {
             peer.write_all(b"still here").await.unwrap();
             peer
         });
-        let end = copy_both_ways(&mut client, &mut upstream, transfer).await;
+        let end = copy_both_ways(&mut client, &mut upstream, transfer)
+            .await
+            .end;
         assert!(matches!(end, End::Idle), "{end:?}");
         // 8 s of silence, bytes, then 10 s more.
         assert!(
@@ -376,11 +406,15 @@ mod tests {
         } = through().await;
         let (backend, stop) = (backend(), CancellationToken::new());
         stop.cancel();
-        let end = copy_both_ways(&mut client, &mut upstream, rules(&backend, &stop)).await;
+        let end = copy_both_ways(&mut client, &mut upstream, rules(&backend, &stop))
+            .await
+            .end;
         assert!(matches!(end, End::Stopped), "{end:?}");
         let stop = CancellationToken::new();
         backend.live.drain.closing().cancel();
-        let end = copy_both_ways(&mut client, &mut upstream, rules(&backend, &stop)).await;
+        let end = copy_both_ways(&mut client, &mut upstream, rules(&backend, &stop))
+            .await
+            .end;
         assert!(matches!(end, End::Drained), "{end:?}");
         drop((peer, server));
     }

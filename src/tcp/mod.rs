@@ -6,6 +6,7 @@
 //! | module | owns |
 //! |---|---|
 //! | [`connection`] | one connection in phases: intake, signature check, key, route, connect, copy, account |
+//! | [`logged`] | a connection's access-log line: begun at accept, written at its end with how it ended |
 //! | [`header_key`] | reading a header key from the first bytes, under a deadline |
 //! | [`copy`] | copying both ways with half-close, idle timeout, drain and stop |
 //! | [`direction`] | one direction: pooled buffers or pipes held only while bytes are in flight |
@@ -15,6 +16,7 @@ pub mod connection;
 pub mod copy;
 pub mod direction;
 pub mod header_key;
+pub mod logged;
 // The one module allowed `unsafe`: three libc calls (pipe2, fcntl, splice).
 #[allow(unsafe_code)]
 pub mod pipe;

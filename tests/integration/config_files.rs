@@ -77,6 +77,12 @@ fn the_reference_config_sets_every_section() {
     let load = health.load.as_ref().expect("engine load is on");
     assert_eq!(load.preset, magpie::config::LoadPreset::Vllm);
     assert!(llm.sessions.is_some());
+    let log = llm.access_log.as_ref().expect("the access log is on");
+    assert_eq!(
+        log.target,
+        magpie::config::LogTarget::File("/var/log/magpie/access.log".into())
+    );
+    assert_eq!(log.format, magpie::config::LogFormat::Json);
     assert_eq!(
         llm.http.keepalive_timeout,
         std::time::Duration::from_secs(600)

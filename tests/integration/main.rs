@@ -1,6 +1,7 @@
 //! magpie's integration tests: real sockets on loopback, magpie started
 //! in-process (or as the built binary where a signal or the CLI is the point).
 
+mod access_log;
 mod admin;
 mod bad_input;
 mod bounded_load;

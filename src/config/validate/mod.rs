@@ -21,6 +21,7 @@
 //! | `load.rs` | `health.load`: engine load signals, their gauges and limits |
 //! | `modes.rs` | what depends on `mode`: `copy`, `http`, `sessions`, HTTP health |
 //! | `metrics.rs` | the `metrics` section |
+//! | `access_log.rs` | the `access_log` section: path, format, fields, sample, queue |
 
 use std::net::SocketAddr;
 use std::ops::RangeInclusive;
@@ -40,6 +41,7 @@ use super::{
 };
 use crate::placement::{bounded, maglev};
 
+mod access_log;
 mod backends;
 mod discovery;
 mod key;
@@ -184,6 +186,7 @@ impl<'a> Validator<'a> {
         let sessions = self.sessions(raw.sessions, mode);
         let limits = self.limits(raw.limits, mode);
         let group = self.group(raw_group, &key, mode, sessions.is_some());
+        let access_log = self.access_log(raw.access_log);
 
         if self.errors.is_empty() {
             Ok(Config {
@@ -212,6 +215,7 @@ impl<'a> Validator<'a> {
                 backends,
                 discovery,
                 metrics: Validator::metrics(raw.metrics),
+                access_log,
             })
         } else {
             self.errors.sort_by_key(|e| (e.line, e.column));

@@ -1,0 +1,288 @@
+//! Access logs operators can ship: one line per request (mode http, written
+//! when its response body ends or it fails, so bytes and times are final)
+//! and one per connection (mode tcp, when it closes).
+//!
+//! `data path ─▶ sampled? ─▶ Entry ─try_send─▶ bounded queue ─▶ writer ─▶ file`.
+//!
+//! A data path asks [`AccessLog::sampled`] first (nothing is gathered for a
+//! line that is not written), fills in an [`Entry`] and hands it to
+//! [`AccessLog::record`], which never waits: when `access_log.queue` lines
+//! are already waiting, the line is dropped and counted. The writer, a task
+//! of its own, formats the lines and writes them in batches; a disk that
+//! stalls costs lines, never traffic.
+//!
+//! Sampling is deterministic: with `sample: s`, the n-th request is logged
+//! when `floor(n·s)` steps past `floor((n-1)·s)`, so exactly that share is
+//! written, evenly spread, with one atomic add per request.
+//!
+//! This module knows the config's types and nothing of the data paths: they
+//! fill an `Entry` with plain values (addresses, names, the routing reason's
+//! label text).
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`line`] | an entry as one JSON or text line, the fields in the configured order |
+//! | [`writer`] | the writer task: batching, flushing, reopening on SIGUSR1 and on a changed path |
+
+pub mod line;
+pub mod writer;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime};
+
+use arc_swap::ArcSwapOption;
+use tokio::sync::{Mutex, mpsc, oneshot};
+
+use crate::config::AccessLogConfig;
+
+/// One request's or connection's line, before it is formatted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    /// When it ended.
+    pub time: SystemTime,
+    pub client: SocketAddr,
+    pub listener: SocketAddr,
+    /// The backend's name and address, when one was chosen.
+    pub backend: Option<(String, SocketAddr)>,
+    /// `h64` of the session key.
+    pub key_hash: u64,
+    /// The raw key, only with `log_keys: true` (a header's value).
+    pub key: Option<String>,
+    /// Why this backend: `magpie_requests_routed_total`'s `how` label.
+    pub routed: Option<&'static str>,
+    pub status: Status,
+    /// From the client: a request's body, a connection's bytes.
+    pub bytes_in: u64,
+    /// To the client.
+    pub bytes_out: u64,
+    pub first_byte: Option<Duration>,
+    pub duration: Duration,
+    /// Mode http only.
+    pub http: Option<HttpRequest>,
+    /// Token counts the usage scanner read from the response.
+    pub tokens: Option<Tokens>,
+}
+
+/// What a line says of an HTTP request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HttpRequest {
+    pub method: String,
+    /// The query stripped unless `log_query: true`.
+    pub path: String,
+    /// `HTTP/1.1`, `HTTP/2.0`, ...
+    pub protocol: &'static str,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tokens {
+    pub prompt: u64,
+    pub cached: u64,
+}
+
+/// How it ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Mode http: the status code the client got.
+    Code(u16),
+    /// Mode tcp: `closed`, `idle`, `aborted_by_client`, `no_backend`, ...
+    Ended(&'static str),
+}
+
+/// What a request needs to know while its line is gathered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recording {
+    pub log_keys: bool,
+    pub log_query: bool,
+}
+
+impl Recording {
+    /// `path_and_query` as the line writes it.
+    pub fn path(&self, path_and_query: &str) -> String {
+        match path_and_query.split_once('?') {
+            Some((path, _)) if !self.log_query => path.to_string(),
+            _ => path_and_query.to_string(),
+        }
+    }
+}
+
+/// What the writer is sent.
+#[derive(Debug)]
+pub(crate) enum Message {
+    Line(Box<Entry>),
+    /// SIGUSR1, or a reload changed the path: close and open the file again.
+    Reopen,
+    /// Answered once every line queued before it is written (or failed).
+    Flush(oneshot::Sender<()>),
+}
+
+/// Lines written, dropped and failed, for the metrics.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Lines waiting in the queue.
+    queued: AtomicUsize,
+    lines: AtomicU64,
+    dropped: AtomicU64,
+    write_errors: AtomicU64,
+}
+
+impl Counters {
+    pub fn lines(&self) -> u64 {
+        self.lines.load(Ordering::Relaxed)
+    }
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+    pub fn write_errors(&self) -> u64 {
+        self.write_errors.load(Ordering::Relaxed)
+    }
+}
+
+/// The access log of one magpie: its settings, its queue, its counters.
+#[derive(Debug)]
+pub struct AccessLog {
+    settings: Arc<ArcSwapOption<AccessLogConfig>>,
+    sender: mpsc::UnboundedSender<Message>,
+    /// The queue's other end, for the writer (and a restarted writer).
+    receiver: Arc<Mutex<mpsc::UnboundedReceiver<Message>>>,
+    counters: Arc<Counters>,
+    /// Requests seen by sampling.
+    seen: AtomicU64,
+}
+
+impl AccessLog {
+    pub fn new(config: Option<&AccessLogConfig>) -> AccessLog {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        AccessLog {
+            settings: Arc::new(ArcSwapOption::from(config.cloned().map(Arc::new))),
+            sender,
+            receiver: Arc::new(Mutex::new(receiver)),
+            counters: Arc::default(),
+            seen: AtomicU64::new(0),
+        }
+    }
+
+    /// Takes a reload's settings; a changed path reopens the file.
+    pub fn configure(&self, config: Option<&AccessLogConfig>) {
+        let next = config.cloned().map(Arc::new);
+        let old = self.settings.swap(next);
+        let old_target = old.as_ref().map(|c| &c.target);
+        if config.map(|c| &c.target) != old_target {
+            self.reopen();
+        }
+    }
+
+    /// Closes the file and opens it again at its path (what SIGUSR1 does,
+    /// after logrotate moved the file away).
+    pub fn reopen(&self) {
+        // Only fails once the writer is gone, at shutdown.
+        if self.sender.send(Message::Reopen).is_err() {
+            tracing::debug!("access log writer is gone; nothing to reopen");
+        }
+    }
+
+    /// Resolves once every line queued so far is written (or failed): at
+    /// shutdown, after the drain, so no line is lost at exit. Returns at
+    /// once when the writer is gone.
+    pub async fn flush(&self) {
+        let (done, flushed) = oneshot::channel();
+        if self.sender.send(Message::Flush(done)).is_ok() && flushed.await.is_err() {
+            tracing::debug!("access log writer stopped before flushing");
+        }
+    }
+
+    /// `Some` when this request (or connection) is to be logged.
+    pub fn sampled(&self) -> Option<Recording> {
+        let settings = self.settings.load();
+        let s = settings.as_ref()?;
+        let recording = Recording {
+            log_keys: s.log_keys,
+            log_query: s.log_query,
+        };
+        if s.sample >= 1.0 {
+            return Some(recording);
+        }
+        let n = self.seen.fetch_add(1, Ordering::Relaxed) as f64;
+        let steps = ((n + 1.0) * s.sample).floor() > (n * s.sample).floor();
+        steps.then_some(recording)
+    }
+
+    /// Queues `entry` for the writer, or drops and counts it when
+    /// `access_log.queue` lines are waiting already. Never waits.
+    pub fn record(&self, entry: Entry) {
+        let bound = match &*self.settings.load() {
+            Some(s) => s.queue,
+            None => return,
+        };
+        let queued = &self.counters.queued;
+        if queued.fetch_add(1, Ordering::Relaxed) >= bound {
+            queued.fetch_sub(1, Ordering::Relaxed);
+            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if self.sender.send(Message::Line(Box::new(entry))).is_err() {
+            queued.fetch_sub(1, Ordering::Relaxed);
+            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// What the writer task works with.
+    pub fn writer(&self) -> writer::Writer {
+        writer::Writer {
+            settings: Arc::clone(&self.settings),
+            receiver: Arc::clone(&self.receiver),
+            counters: Arc::clone(&self.counters),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{LogField, LogFormat, LogTarget};
+
+    fn config(sample: f64, queue: usize) -> AccessLogConfig {
+        AccessLogConfig {
+            target: LogTarget::Stderr,
+            format: LogFormat::Json,
+            fields: LogField::ALL.to_vec(),
+            sample,
+            log_keys: false,
+            log_query: false,
+            queue,
+        }
+    }
+
+    #[test]
+    fn sampling_logs_exactly_its_share_evenly() {
+        let log = AccessLog::new(Some(&config(0.25, 10)));
+        let picked: Vec<bool> = (0..8).map(|_| log.sampled().is_some()).collect();
+        assert_eq!(
+            picked,
+            [false, false, false, true, false, false, false, true]
+        );
+        let log = AccessLog::new(Some(&config(0.0, 10)));
+        assert!((0..100).all(|_| log.sampled().is_none()));
+        assert!(AccessLog::new(None).sampled().is_none());
+    }
+
+    #[test]
+    fn the_query_is_stripped_unless_asked_for() {
+        let strip = Recording {
+            log_keys: false,
+            log_query: false,
+        };
+        assert_eq!(strip.path("/v1/chat?user=42&k=v"), "/v1/chat");
+        assert_eq!(strip.path("/plain"), "/plain");
+        let keep = Recording {
+            log_query: true,
+            ..strip
+        };
+        assert_eq!(keep.path("/v1/chat?user=42"), "/v1/chat?user=42");
+    }
+}

@@ -1,0 +1,147 @@
+//! A request's access-log line ([`crate::access_log`]): begun when the
+//! request arrives (its method, path, protocol, and with `log_keys` its
+//! header key), completed as it is routed and answered, and handed to the
+//! log when its response body ends, or at once when magpie answers itself.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use hyper::{Request, Version};
+use tokio::time::Instant;
+
+use super::deadline::Progress;
+use crate::access_log::{Entry, HttpRequest, Recording, Status, Tokens};
+use crate::backend::Backend;
+use crate::net::{Client, Local};
+use crate::snapshot::Shared;
+
+/// One request's line while it is gathered.
+#[derive(Debug)]
+pub struct Logged {
+    entry: Entry,
+    started: Instant,
+    /// Counts the request body's bytes once it is sent to a backend.
+    progress: Option<Arc<Progress>>,
+    shared: Arc<Shared>,
+}
+
+/// Where a request came in.
+#[derive(Debug, Clone, Copy)]
+pub struct Arrival {
+    pub client: Client,
+    pub local: Local,
+}
+
+impl Logged {
+    /// The line of `request`, when the access log samples it.
+    pub fn start<B>(
+        request: &Request<B>,
+        arrival: Arrival,
+        shared: &Arc<Shared>,
+    ) -> Option<Logged> {
+        let recording = shared.access_log.sampled()?;
+        let key = recording
+            .log_keys
+            .then(|| header_key(request, shared))
+            .flatten();
+        let path = request.uri().path_and_query().map_or("/", |p| p.as_str());
+        let http = HttpRequest {
+            method: request.method().as_str().to_string(),
+            path: Recording::path(&recording, path),
+            protocol: protocol(request.version()),
+        };
+        let entry = Entry {
+            time: SystemTime::UNIX_EPOCH,
+            client: arrival.client.0,
+            listener: arrival.local.0,
+            backend: None,
+            key_hash: 0,
+            key,
+            routed: None,
+            status: Status::Code(0),
+            bytes_in: 0,
+            bytes_out: 0,
+            first_byte: None,
+            duration: Duration::ZERO,
+            http: Some(http),
+            tokens: None,
+        };
+        Some(Logged {
+            entry,
+            started: Instant::now(),
+            progress: None,
+            shared: Arc::clone(shared),
+        })
+    }
+
+    /// The request's session key.
+    pub fn keyed(&mut self, key: u64) {
+        self.entry.key_hash = key;
+    }
+
+    /// A backend named by a failure, if it is among `targets`.
+    pub fn tried(&mut self, name: &str, targets: &[Arc<Backend>]) {
+        if let Some(b) = targets.iter().find(|b| b.name == name) {
+            self.entry.backend = Some((b.name.clone(), b.addr));
+        }
+    }
+
+    /// The backend answered with a response head.
+    pub fn answered(&mut self, answer: Answer<'_>) {
+        self.entry.backend = Some((answer.backend.name.clone(), answer.backend.addr));
+        self.entry.routed = Some(answer.how);
+        self.entry.status = Status::Code(answer.status);
+        self.entry.first_byte = Some(self.started.elapsed());
+        self.progress = Some(Arc::clone(answer.progress));
+    }
+
+    /// The response body ended (or was cut): the line goes to the log.
+    pub fn ended(mut self, bytes_out: u64, tokens: Option<Tokens>) {
+        self.entry.bytes_out = bytes_out;
+        self.entry.tokens = tokens;
+        self.write();
+    }
+
+    /// magpie answered itself (a refusal, a failure) with `status` and a
+    /// body of `bytes_out`: the line goes now.
+    pub fn answered_locally(mut self, status: u16, bytes_out: u64) {
+        self.entry.status = Status::Code(status);
+        self.entry.bytes_out = bytes_out;
+        self.write();
+    }
+
+    fn write(mut self) {
+        self.entry.time = SystemTime::now();
+        self.entry.duration = self.started.elapsed();
+        self.entry.bytes_in = self.progress.as_ref().map_or(0, |p| p.bytes());
+        self.shared.access_log.record(self.entry);
+    }
+}
+
+/// What a line learns from a backend's response head.
+pub struct Answer<'a> {
+    pub backend: &'a Backend,
+    /// Why it was this backend (`magpie_requests_routed_total`'s label).
+    pub how: &'static str,
+    pub status: u16,
+    pub progress: &'a Arc<Progress>,
+}
+
+/// The session key's header value, as text (`log_keys: true`).
+fn header_key<B>(request: &Request<B>, shared: &Shared) -> Option<String> {
+    let config = Arc::clone(&shared.snapshot.load().config);
+    let name = config.key.sources().header?;
+    let value = request.headers().get(name)?.as_bytes();
+    Some(String::from_utf8_lossy(value).into_owned())
+}
+
+fn protocol(version: Version) -> &'static str {
+    match version {
+        Version::HTTP_09 => "HTTP/0.9",
+        Version::HTTP_10 => "HTTP/1.0",
+        Version::HTTP_11 => "HTTP/1.1",
+        Version::HTTP_2 => "HTTP/2.0",
+        Version::HTTP_3 => "HTTP/3.0",
+        _ => "HTTP",
+    }
+}
