@@ -72,6 +72,9 @@ pub enum StartError {
     Discovery(#[from] DiscoveryError),
     #[error("cannot hand the admin listener to its thread: {0}")]
     AdminListener(io::Error),
+    /// The error names the file.
+    #[error("cannot open the access log {0}")]
+    AccessLog(io::Error),
 }
 
 fn bind_error(config: &Config, addr: SocketAddr, error: io::Error) -> StartError {
@@ -137,6 +140,11 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
             .await
             .map_err(|_| StartError::BuildAborted)??;
     check_fd_limit(config.max_connections);
+    // As nginx does: a log that cannot be written is found at start, not by
+    // a counter of failed writes later.
+    if let Some(log) = &config.access_log {
+        crate::access_log::writer::can_open(&log.target).map_err(StartError::AccessLog)?;
+    }
     let mut bound = Bound::bind(&config)?;
     // The admin thread's descriptors are taken before anyone hears of the
     // listeners, so clients cannot take them first.

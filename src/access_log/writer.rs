@@ -179,6 +179,12 @@ fn write_blocking(mut batch: Batch) -> (Batch, io::Result<()>) {
     (batch, result)
 }
 
+/// Whether `target` can be opened for appending (creating it if need be);
+/// the error names the file.
+pub fn can_open(target: &LogTarget) -> io::Result<()> {
+    open(target).map(drop)
+}
+
 fn open(target: &LogTarget) -> io::Result<Output> {
     match target {
         LogTarget::Stderr => Ok(Output::Stderr),

@@ -374,3 +374,33 @@ async fn a_reload_that_changes_the_path_writes_to_the_new_one() {
     assert_eq!(moved[0]["path"], "/r/1");
     magpie.stop().await;
 }
+
+/// A log that cannot be opened stops `magpie run` at start, naming the file,
+/// as nginx does, instead of a counter of failed writes later.
+#[tokio::test]
+async fn a_log_that_cannot_be_opened_stops_the_start() {
+    let dir = TempFile::new("magpie.yaml", "");
+    let log = dir
+        .path
+        .with_extension("d")
+        .join("missing")
+        .join("access.log");
+    let text = format!(
+        "listen: 127.0.0.1:0\nadmin: off\naccess_log:\n  path: \"{}\"\nbackends:\n  - {{name: a, addr: 127.0.0.1:8001}}\n",
+        log.display()
+    );
+    std::fs::write(&dir.path, text).expect("write config");
+    let run = tokio::process::Command::new(magpie_bin())
+        .args(["run", "--config"])
+        .arg(&dir.path)
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .output();
+    let out = within("magpie to refuse to start", run)
+        .await
+        .expect("run magpie");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("cannot open the access log"), "{stderr}");
+    assert!(stderr.contains(&log.display().to_string()), "{stderr}");
+}
