@@ -69,6 +69,8 @@ pub enum StartError {
     Discovery(#[from] DiscoveryError),
     #[error("cannot hand the admin listener to its thread: {0}")]
     AdminListener(io::Error),
+    #[error("cannot set up TLS: {0}")]
+    Tls(rustls::Error),
 }
 
 fn bind_error(config: &Config, addr: SocketAddr, error: io::Error) -> StartError {
@@ -182,7 +184,14 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     if config.source.is_file() || config.discovery.is_some() {
         crate::reload::spawn(config.source.clone(), Arc::clone(&shared), shutdown.clone());
     }
-    let serving = serve(config.mode, bound.listeners, Arc::clone(&shared), shutdown);
+    let tls = crate::http::tls::acceptors(&shared).map_err(StartError::Tls)?;
+    let serving = serve(
+        config.mode,
+        bound.listeners,
+        tls,
+        Arc::clone(&shared),
+        shutdown,
+    );
     let task = tokio::spawn(async move {
         let ended = serving.await;
         drained.cancel();
@@ -254,6 +263,7 @@ impl Bound {
 async fn serve(
     mode: Mode,
     listeners: Vec<TcpListener>,
+    tls: Vec<Option<tokio_rustls::TlsAcceptor>>,
     shared: Arc<Shared>,
     shutdown: CancellationToken,
 ) -> Drained {
@@ -262,7 +272,10 @@ async fn serve(
             listener::serve(listeners, shared, shutdown, crate::tcp::serve_connection).await
         }
         Mode::Http => {
-            let path = HttpPath::default();
+            let path = HttpPath {
+                tls: tls.into(),
+                ..HttpPath::default()
+            };
             listener::serve(listeners, shared, shutdown, move |a| {
                 path.clone().serve_connection(a)
             })

@@ -32,4 +32,5 @@ mod simulate;
 mod spill;
 mod stickiness;
 mod support;
+mod tls;
 mod transfer;
