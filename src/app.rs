@@ -75,6 +75,8 @@ pub enum StartError {
     /// The error names the file.
     #[error("cannot open the access log {0}")]
     AccessLog(io::Error),
+    #[error("cannot set up TLS: {0}")]
+    Tls(rustls::Error),
 }
 
 fn bind_error(config: &Config, addr: SocketAddr, error: io::Error) -> StartError {
@@ -195,7 +197,14 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     if config.source.is_file() || config.discovery.is_some() {
         crate::reload::spawn(config.source.clone(), Arc::clone(&shared), shutdown.clone());
     }
-    let serving = serve(config.mode, bound.listeners, Arc::clone(&shared), shutdown);
+    let tls = crate::http::tls::acceptors(&shared).map_err(StartError::Tls)?;
+    let serving = serve(
+        config.mode,
+        bound.listeners,
+        tls,
+        Arc::clone(&shared),
+        shutdown,
+    );
     let logged = Arc::clone(&shared);
     let task = tokio::spawn(async move {
         let ended = serving.await;
@@ -282,6 +291,7 @@ impl Bound {
 async fn serve(
     mode: Mode,
     listeners: Vec<TcpListener>,
+    tls: Vec<Option<tokio_rustls::TlsAcceptor>>,
     shared: Arc<Shared>,
     shutdown: CancellationToken,
 ) -> Drained {
@@ -290,7 +300,10 @@ async fn serve(
             listener::serve(listeners, shared, shutdown, crate::tcp::serve_connection).await
         }
         Mode::Http => {
-            let path = HttpPath::default();
+            let path = HttpPath {
+                tls: tls.into(),
+                ..HttpPath::default()
+            };
             listener::serve(listeners, shared, shutdown, move |a| {
                 path.clone().serve_connection(a)
             })

@@ -6,6 +6,7 @@
 
 use std::fmt::Write as _;
 
+use crate::config::tls::EXPIRY_WARNING;
 use crate::config::{
     Config, CopyMode, HttpConfig, KeyConfig, Mode, PER_BACKEND_AUTO_MAX, PerBackend, SPLICE_AFTER,
 };
@@ -17,6 +18,9 @@ use crate::snapshot::{Snapshot, Table};
 pub struct Environment {
     /// In a container (Docker, Kubernetes, Podman).
     pub in_container: bool,
+    /// Seconds since the Unix epoch: certificate expiry is warned about
+    /// from it (0: never).
+    pub now: i64,
 }
 
 impl Environment {
@@ -25,7 +29,10 @@ impl Environment {
         let in_container = std::path::Path::new("/.dockerenv").exists()
             || std::path::Path::new("/run/.containerenv").exists()
             || std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
-        Environment { in_container }
+        Environment {
+            in_container,
+            now: crate::config::tls::now(),
+        }
     }
 }
 
@@ -45,6 +52,7 @@ pub fn report(
     writeln!(out, "{file}: ok")?;
     let listen: Vec<String> = config.listen.iter().map(|a| a.to_string()).collect();
     writeln!(out, "listen:      {}", listen.join(", "))?;
+    tls_lines(&mut out, config)?;
     match config.admin {
         Some(a) => writeln!(out, "admin:       {a}")?,
         None => writeln!(out, "admin:       off")?,
@@ -150,10 +158,46 @@ pub fn warnings(snapshot: &Snapshot, env: Environment) -> Vec<String> {
             n as f64 * 0.011
         ));
     }
+    out.extend(expiry_warnings(config, env.now));
     if config.health.is_none() {
         out.push("no health section: a dead backend is not taken out of the rotation; every connection to it costs a failed connect before the next candidate".to_string());
     }
     out
+}
+
+/// One line per certificate a listener presents: its file, names and expiry.
+fn tls_lines(out: &mut String, config: &Config) -> std::fmt::Result {
+    for (addr, tls) in config.listen.iter().zip(&config.tls) {
+        for (i, c) in tls.iter().flat_map(|t| t.certificates.iter().enumerate()) {
+            let default = if i == 0 { ", the default" } else { "" };
+            writeln!(
+                out,
+                "tls:         {addr}: {} for {} (expires {}{default})",
+                c.cert_file.display(),
+                c.names.join(", "),
+                c.expiry_text(),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Certificates that expire within [`EXPIRY_WARNING`] of `now` (expired
+/// ones never get here: validation refuses them).
+fn expiry_warnings(config: &Config, now: i64) -> Vec<String> {
+    let soon = i64::try_from(EXPIRY_WARNING.as_secs()).unwrap_or(i64::MAX);
+    config
+        .certificates()
+        .filter(|c| now > 0 && c.not_after - now < soon)
+        .map(|c| {
+            let days = (c.not_after - now) as f64 / 86_400.0;
+            format!(
+                "certificate {} expires at {} (in {days:.1} days): renew it; magpie loads the new file when it changes",
+                c.cert_file.display(),
+                c.expiry_text()
+            )
+        })
+        .collect()
 }
 
 /// Mode http's deadlines towards backends and clients, and its pool.
@@ -441,7 +485,13 @@ mod tests {
         let s = snapshot(
             "listen: 127.0.0.1:7000\nadmin: 127.0.0.1:9090\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
         );
-        let w = warnings(&s, Environment { in_container: true });
+        let w = warnings(
+            &s,
+            Environment {
+                in_container: true,
+                ..Environment::default()
+            },
+        );
         assert_eq!(
             w.iter().filter(|w| w.contains("loopback")).count(),
             2,

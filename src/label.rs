@@ -83,6 +83,37 @@ macro_rules! labels {
 
 pub(crate) use labels;
 
+labels! {
+    /// How a TLS handshake on a listener ended (`mode: http`).
+    pub enum Handshake {
+        /// Done; the connection is served.
+        Ok => "ok",
+        /// No ClientHello, or no finished handshake, within
+        /// `http.first_byte_timeout` of the connection's start.
+        Timeout => "timeout",
+        /// The client offered no protocol version, cipher suite, key
+        /// exchange group or signature scheme magpie has.
+        NoSharedCipher => "no_shared_cipher",
+        /// The client refused magpie's certificate (an alert such as
+        /// bad_certificate or unknown_ca).
+        BadCertificate => "bad_certificate",
+        /// What the client sent was not TLS, or broke its rules.
+        Protocol => "protocol",
+        /// The client closed or reset the connection during the handshake.
+        Closed => "closed",
+        /// Anything else.
+        Other => "other",
+    }
+}
+
+labels! {
+    /// The TLS version of a finished handshake.
+    pub enum TlsVersion {
+        Tls12 => "1.2",
+        Tls13 => "1.3",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

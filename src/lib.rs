@@ -5,7 +5,7 @@
 //! YAML file / DNS ──parse──▶ RawConfig ──validate──▶ Config ──build──▶ Snapshot ──publish──▶ ArcSwap<Snapshot>
 //!                                                                                           │ load() once per connection / request
 //! tcp:  accept ─▶ intake (PROXY header, ReadAhead) ─▶ key from address or first bytes ─▶ route ─▶ connect first that takes it ─▶ copy both ways
-//! http: accept ─▶ intake ─▶ each request: key from header / JSON body / conversation / address ─▶ route (pin) ─▶ pooled upstream ─▶ stream the response
+//! http: accept ─▶ intake ─▶ (TLS) ─▶ each request: key from header / JSON body / conversation / address ─▶ route (pin) ─▶ pooled upstream ─▶ stream the response
 //!                                                                                           │
 //!                                     per-backend live state (load, traffic, health, drain) ─▶ stats ─▶ metrics / admin
 //! ```
@@ -20,7 +20,7 @@
 //! |---|---|
 //! | [`app`] | start and run a whole magpie: listeners, admin, health, reload, drain |
 //! | [`check`] | what `magpie check` prints: listeners, routing settings, pool, fingerprint, warnings |
-//! | [`config`] | YAML → `RawConfig` → validated `Config`, errors with file:line:column; defaults and bounds |
+//! | [`config`] | YAML → `RawConfig` → validated `Config`, errors with file:line:column; defaults and bounds; listeners' TLS certificates, loaded with the config |
 //! | [`discovery`] | `dns` and `srv` backends: resolved at start, on reload and every interval; last good answer kept |
 //! | [`hash`] | `h64`, the one hash everything uses |
 //! | [`placement`] | pure placement schemes: Maglev, ring, rendezvous, jump, mod N; bounded-load caps; the candidate walk |
@@ -35,7 +35,7 @@
 //! | [`listener`] | the accept loop both data paths share: limits, back-off, graceful drain |
 //! | [`net`] | binding, socket options, connecting with a deadline, address types |
 //! | [`tcp`] | `mode: tcp`: one connection in phases, its header key from the first bytes, copying both ways |
-//! | [`http`] | `mode: http`: each request's keys (session and group) and pin, framing checks, forwarding in phases, deadlines towards backends and clients, pooled upstreams, streamed bodies |
+//! | [`http`] | `mode: http`: TLS termination (the handshake, the certificate by SNI from the snapshot), each request's keys (session and group) and pin, framing checks, forwarding in phases, deadlines towards backends and clients, pooled upstreams, streamed bodies |
 //! | [`usage`] | token counts read from LLM responses as they stream: OpenAI chat/completions/responses and Anthropic shapes, JSON or SSE |
 //! | [`sessions`] | session pins: a key's backend kept while the key is in use |
 //! | [`recent`] | what routing last did with each key: where and why, where it spilled (it stays), cache misses and their causes |
@@ -43,7 +43,7 @@
 //! | [`access_log`] | one line per request (mode http) or connection (mode tcp): sampling, a bounded queue that drops rather than waits, JSON or text lines, the writer task (batches, reopens on SIGUSR1) |
 //! | [`stats`] | the global counters the data paths bump, and latency histograms |
 //! | [`metrics`] | the Prometheus export: every family declared once, with its reader |
-//! | [`label`] | label enums (a counter's series names) declared once |
+//! | [`label`] | label enums (a counter's series names) declared once; TLS handshake results and versions |
 //! | [`supervise`] | long-lived tasks restarted (and counted) if they panic; the panic hook |
 //! | [`throttle`] | rate-limited log lines for conditions that can repeat thousands of times a second |
 //! | [`admin`] | the read-only admin HTTP endpoint on a thread of its own: metrics (gzip, one rendering shared by concurrent scrapes), health, table, route |

@@ -42,6 +42,8 @@ pub struct Accepted {
     pub peer: Peer,
     /// The address it was accepted on.
     pub local: Local,
+    /// The listener's position in `listen`.
+    pub listener: usize,
     pub shared: Arc<Shared>,
     /// Fired at shutdown: finish what is in flight, take nothing new (an HTTP
     /// connection stops keep-alive).
@@ -86,10 +88,11 @@ where
     };
     let accept_loops: Vec<_> = listeners
         .into_iter()
-        .map(|listener| {
+        .enumerate()
+        .map(|(index, listener)| {
             let (listener, acceptor) = (Arc::new(listener), acceptor.clone());
             supervise::spawn(Task::Accept, move || {
-                accept_loop(Arc::clone(&listener), acceptor.clone())
+                accept_loop(Arc::clone(&listener), index, acceptor.clone())
             })
         })
         .collect();
@@ -160,7 +163,7 @@ pub async fn accept_failed(error: &std::io::Error, stats: &Stats, during: Exhaus
     }
 }
 
-async fn accept_loop<H, F>(listener: Arc<TcpListener>, acceptor: Acceptor<H>)
+async fn accept_loop<H, F>(listener: Arc<TcpListener>, index: usize, acceptor: Acceptor<H>)
 where
     H: Fn(Accepted) -> F,
     F: Future<Output = ()> + Send + 'static,
@@ -203,6 +206,7 @@ where
             stream,
             peer: Peer(peer),
             local: Local(local),
+            listener: index,
             shared: Arc::clone(&acceptor.shared),
             shutdown: acceptor.shutdown.clone(),
             stop: acceptor.hard_stop.clone(),

@@ -1,7 +1,9 @@
 //! Hot reload: SIGHUP, file changes, or a polling interval → parse → build →
 //! publish; or keep the running snapshot and say why.
 //!
-//! The file's *directory* is watched, not the file: an editor that writes a
+//! The file's *directory* is watched, not the file (and so are the
+//! directories of the TLS certificate and key files it names at start; their
+//! content counts as the config's, so a renewed certificate reloads): an editor that writes a
 //! temporary file and renames it over the original, and a Kubernetes ConfigMap
 //! that swaps its `..data` symlink, both replace the inode a file watch would
 //! hold. Events are debounced, and a hash of the file's content decides
@@ -25,8 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::backend::Backend;
-use crate::config::{Config, ConfigErrors};
-use crate::hash::h64;
+use crate::config::{Config, ConfigErrors, tls};
 use crate::snapshot::{Shared, Snapshot, SnapshotError};
 use crate::supervise::{self, Task};
 
@@ -99,13 +100,23 @@ impl Reloader {
             .await
             .map_err(|_| ReloadError::Interrupted)?
             .map_err(|e| ReloadError::Config(ConfigErrors::of_file(&self.path, &e)))?;
-        let content = h64(text.as_bytes());
+        let current = self.shared.snapshot.load_full();
+        let running = Arc::clone(&current.config);
+        let (content, text) = tokio::task::spawn_blocking(move || {
+            // The certificate files the running config names are part of
+            // its content: a renewed certificate reloads like an edit.
+            let certificates = running
+                .certificates()
+                .map(|c| tls::files_hash(&c.cert_file, &c.key_file));
+            (tls::content_hash(&text, certificates), text)
+        })
+        .await
+        .map_err(|_| ReloadError::Interrupted)?;
         if !force && self.last_content == Some(content) {
             return Ok(Outcome::Unchanged);
         }
         self.last_content = Some(content);
 
-        let current = self.shared.snapshot.load_full();
         let path = self.path.clone();
         let running = Arc::clone(&current.config);
         let config = tokio::task::spawn_blocking(move || -> Result<Config, ReloadError> {
@@ -197,6 +208,14 @@ fn keep_restart_settings(next: &mut Config, running: &Config) {
     if next.listen != running.listen {
         warn!(running = ?running.listen, file = ?next.listen, "listen changed: restart magpie to apply it; keeping the running listeners");
         next.listen = running.listen.clone();
+        next.tls = running.tls.clone();
+    }
+    let terminates = |c: &Config| c.tls.iter().map(Option::is_some).collect::<Vec<_>>();
+    if terminates(next) != terminates(running) {
+        warn!(
+            "which listeners terminate TLS changed: restart magpie to apply it; keeping the running listeners and their certificates"
+        );
+        next.tls = running.tls.clone();
     }
     if next.admin != running.admin {
         warn!(running = ?running.admin, file = ?next.admin, "admin changed: restart magpie to apply it; keeping the running admin address");
@@ -278,7 +297,7 @@ impl Sources {
             }
         };
         let watcher = if settings.watch {
-            watch_dir(path, tx)
+            watch_dirs(&dirs_to_watch(path, &shared.snapshot.load().config), tx)
         } else {
             None
         };
@@ -360,26 +379,50 @@ pub fn can_change_content(kind: &EventKind) -> bool {
     }
 }
 
-/// Watches the directory holding `path`; every event that can change a
-/// file's content sends a tick.
-fn watch_dir(path: &Path, tx: mpsc::UnboundedSender<()>) -> Option<notify::RecommendedWatcher> {
-    let dir = match path.parent() {
+/// The directory of `path` (the config file), and those of the certificate
+/// and key files `config` names, each once.
+fn dirs_to_watch(path: &Path, config: &Config) -> Vec<PathBuf> {
+    let dir_of = |p: &Path| match p.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
+    let mut dirs = vec![dir_of(path)];
+    for c in config.certificates() {
+        for file in [&c.cert_file, &c.key_file] {
+            let dir = dir_of(file);
+            if !dirs.contains(&dir) {
+                dirs.push(dir);
+            }
+        }
+    }
+    dirs
+}
+
+/// Watches `dirs`; every event that can change a file's content sends a
+/// tick (the content hash then tells whether anything did).
+fn watch_dirs(
+    dirs: &[PathBuf],
+    tx: mpsc::UnboundedSender<()>,
+) -> Option<notify::RecommendedWatcher> {
     let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         if event.is_ok_and(|e| can_change_content(&e.kind)) {
             // The receiver is gone only when reloading stopped.
             let _closed = tx.send(());
         }
     });
-    match watcher.and_then(|mut w| w.watch(&dir, RecursiveMode::NonRecursive).map(|()| w)) {
-        Ok(w) => Some(w),
+    let mut watcher = match watcher {
+        Ok(w) => w,
         Err(e) => {
-            warn!(dir = %dir.display(), error = %e, "cannot watch the config directory; reload on SIGHUP or poll only");
-            None
+            warn!(error = %e, "cannot watch the config directory; reload on SIGHUP or poll only");
+            return None;
+        }
+    };
+    for dir in dirs {
+        if let Err(e) = watcher.watch(dir, RecursiveMode::NonRecursive) {
+            warn!(dir = %dir.display(), error = %e, "cannot watch a directory of the config or its certificates; reload on SIGHUP or poll only");
         }
     }
+    Some(watcher)
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::key::FallbackReason;
 use crate::key::group::GroupMiss;
-use crate::label::labels;
+use crate::label::{Handshake, TlsVersion, labels};
 
 labels! {
     /// Why a client connection was closed without reaching a backend.
@@ -60,11 +60,33 @@ pub struct Stats {
     /// sent GOAWAY for passing `limits.h2_resets_per_second`.
     h2_resets: AtomicU64,
     h2_reset_goaways: AtomicU64,
+    /// TLS handshakes that failed, by how (`Handshake::Ok` unused), and
+    /// those that finished, by version.
+    tls_failed: [AtomicU64; Handshake::COUNT],
+    tls_ok: [AtomicU64; TlsVersion::COUNT],
     /// The bytes requests hold while their bodies are read for keys.
     pub key_budget: std::sync::Arc<crate::key_budget::KeyBudget>,
 }
 
 impl Stats {
+    pub fn count_tls_handshake(&self, result: Result<TlsVersion, Handshake>) {
+        let counter = match result {
+            Ok(version) => &self.tls_ok[version.index()],
+            Err(how) => &self.tls_failed[how.index()],
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Finished handshakes of `version`.
+    pub fn tls_handshakes_ok(&self, version: TlsVersion) -> u64 {
+        self.tls_ok[version.index()].load(Ordering::Relaxed)
+    }
+
+    /// Handshakes that ended as `how` (not `Ok`).
+    pub fn tls_handshakes_failed(&self, how: Handshake) -> u64 {
+        self.tls_failed[how.index()].load(Ordering::Relaxed)
+    }
+
     pub fn count_h2_reset(&self) {
         self.h2_resets.fetch_add(1, Ordering::Relaxed);
     }

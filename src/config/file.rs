@@ -35,6 +35,16 @@ pub fn read(path: &Path) -> Result<String, FileError> {
     read_bounded(path, MAX_CONFIG_BYTES, "config")
 }
 
+/// The largest certificate or key file magpie reads: a chain of a dozen
+/// certificates is under 30 KB.
+pub const MAX_PEM_BYTES: u64 = 1 << 20;
+
+/// Reads `path` as a PEM file (a certificate chain or a private key):
+/// regular, at most [`MAX_PEM_BYTES`], UTF-8.
+pub fn read_pem(path: &Path) -> Result<String, FileError> {
+    read_bounded(path, MAX_PEM_BYTES, "certificate or key file")
+}
+
 /// Reads `path` as a key file (`plan --keys`): regular, at most
 /// [`MAX_KEYS_BYTES`], UTF-8.
 pub fn read_keys(path: &Path) -> Result<String, FileError> {

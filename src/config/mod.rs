@@ -32,13 +32,16 @@ mod metrics;
 pub use access_log::{
     AccessLogConfig, DEFAULT_ACCESS_LOG_QUEUE, LogField, LogFormat, LogTarget, MAX_ACCESS_LOG_QUEUE,
 };
+pub mod tls;
 pub use error::{ConfigError, ConfigErrors, Place, Places};
 pub use key::{KeyConfig, KeyRead, KeySources};
 pub use limits::*;
 pub use load::{Gauges, LoadConfig, LoadLimits, LoadPreset};
 pub use metrics::{MetricsConfig, PER_BACKEND_AUTO_MAX, PerBackend};
+pub use tls::{Certificate, ListenerTls};
 pub(crate) use validate::reaches;
 mod raw;
+mod raw_listen;
 mod resolve;
 mod validate;
 
@@ -146,6 +149,9 @@ pub struct Config {
     /// current content to tell a real change from a touch.
     pub content_hash: u64,
     pub listen: Vec<SocketAddr>,
+    /// One per `listen` address, in its order: the certificates of a
+    /// listener that terminates TLS (mode http), `None` for cleartext.
+    pub tls: Vec<Option<ListenerTls>>,
     pub admin: Option<SocketAddr>,
     /// Where `listen` and `admin` are written, so that a bind error at start
     /// can point at the line.
@@ -428,7 +434,8 @@ impl Config {
     fn parse_with(file: &Path, text: &str, names: resolve::Names) -> Result<Config, ConfigErrors> {
         let raw = raw::from_yaml(file, text).map_err(|e| ConfigErrors(vec![e]))?;
         let mut config = validate::Validator::new(file, names).validate(raw)?;
-        config.content_hash = crate::hash::h64(text.as_bytes());
+        config.content_hash =
+            tls::content_hash(text, config.certificates().map(|c| c.content_hash));
         Ok(config)
     }
 

@@ -14,6 +14,7 @@ use serde::Deserialize;
 use serde_saphyr::Spanned;
 
 use super::access_log::RawAccessLog;
+use super::raw_listen::Listen;
 use super::{Algorithm, AllDown, ConfigError, CopyMode, LoadPreset, Mode, PerBackend};
 use crate::key::Fallback;
 
@@ -76,52 +77,6 @@ pub(super) struct RawDiscovery {
     pub(super) interval: Option<Spanned<HumanDuration>>,
     #[serde(default)]
     pub(super) resolver: Option<Spanned<String>>,
-}
-
-/// `listen: 127.0.0.1:7000` and `listen: [a, b]` both work. Read by hand
-/// rather than as an untagged enum: that would lose each item's place and
-/// answer anything else with "did not match any variant".
-#[derive(Debug)]
-pub(super) enum Listen {
-    /// One address; its place is the `listen` value's.
-    One(String),
-    Many(Vec<Spanned<String>>),
-}
-
-impl<'de> Deserialize<'de> for Listen {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct ListenVisitor;
-        impl<'de> serde::de::Visitor<'de> for ListenVisitor {
-            type Value = Listen;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("an ip:port address such as 127.0.0.1:7000, or a list of them")
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Listen, E> {
-                Ok(Listen::One(v.to_string()))
-            }
-            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Listen, E> {
-                Err(E::custom(format!(
-                    "listen {v} is a number; write an ip:port address such as 0.0.0.0:{v}"
-                )))
-            }
-            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Listen, E> {
-                Err(E::custom(format!(
-                    "listen {v} is a number; write an ip:port address such as 0.0.0.0:{v}"
-                )))
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                self,
-                mut seq: A,
-            ) -> Result<Listen, A::Error> {
-                let mut items = Vec::new();
-                while let Some(item) = seq.next_element()? {
-                    items.push(item);
-                }
-                Ok(Listen::Many(items))
-            }
-        }
-        d.deserialize_any(ListenVisitor)
-    }
 }
 
 #[derive(Debug, Default, Deserialize)]

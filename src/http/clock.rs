@@ -41,8 +41,6 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
-use crate::read_ahead::ReadAhead;
-
 /// The answer to a head that did not arrive in time.
 const TIMEOUT_408: &[u8] = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain\r\ncontent-length: 40\r\nconnection: close\r\n\r\nthe request head did not arrive in time\n";
 /// What every HTTP/2 connection starts with.
@@ -196,11 +194,10 @@ pub struct Deadlines {
     pub keepalive: Duration,
 }
 
-/// A client socket with the deadlines of its [`Clock`]. The socket is
-/// shared, so that after hyper is done with it the connection can still be
-/// closed gently ([`linger`]), or with a reset.
-pub struct Timed {
-    stream: Arc<TcpStream>,
+/// A client stream with the deadlines of its [`Clock`]: the socket itself
+/// ([`ClientSocket`](super::socket::ClientSocket)), or TLS over it.
+pub struct Timed<S> {
+    inner: S,
     clock: Arc<Clock>,
     deadlines: Deadlines,
     sleep: Pin<Box<Sleep>>,
@@ -208,33 +205,22 @@ pub struct Timed {
     armed: Option<Instant>,
     /// Nothing read yet (the HTTP/2 preface check is pending).
     first_read: bool,
-    /// Client bytes read before hyper took over (what came with a PROXY
-    /// header); handed out before anything else.
-    pending: Vec<u8>,
     /// HTTP/2: no head deadline.
     h2: bool,
 }
 
-impl Timed {
-    /// The client's stream with the deadlines of `clock`; the bytes already
-    /// read from it (what came with a PROXY header) are handed out first.
-    pub fn new(stream: ReadAhead, clock: Arc<Clock>, deadlines: Deadlines) -> Timed {
-        let (stream, pending) = stream.into_parts();
+impl<S: AsyncRead + AsyncWrite + Unpin> Timed<S> {
+    /// `inner` with the deadlines of `clock`.
+    pub fn new(inner: S, clock: Arc<Clock>, deadlines: Deadlines) -> Timed<S> {
         Timed {
-            stream: Arc::new(stream),
+            inner,
             clock,
             deadlines,
             sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
             armed: None,
             first_read: true,
-            pending,
             h2: false,
         }
-    }
-
-    /// The socket, for closing the connection after hyper is done with it.
-    pub fn socket(&self) -> Arc<TcpStream> {
-        Arc::clone(&self.stream)
     }
 
     /// Whether the current deadline passed; arms the timer otherwise.
@@ -258,7 +244,7 @@ impl Timed {
     }
 }
 
-impl AsyncRead for Timed {
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Timed<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -267,9 +253,13 @@ impl AsyncRead for Timed {
         let this = &mut *self;
         match this.deadline_passed(cx) {
             Some(HEAD) => {
-                // Best effort: the socket's send buffer is empty between
-                // requests, so this short answer fits at once.
-                if let Err(e) = this.stream.try_write(TIMEOUT_408) {
+                // Best effort: the send buffer is empty between requests,
+                // so this short answer fits at once.
+                let inner = Pin::new(&mut this.inner);
+                if let Poll::Ready(Err(e)) = inner.poll_write(cx, TIMEOUT_408) {
+                    tracing::debug!(error = %e, "cannot send 408");
+                }
+                if let Poll::Ready(Err(e)) = Pin::new(&mut this.inner).poll_flush(cx) {
                     tracing::debug!(error = %e, "cannot send 408");
                 }
                 this.clock.timed_out.store(true, Ordering::Relaxed);
@@ -279,25 +269,7 @@ impl AsyncRead for Timed {
             None => {}
         }
         let before = buf.filled().len();
-        let polled = if !this.pending.is_empty() {
-            let n = this.pending.len().min(buf.remaining());
-            buf.put_slice(&this.pending[..n]);
-            this.pending.drain(..n);
-            Poll::Ready(Ok(()))
-        } else {
-            loop {
-                if let Err(e) = std::task::ready!(this.stream.poll_read_ready(cx)) {
-                    return Poll::Ready(Err(e));
-                }
-                // Into the unfilled part as it is: no zeroing per read.
-                match this.stream.try_read_buf(buf) {
-                    Ok(_) => break Poll::Ready(Ok(())),
-                    // Readiness was stale; the next poll waits for fresh news.
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                    Err(e) => return Poll::Ready(Err(e)),
-                }
-            }
-        };
+        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
         let got = &buf.filled()[before..];
         if !got.is_empty() {
             if this.first_read {
@@ -312,46 +284,33 @@ impl AsyncRead for Timed {
     }
 }
 
-impl AsyncWrite for Timed {
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Timed<S> {
     fn poll_write(
-        self: Pin<&mut Self>,
+        mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        loop {
-            std::task::ready!(self.stream.poll_write_ready(cx))?;
-            match self.stream.try_write(buf) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                done => return Poll::Ready(done),
-            }
-        }
+        Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
-        self: Pin<&mut Self>,
+        mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        loop {
-            std::task::ready!(self.stream.poll_write_ready(cx))?;
-            match self.stream.try_write_vectored(bufs) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                done => return Poll::Ready(done),
-            }
-        }
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        true
+        self.inner.is_write_vectored()
     }
 
-    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-        // Writes go straight to the socket.
-        Poll::Ready(Ok(()))
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
     }
 
-    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(socket2::SockRef::from(&*self.stream).shutdown(std::net::Shutdown::Write))
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 

@@ -1,12 +1,13 @@
 //! The L7 data path (`mode: http`): one key per request, so one keep-alive
 //! client connection can carry many sessions to many backends.
 //!
-//! `accept ─▶ intake (PROXY header) ─▶ each request: key from header / JSON
+//! `accept ─▶ intake (PROXY header) ─▶ (TLS handshake) ─▶ each request: key from header / JSON
 //! body / conversation / address ─▶ route (and pin) ─▶ pooled upstream ─▶
 //! stream the response`.
 //!
 //! hyper does the HTTP: the client side speaks HTTP/1.1, or HTTP/2 with prior
-//! knowledge (cleartext); backends are spoken to over HTTP/1.1 keep-alive
+//! knowledge (cleartext); on a listener that terminates TLS, HTTP/2 when the
+//! client chose `h2` by ALPN and HTTP/1.1 otherwise; backends are spoken to over HTTP/1.1 keep-alive
 //! connections. Nothing is buffered whole: request and response bodies stream
 //! frame by frame in both directions, except the part of a request body read
 //! to find its key (bounded by `key.max_bytes`).
@@ -23,6 +24,8 @@
 //! | [`logged`] | a request's access-log line: begun on arrival, completed as it is routed and answered, written at its end |
 //! | [`reply`] | what the client gets: a download, or magpie's own short answer |
 //! | [`resets`] | HTTP/2 streams reset by the client after dispatch, and the budget past which a connection gets GOAWAY |
+//! | [`socket`] | the client's socket under everything: the bytes the intake read, then the socket |
+//! | [`tls`] | TLS termination: the handshake under the first byte's deadline, the certificate chosen by SNI from the snapshot |
 //! | [`clock`] | first-byte, head and keep-alive deadlines on a client connection (`408`) |
 //! | [`deadline`] | a backend's deadlines: the response head (`504`), pauses in its body |
 
@@ -37,6 +40,8 @@ pub mod pool;
 pub mod reply;
 pub mod request_key;
 pub mod resets;
+pub mod socket;
+pub mod tls;
 pub mod upload;
 
 use std::convert::Infallible;
@@ -50,7 +55,11 @@ use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use self::clock::{Clock, Deadlines, Timed};
@@ -60,6 +69,7 @@ use self::pool::Pool;
 use self::reply::Reply;
 use self::request_key::KeyPlan;
 use self::resets::{Dispatched, Resets};
+use self::socket::ClientSocket;
 use crate::config::{DEFAULT_HTTP_READ_TIMEOUT, KeyConfig};
 use crate::listener::Accepted;
 use crate::net::{Client, reset_on_close};
@@ -78,16 +88,44 @@ type RequestFuture = Pin<Box<dyn Future<Output = Result<Response<Reply>, Infalli
 #[derive(Clone, Default)]
 pub struct HttpPath {
     pub pool: Arc<Pool>,
+    /// One per `listen` address: its TLS acceptor, `None` for cleartext
+    /// (and for every listener when empty).
+    pub tls: Arc<[Option<TlsAcceptor>]>,
+}
+
+/// One client connection, past its intake, as hyper will serve it.
+struct Connection {
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+    stop: CancellationToken,
+    arrival: Arrival,
+    clock: Arc<Clock>,
+    deadlines: Deadlines,
+    /// The socket, for closing after hyper is done with the stream.
+    socket: Arc<TcpStream>,
+}
+
+/// Which HTTP versions a connection may speak.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Versions {
+    /// Cleartext: HTTP/1.1, or HTTP/2 with prior knowledge.
+    Either,
+    /// TLS without ALPN `h2`.
+    Http1,
+    /// TLS with ALPN `h2`.
+    Http2,
 }
 
 impl HttpPath {
-    /// Serves one client connection: its requests, one after another (or
-    /// side by side over HTTP/2), until it closes or shutdown.
+    /// Serves one client connection: its TLS handshake if its listener
+    /// terminates TLS, then its requests, one after another (or side by
+    /// side over HTTP/2), until it closes or shutdown.
     pub async fn serve_connection(self, accepted: Accepted) {
         let Accepted {
             stream,
             peer,
             local,
+            listener,
             shared,
             shutdown,
             stop,
@@ -100,43 +138,72 @@ impl HttpPath {
         else {
             return;
         };
-        let client = intake.client;
-        let head_limit = config.limits.max_head_bytes;
         let deadlines = Deadlines {
             head: head_timeout(&config.key),
             first_byte: config.http.first_byte_timeout,
             keepalive: config.http.keepalive_timeout,
         };
-        self.pool.start_sweeper(&shared);
-        let clock = Clock::new();
-        let io = Timed::new(intake.stream, Arc::clone(&clock), deadlines);
-        let socket = io.socket();
-        let resets = Resets::new(config.limits.h2_resets_per_second);
-        let arrival = Arrival {
-            client,
-            local: intake.local,
-        };
-        let (connection_clock, budget) = (Arc::clone(&clock), Arc::clone(&resets));
-        let service = self.service(Arc::clone(&shared), connection_clock, budget, arrival);
-        let mut builder = auto::Builder::new(TokioExecutor::new());
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(None)
-            // A head that overflows this buffer is answered with 431; it
-            // also bounds what hyper queues for a client that reads slowly.
-            .max_buf_size(head_limit.max(MIN_HEAD_BUFFER));
-        builder
-            .http2()
-            .max_header_list_size(u32::try_from(head_limit).unwrap_or(u32::MAX))
-            // What one stream may queue for a client that reads slowly.
-            .max_send_buf_size(head_limit);
         drop(config);
+        // From here the first byte's deadline runs, the handshake's included.
+        let clock = Clock::new();
+        let raw = ClientSocket::new(intake.stream);
+        let connection = Connection {
+            socket: raw.socket(),
+            shared,
+            shutdown,
+            stop,
+            arrival: Arrival {
+                client: intake.client,
+                local: intake.local,
+            },
+            clock,
+            deadlines,
+        };
+        let acceptor = self.tls.get(listener).and_then(Option::as_ref).cloned();
+        let Some(acceptor) = acceptor else {
+            return self.serve_http(raw, Versions::Either, connection).await;
+        };
+        let deadline = Instant::now() + deadlines.first_byte;
+        let stats = &connection.shared.stats;
+        let handshake = tls::handshake(&acceptor, raw, deadline, stats, connection.arrival.client);
+        let tls = tokio::select! {
+            tls = handshake => tls,
+            // The shutdown grace is over: no handshake holds the drain up.
+            _ = connection.stop.cancelled() => None,
+        };
+        let Some(tls) = tls else {
+            return;
+        };
+        let versions = if tls::chose_h2(&tls) {
+            Versions::Http2
+        } else {
+            Versions::Http1
+        };
+        self.serve_http(tls, versions, connection).await
+    }
+
+    /// Serves the requests on `stream` until it closes or shutdown.
+    async fn serve_http<S>(self, stream: S, versions: Versions, c: Connection)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        self.pool.start_sweeper(&c.shared);
+        let io = Timed::new(stream, Arc::clone(&c.clock), c.deadlines);
+        let config = Arc::clone(&c.shared.snapshot.load().config);
+        let resets = Resets::new(config.limits.h2_resets_per_second);
+        let builder = builder(config.limits.max_head_bytes, versions);
+        drop(config);
+        let service = self.service(
+            Arc::clone(&c.shared),
+            Arc::clone(&c.clock),
+            Arc::clone(&resets),
+            c.arrival,
+        );
         let connection = builder.serve_connection(TokioIo::new(io), service);
         tokio::pin!(connection);
         let ended = tokio::select! {
             ended = connection.as_mut() => Some(ended),
-            _ = shutdown.cancelled() => None,
+            _ = c.shutdown.cancelled() => None,
             // Too many streams reset after dispatch: GOAWAY.
             _ = resets.exceeded() => None,
         };
@@ -148,17 +215,24 @@ impl HttpPath {
                 connection.as_mut().graceful_shutdown();
                 tokio::select! {
                     ended = connection.as_mut() => ended,
-                    _ = stop.cancelled() => {
+                    _ = c.stop.cancelled() => {
                         // The grace is over: the client sees a reset, not
                         // a response that merely stops.
-                        reset_on_close(&socket);
+                        reset_on_close(&c.socket);
                         Ok(())
                     }
                 }
             }
         };
         let failed = ended.err().map(|e| e.to_string());
-        close(&socket, &clock, failed, &shared.stats, client).await;
+        close(
+            &c.socket,
+            &c.clock,
+            failed,
+            &c.shared.stats,
+            c.arrival.client,
+        )
+        .await;
     }
 
     /// The per-request service of one client connection.
@@ -276,6 +350,29 @@ impl HttpPath {
                 failure.reply()
             }
         }
+    }
+}
+
+/// hyper's server for one connection: the versions it may speak, and the
+/// head limit.
+fn builder(head_limit: usize, versions: Versions) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(None)
+        // A head that overflows this buffer is answered with 431; it
+        // also bounds what hyper queues for a client that reads slowly.
+        .max_buf_size(head_limit.max(MIN_HEAD_BUFFER));
+    builder
+        .http2()
+        .max_header_list_size(u32::try_from(head_limit).unwrap_or(u32::MAX))
+        // What one stream may queue for a client that reads slowly.
+        .max_send_buf_size(head_limit);
+    match versions {
+        Versions::Either => builder,
+        Versions::Http1 => builder.http1_only(),
+        Versions::Http2 => builder.http2_only(),
     }
 }
 

@@ -11,6 +11,7 @@ use prometheus::proto::MetricType;
 
 use super::peak_ratio;
 use super::series::{BackendView, Scrape, Series};
+use super::tls;
 use crate::backend::groups::Rank;
 use crate::backend::{CodeClass, Side, Spill, TimeoutKind};
 use crate::discovery::Lookup;
@@ -351,6 +352,20 @@ pub const FAMILIES: &[Family] = &[
             s.value(&["ok"], g.stats.reloads(true) as f64);
             s.value(&["error"], g.stats.reloads(false) as f64);
         }),
+    },
+    Family {
+        name: "magpie_tls_handshakes_total",
+        kind: COUNTER,
+        labels: &["result", "version"],
+        help: "TLS handshakes on listeners that terminate TLS, by result (ok, timeout, no_shared_cipher, bad_certificate, protocol, closed, other) and, when ok, version (1.2, 1.3).",
+        read: Read::Global(tls::handshakes),
+    },
+    Family {
+        name: "magpie_tls_certificate_expiry_timestamp_seconds",
+        kind: GAUGE,
+        labels: &["listener", "cert", "name"],
+        help: "When each certificate a listener presents expires (its notAfter, Unix seconds), by listen address, certificate file and first subject name.",
+        read: Read::Global(tls::expiry),
     },
     Family {
         name: "magpie_key_fallbacks_total",

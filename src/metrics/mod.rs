@@ -12,9 +12,11 @@
 //! |---|---|
 //! | [`families`] | every family, declared once, with how its series are read |
 //! | [`series`] | what a scrape reads, and the writer a family's series go through |
+//! | [`tls`] | the TLS families' readers: handshakes, certificate expiry |
 
 pub mod families;
 pub mod series;
+pub mod tls;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -276,9 +278,30 @@ mod tests {
         ))
     }
 
+    /// A mode http magpie whose listener terminates TLS, with a certificate
+    /// made here (so the certificate families have a series).
+    fn shared_with_tls() -> Arc<Shared> {
+        let dir = std::env::temp_dir().join(format!("magpie-metrics-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = rcgen::CertificateParams::new(vec!["a.test".to_string()]).unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        std::fs::write(dir.join("a.pem"), cert.pem()).unwrap();
+        std::fs::write(dir.join("a.key"), key.serialize_pem()).unwrap();
+        let text = format!(
+            "mode: http\nlisten:\n  - {{addr: 127.0.0.1:7000, tls: {{cert: {0}/a.pem, key: {0}/a.key}}}}\nhealth: {{load: {{preset: vllm}}}}\nbackends:\n  - {{name: a, addr: 127.0.0.1:8001}}\n  - {{name: b, addr: 127.0.0.1:8002, weight: 3}}\n",
+            dir.display()
+        );
+        let config = Config::parse(std::path::Path::new("t.yaml"), &text).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        Arc::new(Shared::new(
+            Snapshot::build(Arc::new(config), 1, &HashMap::new()).unwrap(),
+        ))
+    }
+
     #[test]
     fn every_family_is_rendered() {
-        let shared = shared();
+        let shared = shared_with_tls();
         // The engine gauges are there only with a fresh value.
         let sample = crate::health::exposition::Sample {
             waiting: Some(3.0),

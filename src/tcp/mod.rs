@@ -58,6 +58,7 @@ mod tests {
             stream,
             peer: Peer(peer),
             local: Local(addr),
+            listener: 0,
             shared,
             shutdown: CancellationToken::new(),
             stop: CancellationToken::new(),

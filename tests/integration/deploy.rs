@@ -34,6 +34,7 @@ const ALERTS: &[&str] = &[
     "MagpieFdsNearLimit",
     "MagpieCacheHitRatioFalling",
     "MagpiePanics",
+    "MagpieCertificateExpiringSoon",
 ];
 
 fn deploy_dir() -> PathBuf {
@@ -615,10 +616,17 @@ fn exported_families() -> BTreeMap<String, BTreeSet<String>> {
         .enable_all()
         .build()
         .expect("a tokio runtime");
+    // A listener that terminates TLS, so the certificate families have series.
+    let certs = TempFile::new("placeholder", "");
+    let dir = certs.path.parent().expect("a temp file has a directory");
+    let (cert, key) = TestCa::new().issue(&["a.test"]).write(dir, "site");
     let text = runtime.block_on(async {
         let yaml = format!(
-            "mode: http\nlisten: 127.0.0.1:0\nadmin: 127.0.0.1:0\nsessions:\n  ttl: 1m\n\
+            "mode: http\nlisten:\n  - {{addr: 127.0.0.1:0, tls: {{cert: \"{}\", key: \"{}\"}}}}\n\
+             admin: 127.0.0.1:0\nsessions:\n  ttl: 1m\n\
              backends:\n  - {{name: a, addr: \"{}\"}}\n",
+            cert.display(),
+            key.display(),
             dead_addr()
         );
         let magpie = Magpie::start(&yaml).await;

@@ -33,4 +33,5 @@ mod simulate;
 mod spill;
 mod stickiness;
 mod support;
+mod tls;
 mod transfer;

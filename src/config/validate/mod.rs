@@ -22,6 +22,7 @@
 //! | `modes.rs` | what depends on `mode`: `copy`, `http`, `sessions`, HTTP health |
 //! | `metrics.rs` | the `metrics` section |
 //! | `access_log.rs` | the `access_log` section: path, format, fields, sample, queue |
+//! | `tls.rs` | a `listen` entry's `tls`: its certificate files, loaded |
 
 use std::net::SocketAddr;
 use std::ops::RangeInclusive;
@@ -30,14 +31,15 @@ use std::time::Duration;
 
 use serde_saphyr::{Location, Spanned};
 
-use super::raw::{HumanDuration, Listen, RawConfig, RawPlacement};
+use super::raw::{HumanDuration, RawConfig, RawPlacement};
+use super::raw_listen::Listen;
 use super::resolve;
 use super::{
     Algorithm, BackendConfig, Config, ConfigError, ConfigErrors, DEFAULT_ADMIN,
     DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_POINTS_PER_WEIGHT,
-    DEFAULT_SHUTDOWN_GRACE, DEFAULT_SPILL_MIN_EXCESS, MAX_DRAIN_TIMEOUT, MAX_IDLE_TIMEOUT,
-    MAX_MAX_CONNECTIONS, MAX_RING_POINTS, MAX_SHUTDOWN_GRACE, MAX_SPILL_MIN_EXCESS, MAX_TABLE_SIZE,
-    Mode, Place, PlacementConfig, Places,
+    DEFAULT_SHUTDOWN_GRACE, DEFAULT_SPILL_MIN_EXCESS, ListenerTls, MAX_DRAIN_TIMEOUT,
+    MAX_IDLE_TIMEOUT, MAX_MAX_CONNECTIONS, MAX_RING_POINTS, MAX_SHUTDOWN_GRACE,
+    MAX_SPILL_MIN_EXCESS, MAX_TABLE_SIZE, Mode, Place, PlacementConfig, Places,
 };
 use crate::placement::{bounded, maglev};
 
@@ -49,6 +51,7 @@ mod load;
 mod metrics;
 mod modes;
 mod settings;
+mod tls;
 
 pub(super) struct Validator<'a> {
     file: &'a Path,
@@ -146,7 +149,7 @@ impl<'a> Validator<'a> {
     pub(super) fn validate(mut self, mut raw: RawConfig) -> Result<Config, ConfigErrors> {
         let mode = raw.mode.map(|m| m.value).unwrap_or_default();
         let mut places = Places::default();
-        let listen = self.listen(raw.listen, &mut places);
+        let (listen, tls) = self.listen(raw.listen, mode, &mut places);
         let admin = self.admin(raw.admin, &listen, &mut places);
         let (backends, sources) = self.backends(raw.backends, &listen, admin);
         let discovery = self.discovery(raw.discovery, sources);
@@ -194,6 +197,7 @@ impl<'a> Validator<'a> {
                 source: self.file.to_path_buf(),
                 content_hash: 0,
                 listen,
+                tls,
                 admin,
                 places,
                 placement,
@@ -247,21 +251,32 @@ impl<'a> Validator<'a> {
         }
     }
 
-    fn listen(&mut self, raw: Spanned<Listen>, places: &mut Places) -> Vec<SocketAddr> {
+    /// The `listen` addresses, and each one's TLS (`None`: cleartext).
+    fn listen(
+        &mut self,
+        raw: Spanned<Listen>,
+        mode: Mode,
+        places: &mut Places,
+    ) -> (Vec<SocketAddr>, Vec<Option<ListenerTls>>) {
         let items = match raw.value {
-            Listen::One(one) => vec![Spanned {
-                value: one,
-                referenced: raw.referenced,
-                defined: raw.defined,
-            }],
-            Listen::Many(many) => many,
+            Listen::One(one) => vec![(
+                Spanned {
+                    value: one,
+                    referenced: raw.referenced,
+                    defined: raw.defined,
+                },
+                None,
+            )],
+            Listen::Many(many) => many.into_iter().map(tls::split_item).collect(),
         };
         if items.is_empty() {
             self.err(&raw.referenced, "listen needs at least one address");
         }
         let mut out: Vec<SocketAddr> = Vec::new();
-        for item in &items {
-            if let Some(addr) = self.socket_addr(item, "listen address") {
+        let mut out_tls = Vec::new();
+        for (item, raw_tls) in items {
+            let listener_tls = raw_tls.and_then(|t| self.listener_tls(t, mode));
+            if let Some(addr) = self.socket_addr(&item, "listen address") {
                 if out.contains(&addr) {
                     self.err(
                         &item.referenced,
@@ -269,11 +284,12 @@ impl<'a> Validator<'a> {
                     );
                 } else {
                     out.push(addr);
+                    out_tls.push(listener_tls);
                     places.listen.push(place(&item.referenced));
                 }
             }
         }
-        out
+        (out, out_tls)
     }
 
     fn admin(

@@ -1,0 +1,110 @@
+//! A client's socket as mode http reads it: first the bytes the intake
+//! already read (what came with a PROXY header), then the socket itself.
+//!
+//! It sits under everything else on a client connection: under TLS when
+//! the listener terminates it, and under the deadlines of
+//! [`super::clock::Timed`]. The socket is shared, so that once hyper (or the
+//! TLS handshake) is done with it, the connection can still be closed
+//! gently or with a reset.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+use crate::read_ahead::ReadAhead;
+
+pub struct ClientSocket {
+    stream: Arc<TcpStream>,
+    /// Client bytes read before the connection was handed over; handed out
+    /// before anything else.
+    pending: Vec<u8>,
+}
+
+impl ClientSocket {
+    /// The client's stream, the bytes already read from it first.
+    pub fn new(stream: ReadAhead) -> ClientSocket {
+        let (stream, pending) = stream.into_parts();
+        ClientSocket {
+            stream: Arc::new(stream),
+            pending,
+        }
+    }
+
+    /// The socket, for closing the connection after hyper is done with it.
+    pub fn socket(&self) -> Arc<TcpStream> {
+        Arc::clone(&self.stream)
+    }
+}
+
+impl AsyncRead for ClientSocket {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if !this.pending.is_empty() {
+            let n = this.pending.len().min(buf.remaining());
+            buf.put_slice(&this.pending[..n]);
+            this.pending.drain(..n);
+            return Poll::Ready(Ok(()));
+        }
+        loop {
+            std::task::ready!(this.stream.poll_read_ready(cx))?;
+            // Into the unfilled part as it is: no zeroing per read.
+            match this.stream.try_read_buf(buf) {
+                Ok(_) => return Poll::Ready(Ok(())),
+                // Readiness was stale; the next poll waits for fresh news.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+}
+
+impl AsyncWrite for ClientSocket {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            std::task::ready!(self.stream.poll_write_ready(cx))?;
+            match self.stream.try_write(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                done => return Poll::Ready(done),
+            }
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            std::task::ready!(self.stream.poll_write_ready(cx))?;
+            match self.stream.try_write_vectored(bufs) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                done => return Poll::Ready(done),
+            }
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // Writes go straight to the socket.
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(socket2::SockRef::from(&*self.stream).shutdown(std::net::Shutdown::Write))
+    }
+}
