@@ -144,6 +144,7 @@ pub(super) enum KeyFrom {
     Header,
     Body,
     Conversation,
+    Sni,
 }
 
 #[derive(Debug, Deserialize)]

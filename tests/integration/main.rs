@@ -29,6 +29,7 @@ mod shared_pins;
 mod shared_store;
 mod shutdown;
 mod simulate;
+mod sni;
 mod spill;
 mod stickiness;
 mod support;

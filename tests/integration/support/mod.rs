@@ -16,6 +16,7 @@ pub mod http;
 mod in_process;
 mod process;
 mod redis;
+mod tls;
 mod upstream;
 
 pub use admin::*;
@@ -27,6 +28,7 @@ pub use http::*;
 pub use in_process::*;
 pub use process::*;
 pub use redis::*;
+pub use tls::*;
 pub use upstream::*;
 
 use std::future::Future;

@@ -1,0 +1,195 @@
+//! TLS for the tests: a test CA whose certificates rcgen makes, rustls
+//! configs (ring provider) trusting it, TLS echo backends, and a client
+//! stream that writes in small pieces.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+use super::within;
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// A certificate authority made for one test.
+pub struct TestCa {
+    issuer: CertifiedIssuer<'static, KeyPair>,
+}
+
+impl TestCa {
+    pub fn new(name: &str) -> TestCa {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let key = KeyPair::generate().expect("a CA key");
+        let issuer = CertifiedIssuer::self_signed(params, key).expect("a CA certificate");
+        TestCa { issuer }
+    }
+
+    /// The CA certificate, PEM.
+    pub fn pem(&self) -> String {
+        self.issuer.pem()
+    }
+
+    /// A server config with a certificate for `names` (DNS names or IPs).
+    pub fn server_config(&self, names: &[&str], alpn: &[&[u8]]) -> Arc<rustls::ServerConfig> {
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let params = CertificateParams::new(names).expect("leaf params");
+        let key = KeyPair::generate().expect("a leaf key");
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .expect("a leaf certificate");
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        let mut config = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.der().clone()], key)
+            .expect("a server config");
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        Arc::new(config)
+    }
+
+    /// A client config trusting this CA alone.
+    pub fn client_config(&self) -> rustls::ClientConfig {
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(self.issuer.der().clone())
+            .expect("the CA as a root");
+        rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth()
+    }
+}
+
+/// TLS backends that, once the handshake is done, write their name and a
+/// newline, then echo. Each accepted connection is reported by name first,
+/// handshake or not.
+pub struct TlsEchoBackends {
+    pub list: Vec<(String, SocketAddr)>,
+    accepted: mpsc::UnboundedReceiver<String>,
+}
+
+impl TlsEchoBackends {
+    pub async fn start(names: &[&str], config: Arc<rustls::ServerConfig>) -> TlsEchoBackends {
+        let (report, accepted) = mpsc::unbounded_channel();
+        let mut list = Vec::new();
+        for &name in names {
+            let listener = TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind a TLS backend");
+            list.push((name.to_string(), listener.local_addr().expect("an address")));
+            let acceptor = TlsAcceptor::from(Arc::clone(&config));
+            let (name, report) = (name.to_string(), report.clone());
+            tokio::spawn(async move {
+                while let Ok((stream, _)) = listener.accept().await {
+                    let _ = report.send(name.clone());
+                    tokio::spawn(echo(acceptor.clone(), stream, name.clone()));
+                }
+            });
+        }
+        TlsEchoBackends { list, accepted }
+    }
+
+    /// The backend that accepted the next connection.
+    pub async fn next_accepted(&mut self) -> String {
+        within("a TLS backend to accept", self.accepted.recv())
+            .await
+            .expect("the backends run")
+    }
+}
+
+async fn echo(acceptor: TlsAcceptor, stream: TcpStream, name: String) {
+    let Ok(mut tls) = acceptor.accept(stream).await else {
+        return;
+    };
+    if tls.write_all(format!("{name}\n").as_bytes()).await.is_err() {
+        return;
+    }
+    let mut buf = [0u8; 4096];
+    while let Ok(n @ 1..) = tls.read(&mut buf).await {
+        if tls.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// TLS over `stream` asking for `name` (its hello written `piece` bytes
+/// at a time), and the name of the backend that answered.
+pub async fn tls_hello(
+    stream: TcpStream,
+    name: &str,
+    config: rustls::ClientConfig,
+    piece: usize,
+) -> (TlsStream<Pieces>, String) {
+    stream.set_nodelay(true).expect("nodelay");
+    let server = ServerName::try_from(name.to_string()).expect("a server name");
+    let connector = TlsConnector::from(Arc::new(config));
+    let mut tls = within(
+        "the TLS handshake through magpie",
+        connector.connect(server, Pieces { stream, piece }),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("TLS handshake for {name}: {e}"));
+    let mut backend = Vec::new();
+    loop {
+        let byte = within("the backend's name", tls.read_u8())
+            .await
+            .expect("the backend's name");
+        if byte == b'\n' {
+            break;
+        }
+        backend.push(byte);
+    }
+    (tls, String::from_utf8(backend).expect("a name"))
+}
+
+/// A TCP stream whose writes take at most `piece` bytes each (with
+/// `TCP_NODELAY`, each its own segment).
+pub struct Pieces {
+    pub stream: TcpStream,
+    pub piece: usize,
+}
+
+impl AsyncRead for Pieces {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Pieces {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let n = buf.len().min(self.piece);
+        Pin::new(&mut self.stream).poll_write(cx, &buf[..n])
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
