@@ -33,7 +33,7 @@
 //! | [`proxy_protocol`] | the intake both data paths share: PROXY v1/v2 in from trusted peers, v2 out |
 //! | [`read_ahead`] | a client stream with the bytes already read from it, replayed unchanged |
 //! | [`listener`] | the accept loop both data paths share: limits, back-off, graceful drain |
-//! | [`net`] | binding, socket options, connecting with a deadline, address types |
+//! | [`net`] | binding, socket options, connecting with a deadline, address types; TLS towards backends (`tls_client`) |
 //! | [`tcp`] | `mode: tcp`: one connection in phases, its header or TLS server-name key from the first bytes, copying both ways |
 //! | [`http`] | `mode: http`: each request's keys (session and group) and pin, framing checks, forwarding in phases, deadlines towards backends and clients, pooled upstreams, streamed bodies |
 //! | [`usage`] | token counts read from LLM responses as they stream: OpenAI chat/completions/responses and Anthropic shapes, JSON or SSE |
