@@ -189,7 +189,13 @@ impl HelloScanner {
                 // The record goes on: the next check is at the hello's
                 // header or end within it, or at the next record's type.
                 let joined = self.joined.view(bytes).len();
-                let next = bytes.len() + self.wanted.unwrap_or(HANDSHAKE_HEADER) - joined;
+                let left = match self.wanted {
+                    Some(wanted) => wanted - joined,
+                    // The message type is checked on its own, first.
+                    None if joined == 0 => 1,
+                    None => HANDSHAKE_HEADER - joined,
+                };
+                let next = bytes.len() + left;
                 return Ok(if next <= end { next } else { end + 1 });
             }
             self.at = end;
