@@ -98,6 +98,16 @@ pub struct BackendTls {
     pub name: ServerName<'static>,
 }
 
+/// Equal when they share one config and check one name: a config parsed
+/// again makes a new one (and a new session cache).
+impl PartialEq for BackendTls {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.config, &other.config) && self.name == other.name
+    }
+}
+
+impl Eq for BackendTls {}
+
 impl BackendTls {
     /// The TLS handshake on a connected `stream`, within `deadline`. A
     /// failure (a timeout too) is [`is_handshake_failure`].

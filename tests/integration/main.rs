@@ -34,3 +34,4 @@ mod spill;
 mod stickiness;
 mod support;
 mod transfer;
+mod upstream_tls;

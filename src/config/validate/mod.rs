@@ -21,6 +21,7 @@
 //! | `load.rs` | `health.load`: engine load signals, their gauges and limits |
 //! | `modes.rs` | what depends on `mode`: `copy`, `http`, `sessions`, HTTP health |
 //! | `metrics.rs` | the `metrics` section |
+//! | `upstream_tls.rs` | TLS to backends: `backends[].tls` and `upstream_tls` (the CA file read, its client config made) |
 
 use std::net::SocketAddr;
 use std::ops::RangeInclusive;
@@ -47,6 +48,7 @@ mod load;
 mod metrics;
 mod modes;
 mod settings;
+mod upstream_tls;
 
 pub(super) struct Validator<'a> {
     file: &'a Path,
@@ -146,7 +148,8 @@ impl<'a> Validator<'a> {
         let mut places = Places::default();
         let listen = self.listen(raw.listen, &mut places);
         let admin = self.admin(raw.admin, &listen, &mut places);
-        let (backends, sources) = self.backends(raw.backends, &listen, admin);
+        let (mut backends, sources, tls) = self.backends(raw.backends, &listen, admin);
+        self.upstream_tls(raw.upstream_tls, mode, &mut backends, tls);
         let discovery = self.discovery(raw.discovery, sources);
         let placement = self.placement(raw.placement, &backends);
         let raw_group = raw.key.as_mut().and_then(|k| k.group.take());

@@ -193,3 +193,72 @@ impl AsyncWrite for Pieces {
         Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
+
+/// An HTTP/1.1 backend over TLS: `GET /health` answers with the status the
+/// test set (200 at start), anything else `backend: NAME`. It counts the
+/// TCP connections it accepted and the TLS handshakes that completed.
+pub struct TlsHttpBackend {
+    pub name: String,
+    pub addr: SocketAddr,
+    pub accepted: std::sync::atomic::AtomicU64,
+    pub handshakes: std::sync::atomic::AtomicU64,
+    pub health: std::sync::atomic::AtomicU16,
+}
+
+impl TlsHttpBackend {
+    pub async fn start(name: &str, config: Arc<rustls::ServerConfig>) -> Arc<TlsHttpBackend> {
+        use std::sync::atomic::Ordering;
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a TLS HTTP backend");
+        let backend = Arc::new(TlsHttpBackend {
+            name: name.to_string(),
+            addr: listener.local_addr().expect("an address"),
+            accepted: Default::default(),
+            handshakes: Default::default(),
+            health: std::sync::atomic::AtomicU16::new(200),
+        });
+        let acceptor = TlsAcceptor::from(config);
+        let b = Arc::clone(&backend);
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                b.accepted.fetch_add(1, Ordering::SeqCst);
+                let (acceptor, b) = (acceptor.clone(), Arc::clone(&b));
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(stream).await else {
+                        return;
+                    };
+                    b.handshakes.fetch_add(1, Ordering::SeqCst);
+                    let service = hyper::service::service_fn(move |req| {
+                        let b = Arc::clone(&b);
+                        async move { Ok::<_, std::convert::Infallible>(b.answer(&req)) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                        .await;
+                });
+            }
+        });
+        backend
+    }
+
+    fn answer<B>(
+        &self,
+        req: &hyper::Request<B>,
+    ) -> hyper::Response<http_body_util::Full<bytes::Bytes>> {
+        use std::sync::atomic::Ordering;
+        let (status, body) = if req.uri().path() == "/health" {
+            (self.health.load(Ordering::SeqCst), "health\n".to_string())
+        } else {
+            (200, format!("backend: {}\n", self.name))
+        };
+        hyper::Response::builder()
+            .status(status)
+            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            .expect("a response")
+    }
+
+    pub fn pair(&self) -> (String, SocketAddr) {
+        (self.name.clone(), self.addr)
+    }
+}
