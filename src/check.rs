@@ -261,6 +261,9 @@ fn key_text(key: &KeyConfig) -> String {
     if k.conversation {
         parts.push("the conversation's head".to_string());
     }
+    if k.server_name {
+        parts.push("the TLS server name".to_string());
+    }
     match key.read() {
         Some(read) => format!("{}, else {}", parts.join(", then "), read.fallback.as_str()),
         None => k.from.to_string(),

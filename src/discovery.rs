@@ -285,5 +285,6 @@ fn found(name: String, addr: SocketAddr, weight: u32, source: &SourceConfig) -> 
         weight,
         zone: source.zone.clone(),
         discovered: true,
+        tls: None,
     }
 }

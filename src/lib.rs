@@ -26,15 +26,15 @@
 //! | [`placement`] | pure placement schemes: Maglev, ring, rendezvous, jump, mod N; bounded-load caps; the candidate walk |
 //! | [`snapshot`] | `Snapshot` (version, fingerprint, backends, table, settings) and the `Shared` state it is published in |
 //! | [`backend`] | a backend's identity and live state: load, traffic, health, drain |
-//! | [`key`] | keys from an address, a header value, a JSON body field or a conversation's head; group keys (`key.group`: a chat body's instructions and tools, a prefix of them, a tenant header); fallback reasons |
+//! | [`key`] | keys from an address, a header value, a JSON body field, a conversation's head or a TLS ClientHello's server name; group keys (`key.group`: a chat body's instructions and tools, a prefix of them, a tenant header); fallback reasons |
 //! | [`key_budget`] | the bytes all requests together hold while reading bodies for keys (`limits.key_buffer_bytes`) |
 //! | [`route`] | candidates + accept policy (health, bounded-load caps, attempts, fail-open) → the backends to try |
 //! | [`health`] | a backend's health: its state, active checks (TCP or HTTP) with rise/fall, passive failures, engine load scraped from its metrics |
 //! | [`proxy_protocol`] | the intake both data paths share: PROXY v1/v2 in from trusted peers, v2 out |
 //! | [`read_ahead`] | a client stream with the bytes already read from it, replayed unchanged |
 //! | [`listener`] | the accept loop both data paths share: limits, back-off, graceful drain |
-//! | [`net`] | binding, socket options, connecting with a deadline, address types |
-//! | [`tcp`] | `mode: tcp`: one connection in phases, its header key from the first bytes, copying both ways |
+//! | [`net`] | binding, socket options, connecting with a deadline, address types; TLS towards backends (`tls_client`) |
+//! | [`tcp`] | `mode: tcp`: one connection in phases, its header or TLS server-name key from the first bytes, copying both ways |
 //! | [`http`] | `mode: http`: TLS termination (the handshake, the certificate by SNI from the snapshot), each request's keys (session and group) and pin, framing checks, forwarding in phases, deadlines towards backends and clients, pooled upstreams, streamed bodies |
 //! | [`usage`] | token counts read from LLM responses as they stream: OpenAI chat/completions/responses and Anthropic shapes, JSON or SSE |
 //! | [`sessions`] | session pins: a key's backend kept while the key is in use |

@@ -23,6 +23,7 @@ pub mod groups;
 pub mod load;
 pub mod traffic;
 
+use crate::net::tls_client::BackendTls;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -41,6 +42,8 @@ pub struct Backend {
     pub addr: SocketAddr,
     pub weight: u32,
     pub zone: Option<String>,
+    /// Reached over TLS (`tls: true`, mode http).
+    pub tls: Option<BackendTls>,
     pub live: Arc<Live>,
 }
 
@@ -51,6 +54,7 @@ impl Backend {
             addr: config.addr,
             weight: config.weight,
             zone: config.zone.clone(),
+            tls: config.tls.clone(),
             live,
         }
     }
@@ -71,6 +75,10 @@ impl health::Target for Backend {
 
     fn engine(&self) -> &EngineLoad {
         &self.live.engine
+    }
+
+    fn tls(&self) -> Option<&BackendTls> {
+        self.tls.as_ref()
     }
 }
 

@@ -39,6 +39,11 @@ pub enum KeyConfig {
         body_field: Option<FieldPath>,
         read: KeyRead,
     },
+    /// `mode: tcp`: the server name of the TLS ClientHello a connection
+    /// starts with ([`crate::key::sni`]).
+    Sni {
+        read: KeyRead,
+    },
 }
 
 /// How a key is read from the client's bytes, and what stands in when none
@@ -63,6 +68,8 @@ pub struct KeySources<'a> {
     pub body_field: Option<&'a FieldPath>,
     /// The conversation's head (`from: conversation`), after the others.
     pub conversation: bool,
+    /// The TLS ClientHello's server name (`from: sni`).
+    pub server_name: bool,
 }
 
 impl KeyConfig {
@@ -72,6 +79,7 @@ impl KeyConfig {
             header: None,
             body_field: None,
             conversation: false,
+            server_name: false,
         };
         match self {
             KeyConfig::SourceIp => none,
@@ -99,6 +107,12 @@ impl KeyConfig {
                 header: header.as_deref(),
                 body_field: body_field.as_ref(),
                 conversation: true,
+                ..none
+            },
+            KeyConfig::Sni { .. } => KeySources {
+                from: "sni",
+                server_name: true,
+                ..none
             },
         }
     }
@@ -108,7 +122,8 @@ impl KeyConfig {
         match self {
             KeyConfig::Header { read, .. }
             | KeyConfig::Body { read, .. }
-            | KeyConfig::Conversation { read, .. } => Some(read),
+            | KeyConfig::Conversation { read, .. }
+            | KeyConfig::Sni { read } => Some(read),
             KeyConfig::SourceIp | KeyConfig::SourceAddr => None,
         }
     }
@@ -130,13 +145,15 @@ impl KeyConfig {
     }
 
     /// The key the proxy would use for a key written as text: a header value
-    /// (or body field) in those modes, an IP (or `ip:port`, the port left
-    /// out) in `source_ip` mode, an `ip:port` in `source_addr` mode. This is what `magpie lookup`, `plan
-    /// --keys` and `/route?key=` hash.
+    /// (or body field) in those modes, a server name with `sni` (any case,
+    /// a trailing dot or not), an IP (or `ip:port`, the port left out) in
+    /// `source_ip` mode, an `ip:port` in `source_addr` mode. This is what
+    /// `magpie lookup`, `plan --keys` and `/route?key=` hash.
     pub fn key_of_text(&self, text: &str) -> Result<u64, KeyTextError> {
         match self {
             KeyConfig::SourceIp => key::address_text_key(Fallback::SourceIp, text),
             KeyConfig::SourceAddr => key::address_text_key(Fallback::SourceAddr, text),
+            KeyConfig::Sni { .. } => Ok(key::sni::server_name_key(text.trim().as_bytes())),
             _ => Ok(key::text_key(text.trim().as_bytes())),
         }
     }

@@ -373,6 +373,9 @@ pub struct BackendConfig {
     pub zone: Option<String>,
     /// Found through a `dns` or `srv` entry, not written in the file.
     pub discovered: bool,
+    /// `tls: true` (mode http): requests go over TLS, checked against
+    /// `upstream_tls`.
+    pub tls: Option<crate::net::tls_client::BackendTls>,
 }
 
 /// Backends found through DNS (`backends[].dns`, `backends[].srv`).

@@ -56,6 +56,8 @@ pub struct RawConfig {
     pub(super) limits: Option<Spanned<RawLimits>>,
     pub(super) backends: Spanned<Vec<Spanned<RawBackend>>>,
     #[serde(default)]
+    pub(super) upstream_tls: Option<Spanned<RawUpstreamTls>>,
+    #[serde(default)]
     pub(super) discovery: Option<Spanned<RawDiscovery>>,
     #[serde(default)]
     pub(super) metrics: Option<RawMetrics>,
@@ -102,6 +104,7 @@ pub(super) enum KeyFrom {
     Header,
     Body,
     Conversation,
+    Sni,
 }
 
 #[derive(Debug, Deserialize)]
@@ -377,6 +380,21 @@ pub(super) struct RawBackend {
     pub(super) weight: Option<Spanned<u32>>,
     #[serde(default)]
     pub(super) zone: Option<Spanned<String>>,
+    /// mode http: TLS to this backend.
+    #[serde(default)]
+    pub(super) tls: Option<Spanned<bool>>,
+}
+
+/// `upstream_tls`: how TLS backends are checked.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawUpstreamTls {
+    /// A PEM file of the CAs that sign the backends' certificates.
+    #[serde(default)]
+    pub(super) ca: Option<Spanned<String>>,
+    /// The name the certificates must carry, for every TLS backend.
+    #[serde(default)]
+    pub(super) server_name: Option<Spanned<String>>,
 }
 
 /// A duration written the human way: `250ms`, `30s`, `1h`, `1h 30m`.

@@ -81,12 +81,20 @@ async fn check_all<P: Targets>(pool: &P, targets: Vec<Arc<P::Target>>, health: &
     }
 }
 
-/// One check within `health.timeout`: a TCP connect, or an HTTP `GET` of
-/// `health.http_path` whose status must be in `health.expect_status`. `None`
+/// One check within `health.timeout`: a TCP connect (and, to a TLS
+/// backend, the TLS handshake), or an HTTP `GET` of `health.http_path`
+/// (over that TLS) whose status must be in `health.expect_status`. `None`
 /// when magpie itself is out of file descriptors or memory: no verdict.
 pub async fn probe(target: &impl Target, health: &HealthConfig) -> Option<CheckOutcome> {
     let check = async {
         let stream = tokio::net::TcpStream::connect(target.addr()).await?;
+        let Some(tls) = target.tls() else {
+            return match &health.http_path {
+                None => Ok(CheckOutcome::Ok),
+                Some(path) => http_check(stream, target, path, health).await,
+            };
+        };
+        let stream = tls.handshake(stream, health.timeout).await?;
         match &health.http_path {
             None => Ok(CheckOutcome::Ok),
             Some(path) => http_check(stream, target, path, health).await,
@@ -117,7 +125,7 @@ pub async fn probe(target: &impl Target, health: &HealthConfig) -> Option<CheckO
 
 /// `GET path` over `stream` (HTTP/1.1, `Connection: close`); the status decides.
 async fn http_check(
-    stream: tokio::net::TcpStream,
+    stream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
     target: &impl Target,
     path: &str,
     health: &HealthConfig,

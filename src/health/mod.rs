@@ -51,6 +51,10 @@ pub trait Target: Send + Sync + 'static {
     fn health(&self) -> &Health;
     /// What its inference engine last said about its load (`health.load`).
     fn engine(&self) -> &EngineLoad;
+    /// How it is reached over TLS, if it is: checks go over TLS too.
+    fn tls(&self) -> Option<&crate::net::tls_client::BackendTls> {
+        None
+    }
 }
 
 /// One round of checks: the `health` section in force (none: no checks) and

@@ -31,6 +31,9 @@ labels! {
     pub enum ConnectFailure {
         Refused => "refused",
         Timeout => "timeout",
+        /// The TLS handshake with a `tls: true` backend failed (its
+        /// certificate, a timeout, no TLS at all).
+        Tls => "tls",
         /// Anything else: unreachable, reset, out of ports, ...
         Error => "error",
     }
@@ -38,6 +41,9 @@ labels! {
 
 impl ConnectFailure {
     pub fn of(error: &std::io::Error) -> Self {
+        if crate::net::tls_client::is_handshake_failure(error) {
+            return ConnectFailure::Tls;
+        }
         match error.kind() {
             std::io::ErrorKind::ConnectionRefused => ConnectFailure::Refused,
             std::io::ErrorKind::TimedOut => ConnectFailure::Timeout,

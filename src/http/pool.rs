@@ -2,7 +2,8 @@
 //! and clients.
 //!
 //! A connection is opened on demand (`net::connect`, counted against the
-//! backend like a TCP-path connect) and handed to hyper's HTTP/1.1 client,
+//! backend like a TCP-path connect; to a `tls: true` backend, then the TLS
+//! handshake of [`crate::net::tls_client`]) and handed to hyper's HTTP/1.1 client,
 //! whose connection task is kept as a [`Conn`]: dropping a `Conn` aborts the
 //! task, which closes the socket at once, whatever state hyper was in. A
 //! request holds its connection as a [`Lease`]; the response body gives the
@@ -278,6 +279,25 @@ pub async fn connect(
     limits: Limits,
 ) -> io::Result<Lease> {
     let stream = crate::net::connect(backend.addr, timeout).await?;
+    let (sender, task) = match &backend.tls {
+        None => start(stream, backend).await?,
+        Some(tls) => start(tls.handshake(stream, timeout).await?, backend).await?,
+    };
+    Ok(Lease {
+        conn: Conn { sender, task },
+        fresh: true,
+        addr: backend.addr,
+        limits,
+        pool: Arc::clone(pool),
+    })
+}
+
+/// Starts hyper's HTTP/1.1 client on a connected `stream` (plain or TLS):
+/// its sender, and its connection task.
+async fn start<S>(stream: S, backend: &Arc<Backend>) -> io::Result<(Sender, AbortHandle)>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
     let (sender, connection) = http1::Builder::new()
         // What one upstream connection may buffer: a response head (as
         // HAProxy's default 16 KiB buffers allow), and of a body no more
@@ -296,16 +316,7 @@ pub async fn connect(
             debug!(backend = %name, error = %e, "upstream connection ended with an error");
         }
     });
-    Ok(Lease {
-        conn: Conn {
-            sender,
-            task: task.abort_handle(),
-        },
-        fresh: true,
-        addr: backend.addr,
-        limits,
-        pool: Arc::clone(pool),
-    })
+    Ok((sender, task.abort_handle()))
 }
 
 /// A poisoned lock only means another thread panicked while holding it; the

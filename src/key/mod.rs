@@ -15,6 +15,9 @@
 //!   a string is keyed exactly as a header with that text.
 //! * `conversation`: the head of a chat conversation: its model, system
 //!   prompt and first user message ([`conversation`]).
+//! * `sni`: the server name of a TLS ClientHello, lower-cased and without a
+//!   trailing dot ([`sni`]); the TCP path (`tcp::sni_key`) reads the hello
+//!   from a connection's first bytes, which stay encrypted end to end.
 //!
 //! With `key.group` (mode http), a second key, the group ([`group`]: a
 //! chat body's instructions and tools, a prefix of them, or a tenant header),
@@ -29,6 +32,7 @@
 pub mod conversation;
 pub mod group;
 pub mod json;
+pub mod sni;
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -124,7 +128,12 @@ labels! {
         MissingHeader => "missing_header",
         /// The bytes are not an HTTP/1.x request.
         NotHttp => "not_http",
-        /// The head did not fit in `max_bytes`.
+        /// `key.from: sni`: the bytes are not a TLS ClientHello (another
+        /// first byte than a handshake record's, or a malformed hello).
+        NotTls => "not_tls",
+        /// `key.from: sni`: a complete ClientHello without a server name.
+        NoSni => "no_sni",
+        /// The head (or the ClientHello) did not fit in `max_bytes`.
         TooLarge => "too_large",
         /// The deadline passed before the head was complete.
         Timeout => "timeout",

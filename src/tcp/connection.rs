@@ -18,6 +18,7 @@ use tracing::{debug, warn};
 use super::copy::{End, Transfer, copy_both_ways};
 use super::header_key::{HeaderKey, Want, read_header_key};
 use super::logged::Logged;
+use super::sni_key::{HelloWant, read_sni_key};
 use crate::backend::{ActiveGuard, Backend, Side, Spill};
 use crate::config::{Config, KeyConfig};
 use crate::health::passive::{self, Blame};
@@ -141,23 +142,39 @@ fn refuse_untrusted_header(stats: &Stats, peer: Peer) {
     proxy_protocol::refuse(stats, peer, &"PROXY header from an untrusted peer");
 }
 
-/// The connection's key: its address, or a header read from its first bytes
-/// (they stay read ahead, to be replayed), and whether it is the fallback.
+/// The connection's key: its address, or a header or TLS server name read
+/// from its first bytes (they stay read ahead, to be replayed), and whether
+/// it is the fallback.
 async fn key(config: &Config, intake: &mut Intake, stats: &Stats) -> (u64, bool) {
     let client = intake.client;
     // Validation allows body and conversation keys in mode http only.
-    let KeyConfig::Header { name, read, .. } = &config.key else {
-        return (config.key.address_key(client.0), false);
+    let (found, read) = match &config.key {
+        KeyConfig::Header { name, read, .. } => {
+            let want = Want {
+                header: name,
+                limit: read.max_bytes,
+                deadline: read.read_timeout,
+            };
+            let found = match read_header_key(&mut intake.stream, want).await {
+                HeaderKey::Found(k) => Ok(k),
+                HeaderKey::Fallback(reason) => Err(reason),
+            };
+            (found, read)
+        }
+        KeyConfig::Sni { read } => {
+            let want = HelloWant {
+                limit: read.max_bytes,
+                deadline: read.read_timeout,
+            };
+            (read_sni_key(&mut intake.stream, want).await, read)
+        }
+        _ => return (config.key.address_key(client.0), false),
     };
-    let want = Want {
-        header: name,
-        limit: read.max_bytes,
-        deadline: read.read_timeout,
-    };
-    match read_header_key(&mut intake.stream, want).await {
-        HeaderKey::Found(k) => (k, false),
-        HeaderKey::Fallback(reason) => {
-            debug!(%client, reason = reason.as_str(), "header key not found, using fallback key");
+    match found {
+        Ok(k) => (k, false),
+        Err(reason) => {
+            let from = config.key.sources().from;
+            debug!(%client, from, reason = reason.as_str(), "key not found, using fallback key");
             stats.count_fallback(reason);
             (key::fallback_key(read.fallback, client.0), true)
         }

@@ -168,6 +168,7 @@ mod tests {
             weight: 1,
             zone: None,
             discovered: false,
+            tls: None,
         };
         Backend::new(&config, Arc::new(Live::default()))
     }

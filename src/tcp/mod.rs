@@ -1,13 +1,14 @@
 //! The L4 data path (`mode: tcp`): one key per connection.
 //!
 //! `accept ─▶ intake (PROXY header, bytes read ahead) ─▶ key from address or
-//! first bytes ─▶ route ─▶ connect first that takes it ─▶ copy both ways`.
+//! first bytes (a request header or a TLS server name) ─▶ route ─▶ connect first that takes it ─▶ copy both ways`.
 //!
 //! | module | owns |
 //! |---|---|
 //! | [`connection`] | one connection in phases: intake, signature check, key, route, connect, copy, account |
 //! | [`logged`] | a connection's access-log line: begun at accept, written at its end with how it ended |
 //! | [`header_key`] | reading a header key from the first bytes, under a deadline |
+//! | [`sni_key`] | reading a TLS ClientHello's server name from the first bytes, under a deadline |
 //! | [`copy`] | copying both ways with half-close, idle timeout, drain and stop |
 //! | [`direction`] | one direction: pooled buffers or pipes held only while bytes are in flight |
 //! | [`pipe`] | splice(2) through pooled pipes: socket → pipe → socket without a userspace copy (Linux) |
@@ -20,6 +21,7 @@ pub mod logged;
 // The one module allowed `unsafe`: three libc calls (pipe2, fcntl, splice).
 #[allow(unsafe_code)]
 pub mod pipe;
+pub mod sni_key;
 
 /// Serves one accepted connection of the TCP path. A plain function, not an
 /// `async fn`: its future is the connection's own, not a second one around it.

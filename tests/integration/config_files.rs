@@ -359,6 +359,16 @@ fn example_configs_route_as_pinned() {
                 ("192.168.7.9", "worker-1"),
             ],
         ),
+        (
+            // Server names: any case, with or without the trailing dot.
+            "tls-passthrough.yaml",
+            "b6d85ae182a2dfbb578ebee5c070a768",
+            &[
+                ("api.example.com", "tls-0"),
+                ("www.example.org", "tls-2"),
+                ("WWW.Example.ORG.", "tls-2"),
+            ],
+        ),
     ];
     for (file, fingerprint, routes) in golden {
         let path = config_dir().join(file);

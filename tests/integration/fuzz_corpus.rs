@@ -22,6 +22,11 @@ mod usage_scan {
     include!("../../fuzz/usage_scan_check.rs");
 }
 
+/// The `sni` target's check, from the file the target includes too.
+mod sni {
+    include!("../../fuzz/sni_check.rs");
+}
+
 /// Every file in `fuzz/corpus/<target>/`, with its bytes; never empty.
 fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -113,5 +118,12 @@ fn json_field_corpus_is_keyed_or_falls_back() {
 fn usage_scan_corpus_agrees_however_framed() {
     for (_, bytes) in corpus("usage_scan") {
         usage_scan::check(&bytes);
+    }
+}
+
+#[test]
+fn sni_corpus_agrees_however_split() {
+    for (_, bytes) in corpus("sni") {
+        sni::check(&bytes);
     }
 }

@@ -20,6 +20,8 @@ use crate::config::{BackendConfig, MAX_WEIGHT, SourceConfig};
 #[derive(Default)]
 struct Pool {
     backends: Vec<BackendConfig>,
+    /// The backends written with `tls: true`, by index, and where.
+    tls: Vec<(usize, Location)>,
     names: std::collections::HashSet<String>,
     addrs: std::collections::HashMap<SocketAddr, usize>,
 }
@@ -30,24 +32,33 @@ impl Validator<'_> {
         raw: Spanned<Vec<Spanned<RawBackend>>>,
         listen: &[SocketAddr],
         admin: Option<SocketAddr>,
-    ) -> (Vec<BackendConfig>, Vec<SourceConfig>) {
+    ) -> (
+        Vec<BackendConfig>,
+        Vec<SourceConfig>,
+        Vec<(usize, Location)>,
+    ) {
         let mut sources = Vec::new();
         if raw.value.is_empty() {
             self.err(
                 &raw.referenced,
                 "backends is empty: at least one backend is needed",
             );
-            return (Vec::new(), sources);
+            return (Vec::new(), sources, Vec::new());
         }
         let own: Vec<SocketAddr> = listen.iter().copied().chain(admin).collect();
         let mut pool = Pool::default();
         for entry in raw.value {
             let b = entry.value;
             if b.dns.is_some() || b.srv.is_some() {
+                if let Some(tls) = b.tls.as_ref().filter(|t| t.value) {
+                    self.err(&tls.referenced, "tls is not supported on a dns or srv entry yet: write its backends with addr");
+                }
                 sources.extend(self.source(b, &entry.referenced));
                 continue;
             }
+            let tls = b.tls.as_ref().filter(|t| t.value).map(|t| t.referenced);
             if let Some(backend) = self.backend(b, &entry.referenced, &mut pool, &own) {
+                pool.tls.extend(tls.map(|at| (pool.backends.len(), at)));
                 pool.addrs.insert(backend.addr, pool.backends.len());
                 pool.backends.push(backend);
             }
@@ -59,7 +70,7 @@ impl Validator<'_> {
                 "every backend has weight 0: nothing could take a connection",
             );
         }
-        (out, sources)
+        (out, sources, pool.tls)
     }
 
     /// One backend written with `name` and `addr`; `None` when it has a
@@ -106,6 +117,7 @@ impl Validator<'_> {
             weight,
             zone,
             discovered: false,
+            tls: None,
         })
     }
 

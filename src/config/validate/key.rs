@@ -6,7 +6,8 @@
 //! `read_timeout`, `max_bytes` and `fallback`, with defaults and bounds that
 //! depend on the mode. Body and conversation keys need `mode: http`, where
 //! each request is keyed; in mode tcp the key is read once per connection,
-//! from its request head.
+//! from its request head, or (`sni`, mode tcp only) from its TLS
+//! ClientHello.
 //!
 //! `key.group` needs mode http, a session key read from the request
 //! (`from: header`, `body` or `conversation`) and `sessions`: a group only
@@ -50,12 +51,16 @@ impl Validator<'_> {
             KeyFrom::Conversation if mode == Mode::Tcp => {
                 self.err(&from_at, "key.from: conversation needs mode: http");
             }
+            KeyFrom::Sni if mode == Mode::Http => {
+                self.err(&from_at, "key.from: sni needs mode: tcp (mode http reads requests in plain text; sni keys TLS passed through undecrypted)");
+            }
             _ => {}
         }
         let read = self.key_read(&raw, mode);
         let body_field = self.body_field(raw.body_field.as_ref(), mode);
         match from {
             KeyFrom::Body => self.body_key(&raw, body_field, read, from_at),
+            KeyFrom::Sni => self.sni_key(&raw, read),
             KeyFrom::Conversation => KeyConfig::Conversation {
                 header: raw.header.as_ref().map(|h| self.header_name(h)),
                 body_field,
@@ -134,7 +139,9 @@ impl Validator<'_> {
         for (field, at) in stray.into_iter().flatten() {
             self.err(
                 &at,
-                format!("key.{field} only applies with key.from: header, body or conversation"),
+                format!(
+                    "key.{field} only applies with key.from: header, body, conversation or sni"
+                ),
             );
         }
     }
@@ -225,6 +232,17 @@ impl Validator<'_> {
         }
     }
 
+    /// `from: sni`: the server name is the key, so no header is read.
+    fn sni_key(&mut self, raw: &RawKey, read: KeyRead) -> KeyConfig {
+        if let Some(h) = &raw.header {
+            self.err(
+                &h.referenced,
+                "key.header only applies with key.from: header or conversation (from: sni keys by the TLS server name)",
+            );
+        }
+        KeyConfig::Sni { read }
+    }
+
     /// A `key.header` name, lower-cased.
     fn header_name(&mut self, h: &Spanned<String>) -> String {
         let name = h.value.trim().to_ascii_lowercase();
@@ -241,4 +259,69 @@ impl Validator<'_> {
 /// RFC 9110 `tchar`: the bytes allowed in a header field name.
 fn is_http_token_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::config::test_util::{parse, problems};
+    use crate::config::{KeyConfig, KeyRead};
+    use crate::key::Fallback;
+    use crate::key::sni::server_name_key;
+
+    fn config(mode: &str, key: &str) -> String {
+        format!(
+            "mode: {mode}\nkey: {key}\nlisten: 127.0.0.1:7000\nbackends:\n  - {{name: a, addr: 127.0.0.1:8001}}\n"
+        )
+    }
+
+    #[test]
+    fn sni_keys_tcp_connections_with_the_header_keys_read_settings() {
+        let c = parse(&config("tcp", "{from: sni}")).unwrap();
+        let read = KeyRead {
+            read_timeout: Duration::from_millis(200),
+            max_bytes: 8192,
+            fallback: Fallback::SourceIp,
+        };
+        assert_eq!(c.key, KeyConfig::Sni { read });
+        let c = parse(&config(
+            "tcp",
+            "{from: sni, max_bytes: 16384, read_timeout: 1s, fallback: source_addr}",
+        ))
+        .unwrap();
+        let read = KeyRead {
+            read_timeout: Duration::from_secs(1),
+            max_bytes: 16384,
+            fallback: Fallback::SourceAddr,
+        };
+        assert_eq!(c.key, KeyConfig::Sni { read });
+        // A server name as text is keyed as the hello's name is.
+        assert_eq!(
+            c.key.key_of_text(" API.example.com. "),
+            Ok(server_name_key(b"api.example.com"))
+        );
+    }
+
+    #[test]
+    fn sni_needs_mode_tcp_and_takes_no_header() {
+        assert_eq!(
+            problems(&config("http", "{from: sni}")),
+            [
+                "test.yaml:2:13: key.from: sni needs mode: tcp (mode http reads requests in plain text; sni keys TLS passed through undecrypted)"
+            ]
+        );
+        assert_eq!(
+            problems(&config("tcp", "{from: sni, header: host}")),
+            [
+                "test.yaml:2:26: key.header only applies with key.from: header or conversation (from: sni keys by the TLS server name)"
+            ]
+        );
+        let p = problems(&config("tcp", "{from: sni, max_bytes: 8}"));
+        assert_eq!(p.len(), 1);
+        assert!(
+            p[0].starts_with("test.yaml:2:29: key.max_bytes 8 is out of range"),
+            "{p:?}"
+        );
+    }
 }

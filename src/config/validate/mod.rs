@@ -23,6 +23,7 @@
 //! | `metrics.rs` | the `metrics` section |
 //! | `access_log.rs` | the `access_log` section: path, format, fields, sample, queue |
 //! | `tls.rs` | a `listen` entry's `tls`: its certificate files, loaded |
+//! | `upstream_tls.rs` | TLS to backends: `backends[].tls` and `upstream_tls` (the CA file read, its client config made) |
 
 use std::net::SocketAddr;
 use std::ops::RangeInclusive;
@@ -52,6 +53,7 @@ mod metrics;
 mod modes;
 mod settings;
 mod tls;
+mod upstream_tls;
 
 pub(super) struct Validator<'a> {
     file: &'a Path,
@@ -151,7 +153,8 @@ impl<'a> Validator<'a> {
         let mut places = Places::default();
         let (listen, tls) = self.listen(raw.listen, mode, &mut places);
         let admin = self.admin(raw.admin, &listen, &mut places);
-        let (backends, sources) = self.backends(raw.backends, &listen, admin);
+        let (mut backends, sources, upstream_tls) = self.backends(raw.backends, &listen, admin);
+        self.upstream_tls(raw.upstream_tls, mode, &mut backends, upstream_tls);
         let discovery = self.discovery(raw.discovery, sources);
         let placement = self.placement(raw.placement, &backends);
         let raw_group = raw.key.as_mut().and_then(|k| k.group.take());

@@ -17,6 +17,7 @@ mod in_process;
 mod process;
 mod redis;
 mod tls;
+mod tls_backends;
 mod upstream;
 
 pub use admin::*;
@@ -29,6 +30,7 @@ pub use in_process::*;
 pub use process::*;
 pub use redis::*;
 pub use tls::*;
+pub use tls_backends::*;
 pub use upstream::*;
 
 use std::future::Future;

@@ -15,6 +15,12 @@
 //! * [`Local`]: the address the client connected to (magpie's own, or the
 //!   destination a PROXY header names); it goes into the PROXY v2 header
 //!   magpie sends on.
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`tls_client`] | the client side of TLS to backends: one shared rustls config (CA roots, ALPN `http/1.1`, session resumption), the handshake under a deadline, and telling its failure from a failed connect |
+
+pub mod tls_client;
 
 use std::fmt;
 use std::io;
