@@ -180,24 +180,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
             )
         });
     }
-    {
-        let (shared, shutdown) = (Arc::clone(&shared), shutdown.clone());
-        supervise::spawn(Task::Health, move || {
-            crate::health::run(Arc::clone(&shared), shutdown.clone())
-        });
-    }
-    {
-        let (shared, shutdown) = (Arc::clone(&shared), shutdown.clone());
-        supervise::spawn(Task::EngineLoad, move || {
-            crate::health::load::run(Arc::clone(&shared), shutdown.clone())
-        });
-    }
-    let writer = shared.access_log.writer();
-    supervise::spawn(Task::AccessLog, move || writer.clone().run());
-    if config.source.is_file() || config.discovery.is_some() {
-        crate::reload::spawn(config.source.clone(), Arc::clone(&shared), shutdown.clone());
-    }
     let tls = crate::http::tls::acceptors(&shared).map_err(StartError::Tls)?;
+    spawn_background(&config, &shared, &shutdown);
     let serving = serve(
         config.mode,
         bound.listeners,
@@ -218,6 +202,28 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         shared,
         task,
     })
+}
+
+/// The tasks beside the data path: health checks, engine load, the access
+/// log's writer, and reloads when there is a file (or DNS) to reload from.
+fn spawn_background(config: &Config, shared: &Arc<Shared>, shutdown: &CancellationToken) {
+    {
+        let (shared, shutdown) = (Arc::clone(shared), shutdown.clone());
+        supervise::spawn(Task::Health, move || {
+            crate::health::run(Arc::clone(&shared), shutdown.clone())
+        });
+    }
+    {
+        let (shared, shutdown) = (Arc::clone(shared), shutdown.clone());
+        supervise::spawn(Task::EngineLoad, move || {
+            crate::health::load::run(Arc::clone(&shared), shutdown.clone())
+        });
+    }
+    let writer = shared.access_log.writer();
+    supervise::spawn(Task::AccessLog, move || writer.clone().run());
+    if config.source.is_file() || config.discovery.is_some() {
+        crate::reload::spawn(config.source.clone(), Arc::clone(shared), shutdown.clone());
+    }
 }
 
 /// Every connection is closed, so their lines are all queued: waits for

@@ -10,7 +10,7 @@
 use prometheus::proto::MetricType;
 
 use super::peak_ratio;
-use super::series::{BackendView, Scrape, Series};
+use super::series::{Family, Read};
 use super::tls;
 use crate::backend::groups::Rank;
 use crate::backend::{CodeClass, Side, Spill, TimeoutKind};
@@ -24,26 +24,6 @@ use crate::stats::{ClientFailure, Exhausted, FAST_BUCKETS, Histogram};
 use crate::supervise;
 
 use MetricType::{COUNTER, GAUGE, HISTOGRAM};
-
-/// How a family's series are read.
-#[derive(Clone, Copy)]
-pub enum Read {
-    /// Once per scrape.
-    Global(fn(&Scrape<'_>, &mut Series<'_>)),
-    /// Once per backend, in the table or draining; `backend` and `addr`
-    /// come first among its labels.
-    Backend(fn(&BackendView<'_>, &mut Series<'_>)),
-}
-
-/// One exported family.
-pub struct Family {
-    pub name: &'static str,
-    pub kind: MetricType,
-    /// Every label name, in order.
-    pub labels: &'static [&'static str],
-    pub help: &'static str,
-    pub read: Read,
-}
 
 /// Every exported family. README lists the same.
 pub const FAMILIES: &[Family] = &[

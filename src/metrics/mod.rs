@@ -26,7 +26,8 @@ use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{Encoder, Registry, TextEncoder};
 
-pub use families::{FAMILIES, Family, Read};
+pub use families::FAMILIES;
+pub use series::{Family, Read};
 
 pub use self::series::Renders;
 use self::series::{BackendView, Merge, Scrape, Series};

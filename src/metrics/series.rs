@@ -12,7 +12,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use prometheus::proto::{Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily};
+use prometheus::proto::{
+    Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType,
+};
 
 use crate::access_log::Counters;
 use crate::backend::{Backend, Live};
@@ -23,6 +25,26 @@ use crate::sessions::Sessions;
 use crate::sessions::store::Store;
 use crate::snapshot::Snapshot;
 use crate::stats::{self, Stats};
+
+/// How a family's series are read.
+#[derive(Clone, Copy)]
+pub enum Read {
+    /// Once per scrape.
+    Global(fn(&Scrape<'_>, &mut Series<'_>)),
+    /// Once per backend, in the table or draining; `backend` and `addr`
+    /// come first among its labels.
+    Backend(fn(&BackendView<'_>, &mut Series<'_>)),
+}
+
+/// One exported family.
+pub struct Family {
+    pub name: &'static str,
+    pub kind: MetricType,
+    /// Every label name, in order.
+    pub labels: &'static [&'static str],
+    pub help: &'static str,
+    pub read: Read,
+}
 
 /// Everything a global family reads, loaded once per scrape.
 pub struct Scrape<'a> {

@@ -179,11 +179,7 @@ impl<'a> Validator<'a> {
             .and_then(|d| self.at_most(&d, "shutdown_grace", MAX_SHUTDOWN_GRACE))
             .unwrap_or(DEFAULT_SHUTDOWN_GRACE);
         let drain_timeout = self.drain_timeout(raw.drain_timeout);
-        if mode == Mode::Http
-            && let Some(send) = raw.proxy_protocol.as_ref().and_then(|p| p.send.as_ref())
-        {
-            self.err(&send.referenced, "proxy_protocol.send needs mode: tcp (in mode http, upstream connections are pooled and carry many clients)");
-        }
+        self.send_needs_tcp(raw.proxy_protocol.as_ref(), mode);
         let copy = self.copy(raw.copy, mode);
         let proxy_protocol = self.proxy_protocol(raw.proxy_protocol);
         let health = raw.health.map(|h| self.health(h, mode));

@@ -24,6 +24,15 @@ use crate::config::{
 };
 
 impl Validator<'_> {
+    /// `proxy_protocol.send` is mode tcp's only.
+    pub(super) fn send_needs_tcp(&mut self, raw: Option<&RawProxyProtocol>, mode: Mode) {
+        if mode == Mode::Http
+            && let Some(send) = raw.and_then(|p| p.send.as_ref())
+        {
+            self.err(&send.referenced, "proxy_protocol.send needs mode: tcp (in mode http, upstream connections are pooled and carry many clients)");
+        }
+    }
+
     pub(super) fn connect(&mut self, raw: Option<RawConnect>) -> ConnectConfig {
         let Some(raw) = raw else {
             return ConnectConfig {
