@@ -125,6 +125,13 @@ pub fn warnings(snapshot: &Snapshot, env: Environment) -> Vec<String> {
     {
         out.push(w);
     }
+    if config
+        .backends
+        .iter()
+        .any(|b| b.tls.as_ref().is_some_and(|t| !t.verify))
+    {
+        out.push("upstream_tls.verify is false: backends' certificates are not checked, so anyone on the path to a backend can pose as it; give upstream_tls.ca instead".to_string());
+    }
     for net in &config.proxy_protocol.accept_from {
         let wide = match net {
             ipnet::IpNet::V4(n) => n.prefix_len() < WIDE_V4_PREFIX,

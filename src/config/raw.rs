@@ -395,6 +395,9 @@ pub(super) struct RawUpstreamTls {
     /// The name the certificates must carry, for every TLS backend.
     #[serde(default)]
     pub(super) server_name: Option<Spanned<String>>,
+    /// `false`: take any certificate (HAProxy's `verify none`).
+    #[serde(default)]
+    pub(super) verify: Option<Spanned<bool>>,
 }
 
 /// A duration written the human way: `250ms`, `30s`, `1h`, `1h 30m`.

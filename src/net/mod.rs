@@ -18,9 +18,11 @@
 //!
 //! | module | owns |
 //! |---|---|
+//! | [`tls_unverified`] | `upstream_tls.verify: false`: a client config that takes any backend certificate (signatures still checked) |
 //! | [`tls_client`] | the client side of TLS to backends: one shared rustls config (CA roots, ALPN `http/1.1`, session resumption), the handshake under a deadline, and telling its failure from a failed connect |
 
 pub mod tls_client;
+pub mod tls_unverified;
 
 use std::fmt;
 use std::io;

@@ -96,13 +96,17 @@ pub fn is_handshake_failure(error: &io::Error) -> bool {
 pub struct BackendTls {
     pub config: Arc<ClientConfig>,
     pub name: ServerName<'static>,
+    /// The certificate is checked (`upstream_tls.verify`, default true).
+    pub verify: bool,
 }
 
 /// Equal when they share one config and check one name: a config parsed
 /// again makes a new one (and a new session cache).
 impl PartialEq for BackendTls {
     fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.config, &other.config) && self.name == other.name
+        Arc::ptr_eq(&self.config, &other.config)
+            && self.name == other.name
+            && self.verify == other.verify
     }
 }
 
@@ -190,6 +194,7 @@ mod tests {
         let tls = BackendTls {
             config: Arc::clone(config),
             name: server_name(name, addr.ip()).unwrap(),
+            verify: true,
         };
         let mut tls = tls.handshake(stream, Duration::from_secs(10)).await?;
         let kind = tls.get_ref().1.handshake_kind();
@@ -231,6 +236,14 @@ mod tests {
         // A refused connect is not a handshake failure.
         let refused = io::Error::from(io::ErrorKind::ConnectionRefused);
         assert!(!is_handshake_failure(&refused));
+    }
+
+    #[tokio::test]
+    async fn verify_false_takes_a_certificate_from_any_ca_under_any_name() {
+        let addr = server(&ca()).await;
+        let config = crate::net::tls_unverified::unverified_config().unwrap();
+        let (answer, _) = exchange(&config, addr, Some("other.test")).await.unwrap();
+        assert_eq!(answer, b"http/1.1");
     }
 
     #[test]

@@ -15,6 +15,7 @@ use super::Validator;
 use crate::config::raw::RawUpstreamTls;
 use crate::config::{BackendConfig, Mode};
 use crate::net::tls_client::{BackendTls, client_config, server_name};
+use crate::net::tls_unverified::unverified_config;
 
 impl Validator<'_> {
     /// Sets `tls` on the backends written with `tls: true` (`wanted`: their
@@ -46,7 +47,13 @@ impl Validator<'_> {
             );
             return;
         }
-        let Some(config) = self.ca(raw.value.ca.as_ref(), &raw.referenced) else {
+        let verify = raw.value.verify.as_ref().is_none_or(|v| v.value);
+        let config = if verify {
+            self.ca(raw.value.ca.as_ref(), &raw.referenced)
+        } else {
+            self.unverified(raw.value.ca.as_ref(), &raw.referenced)
+        };
+        let Some(config) = config else {
             return;
         };
         let written = raw.value.server_name.as_ref();
@@ -61,12 +68,36 @@ impl Validator<'_> {
                     backend.tls = Some(BackendTls {
                         config: Arc::clone(&config),
                         name,
+                        verify,
                     })
                 }
                 Err(e) => {
                     let at = written.map_or(at, |n| n.referenced);
                     self.err(&at, format!("upstream_tls.server_name {e}"));
                 }
+            }
+        }
+    }
+
+    /// The client config of `verify: false`; a `ca` beside it would be
+    /// read for nothing, so it is an error.
+    fn unverified(
+        &mut self,
+        ca: Option<&Spanned<String>>,
+        section: &Location,
+    ) -> Option<Arc<rustls::ClientConfig>> {
+        if let Some(ca) = ca {
+            self.err(
+                &ca.referenced,
+                "upstream_tls.ca is unused with verify: false (no certificate is checked); remove one of them",
+            );
+            return None;
+        }
+        match unverified_config() {
+            Ok(config) => Some(config),
+            Err(e) => {
+                self.err(section, format!("upstream_tls: {e}"));
+                None
             }
         }
     }
@@ -154,6 +185,23 @@ mod tests {
             parse(&config("http", "", false)).unwrap().backends[0]
                 .tls
                 .is_none()
+        );
+    }
+
+    #[test]
+    fn verify_false_needs_no_ca_and_refuses_one() {
+        let parsed = parse(&config("http", "upstream_tls: {verify: false}\n", true)).unwrap();
+        let tls = parsed.backends[0].tls.as_ref().unwrap();
+        assert!(!tls.verify);
+        assert_eq!(
+            problems(&config(
+                "http",
+                "upstream_tls: {verify: false, ca: x.pem}\n",
+                true
+            )),
+            [
+                "test.yaml:3:35: upstream_tls.ca is unused with verify: false (no certificate is checked); remove one of them"
+            ]
         );
     }
 
