@@ -81,6 +81,7 @@ pub fn report(
     if config.mode == Mode::Http {
         writeln!(out, "limits:      {}", limits_text(config))?;
     }
+    writeln!(out, "access log:  {}", access_log_text(config))?;
     writeln!(out, "metrics:     {}", metrics_text(snapshot))?;
     if let Some(d) = &config.discovery {
         let sources: Vec<String> = d.sources.iter().map(|s| s.source.to_string()).collect();
@@ -124,6 +125,18 @@ pub fn warnings(snapshot: &Snapshot, env: Environment) -> Vec<String> {
             crate::placement::maglev::sparse_warning(m.table_size(), snapshot.backends.len())
     {
         out.push(w);
+    }
+    if let Some(crate::config::LogTarget::File(path)) =
+        config.access_log.as_ref().map(|l| &l.target)
+        && let Some(dir) = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty() && !d.is_dir())
+    {
+        out.push(format!(
+            "access_log.path {}: the directory {} does not exist here, so magpie run would not start",
+            path.display(),
+            dir.display()
+        ));
     }
     if config
         .backends
@@ -237,6 +250,37 @@ fn limits_text(config: &Config) -> String {
     format!(
         "request heads up to {} bytes; bodies read for keys hold up to {} bytes in total; an HTTP/2 client resetting over {} dispatched streams a second gets GOAWAY",
         l.max_head_bytes, l.key_buffer_bytes, l.h2_resets_per_second
+    )
+}
+
+/// `access_log`: where lines go, in which format, and what they hold.
+fn access_log_text(config: &Config) -> String {
+    use crate::config::LogTarget;
+    let Some(log) = &config.access_log else {
+        return "off".to_string();
+    };
+    let target = match &log.target {
+        LogTarget::Stderr => "stderr".to_string(),
+        LogTarget::File(path) => path.display().to_string(),
+    };
+    let fields: Vec<&str> = log.fields.iter().map(|f| f.as_str()).collect();
+    let per = if config.mode == Mode::Http {
+        "request"
+    } else {
+        "connection"
+    };
+    format!(
+        "{} to {target}, one line per {per} ({}% sampled), fields {}; keys {}, queries {}; at most {} lines queued",
+        log.format.as_str(),
+        log.sample * 100.0,
+        fields.join(" "),
+        if log.log_keys {
+            "written raw"
+        } else {
+            "hashed"
+        },
+        if log.log_query { "kept" } else { "stripped" },
+        log.queue
     )
 }
 
@@ -407,6 +451,24 @@ mod tests {
             snapshot("listen: 127.0.0.1:7000\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n");
         let text = report("t.yaml", &s, Environment::default()).unwrap();
         assert!(text.contains("load:        off"), "{text}");
+    }
+
+    #[test]
+    fn the_report_shows_the_access_log_and_warns_of_a_missing_directory() {
+        let s = snapshot(
+            "mode: http\nlisten: 127.0.0.1:7000\naccess_log: {path: /nonexistent-magpie-dir/a.log, format: text, fields: [time, status], sample: 0.5}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+        );
+        let text = report("t.yaml", &s, Environment::default()).unwrap();
+        for needle in [
+            "access log:  text to /nonexistent-magpie-dir/a.log, one line per request (50% sampled), fields time status; keys hashed, queries stripped; at most 8192 lines queued",
+            "warning: access_log.path /nonexistent-magpie-dir/a.log: the directory /nonexistent-magpie-dir does not exist here, so magpie run would not start",
+        ] {
+            assert!(text.contains(needle), "{needle:?} not in:\n{text}");
+        }
+        let s =
+            snapshot("listen: 127.0.0.1:7000\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n");
+        let text = report("t.yaml", &s, Environment::default()).unwrap();
+        assert!(text.contains("access log:  off"), "{text}");
     }
 
     #[test]

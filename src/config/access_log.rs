@@ -66,6 +66,16 @@ pub enum LogFormat {
     Text,
 }
 
+impl LogFormat {
+    /// As the config writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogFormat::Json => "json",
+            LogFormat::Text => "text",
+        }
+    }
+}
+
 /// `access_log.path`: a file, or `stderr`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LogTarget {
