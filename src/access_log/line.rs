@@ -43,7 +43,11 @@ impl Value<'_> {
             Value::Hex(h) => put(out, format_args!("{h:016x}")),
             Value::Word(w) => out.push_str(w),
             Value::Number(n) => put(out, format_args!("{n}")),
-            Value::Millis(d) => put(out, format_args!("{:.3}", d.as_secs_f64() * 1000.0)),
+            // In integers: formatting a float costs several times more.
+            Value::Millis(d) => {
+                let micros = d.as_micros();
+                put(out, format_args!("{}.{:03}", micros / 1000, micros % 1000));
+            }
             Value::Text(t) => out.push_str(t),
         }
     }
@@ -112,13 +116,30 @@ fn text(entry: &Entry, fields: &[LogField], out: &mut String) {
 }
 
 /// `s` as a JSON string: quoted, every quote, backslash and control
-/// character escaped.
+/// character escaped (RFC 8259 §7), written straight into `out`.
 fn push_quoted(out: &mut String, s: &str) {
-    match serde_json::to_string(s) {
-        Ok(quoted) => out.push_str(&quoted),
-        // Serializing a `str` cannot fail; an empty string keeps the line whole.
-        Err(_) => out.push_str("\"\""),
+    out.push('"');
+    let mut plain = 0;
+    for (i, c) in s.char_indices() {
+        let escaped = match c {
+            '"' => "\\\"",
+            '\\' => "\\\\",
+            '\n' => "\\n",
+            '\r' => "\\r",
+            '\t' => "\\t",
+            c if u32::from(c) < 0x20 => "",
+            _ => continue,
+        };
+        out.push_str(&s[plain..i]);
+        if escaped.is_empty() {
+            put(out, format_args!("\\u{:04x}", u32::from(c)));
+        } else {
+            out.push_str(escaped);
+        }
+        plain = i + c.len_utf8();
     }
+    out.push_str(&s[plain..]);
+    out.push('"');
 }
 
 fn needs_quotes(s: &str) -> bool {
@@ -187,6 +208,35 @@ mod tests {
                 cached: 800,
             }),
         }
+    }
+
+    #[test]
+    fn quoted_text_reads_back_as_itself() {
+        let mut all_controls: String = (0u8..0x20).map(char::from).collect();
+        all_controls.push('\u{7f}');
+        for s in [
+            "",
+            "plain",
+            "a \"quoted\" \\ back\\slash",
+            "line\nbreak\r\ttab",
+            &all_controls,
+            "ünïcødé → 🐦 and \u{2028}",
+            "\"",
+        ] {
+            let mut out = String::new();
+            push_quoted(&mut out, s);
+            let back: String = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{out}: {e}"));
+            assert_eq!(back, s, "{out}");
+        }
+    }
+
+    #[test]
+    fn millis_keep_three_decimals() {
+        let mut out = String::new();
+        Value::Millis(Duration::from_micros(1_234_567)).put(&mut out);
+        out.push(' ');
+        Value::Millis(Duration::from_micros(5)).put(&mut out);
+        assert_eq!(out, "1234.567 0.005");
     }
 
     #[test]
