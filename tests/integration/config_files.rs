@@ -115,15 +115,6 @@ fn the_reference_config_sets_every_section() {
     assert_eq!(sidecar.key, magpie::config::KeyConfig::SourceIp);
 }
 
-fn check(path: &Path) -> std::process::Output {
-    Command::new(magpie_bin())
-        .args(["check", "--config"])
-        .arg(path)
-        .env("RUST_LOG", "warn")
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", magpie_bin()))
-}
-
 #[test]
 fn check_on_a_broken_file_exits_1_and_names_file_line_and_column() {
     // A semantic problem on line 4, column 13 (the value).
@@ -131,7 +122,7 @@ fn check_on_a_broken_file_exits_1_and_names_file_line_and_column() {
         "broken.yaml",
         "listen: 127.0.0.1:7000\nadmin: off\nconnect:\n  attempts: 0\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
     );
-    let out = check(&file.path);
+    let out = magpie_check(&file.path);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
     assert!(
@@ -145,7 +136,7 @@ fn check_on_a_broken_file_exits_1_and_names_file_line_and_column() {
         "broken.yaml",
         "listen: 127.0.0.1:7000\nadmin: off\nbackends:\n  - name: a\n    addr: [127.0.0.1:8001\n",
     );
-    let out = check(&file.path);
+    let out = magpie_check(&file.path);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
     let place = stderr
@@ -168,7 +159,7 @@ fn check_on_a_broken_file_exits_1_and_names_file_line_and_column() {
 #[test]
 fn check_on_a_good_file_exits_0_and_prints_the_fingerprint() {
     let path = config_dir().join("sidecar.yaml");
-    let out = check(&path);
+    let out = magpie_check(&path);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         out.status.code(),
@@ -233,7 +224,7 @@ fn special_files_are_refused_without_waiting() {
             "is a directory, not a regular file",
         ),
     ] {
-        let out = check(path);
+        let out = magpie_check(path);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
         assert!(stderr.contains(said), "stderr: {stderr}");
@@ -242,7 +233,7 @@ fn special_files_are_refused_without_waiting() {
     let big = dir.path.with_file_name("big.yaml");
     let file = std::fs::File::create(&big).expect("create");
     file.set_len(17 << 20).expect("set_len");
-    let out = check(&big);
+    let out = magpie_check(&big);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
     assert!(
@@ -269,7 +260,7 @@ fn large_pools_pass_and_the_yaml_budget_is_said_in_words() {
         yaml
     };
     let file = TempFile::new("large.yaml", &pool(60_000));
-    let out = check(&file.path);
+    let out = magpie_check(&file.path);
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -277,7 +268,7 @@ fn large_pools_pass_and_the_yaml_budget_is_said_in_words() {
         String::from_utf8_lossy(&out.stderr)
     );
     let file = TempFile::new("huge.yaml", &pool(200_001));
-    let out = check(&file.path);
+    let out = magpie_check(&file.path);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
     assert!(
@@ -372,7 +363,7 @@ fn example_configs_route_as_pinned() {
     ];
     for (file, fingerprint, routes) in golden {
         let path = config_dir().join(file);
-        let out = check(&path);
+        let out = magpie_check(&path);
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
             stdout.contains(&format!("fingerprint: {fingerprint}")),
@@ -431,13 +422,13 @@ fn commands_end_quietly_on_a_closed_stdout() {
 /// says nothing of groups without it.
 #[test]
 fn check_prints_the_group_setting() {
-    let out = check(&config_dir().join("agents.yaml"));
+    let out = magpie_check(&config_dir().join("agents.yaml"));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         stdout.contains("\ngroup:       the body's model, instructions and tools: places a conversation's first request"),
         "{stdout}"
     );
-    let out = check(&config_dir().join("llm-sessions.yaml"));
+    let out = magpie_check(&config_dir().join("llm-sessions.yaml"));
     assert!(!String::from_utf8_lossy(&out.stdout).contains("group:"));
 }
 
@@ -446,7 +437,7 @@ fn check_prints_the_group_setting() {
 #[test]
 fn check_prints_the_http_deadlines() {
     for file in ["llm-sessions.yaml", "agents.yaml"] {
-        let out = check(&config_dir().join(file));
+        let out = magpie_check(&config_dir().join(file));
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
             stdout.contains("\ndeadlines:   backend head 5m after the request (else 504), body gaps 5m (else cut); client first byte 10s, keep-alive idle 10m; pool 32 idle per backend for 4s\n"),

@@ -5,7 +5,6 @@
 //! sends a ClientHello; handshakes counted by how they ended.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -46,6 +45,36 @@ fn dir_of(file: &TempFile) -> &Path {
     file.path.parent().expect("a temp file has a directory")
 }
 
+/// magpie with one TLS listener that presents `a.test` from its own CA, in
+/// front of the backend `a`; `extra` is more of the config.
+struct Site {
+    magpie: Magpie,
+    ca: TestCa,
+    _dir: TempFile,
+    _backends: HyperBackends,
+}
+
+impl Site {
+    async fn start(extra: &str) -> Site {
+        let backends = HyperBackends::start(&["a"]).await;
+        let ca = TestCa::new();
+        let dir = scratch();
+        ca.issue(&["a.test"]).write(dir_of(&dir), "site");
+        let path = write_config(
+            dir_of(&dir),
+            "{addr: 127.0.0.1:0, tls: {cert: site.pem, key: site.key}}",
+            extra,
+            &backends.pairs(),
+        );
+        Site {
+            magpie: Magpie::start_file(&path).await,
+            ca,
+            _dir: dir,
+            _backends: backends,
+        }
+    }
+}
+
 /// `GET /` with `x-session-id: session`, over HTTP/1.1; the backend's name.
 async fn get_h1(
     sender: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>,
@@ -58,18 +87,20 @@ async fn get_h1(
     within("a response over TLS", async {
         sender.ready().await.expect("ready");
         let response = sender.send_request(request).await.expect("a response");
-        assert_eq!(response.status(), 200);
-        assert_eq!(response.version(), Version::HTTP_11);
-        backend_in(
-            &response
-                .into_body()
-                .collect()
-                .await
-                .expect("a body")
-                .to_bytes(),
-        )
+        answering_backend(response, Version::HTTP_11).await
     })
     .await
+}
+
+/// The backend that answered `response`, a `200` over `version`.
+async fn answering_backend(
+    response: hyper::Response<hyper::body::Incoming>,
+    version: Version,
+) -> String {
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.version(), version);
+    let body = response.into_body().collect().await.expect("a body");
+    backend_in(&body.to_bytes())
 }
 
 /// The same over HTTP/2.
@@ -84,16 +115,7 @@ async fn get_h2(
     within("a response over TLS", async {
         sender.ready().await.expect("ready");
         let response = sender.send_request(request).await.expect("a response");
-        assert_eq!(response.status(), 200);
-        assert_eq!(response.version(), Version::HTTP_2);
-        backend_in(
-            &response
-                .into_body()
-                .collect()
-                .await
-                .expect("a body")
-                .to_bytes(),
-        )
+        answering_backend(response, Version::HTTP_2).await
     })
     .await
 }
@@ -252,15 +274,6 @@ async fn a_renewed_certificate_reaches_new_handshakes_while_open_connections_kee
     magpie.stop().await;
 }
 
-fn check(path: &Path) -> std::process::Output {
-    Command::new(magpie_bin())
-        .args(["check", "--config"])
-        .arg(path)
-        .env("RUST_LOG", "warn")
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", magpie_bin()))
-}
-
 #[test]
 fn check_prints_names_and_expiry_and_refuses_expired_or_mismatched_files() {
     let ca = TestCa::new();
@@ -278,7 +291,7 @@ fn check_prints_names_and_expiry_and_refuses_expired_or_mismatched_files() {
         "",
         &backends,
     );
-    let out = check(&path);
+    let out = magpie_check(&path);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -298,7 +311,7 @@ fn check_prints_names_and_expiry_and_refuses_expired_or_mismatched_files() {
         "",
         &backends,
     );
-    let out = check(&path);
+    let out = magpie_check(&path);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     let expected = format!(
@@ -329,17 +342,12 @@ fn check_prints_names_and_expiry_and_refuses_expired_or_mismatched_files() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_sends_no_client_hello_is_closed_at_first_byte_timeout() {
-    let backends = HyperBackends::start(&["a"]).await;
-    let ca = TestCa::new();
-    let dir = scratch();
-    ca.issue(&["a.test"]).write(dir_of(&dir), "site");
-    let path = write_config(
-        dir_of(&dir),
-        "{addr: 127.0.0.1:0, tls: {cert: site.pem, key: site.key}}",
-        "http:\n  first_byte_timeout: 200ms\n",
-        &backends.pairs(),
-    );
-    let magpie = Magpie::start_file(&path).await;
+    let Site {
+        magpie,
+        _dir,
+        _backends,
+        ..
+    } = Site::start("http:\n  first_byte_timeout: 200ms\n").await;
     let started = Instant::now();
     let mut silent = connect(magpie.addr).await;
     let got = read_until_closed(&mut silent)
@@ -357,17 +365,12 @@ async fn a_client_that_sends_no_client_hello_is_closed_at_first_byte_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handshakes_are_counted_by_result_and_version() {
-    let backends = HyperBackends::start(&["a"]).await;
-    let ca = TestCa::new();
-    let dir = scratch();
-    ca.issue(&["a.test"]).write(dir_of(&dir), "site");
-    let path = write_config(
-        dir_of(&dir),
-        "{addr: 127.0.0.1:0, tls: {cert: site.pem, key: site.key}}",
-        "",
-        &backends.pairs(),
-    );
-    let magpie = Magpie::start_file(&path).await;
+    let Site {
+        magpie,
+        ca,
+        _dir,
+        _backends,
+    } = Site::start("").await;
     // TLS 1.2 and 1.3.
     let tls12 = ca.connector_for(&[], &[&rustls::version::TLS12]);
     let old = tls_connect(magpie.addr, &tls12, "a.test").await;
@@ -466,7 +469,7 @@ fn the_edge_example_loads_once_its_certificates_are_in_place() {
         tls.choose(None).map(|c| c.names[0].as_str()),
         Some("example.com")
     );
-    let out = check(&path);
+    let out = magpie_check(&path);
     assert!(
         out.status.success(),
         "{}",

@@ -75,3 +75,13 @@ pub fn free_port() -> u16 {
         .expect("a free port")
         .port()
 }
+
+/// `magpie check --config path`, run to its end.
+pub fn magpie_check(path: &std::path::Path) -> std::process::Output {
+    std::process::Command::new(magpie_bin())
+        .args(["check", "--config"])
+        .arg(path)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", magpie_bin()))
+}
