@@ -78,10 +78,7 @@ fn the_reference_config_sets_every_section() {
     assert_eq!(load.preset, magpie::config::LoadPreset::Vllm);
     assert!(llm.sessions.is_some());
     let log = llm.access_log.as_ref().expect("the access log is on");
-    assert_eq!(
-        log.target,
-        magpie::config::LogTarget::File("/var/log/magpie/access.log".into())
-    );
+    assert_eq!(log.target, magpie::config::LogTarget::Stderr);
     assert_eq!(log.format, magpie::config::LogFormat::Json);
     assert_eq!(
         llm.http.keepalive_timeout,
