@@ -1,17 +1,18 @@
 //! An [`Entry`] as one line: a JSON object, or space-separated text.
 //!
 //! JSON writes the configured fields in order and leaves out those an entry
-//! does not have (a connection has no `method`); every string goes through
-//! `serde_json`, so whatever a client put in a path or a header comes out
-//! escaped. Text writes `-` for a missing value and quotes (JSON-style) any
+//! does not have (a connection has no `method`); every string is escaped
+//! as RFC 8259 asks, so whatever a client put in a path or a header comes
+//! out as a valid string. Lines are bytes, written into the writer's batch
+//! with no allocation per field ([`super::put`]). Text writes `-` for a missing value and quotes (JSON-style) any
 //! value that is empty, is `-`, or holds a space, a quote, a backslash or a
 //! control character, so each line splits on spaces into the same columns.
 
-use std::fmt::Write as _;
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime};
 
-use super::{Entry, Status};
+use super::{Entry, Status, put};
 use crate::config::{LogField, LogFormat};
 
 /// One field's value, borrowed from its entry: written straight into the
@@ -36,79 +37,71 @@ impl Value<'_> {
     }
 
     /// The value as it is, unquoted.
-    fn put(self, out: &mut String) {
+    fn put(self, out: &mut Vec<u8>) {
         match self {
-            Value::Time(t) => put(out, format_args!("{}", humantime::format_rfc3339_millis(t))),
-            Value::Addr(a) => put(out, format_args!("{a}")),
-            Value::Hex(h) => put(out, format_args!("{h:016x}")),
-            Value::Word(w) => out.push_str(w),
-            Value::Number(n) => put(out, format_args!("{n}")),
-            // In integers: formatting a float costs several times more.
-            Value::Millis(d) => {
-                let micros = d.as_micros();
-                put(out, format_args!("{}.{:03}", micros / 1000, micros % 1000));
-            }
-            Value::Text(t) => out.push_str(t),
+            Value::Time(t) => put::rfc3339_millis(out, t),
+            Value::Addr(a) => put::addr(out, a),
+            Value::Hex(h) => put::hex16(out, h),
+            Value::Word(w) => out.extend_from_slice(w.as_bytes()),
+            Value::Number(n) => put::decimal(out, n),
+            Value::Millis(d) => put::millis(out, d),
+            Value::Text(t) => out.extend_from_slice(t.as_bytes()),
         }
     }
 }
 
-/// Writing to a `String` cannot fail.
-fn put(out: &mut String, args: std::fmt::Arguments<'_>) {
-    out.write_fmt(args).unwrap_or(());
-}
-
 /// `entry` as one line in `format`, with `fields` in order, and a newline.
 pub fn format(entry: &Entry, format: LogFormat, fields: &[LogField]) -> String {
-    let mut out = String::with_capacity(384);
+    let mut out = Vec::with_capacity(384);
     write(entry, format, fields, &mut out);
-    out
+    // Every value is a `str` or ASCII made here.
+    String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 /// [`format`], appended to `out`.
-pub fn write(entry: &Entry, format: LogFormat, fields: &[LogField], out: &mut String) {
+pub fn write(entry: &Entry, format: LogFormat, fields: &[LogField], out: &mut Vec<u8>) {
     match format {
         LogFormat::Json => json(entry, fields, out),
         LogFormat::Text => text(entry, fields, out),
     }
-    out.push('\n');
+    out.push(b'\n');
 }
 
-fn json(entry: &Entry, fields: &[LogField], out: &mut String) {
-    out.push('{');
+fn json(entry: &Entry, fields: &[LogField], out: &mut Vec<u8>) {
+    out.push(b'{');
     let mut first = true;
     for &field in fields {
         let Some(value) = value(entry, field) else {
             continue;
         };
         if !first {
-            out.push(',');
+            out.push(b',');
         }
         first = false;
-        out.push('"');
-        out.push_str(field.as_str());
-        out.push_str("\":");
+        out.push(b'"');
+        out.extend_from_slice(field.as_str().as_bytes());
+        out.extend_from_slice(b"\":");
         match value {
             v if v.is_number() => v.put(out),
             Value::Text(s) => push_quoted(out, s),
             // Addresses, times, hex and words need no escaping.
             v => {
-                out.push('"');
+                out.push(b'"');
                 v.put(out);
-                out.push('"');
+                out.push(b'"');
             }
         }
     }
-    out.push('}');
+    out.push(b'}');
 }
 
-fn text(entry: &Entry, fields: &[LogField], out: &mut String) {
+fn text(entry: &Entry, fields: &[LogField], out: &mut Vec<u8>) {
     for (i, &field) in fields.iter().enumerate() {
         if i > 0 {
-            out.push(' ');
+            out.push(b' ');
         }
         match value(entry, field) {
-            None => out.push('-'),
+            None => out.push(b'-'),
             Some(Value::Text(s)) if needs_quotes(s) => push_quoted(out, s),
             Some(v) => v.put(out),
         }
@@ -117,29 +110,32 @@ fn text(entry: &Entry, fields: &[LogField], out: &mut String) {
 
 /// `s` as a JSON string: quoted, every quote, backslash and control
 /// character escaped (RFC 8259 §7), written straight into `out`.
-fn push_quoted(out: &mut String, s: &str) {
-    out.push('"');
+fn push_quoted(out: &mut Vec<u8>, s: &str) {
+    out.push(b'"');
+    let bytes = s.as_bytes();
     let mut plain = 0;
-    for (i, c) in s.char_indices() {
-        let escaped = match c {
-            '"' => "\\\"",
-            '\\' => "\\\\",
-            '\n' => "\\n",
-            '\r' => "\\r",
-            '\t' => "\\t",
-            c if u32::from(c) < 0x20 => "",
+    // Only ASCII is escaped, and no byte of a multi-byte UTF-8 character
+    // is ASCII: bytes are enough.
+    for (i, &b) in bytes.iter().enumerate() {
+        let escaped: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            b if b < 0x20 => b"",
             _ => continue,
         };
-        out.push_str(&s[plain..i]);
+        out.extend_from_slice(&bytes[plain..i]);
         if escaped.is_empty() {
-            put(out, format_args!("\\u{:04x}", u32::from(c)));
+            write!(out, "\\u{b:04x}").unwrap_or(());
         } else {
-            out.push_str(escaped);
+            out.extend_from_slice(escaped);
         }
-        plain = i + c.len_utf8();
+        plain = i + 1;
     }
-    out.push_str(&s[plain..]);
-    out.push('"');
+    out.extend_from_slice(&bytes[plain..]);
+    out.push(b'"');
 }
 
 fn needs_quotes(s: &str) -> bool {
@@ -223,8 +219,9 @@ mod tests {
             "ünïcødé → 🐦 and \u{2028}",
             "\"",
         ] {
-            let mut out = String::new();
+            let mut out = Vec::new();
             push_quoted(&mut out, s);
+            let out = String::from_utf8(out).unwrap();
             let back: String = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{out}: {e}"));
             assert_eq!(back, s, "{out}");
         }
@@ -232,11 +229,11 @@ mod tests {
 
     #[test]
     fn millis_keep_three_decimals() {
-        let mut out = String::new();
+        let mut out = Vec::new();
         Value::Millis(Duration::from_micros(1_234_567)).put(&mut out);
-        out.push(' ');
+        out.push(b' ');
         Value::Millis(Duration::from_micros(5)).put(&mut out);
-        assert_eq!(out, "1234.567 0.005");
+        assert_eq!(out, b"1234.567 0.005");
     }
 
     #[test]

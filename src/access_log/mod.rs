@@ -2,7 +2,7 @@
 //! when its response body ends or it fails, so bytes and times are final)
 //! and one per connection (mode tcp, when it closes).
 //!
-//! `data path ─▶ sampled? ─▶ Entry ─try_send─▶ bounded queue ─▶ writer ─▶ file`.
+//! `data path ─▶ sampled? ─▶ Box<Entry> ─push─▶ bounded queue ─▶ writer ─▶ file`.
 //!
 //! A data path asks [`AccessLog::sampled`] first (nothing is gathered for a
 //! line that is not written), fills in an [`Entry`] and hands it to
@@ -22,18 +22,22 @@
 //! | module | owns |
 //! |---|---|
 //! | [`line`] | an entry as one JSON or text line, the fields in the configured order |
+//! | [`put`] | numbers, addresses and times written without `core::fmt` |
 //! | [`writer`] | the writer task: batching, flushing, reopening on SIGUSR1 and on a changed path |
 
 pub mod line;
+mod put;
 pub mod writer;
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::PoisonError;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwapOption;
-use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio::sync::{Mutex, Notify, mpsc, oneshot};
 
 use crate::config::AccessLogConfig;
 
@@ -68,7 +72,8 @@ pub struct Entry {
 /// What a line says of an HTTP request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HttpRequest {
-    pub method: String,
+    /// Borrowed for the standard methods: no allocation per request.
+    pub method: Cow<'static, str>,
     /// The query stripped unless `log_query: true`.
     pub path: String,
     /// `HTTP/1.1`, `HTTP/2.0`, ...
@@ -107,21 +112,59 @@ impl Recording {
     }
 }
 
-/// What the writer is sent.
+/// What the writer is told besides lines.
 #[derive(Debug)]
-pub(crate) enum Message {
-    Line(Box<Entry>),
+pub(crate) enum Control {
     /// SIGUSR1, or a reload changed the path: close and open the file again.
     Reopen,
     /// Answered once every line queued before it is written (or failed).
     Flush(oneshot::Sender<()>),
 }
 
+/// Lines waiting for the writer: a vector behind a lock (one push per
+/// line, no atomics of a channel's own) that the writer empties in one
+/// swap; the writer is woken only when the first line of a batch arrives.
+#[derive(Debug, Default)]
+// Entries come boxed from the data path (a request moves its line as a
+// pointer); pushing the box keeps it so.
+#[allow(clippy::vec_box)]
+pub(crate) struct Queue {
+    lines: std::sync::Mutex<Vec<Box<Entry>>>,
+    arrived: Notify,
+}
+
+impl Queue {
+    /// Adds `entry` unless `bound` lines are waiting; false when it is full.
+    fn push(&self, entry: Box<Entry>, bound: usize) -> bool {
+        let mut lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        if lines.len() >= bound {
+            return false;
+        }
+        let first = lines.is_empty();
+        lines.push(entry);
+        drop(lines);
+        if first {
+            self.arrived.notify_one();
+        }
+        true
+    }
+
+    /// Moves every waiting line into `into` (which the writer keeps empty).
+    #[allow(clippy::vec_box)]
+    pub(crate) fn take(&self, into: &mut Vec<Box<Entry>>) {
+        let mut lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        std::mem::swap(&mut *lines, into);
+    }
+
+    /// Resolves when lines may be waiting.
+    pub(crate) async fn arrived(&self) {
+        self.arrived.notified().await;
+    }
+}
+
 /// Lines written, dropped and failed, for the metrics.
 #[derive(Debug, Default)]
 pub struct Counters {
-    /// Lines waiting in the queue.
-    queued: AtomicUsize,
     lines: AtomicU64,
     dropped: AtomicU64,
     write_errors: AtomicU64,
@@ -143,9 +186,10 @@ impl Counters {
 #[derive(Debug)]
 pub struct AccessLog {
     settings: Arc<ArcSwapOption<AccessLogConfig>>,
-    sender: mpsc::UnboundedSender<Message>,
-    /// The queue's other end, for the writer (and a restarted writer).
-    receiver: Arc<Mutex<mpsc::UnboundedReceiver<Message>>>,
+    queue: Arc<Queue>,
+    control: mpsc::UnboundedSender<Control>,
+    /// The control channel's other end, for the writer (and a restarted one).
+    controls: Arc<Mutex<mpsc::UnboundedReceiver<Control>>>,
     counters: Arc<Counters>,
     /// Requests seen by sampling.
     seen: AtomicU64,
@@ -153,11 +197,12 @@ pub struct AccessLog {
 
 impl AccessLog {
     pub fn new(config: Option<&AccessLogConfig>) -> AccessLog {
-        let (sender, receiver) = mpsc::unbounded_channel();
+        let (control, controls) = mpsc::unbounded_channel();
         AccessLog {
             settings: Arc::new(ArcSwapOption::from(config.cloned().map(Arc::new))),
-            sender,
-            receiver: Arc::new(Mutex::new(receiver)),
+            queue: Arc::default(),
+            control,
+            controls: Arc::new(Mutex::new(controls)),
             counters: Arc::default(),
             seen: AtomicU64::new(0),
         }
@@ -177,7 +222,7 @@ impl AccessLog {
     /// after logrotate moved the file away).
     pub fn reopen(&self) {
         // Only fails once the writer is gone, at shutdown.
-        if self.sender.send(Message::Reopen).is_err() {
+        if self.control.send(Control::Reopen).is_err() {
             tracing::debug!("access log writer is gone; nothing to reopen");
         }
     }
@@ -187,7 +232,7 @@ impl AccessLog {
     /// once when the writer is gone.
     pub async fn flush(&self) {
         let (done, flushed) = oneshot::channel();
-        if self.sender.send(Message::Flush(done)).is_ok() && flushed.await.is_err() {
+        if self.control.send(Control::Flush(done)).is_ok() && flushed.await.is_err() {
             tracing::debug!("access log writer stopped before flushing");
         }
     }
@@ -209,20 +254,14 @@ impl AccessLog {
     }
 
     /// Queues `entry` for the writer, or drops and counts it when
-    /// `access_log.queue` lines are waiting already. Never waits.
-    pub fn record(&self, entry: Entry) {
+    /// `access_log.queue` lines are waiting already. Never waits (but for
+    /// the queue's lock, held for a push or a swap).
+    pub fn record(&self, entry: Box<Entry>) {
         let bound = match &*self.settings.load() {
             Some(s) => s.queue,
             None => return,
         };
-        let queued = &self.counters.queued;
-        if queued.fetch_add(1, Ordering::Relaxed) >= bound {
-            queued.fetch_sub(1, Ordering::Relaxed);
-            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        if self.sender.send(Message::Line(Box::new(entry))).is_err() {
-            queued.fetch_sub(1, Ordering::Relaxed);
+        if !self.queue.push(entry, bound) {
             self.counters.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -235,7 +274,8 @@ impl AccessLog {
     pub fn writer(&self) -> writer::Writer {
         writer::Writer {
             settings: Arc::clone(&self.settings),
-            receiver: Arc::clone(&self.receiver),
+            queue: Arc::clone(&self.queue),
+            controls: Arc::clone(&self.controls),
             counters: Arc::clone(&self.counters),
         }
     }

@@ -22,11 +22,10 @@ use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use tokio::signal::unix::{Signal, SignalKind, signal};
-use tokio::sync::mpsc::error::TryRecvError;
-use tokio::sync::{Mutex, mpsc};
+use tokio::sync::{Mutex, mpsc, oneshot};
 use tracing::{info, warn};
 
-use super::{Counters, Message, line};
+use super::{Control, Counters, Entry, Queue, line};
 use crate::config::{AccessLogConfig, LogTarget};
 use crate::throttle::Throttle;
 
@@ -41,7 +40,8 @@ const GATHER_TICK: Duration = Duration::from_millis(5);
 #[derive(Debug, Clone)]
 pub struct Writer {
     pub(super) settings: Arc<ArcSwapOption<AccessLogConfig>>,
-    pub(super) receiver: Arc<Mutex<mpsc::UnboundedReceiver<Message>>>,
+    pub(super) queue: Arc<Queue>,
+    pub(super) controls: Arc<Mutex<mpsc::UnboundedReceiver<Control>>>,
     pub(super) counters: Arc<Counters>,
 }
 
@@ -51,12 +51,37 @@ enum Output {
     File(File),
 }
 
+/// What the writer holds between writes.
+struct Gathered {
+    output: Option<Output>,
+    /// Formatted lines, not yet written.
+    bytes: Vec<u8>,
+    lines: u64,
+    /// Lines taken off the queue (kept for its allocation).
+    #[allow(clippy::vec_box)]
+    taken: Vec<Box<Entry>>,
+    /// Flushes answered after the next write.
+    flushes: Vec<oneshot::Sender<()>>,
+}
+
+impl Gathered {
+    fn obey(&mut self, control: Control) {
+        match control {
+            Control::Reopen => {
+                info!("access log reopened");
+                self.output = None;
+            }
+            Control::Flush(done) => self.flushes.push(done),
+        }
+    }
+}
+
 /// One batch on its way to the blocking thread and back.
 struct Batch {
     output: Option<Output>,
     target: LogTarget,
     /// Formatted lines.
-    bytes: String,
+    bytes: Vec<u8>,
     lines: u64,
 }
 
@@ -70,62 +95,80 @@ impl Writer {
                 None
             }
         };
-        let mut receiver = self.receiver.lock().await;
-        let mut output = None;
-        let mut bytes = String::with_capacity(BATCH_BYTES);
-        let mut flushes = Vec::new();
+        let mut controls = self.controls.lock().await;
+        let mut gathered = Gathered {
+            output: None,
+            bytes: Vec::with_capacity(BATCH_BYTES),
+            lines: 0,
+            taken: Vec::new(),
+            flushes: Vec::new(),
+        };
         loop {
-            let mut lines = 0;
-            let first = tokio::select! {
-                m = receiver.recv() => m,
-                () = usr1_received(&mut usr1) => Some(Message::Reopen),
-            };
-            let Some(first) = first else {
-                return;
-            };
+            tokio::select! {
+                () = self.queue.arrived() => {}
+                control = controls.recv() => match control {
+                    Some(control) => gathered.obey(control),
+                    None => return,
+                },
+                () = usr1_received(&mut usr1) => gathered.obey(Control::Reopen),
+            }
             let gathering = tokio::time::Instant::now() + FLUSH_AFTER;
-            let mut next = Some(first);
-            while let Some(message) = next {
-                let mut flush = false;
-                match message {
-                    Message::Line(entry) => {
-                        self.counters.queued.fetch_sub(1, Ordering::Relaxed);
-                        if let Some(s) = &*self.settings.load() {
-                            line::write(&entry, s.format, &s.fields, &mut bytes);
-                            lines += 1;
-                        }
-                    }
-                    Message::Reopen => {
-                        info!("access log reopened");
-                        output = None;
-                    }
-                    Message::Flush(done) => {
-                        flushes.push(done);
-                        flush = true;
-                    }
-                }
-                if flush || bytes.len() >= BATCH_BYTES {
+            loop {
+                self.gather(&mut gathered);
+                let now = tokio::time::Instant::now();
+                if !gathered.flushes.is_empty()
+                    || gathered.bytes.is_empty()
+                    || gathered.bytes.len() >= BATCH_BYTES
+                    || now >= gathering
+                {
                     break;
                 }
-                next = next_message(&mut receiver, gathering, !bytes.is_empty()).await;
+                // Looked for every tick rather than woken by each line: a
+                // wake per line is a task switch per request.
+                let tick = tokio::time::sleep_until(gathering.min(now + GATHER_TICK));
+                tokio::select! {
+                    () = tick => {}
+                    control = controls.recv() => match control {
+                        Some(control) => gathered.obey(control),
+                        None => return,
+                    },
+                }
             }
-            let target = self.settings.load().as_ref().map(|s| s.target.clone());
-            if let Some(target) = target.filter(|_| !bytes.is_empty()) {
-                let batch = Batch {
-                    output: output.take(),
-                    target,
-                    bytes,
-                    lines,
-                };
-                let done = self.write(batch).await;
-                output = done.output;
-                bytes = done.bytes;
+            self.write_gathered(&mut gathered).await;
+        }
+    }
+
+    /// Formats every waiting line into the batch.
+    fn gather(&self, gathered: &mut Gathered) {
+        self.queue.take(&mut gathered.taken);
+        let settings = self.settings.load();
+        for entry in gathered.taken.drain(..) {
+            if let Some(s) = &*settings {
+                line::write(&entry, s.format, &s.fields, &mut gathered.bytes);
+                gathered.lines += 1;
             }
-            bytes.clear();
-            for done in flushes.drain(..) {
-                // The one who asked may have stopped waiting.
-                done.send(()).ok();
-            }
+        }
+    }
+
+    /// Writes the batch, if it has lines, and answers the flushes.
+    async fn write_gathered(&self, gathered: &mut Gathered) {
+        let target = self.settings.load().as_ref().map(|s| s.target.clone());
+        if let Some(target) = target.filter(|_| !gathered.bytes.is_empty()) {
+            let batch = Batch {
+                output: gathered.output.take(),
+                target,
+                bytes: std::mem::take(&mut gathered.bytes),
+                lines: gathered.lines,
+            };
+            let done = self.write(batch).await;
+            gathered.output = done.output;
+            gathered.bytes = done.bytes;
+        }
+        gathered.bytes.clear();
+        gathered.lines = 0;
+        for done in gathered.flushes.drain(..) {
+            // The one who asked may have stopped waiting.
+            done.send(()).ok();
         }
     }
 
@@ -151,7 +194,7 @@ impl Writer {
             let empty = Batch {
                 output: None,
                 target: LogTarget::Stderr,
-                bytes: String::with_capacity(BATCH_BYTES),
+                bytes: Vec::with_capacity(BATCH_BYTES),
                 lines: 0,
             };
             (empty, "the writing thread panicked".to_string())
@@ -162,29 +205,6 @@ impl Writer {
         // Opened again at the next batch.
         batch.output = None;
         batch
-    }
-}
-
-/// The next message for the batch being gathered: one already waiting,
-/// else, while the batch has lines and `gathering` is not past, one that
-/// arrives by then. Looked for every [`GATHER_TICK`] rather than awaited: a
-/// waiting receiver is woken by every line sent, a task switch per request.
-async fn next_message(
-    receiver: &mut mpsc::UnboundedReceiver<Message>,
-    gathering: tokio::time::Instant,
-    gathered: bool,
-) -> Option<Message> {
-    loop {
-        match receiver.try_recv() {
-            Ok(message) => return Some(message),
-            Err(TryRecvError::Disconnected) => return None,
-            Err(TryRecvError::Empty) => {}
-        }
-        let now = tokio::time::Instant::now();
-        if !gathered || now >= gathering {
-            return None;
-        }
-        tokio::time::sleep_until(gathering.min(now + GATHER_TICK)).await;
     }
 }
 
@@ -207,8 +227,8 @@ fn write_blocking(mut batch: Batch) -> (Batch, io::Result<()>) {
         };
         let output = batch.output.insert(output);
         match output {
-            Output::Stderr => io::stderr().lock().write_all(batch.bytes.as_bytes()),
-            Output::File(f) => f.write_all(batch.bytes.as_bytes()),
+            Output::Stderr => io::stderr().lock().write_all(&batch.bytes),
+            Output::File(f) => f.write_all(&batch.bytes),
         }
     })();
     (batch, result)

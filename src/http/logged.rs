@@ -3,10 +3,11 @@
 //! header key), completed as it is routed and answered, and handed to the
 //! log when its response body ends, or at once when magpie answers itself.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use hyper::{Request, Version};
+use hyper::{Method, Request, Version};
 use tokio::time::Instant;
 
 use super::deadline::Progress;
@@ -18,7 +19,8 @@ use crate::snapshot::Shared;
 /// One request's line while it is gathered.
 #[derive(Debug)]
 pub struct Logged {
-    entry: Entry,
+    /// Boxed from the start: it is moved to the writer as a pointer.
+    entry: Box<Entry>,
     started: Instant,
     /// Counts the request body's bytes once it is sent to a backend.
     progress: Option<Arc<Progress>>,
@@ -46,11 +48,11 @@ impl Logged {
             .flatten();
         let path = request.uri().path_and_query().map_or("/", |p| p.as_str());
         let http = HttpRequest {
-            method: request.method().as_str().to_string(),
+            method: method_name(request.method()),
             path: Recording::path(&recording, path),
             protocol: protocol(request.version()),
         };
-        let entry = Entry {
+        let entry = Box::new(Entry {
             time: SystemTime::UNIX_EPOCH,
             client: arrival.client.0,
             listener: arrival.local.0,
@@ -65,7 +67,7 @@ impl Logged {
             duration: Duration::ZERO,
             http: Some(http),
             tokens: None,
-        };
+        });
         Some(Logged {
             entry,
             started: Instant::now(),
@@ -133,6 +135,18 @@ fn header_key<B>(request: &Request<B>, shared: &Shared) -> Option<String> {
     let name = config.key.sources().header?;
     let value = request.headers().get(name)?.as_bytes();
     Some(String::from_utf8_lossy(value).into_owned())
+}
+
+/// The method's name, borrowed for the standard ones.
+fn method_name(method: &Method) -> Cow<'static, str> {
+    const STANDARD: [&str; 9] = [
+        "GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH", "CONNECT", "TRACE",
+    ];
+    let name = method.as_str();
+    match STANDARD.iter().find(|s| **s == name) {
+        Some(s) => Cow::Borrowed(s),
+        None => Cow::Owned(name.to_string()),
+    }
 }
 
 fn protocol(version: Version) -> &'static str {

@@ -87,7 +87,7 @@ impl Open {
         let mut entry = self.entry;
         entry.time = SystemTime::now();
         entry.duration = self.accepted.elapsed();
-        shared.access_log.record(entry);
+        shared.access_log.record(Box::new(entry));
     }
 }
 
