@@ -8,18 +8,7 @@ use std::time::{Duration, SystemTime};
 
 /// `n` in decimal.
 pub fn decimal(out: &mut Vec<u8>, n: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    let mut rest = n;
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[at..]);
+    padded(out, n, 1);
 }
 
 /// `n` in decimal with at least `width` digits (leading zeros).
