@@ -46,6 +46,9 @@ labels! {
         Primary => "primary",
         /// Its pin: a session pin, or where it spilled before.
         Pinned => "pinned",
+        /// Its group's home (`key.group_choices`), which is not the table's
+        /// first that takes it.
+        GroupHome => "group_home",
         /// Its first candidate was at its bounded-load cap.
         SpilledAtCap => "spilled_at_cap",
         /// Its first candidate was down (or refused the connection).
@@ -72,7 +75,7 @@ impl How {
     /// spill or a fallback key keeps its reason.
     pub fn passed_over(self, why: Spill) -> How {
         match self {
-            How::Primary | How::Pinned => How::of_spill(why),
+            How::Primary | How::Pinned | How::GroupHome => How::of_spill(why),
             other => other,
         }
     }

@@ -184,6 +184,28 @@ impl Route {
         self.put_first(snapshot, pin, limit, true)
     }
 
+    /// This route with `home`, its group's home (`key.group`), tried first
+    /// if it is up, under its cap and its engine not far over; unchanged
+    /// when `home` is first already.
+    pub fn home_first(self, snapshot: &Snapshot, home: &Arc<Backend>) -> Route {
+        if self.first().is_some_and(|b| Arc::ptr_eq(b, home)) {
+            return self;
+        }
+        let mut route = self.stay_first(snapshot, home);
+        // A route planned by the table is never `Pinned` before.
+        if route.how == How::Pinned {
+            route.how = How::GroupHome;
+        }
+        route
+    }
+
+    /// The least busy of this route's first `n` targets: the one with the
+    /// fewest requests awaiting their first byte of body (the earlier on a
+    /// tie). Where a group without a pin goes (`key.group_choices`).
+    pub fn least_awaiting(&self, n: usize) -> Option<&Arc<Backend>> {
+        (self.targets.iter().take(n)).min_by_key(|b| b.live.load.awaiting())
+    }
+
     /// This route with `to`, where the key spilled and stays, tried first
     /// if it is up, under its cap and its engine not far over: a key's
     /// memory of a spill never takes a backend past its bound.

@@ -204,6 +204,9 @@ fn fingerprint(config: &Config, table: &Table, backends: &[Arc<Backend>]) -> Str
         h.update(b"group:");
         h.update(group.describe().as_bytes());
         h.update(b"\0");
+        if config.group_choices != 1 {
+            h.update(format!("choices:{}\0", config.group_choices).as_bytes());
+        }
     }
     match config.placement.bounded_load {
         Some(c) => {

@@ -10,6 +10,7 @@ use super::body::Body;
 use crate::key::group::GroupBy;
 use crate::recent::Last;
 use crate::route::Route;
+use crate::sessions::group_pin;
 use crate::snapshot::{Shared, Snapshot};
 
 pub fn table_json(snapshot: &Snapshot) -> serde_json::Value {
@@ -74,6 +75,15 @@ pub(super) fn route_answer(query: &str, snapshot: &Snapshot, shared: &Shared) ->
     };
     let table_key = group.map_or(key, |(g, _)| g);
     let mut answer = route_json(snapshot, &key_text, key, table_key);
+    // The group's home (`key.group_choices` above 1): where its new
+    // conversations go first.
+    let home = group
+        .and_then(|(g, _)| shared.sessions()?.pins.peek(group_pin(g)))
+        .filter(|_| snapshot.config.group_choices > 1);
+    if let Some(home) = home.as_deref().and_then(|name| snapshot.backend(name)) {
+        let route = Route::preview(snapshot, table_key).home_first(snapshot, home);
+        answer["chosen"] = json!(route.first().map(|b| b.name.clone()));
+    }
     let pin_rank = pin.as_deref().and_then(|name| {
         let position = snapshot.candidates(table_key).position(|b| b.name == name);
         position.filter(|_| group.is_some()).map(|i| i + 1)
@@ -91,6 +101,7 @@ pub(super) fn route_answer(query: &str, snapshot: &Snapshot, shared: &Shared) ->
         "hash": group.map(|(g, _)| format!("{g:#018x}")),
         "from": group.map(|(_, from)| from),
         "pin_rank": pin_rank,
+        "home": home.as_deref(),
     });
     answer["table_key"] = json!(if group.is_some() { "group" } else { "session" });
     json_response(StatusCode::OK, answer)

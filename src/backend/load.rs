@@ -4,7 +4,11 @@
 //! `active` is the number of connections (mode tcp) or requests in flight
 //! (mode http) a backend carries, taken through an `ActiveGuard` and given
 //! back when it drops; `upstream` is the number of open upstream
-//! connections in mode http, pooled and busy. Taking a slot under a cap is
+//! connections in mode http, pooled and busy; `awaiting` is the number of
+//! requests sent to it (mode http) whose answer has not yet brought a byte
+//! of body: for an inference engine, the requests queued or in prefill,
+//! which is what a new group's first conversation would wait behind.
+//! Taking a slot under a cap is
 //! one atomic step, so concurrent accepts never push a backend past its
 //! bounded-load cap.
 
@@ -14,6 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub struct Load {
     active: AtomicU64,
     upstream: AtomicU64,
+    awaiting: AtomicU64,
 }
 
 impl Load {
@@ -25,6 +30,19 @@ impl Load {
     /// Open upstream connections (mode http).
     pub fn upstream_connections(&self) -> u64 {
         self.upstream.load(Ordering::Relaxed)
+    }
+
+    /// Requests (mode http) sent and not yet answered with a byte of body.
+    pub fn awaiting(&self) -> u64 {
+        self.awaiting.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn start_awaiting(&self) {
+        self.awaiting.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(super) fn stop_awaiting(&self) {
+        self.awaiting.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// Takes one slot unconditionally.

@@ -7,7 +7,7 @@
 //!
 //! | part | owns |
 //! |---|---|
-//! | [`load`] | connections or requests in flight (what bounded load counts), open upstream connections |
+//! | [`load`] | connections or requests in flight (what bounded load counts), open upstream connections, requests awaiting their first byte of body |
 //! | [`traffic`] | connections, bytes, requests by status, spills, resets, latency histograms |
 //! | [`crate::health::Health`] | up or down, the streaks that move it, transitions |
 //! | [`crate::health::EngineLoad`] | the inference engine's queue and KV cache, as last scraped |
@@ -113,6 +113,15 @@ impl Live {
         })
     }
 
+    /// A request is on its way to the backend; it counts as awaiting its
+    /// first byte of body until the guard drops.
+    pub fn await_first_byte(self: &Arc<Self>) -> AwaitingGuard {
+        self.load.start_awaiting();
+        AwaitingGuard {
+            live: Arc::clone(self),
+        }
+    }
+
     /// An upstream connection opened; it is counted until the guard drops.
     pub fn open_upstream(self: &Arc<Self>) -> UpstreamGuard {
         self.load.open_upstream();
@@ -132,6 +141,19 @@ pub struct ActiveGuard {
 impl Drop for ActiveGuard {
     fn drop(&mut self) {
         self.live.load.give_back();
+    }
+}
+
+/// One request awaiting the first byte of its answer's body (`mode: http`);
+/// dropping it (at that byte, or when the request ends first) uncounts it.
+#[derive(Debug)]
+pub struct AwaitingGuard {
+    live: Arc<Live>,
+}
+
+impl Drop for AwaitingGuard {
+    fn drop(&mut self) {
+        self.live.load.stop_awaiting();
     }
 }
 
@@ -166,5 +188,17 @@ mod tests {
         assert_eq!(live.load.upstream_connections(), 1);
         drop(upstream);
         assert_eq!(live.load.upstream_connections(), 0);
+    }
+
+    #[test]
+    fn awaiting_counts_until_the_guard_drops() {
+        let live = Arc::new(Live::default());
+        let a = live.await_first_byte();
+        let b = live.await_first_byte();
+        assert_eq!(live.load.awaiting(), 2);
+        drop(a);
+        assert_eq!(live.load.awaiting(), 1);
+        drop(b);
+        assert_eq!(live.load.awaiting(), 0);
     }
 }

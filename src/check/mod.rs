@@ -65,7 +65,11 @@ pub fn report(
     }
     writeln!(out, "key:         {}", key_text(&config.key))?;
     if let Some(group) = &config.group {
-        writeln!(out, "group:       {}", group_text(group))?;
+        writeln!(
+            out,
+            "group:       {}",
+            group_text(group, config.group_choices)
+        )?;
     }
     writeln!(out, "proxy in:    {}", proxy_in(config))?;
     let send = if config.proxy_protocol.send_v2 {
@@ -326,7 +330,7 @@ fn key_text(key: &KeyConfig) -> String {
 }
 
 /// `key.group`: what places a conversation's first request.
-fn group_text(group: &GroupBy) -> String {
+fn group_text(group: &GroupBy, choices: usize) -> String {
     let what = match group {
         GroupBy::System => "the body's model, instructions and tools".to_string(),
         GroupBy::PrefixBytes(n) => {
@@ -334,8 +338,12 @@ fn group_text(group: &GroupBy) -> String {
         }
         GroupBy::Header(name) => format!("header {name}"),
     };
+    let home = match choices {
+        1 => "a group's home is its first candidate that takes it".to_string(),
+        n => format!("a new group's home is the least busy of its first {n} candidates"),
+    };
     format!(
-        "{what}: places a conversation's first request; the key above pins it (without a group, the key places it too)"
+        "{what}: places a conversation's first request on its group's home; the key above pins it (without a group, the key places it too); {home}"
     )
 }
 

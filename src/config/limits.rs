@@ -89,6 +89,12 @@ pub const MIN_MAX_BYTES: u64 = 16;
 /// body read for its key holds.
 pub const MIN_GROUP_PREFIX_BYTES: u64 = 16;
 pub const MAX_GROUP_PREFIX_BYTES: u64 = 1 << 20;
+/// `key.group_choices`: a group without a pin is placed on the least busy
+/// of its first N candidates. One keeps the table's order (every instance
+/// agrees without a store); more than 8 spreads one head's first placement
+/// over most of a pool, which is what the table is there to avoid.
+pub const DEFAULT_GROUP_CHOICES: u64 = 1;
+pub const MAX_GROUP_CHOICES: u64 = 8;
 pub const MAX_MAX_BYTES: u64 = 1 << 20;
 /// Above anything one process serves, and far below tokio's semaphore limit
 /// (`usize::MAX >> 3` permits), which panics when exceeded.

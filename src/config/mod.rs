@@ -162,6 +162,10 @@ pub struct Config {
     /// by for a conversation's first request; `key` is then the session key.
     /// `None` looks the table up by `key`, as without groups.
     pub group: Option<GroupBy>,
+    /// `key.group_choices`: of how many of its first candidates a group
+    /// without a pin takes the least busy (1: the table's first that takes
+    /// it).
+    pub group_choices: usize,
     pub connect: ConnectConfig,
     pub idle_timeout: Duration,
     pub max_connections: usize,

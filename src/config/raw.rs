@@ -124,6 +124,8 @@ pub(super) struct RawKey {
     pub(super) fallback: Option<Spanned<Fallback>>,
     #[serde(default)]
     pub(super) group: Option<Spanned<RawGroup>>,
+    #[serde(default)]
+    pub(super) group_choices: Option<Spanned<u64>>,
 }
 
 /// `key.group`: `system`, `{prefix_bytes: N}` or `{header: NAME}`. Read by

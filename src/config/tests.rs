@@ -112,6 +112,22 @@ fn every_listed_mistake_is_rejected() {
             "bounded_load",
         ),
         (
+            "mode: http\nlisten: 127.0.0.1:7000\nkey: {from: header, header: x-s, group_choices: 2}\nsessions: {ttl: 1m}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+            "key.group_choices applies only with key.group",
+        ),
+        (
+            "mode: http\nlisten: 127.0.0.1:7000\nkey: {from: header, header: x-s, group: system, group_choices: 0}\nsessions: {ttl: 1m}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+            "key.group_choices 0 is out of range (1 to 8)",
+        ),
+        (
+            "mode: http\nlisten: 127.0.0.1:7000\nkey: {from: header, header: x-s, group: system, group_choices: 9}\nsessions: {ttl: 1m}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+            "key.group_choices 9 is out of range (1 to 8)",
+        ),
+        (
+            "mode: http\nlisten: 127.0.0.1:7000\nkey: {from: header, header: x-s, group: system, group_choices: 3}\nconnect: {attempts: 2}\nsessions: {ttl: 1m}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+            "key.group_choices 3 is more than connect.attempts (2)",
+        ),
+        (
             "listen: 127.0.0.1:7000\nplacement: {spill_min_excess: 4}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
             "spill_min_excess applies only with bounded_load",
         ),

@@ -32,7 +32,7 @@ use super::deadline::Silence;
 use super::logged::Logged;
 use super::pool::Lease;
 use crate::access_log;
-use crate::backend::{ActiveGuard, Backend, TimeoutKind};
+use crate::backend::{ActiveGuard, AwaitingGuard, Backend, TimeoutKind};
 use crate::recent::{MissCause, Tokens};
 use crate::snapshot::Shared;
 use crate::throttle::Throttle;
@@ -55,6 +55,9 @@ pub struct InFlight {
     pub stream_idle: std::time::Duration,
     /// The request's access-log line, written at the body's end.
     pub log: Option<Logged>,
+    /// Counts the request as awaiting its first byte of body
+    /// ([`crate::backend::load`]) until that byte passes.
+    pub awaiting: Option<AwaitingGuard>,
 }
 
 /// Where a response's usage goes: the key's memory (a cache miss and its
@@ -182,15 +185,19 @@ impl Body for Download {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.body).poll_frame(cx);
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
-                self.silence.frame();
-                if let (Some(data), Some(f)) = (frame.data_ref(), &self.in_flight) {
+                this.silence.frame();
+                if let (Some(data), Some(f)) = (frame.data_ref(), &mut this.in_flight) {
                     let traffic = &f.backend.live.traffic;
                     traffic.add_bytes_received(data.len() as u64);
-                    self.bytes_out += data.len() as u64;
-                    if let Some(usage) = &mut self.usage {
+                    this.bytes_out += data.len() as u64;
+                    if !data.is_empty() {
+                        f.awaiting = None;
+                    }
+                    if let Some(usage) = &mut this.usage {
                         usage.feed(data);
                     }
                 }

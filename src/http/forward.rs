@@ -183,6 +183,7 @@ pub async fn forward(request: Request<Upload>, forward: Forward<'_>) -> Result<S
             continue;
         };
         tried.push(backend.name.clone());
+        let awaiting = backend.live.await_first_byte();
         match send(backend, request, &forward).await {
             Attempt::Answered {
                 response,
@@ -219,6 +220,7 @@ pub async fn forward(request: Request<Upload>, forward: Forward<'_>) -> Result<S
                     },
                     stream_idle: forward.config.http.stream_idle_timeout,
                     log,
+                    awaiting: Some(awaiting),
                 };
                 return Ok(Served {
                     response: respond(response, in_flight, forward.config),

@@ -27,6 +27,13 @@
 //! the group's load does since. The pin itself gives the stickiness a
 //! spilled key's memory gives without groups, so a grouped conversation
 //! never "goes home".
+//!
+//! With `key.group_choices` above 1 a group has a pin of its own, its home
+//! ([`group_pin`]): a group without one takes the least busy of its first
+//! candidates (fewest requests awaiting their first byte of body), and its
+//! new conversations go to its home first, then along the table's order
+//! when the home is full. With a shared store the first binding of a group
+//! wins for every instance, as a session's does.
 
 use std::sync::Arc;
 
@@ -34,7 +41,8 @@ use crate::backend::Backend;
 use crate::backend::groups::Rank;
 use crate::recent::{How, Recent};
 use crate::route::{Keys, Route};
-use crate::sessions::Sessions;
+use crate::sessions::store::Store;
+use crate::sessions::{Sessions, group_pin};
 use crate::snapshot::Snapshot;
 
 /// A request's route, and what serving it does to the key's pin.
@@ -74,6 +82,11 @@ impl Pinned {
     pub fn served(&self, backend: &Backend) {
         if let Some(group) = self.keys.group {
             backend.live.groups.served(group);
+            if let Some(sessions) = &self.sessions {
+                // A group's pin (`key.group_choices` above 1) lives while
+                // its conversations do.
+                sessions.pins.touch(group_pin(group));
+            }
         }
         if let Some(candidates) = &self.placing {
             let index = candidates.iter().position(|c| c.name == backend.name);
@@ -122,6 +135,69 @@ pub async fn route(
     }
 }
 
+/// The route of a conversation without a pin (`store: local`): the table's,
+/// and with a group and `key.group_choices` above 1 its home first. The
+/// home is the group's pin; a group without one (new, or its pin expired,
+/// or its backend gone) takes the least busy of its first
+/// `key.group_choices` candidates that take it, which becomes the group's
+/// pin at once, so the conversations of one head that arrive before its
+/// first answer go where it went. With one choice there is no group pin:
+/// the table's order is the home, as every instance computes it.
+fn place_locally(sessions: &Sessions, snapshot: &Snapshot, keys: Keys) -> Route {
+    let route = Route::plan(snapshot, keys.table());
+    let Some(group) = keys.group.filter(|_| snapshot.config.group_choices > 1) else {
+        return route;
+    };
+    let at = group_pin(group);
+    let pinned = sessions.pins.peek(at);
+    if let Some(home) = pinned.as_deref().and_then(|name| snapshot.backend(name)) {
+        sessions.pins.touch(at);
+        return route.home_first(snapshot, home);
+    }
+    let choices = snapshot.config.group_choices;
+    let Some(home) = route.least_awaiting(choices).map(Arc::clone) else {
+        return route;
+    };
+    sessions.pins.bind(at, &home.name);
+    route.home_first(snapshot, &home)
+}
+
+/// With a shared store: `route` with the group's home first. The home is
+/// the group's cached pin; else the store's binding of the group, which the
+/// least busy of its first `key.group_choices` candidates becomes if the
+/// group has none (the first binding wins for every instance, so they all
+/// send the group's new conversations to one home). A binding to a backend
+/// the table no longer has is replaced; one to a backend that is down is
+/// kept (health moves no group). No answer from the store: the table's
+/// route, which every instance agrees on.
+async fn home_shared(
+    sessions: &Arc<Sessions>,
+    store: &Store,
+    snapshot: &Snapshot,
+    group: u64,
+    route: Route,
+) -> Route {
+    let at = group_pin(group);
+    if let Some((name, due)) = sessions.cached_group(group)
+        && let Some(home) = snapshot.backend(&name)
+    {
+        if due {
+            sessions.refresh(at, name);
+        }
+        return route.home_first(snapshot, home);
+    }
+    let choices = snapshot.config.group_choices;
+    let Some(choice) = route.least_awaiting(choices).map(|b| b.name.clone()) else {
+        return route;
+    };
+    let held = store.pin(at, &choice, |name| snapshot.backend(name).is_some());
+    let Some(home) = held.await.and_then(|name| snapshot.backend(&name).cloned()) else {
+        return route;
+    };
+    sessions.pins.bind(at, &home.name);
+    route.home_first(snapshot, &home)
+}
+
 /// What routing under `sessions` did to the pin.
 #[derive(Debug, Default, Clone, Copy)]
 struct Bound {
@@ -154,7 +230,7 @@ async fn by_pin(
         };
         let route = match pin {
             Some(pin) if !goes_home(pin) => Route::plan_pinned(snapshot, table_key, pin),
-            _ => Route::plan(snapshot, table_key),
+            _ => place_locally(sessions, snapshot, keys),
         };
         let placed = route.how != How::Pinned;
         return (
@@ -177,6 +253,12 @@ async fn by_pin(
     }
     store.ensure_connecting();
     let table = Route::plan(snapshot, table_key);
+    let table = match keys.group {
+        Some(group) if snapshot.config.group_choices > 1 => {
+            home_shared(sessions, store, snapshot, group, table).await
+        }
+        _ => table,
+    };
     let Some(choice) = table.first().map(|b| b.name.clone()) else {
         return (table, kept);
     };

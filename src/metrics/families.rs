@@ -164,6 +164,13 @@ pub const FAMILIES: &[Family] = &[
         }),
     },
     Family {
+        name: "magpie_backend_requests_awaiting_first_byte",
+        kind: GAUGE,
+        labels: &["backend", "addr"],
+        help: "mode http: requests sent to the backend whose response has brought no byte of body yet (an engine's queued and prefilling requests); key.group_choices places a new group by it.",
+        read: Read::Backend(|b, s| s.value(&[], b.live().load.awaiting() as f64)),
+    },
+    Family {
         name: "magpie_backend_client_aborts_total",
         kind: COUNTER,
         labels: &["backend", "addr"],

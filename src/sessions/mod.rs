@@ -9,6 +9,10 @@
 //! A pin names its backend by name: identity is the name, so a pin survives
 //! reloads that keep the backend. Without `sessions`, routing stays stateless
 //! and every instance agrees.
+//!
+//! With `key.group_choices` above 1 the same map (and store) also holds each
+//! group's home, under [`group_pin`]: a key no session has, counted in no
+//! session's hits or misses.
 
 pub mod store;
 
@@ -98,15 +102,27 @@ impl Pins {
     /// refreshed from now.
     pub fn get_and_due(&self, key: u64, every: Duration) -> Option<(Arc<str>, bool)> {
         let backend = self.get(key)?;
+        Some((backend, self.due(key, every)))
+    }
+
+    /// Like [`Pins::get_and_due`], counting neither a hit nor a miss (a
+    /// group's pin, which is not a session's).
+    pub fn peek_and_due(&self, key: u64, every: Duration) -> Option<(Arc<str>, bool)> {
+        let backend = self.peek(key)?;
+        Some((backend, self.due(key, every)))
+    }
+
+    /// Whether `key`'s binding in the shared store is due for a refresh;
+    /// if so, it counts as refreshed from now.
+    fn due(&self, key: u64, every: Duration) -> bool {
         let mut shard = self.shard(key);
-        let due = match shard.peek_mut(&key) {
+        match shard.peek_mut(&key) {
             Some(pin) if pin.refreshed.is_none_or(|at| at.elapsed() >= every) => {
                 pin.refreshed = Some(Instant::now());
                 true
             }
             _ => false,
-        };
-        Some((backend, due))
+        }
     }
 
     /// The refresh of `key`'s pin to `backend` got no answer: it is due
@@ -201,6 +217,13 @@ impl Pins {
     }
 }
 
+/// Where a group's pin (`key.group`) is kept, in the map and in the shared
+/// store: its hash with a fixed pattern flipped, so it is no session's key.
+/// Every instance computes the same.
+pub fn group_pin(group: u64) -> u64 {
+    group ^ 0x6772_6f75_702d_7069 // "group-pi"
+}
+
 /// The session pins of one process, and the shared store behind them.
 #[derive(Debug)]
 pub struct Sessions {
@@ -237,6 +260,16 @@ impl Sessions {
                 self.pins.get(key).map(|backend| (backend, false))
             }
             None => self.pins.get(key).map(|backend| (backend, false)),
+        }
+    }
+
+    /// Like [`Sessions::cached`] for a group's pin (counted as no session
+    /// pin's hit or miss).
+    pub fn cached_group(&self, group: u64) -> Option<(Arc<str>, bool)> {
+        let at = group_pin(group);
+        match &self.store {
+            Some(store) if store.is_usable() => self.pins.peek_and_due(at, self.ttl / 4),
+            _ => self.pins.peek(at).map(|backend| (backend, false)),
         }
     }
 

@@ -329,9 +329,10 @@ fn example_configs_route_as_pinned() {
             ],
         ),
         (
-            // Session keys: where a conversation without a group goes.
+            // Session keys: where a conversation without a group goes
+            // (key.group_choices: 2 is in the fingerprint).
             "agents.yaml",
-            "abf207b7199c9470018045e2a8a763ed",
+            "81fbb96e7e216f3bfc8e7310a71ecbaf",
             &[
                 ("alice", "gpu-0"),
                 ("bob", "gpu-0"),

@@ -16,6 +16,7 @@ mod failover;
 mod faults;
 mod fuzz_corpus;
 mod group;
+mod group_home;
 mod health;
 mod http2_resets;
 mod http_framing;

@@ -19,9 +19,10 @@ use serde_saphyr::{Location, Spanned};
 use super::Validator;
 use crate::config::raw::{KeyFrom, RawGroup, RawKey};
 use crate::config::{
-    DEFAULT_HTTP_MAX_BYTES, DEFAULT_HTTP_READ_TIMEOUT, DEFAULT_MAX_BYTES, DEFAULT_READ_TIMEOUT,
-    KeyConfig, KeyRead, MAX_GROUP_PREFIX_BYTES, MAX_HTTP_MAX_BYTES, MAX_MAX_BYTES,
-    MAX_READ_TIMEOUT, MIN_GROUP_PREFIX_BYTES, MIN_MAX_BYTES, Mode,
+    DEFAULT_GROUP_CHOICES, DEFAULT_HTTP_MAX_BYTES, DEFAULT_HTTP_READ_TIMEOUT, DEFAULT_MAX_BYTES,
+    DEFAULT_READ_TIMEOUT, KeyConfig, KeyRead, MAX_GROUP_CHOICES, MAX_GROUP_PREFIX_BYTES,
+    MAX_HTTP_MAX_BYTES, MAX_MAX_BYTES, MAX_READ_TIMEOUT, MIN_GROUP_PREFIX_BYTES, MIN_MAX_BYTES,
+    Mode,
 };
 use crate::key::Fallback;
 use crate::key::group::GroupBy;
@@ -120,6 +121,43 @@ impl Validator<'_> {
             })),
         };
         Some(group)
+    }
+
+    /// `key.group_choices`: only beside `key.group`, 1 to
+    /// [`MAX_GROUP_CHOICES`], and no more than `connect.attempts` (a route
+    /// holds that many candidates to choose from).
+    pub(super) fn group_choices(
+        &mut self,
+        raw: Option<Spanned<u64>>,
+        grouped: bool,
+        attempts: u32,
+    ) -> usize {
+        let Some(n) = raw else {
+            return DEFAULT_GROUP_CHOICES as usize;
+        };
+        if !grouped {
+            self.err(
+                &n.referenced,
+                "key.group_choices applies only with key.group",
+            );
+        } else if n.value > u64::from(attempts) && n.value <= MAX_GROUP_CHOICES {
+            self.err(
+                &n.referenced,
+                format!(
+                    "key.group_choices {} is more than connect.attempts ({attempts}): a request's route holds connect.attempts candidates, the ones a new group chooses from",
+                    n.value
+                ),
+            );
+        } else if !(1..=MAX_GROUP_CHOICES).contains(&n.value) {
+            self.err(
+                &n.referenced,
+                format!(
+                    "key.group_choices {} is out of range (1 to {MAX_GROUP_CHOICES})",
+                    n.value
+                ),
+            );
+        }
+        n.value.clamp(1, MAX_GROUP_CHOICES) as usize
     }
 
     /// Read settings under an address key are a silent mistake: each is an

@@ -158,6 +158,7 @@ impl<'a> Validator<'a> {
         let discovery = self.discovery(raw.discovery, sources);
         let placement = self.placement(raw.placement, &backends);
         let raw_group = raw.key.as_mut().and_then(|k| k.group.take());
+        let raw_choices = raw.key.as_mut().and_then(|k| k.group_choices.take());
         let key = self.key(raw.key, mode);
         let connect = self.connect(raw.connect);
         let idle_written = raw.idle_timeout.is_some();
@@ -188,6 +189,7 @@ impl<'a> Validator<'a> {
         let sessions = self.sessions(raw.sessions, mode);
         let limits = self.limits(raw.limits, mode);
         let group = self.group(raw_group, &key, mode, sessions.is_some());
+        let group_choices = self.group_choices(raw_choices, group.is_some(), connect.attempts);
         let access_log = self.access_log(raw.access_log);
 
         if self.errors.is_empty() {
@@ -202,6 +204,7 @@ impl<'a> Validator<'a> {
                 placement,
                 key,
                 group,
+                group_choices,
                 connect,
                 idle_timeout,
                 // At most MAX_MAX_CONNECTIONS, so this fits any usize.

@@ -284,6 +284,21 @@ async fn answer(req: Request<Incoming>, b: Arc<HyperBackend>) -> Response<Body> 
             });
             response
         }
+        "/quiet" => {
+            // A head at once, and no byte of body until the gate opens: a
+            // request an engine has queued.
+            let (tx, response) = streamed(Arc::clone(&b));
+            tokio::spawn(async move {
+                match b.gate.acquire().await {
+                    Ok(permit) => permit.forget(),
+                    Err(_) => return,
+                }
+                tx.send(Bytes::from(format!("late from {}\n", b.name)))
+                    .await
+                    .ok();
+            });
+            response
+        }
         "/v1/chat/completions" => chat(req, b).await,
         p if p.starts_with("/bytes/") => {
             let n: usize = p["/bytes/".len()..].parse().unwrap_or(0);

@@ -1,0 +1,158 @@
+//! `key.group_choices`: a group without a pin takes the least busy of its
+//! first candidates (by requests awaiting their first byte of body), and
+//! that backend stays the group's home: its later conversations go there,
+//! also through another magpie sharing the redis store.
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use magpie::backend::groups::Rank;
+use magpie::key::text_key;
+
+use crate::support::*;
+
+fn by_tenant(extra: &str) -> String {
+    format!(
+        "mode: http\nkey:\n  from: header\n  header: x-session-id\n  group: {{header: x-tenant-id}}\n  group_choices: 2\nsessions:\n  ttl: 10m\n{extra}"
+    )
+}
+
+/// A request of tenant `queued` that its first candidate holds with no byte
+/// of body (an engine's queued request): the client, the response, and
+/// that backend, once magpie counts it as awaiting.
+async fn hold_quiet(magpie: &Magpie) -> (KeepAlive, hyper::Response<Incoming>, String) {
+    let busy = magpie.candidates(text_key(b"queued"))[0].clone();
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    let request = get("/quiet")
+        .header("x-tenant-id", "queued")
+        .header("x-session-id", "q")
+        .body(Full::default())
+        .expect("a request");
+    let response = client.start(request).await;
+    assert_eq!(response.status(), 200);
+    awaiting(magpie, &busy, 1).await;
+    (client, response, busy)
+}
+
+async fn awaiting(magpie: &Magpie, backend: &str, n: u64) {
+    within("the awaiting count", async {
+        while magpie.backend(backend).live.load.awaiting() != n {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+}
+
+/// The `nth` tenant (from 0) whose first candidate is `first`.
+fn tenant_on(magpie: &Magpie, first: &str, nth: usize) -> String {
+    (0..500)
+        .map(|i| format!("tenant-{i}"))
+        .filter(|t| magpie.candidates(text_key(t.as_bytes()))[0] == first)
+        .nth(nth)
+        .expect("a tenant with that first candidate")
+}
+
+/// A fast request of `session` in `tenant`: the backend that served it.
+async fn ask(client: &mut KeepAlive, tenant: &str, session: &str) -> String {
+    let request = get("/")
+        .header("x-tenant-id", tenant)
+        .header("x-session-id", session)
+        .body(Full::default())
+        .expect("a request");
+    let (response, body) = client.send(request).await;
+    assert_eq!(response.status(), 200);
+    backend_in(&body)
+}
+
+/// The busy first candidate sends a new group to its second; the group's
+/// later conversations follow it there, also once the first is idle again,
+/// and `/route` and the metrics say so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_group_takes_the_less_busy_of_two_and_keeps_it() {
+    let backends = HyperBackends::start(&["a", "b", "c"]).await;
+    let yaml = config_yaml_with_admin("127.0.0.1:0", &by_tenant(""), &backends.pairs());
+    let magpie = Magpie::start(&yaml).await;
+    let admin = magpie.admin.expect("admin is on");
+    let (_quiet, response, busy) = hold_quiet(&magpie).await;
+    let (_, metrics) = admin_get(admin, "/metrics").await;
+    let gauge = "magpie_backend_requests_awaiting_first_byte";
+    let on_busy = format!("backend=\"{busy}\"");
+    assert_eq!(metric_sum(&metrics, gauge, &[&on_busy]), 1.0, "{metrics}");
+    assert_eq!(metric_sum(&metrics, gauge, &[]), 1.0, "{metrics}");
+
+    let tenant = tenant_on(&magpie, &busy, 0);
+    let second = magpie.candidates(text_key(tenant.as_bytes()))[1].clone();
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    assert_eq!(ask(&mut client, &tenant, "c-1").await, second);
+    assert_eq!(ask(&mut client, &tenant, "c-2").await, second, "its home");
+
+    // The busy backend answers; the group stays where it was placed.
+    backends.release(1);
+    let body = within("the quiet body", response.into_body().collect()).await;
+    let text = body.expect("its body").to_bytes();
+    assert_eq!(text, format!("late from {busy}\n").as_bytes());
+    awaiting(&magpie, &busy, 0).await;
+    assert_eq!(ask(&mut client, &tenant, "c-3").await, second);
+    let (_, route) = admin_get(admin, &format!("/route?key=c-4&group={tenant}")).await;
+    assert!(
+        route.contains(&format!("\"home\": \"{second}\"")),
+        "{route}"
+    );
+    assert!(
+        route.contains(&format!("\"chosen\": \"{second}\"")),
+        "{route}"
+    );
+    let placements = magpie.backend(&second).live.groups.placements(Rank::Second);
+    assert_eq!(placements, 3);
+    // An idle pool: a new group takes its first candidate.
+    let fresh = tenant_on(&magpie, &second, 0);
+    assert_eq!(ask(&mut client, &fresh, "f-1").await, second);
+    magpie.stop().await;
+}
+
+/// Through a shared redis store, the home one magpie chose for a group
+/// (its second candidate, the first being busy there) is where another
+/// magpie, which sees no load, sends the group's new conversations.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn magpies_sharing_a_store_agree_on_a_groups_home() {
+    let redis = RedisServer::start().await;
+    let backends = HyperBackends::start(&["a", "b", "c"]).await;
+    let store = format!(
+        "  store: redis\n  redis: {{addr: \"{}\", timeout: 500ms}}\nreload:\n  watch: false\n",
+        redis.addr
+    );
+    let settings = by_tenant("").replace("  ttl: 10m\n", &format!("  ttl: 10m\n{store}"));
+    let magpies = [
+        Magpie::with(&settings, &backends.pairs()).await,
+        Magpie::with(&settings, &backends.pairs()).await,
+    ];
+    for m in &magpies {
+        m.store_connected().await;
+    }
+    let (_quiet, response, busy) = hold_quiet(&magpies[0]).await;
+    let tenant = tenant_on(&magpies[0], &busy, 0);
+    let second = magpies[0].candidates(text_key(tenant.as_bytes()))[1].clone();
+    let mut first = KeepAlive::connect(magpies[0].addr).await;
+    assert_eq!(ask(&mut first, &tenant, "c-1").await, second);
+    let mut other = KeepAlive::connect(magpies[1].addr).await;
+    assert_eq!(
+        ask(&mut other, &tenant, "c-2").await,
+        second,
+        "the shared home"
+    );
+    assert_eq!(
+        ask(&mut other, &tenant, "c-1").await,
+        second,
+        "the shared pin"
+    );
+    // Without the store's word, magpie 1 would have chosen the idle first
+    // candidate: a tenant it places alone goes there.
+    let alone = tenant_on(&magpies[1], &busy, 1);
+    assert_eq!(ask(&mut other, &alone, "a-1").await, busy);
+    backends.release(1);
+    within("the quiet body", response.into_body().collect())
+        .await
+        .expect("its body");
+    for m in magpies {
+        m.stop().await;
+    }
+}
