@@ -72,12 +72,7 @@ pub fn report(
         )?;
     }
     writeln!(out, "proxy in:    {}", proxy_in(config))?;
-    let send = if config.proxy_protocol.send_v2 {
-        "v2 (every backend connection starts with a PROXY v2 header)"
-    } else {
-        "none"
-    };
-    writeln!(out, "proxy out:   {send}")?;
+    writeln!(out, "proxy out:   {}", proxy_out(config))?;
     writeln!(out, "health:      {}", health_text(config))?;
     writeln!(out, "load:        {}", load_text(config))?;
     writeln!(out, "bounded:     {}", bounded_text(config))?;
@@ -144,6 +139,13 @@ pub fn warnings(snapshot: &Snapshot, env: Environment) -> Vec<String> {
             "access_log.path {}: the directory {} does not exist here, so magpie run would not start",
             path.display(),
             dir.display()
+        ));
+    }
+    let shared = config.sessions.as_ref().is_some_and(|s| s.redis.is_some());
+    if config.group_choices > 1 && !shared {
+        out.push(format!(
+            "key.group_choices {} with sessions.store: local: each magpie chooses new groups' homes by its own load, so several magpies agree on them only with sessions.store: redis (or key.group_choices: 1)",
+            config.group_choices
         ));
     }
     if config
@@ -362,6 +364,14 @@ fn copy_text(copy: CopyMode) -> String {
         ""
     };
     format!("{copy} ({how}{here})")
+}
+
+fn proxy_out(config: &Config) -> &'static str {
+    if config.proxy_protocol.send_v2 {
+        "v2 (every backend connection starts with a PROXY v2 header)"
+    } else {
+        "none"
+    }
 }
 
 fn proxy_in(config: &Config) -> String {

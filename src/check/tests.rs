@@ -185,3 +185,31 @@ fn tls_backends_are_marked_and_unchecked_certificates_warned_about() {
         "{text}"
     );
 }
+
+#[test]
+fn the_report_shows_group_choices_and_warns_without_a_shared_store() {
+    let text = |choices: &str, store: &str| {
+        let s = snapshot(&format!(
+            "mode: http\nlisten: 127.0.0.1:7000\nkey: {{from: header, header: x-s, group: system{choices}}}\nsessions: {{ttl: 10m{store}}}\nbackends:\n  - {{name: a, addr: 127.0.0.1:8001}}\n  - {{name: b, addr: 127.0.0.1:8002}}\n"
+        ));
+        report("t.yaml", &s, Environment::default()).unwrap()
+    };
+    let warning = "warning: key.group_choices 2 with sessions.store: local";
+    let local = text(", group_choices: 2", "");
+    assert!(
+        local.contains("a new group's home is the least busy of its first 2 candidates"),
+        "{local}"
+    );
+    assert!(local.contains(warning), "{local}");
+    let shared = text(
+        ", group_choices: 2",
+        ", store: redis, redis: {addr: \"127.0.0.1:6379\"}",
+    );
+    assert!(!shared.contains("warning: key.group_choices"), "{shared}");
+    let one = text("", "");
+    assert!(
+        one.contains("a group's home is its first candidate that takes it"),
+        "{one}"
+    );
+    assert!(!one.contains("warning: key.group_choices"), "{one}");
+}
