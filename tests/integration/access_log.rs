@@ -36,13 +36,10 @@ fn hex_key(session: &str) -> String {
 
 /// `GET /r/{i}?user={session}` with `x-session-id: session`; the backend's name.
 async fn get_numbered(client: &mut KeepAlive, i: usize, session: &str) -> String {
-    let request = get(&format!("/r/{i}?user={session}"))
-        .header("x-session-id", session)
-        .body(Full::default())
-        .expect("a request");
-    let (response, body) = client.send(request).await;
-    assert_eq!(response.status(), 200);
-    backend_in(&body)
+    let request = get(&format!("/r/{i}?user={session}")).header("x-session-id", session);
+    client
+        .served_by(request.body(Full::default()).expect("a request"))
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -55,12 +55,10 @@ fn tenant_on(magpie: &Magpie, first: &str, nth: usize) -> String {
 async fn ask(client: &mut KeepAlive, tenant: &str, session: &str) -> String {
     let request = get("/")
         .header("x-tenant-id", tenant)
-        .header("x-session-id", session)
-        .body(Full::default())
-        .expect("a request");
-    let (response, body) = client.send(request).await;
-    assert_eq!(response.status(), 200);
-    backend_in(&body)
+        .header("x-session-id", session);
+    client
+        .served_by(request.body(Full::default()).expect("a request"))
+        .await
 }
 
 /// The busy first candidate sends a new group to its second; the group's

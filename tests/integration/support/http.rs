@@ -439,18 +439,18 @@ impl KeepAlive {
         .await
     }
 
-    /// `GET /` with `x-session-id: session`; returns the backend's name.
-    pub async fn get_session(&mut self, session: &str) -> String {
-        let (response, body) = self
-            .send(
-                get("/")
-                    .header("x-session-id", session)
-                    .body(Full::default())
-                    .expect("a request"),
-            )
-            .await;
+    /// Sends `request`, expects a 200 and returns the backend's name.
+    pub async fn served_by(&mut self, request: Request<Full<Bytes>>) -> String {
+        let (response, body) = self.send(request).await;
         assert_eq!(response.status(), 200, "{body:?}");
         backend_in(&body)
+    }
+
+    /// `GET /` with `x-session-id: session`; returns the backend's name.
+    pub async fn get_session(&mut self, session: &str) -> String {
+        let request = get("/").header("x-session-id", session);
+        self.served_by(request.body(Full::default()).expect("a request"))
+            .await
     }
 
     /// `POST /` with a JSON body; returns the backend's name.
