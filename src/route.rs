@@ -200,10 +200,12 @@ impl Route {
     }
 
     /// The least busy of this route's first `n` targets: the one with the
-    /// fewest requests awaiting their first byte of body (the earlier on a
-    /// tie). Where a group without a pin goes (`key.group_choices`).
+    /// fewest new groups' requests awaiting their first byte of body, then
+    /// the fewest such requests in all (the earlier on a tie). Where a
+    /// group without a pin goes (`key.group_choices`).
     pub fn least_awaiting(&self, n: usize) -> Option<&Arc<Backend>> {
-        (self.targets.iter().take(n)).min_by_key(|b| b.live.load.awaiting())
+        let busy = |b: &&Arc<Backend>| (b.live.load.awaiting_cold(), b.live.load.awaiting());
+        self.targets.iter().take(n).min_by_key(busy)
     }
 
     /// This route with `to`, where the key spilled and stays, tried first

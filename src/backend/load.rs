@@ -7,7 +7,9 @@
 //! connections in mode http, pooled and busy; `awaiting` is the number of
 //! requests sent to it (mode http) whose answer has not yet brought a byte
 //! of body: for an inference engine, the requests queued or in prefill,
-//! which is what a new group's first conversation would wait behind.
+//! which is what a new group's first conversation would wait behind; of
+//! those, `awaiting_cold` placed a new group (`key.group_choices`), the
+//! long prefills of heads the engine has not seen.
 //! Taking a slot under a cap is
 //! one atomic step, so concurrent accepts never push a backend past its
 //! bounded-load cap.
@@ -19,6 +21,7 @@ pub struct Load {
     active: AtomicU64,
     upstream: AtomicU64,
     awaiting: AtomicU64,
+    awaiting_cold: AtomicU64,
 }
 
 impl Load {
@@ -37,12 +40,23 @@ impl Load {
         self.awaiting.load(Ordering::Relaxed)
     }
 
-    pub(super) fn start_awaiting(&self) {
-        self.awaiting.fetch_add(1, Ordering::Relaxed);
+    /// Of those, the requests that placed a new group.
+    pub fn awaiting_cold(&self) -> u64 {
+        self.awaiting_cold.load(Ordering::Relaxed)
     }
 
-    pub(super) fn stop_awaiting(&self) {
+    pub(super) fn start_awaiting(&self, cold: bool) {
+        self.awaiting.fetch_add(1, Ordering::Relaxed);
+        if cold {
+            self.awaiting_cold.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub(super) fn stop_awaiting(&self, cold: bool) {
         self.awaiting.fetch_sub(1, Ordering::Relaxed);
+        if cold {
+            self.awaiting_cold.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     /// Takes one slot unconditionally.

@@ -114,11 +114,13 @@ impl Live {
     }
 
     /// A request is on its way to the backend; it counts as awaiting its
-    /// first byte of body until the guard drops.
-    pub fn await_first_byte(self: &Arc<Self>) -> AwaitingGuard {
-        self.load.start_awaiting();
+    /// first byte of body until the guard drops, and as `cold` if it
+    /// placed a new group.
+    pub fn await_first_byte(self: &Arc<Self>, cold: bool) -> AwaitingGuard {
+        self.load.start_awaiting(cold);
         AwaitingGuard {
             live: Arc::clone(self),
+            cold,
         }
     }
 
@@ -149,11 +151,12 @@ impl Drop for ActiveGuard {
 #[derive(Debug)]
 pub struct AwaitingGuard {
     live: Arc<Live>,
+    cold: bool,
 }
 
 impl Drop for AwaitingGuard {
     fn drop(&mut self) {
-        self.live.load.stop_awaiting();
+        self.live.load.stop_awaiting(self.cold);
     }
 }
 
@@ -193,12 +196,14 @@ mod tests {
     #[test]
     fn awaiting_counts_until_the_guard_drops() {
         let live = Arc::new(Live::default());
-        let a = live.await_first_byte();
-        let b = live.await_first_byte();
+        let a = live.await_first_byte(false);
+        let b = live.await_first_byte(true);
         assert_eq!(live.load.awaiting(), 2);
+        assert_eq!(live.load.awaiting_cold(), 1);
         drop(a);
         assert_eq!(live.load.awaiting(), 1);
         drop(b);
         assert_eq!(live.load.awaiting(), 0);
+        assert_eq!(live.load.awaiting_cold(), 0);
     }
 }

@@ -34,6 +34,7 @@ use super::pool::Lease;
 use crate::access_log;
 use crate::backend::{ActiveGuard, AwaitingGuard, Backend, TimeoutKind};
 use crate::recent::{MissCause, Tokens};
+use crate::sessions::homes::ColdMark;
 use crate::snapshot::Shared;
 use crate::throttle::Throttle;
 use crate::usage::{Usage, UsageScanner};
@@ -55,9 +56,18 @@ pub struct InFlight {
     pub stream_idle: std::time::Duration,
     /// The request's access-log line, written at the body's end.
     pub log: Option<Logged>,
-    /// Counts the request as awaiting its first byte of body
-    /// ([`crate::backend::load`]) until that byte passes.
-    pub awaiting: Option<AwaitingGuard>,
+    /// Counts the request as awaiting its first byte of body until that
+    /// byte passes.
+    pub awaiting: Option<FirstByte>,
+}
+
+/// What a request awaiting its answer's first byte of body holds: its count
+/// at the backend ([`crate::backend::load`]), and when it placed a new
+/// group with a shared store, its mark there ([`crate::sessions::homes`]).
+#[derive(Debug)]
+pub struct FirstByte {
+    pub count: AwaitingGuard,
+    pub mark: Option<ColdMark>,
 }
 
 /// Where a response's usage goes: the key's memory (a cache miss and its

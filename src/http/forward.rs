@@ -24,8 +24,9 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::deadline::{self, Outgoing, Progress};
-use super::download::{Download, InFlight, Tally};
+use super::download::{Download, FirstByte, InFlight, Tally};
 use super::logged::{Answer, Logged};
+use super::pinning::NewGroup;
 use super::pool::{self, Lease, Limits, Pool};
 use super::reply::Reply;
 use super::upload::Upload;
@@ -66,6 +67,8 @@ pub struct Forward<'a> {
     /// The request's access-log line, if it is sampled; it moves into the
     /// response body once a backend answers.
     pub log: &'a mut Option<Logged>,
+    /// Set when the request places a new group (`key.group_choices`).
+    pub new_group: Option<NewGroup>,
 }
 
 /// Why a request reached no backend.
@@ -173,8 +176,12 @@ pub struct Served {
 /// Sends `request` to the first target of the route that takes it, in
 /// phases: choose (the next target with room), connect (a pooled connection
 /// or a new one), send, account (status, latency, passive health), respond.
-pub async fn forward(request: Request<Upload>, forward: Forward<'_>) -> Result<Served, Failure> {
+pub async fn forward(
+    request: Request<Upload>,
+    mut forward: Forward<'_>,
+) -> Result<Served, Failure> {
     let mut request = prepare(request);
+    let mut new_group = forward.new_group.take();
     let mut tried = Vec::new();
     let mut how = forward.route.how;
     for backend in &forward.route.targets {
@@ -183,7 +190,12 @@ pub async fn forward(request: Request<Upload>, forward: Forward<'_>) -> Result<S
             continue;
         };
         tried.push(backend.name.clone());
-        let awaiting = backend.live.await_first_byte();
+        // A new group's request counts as such at its home only.
+        let placed = new_group.take_if(|g| g.home == backend.name);
+        let awaiting = FirstByte {
+            count: backend.live.await_first_byte(placed.is_some()),
+            mark: placed.and_then(|g| g.mark),
+        };
         match send(backend, request, &forward).await {
             Attempt::Answered {
                 response,

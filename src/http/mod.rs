@@ -324,7 +324,7 @@ impl HttpPath {
         if let Some(log) = log.as_mut() {
             log.keyed(keys.session);
         }
-        let pinned = pinning::route(shared.sessions(), &snapshot, &shared.recent, keys)
+        let mut pinned = pinning::route(shared.sessions(), &snapshot, &shared.recent, keys)
             .await
             .for_fallback(found.fallback.is_some());
         drop(snapshot);
@@ -336,6 +336,7 @@ impl HttpPath {
             pool: &self.pool,
             shared,
             log,
+            new_group: pinned.new_group.take(),
         };
         match forward::forward(request, forward).await {
             Ok(served) => {

@@ -41,6 +41,7 @@ use crate::backend::Backend;
 use crate::backend::groups::Rank;
 use crate::recent::{How, Recent};
 use crate::route::{Keys, Route};
+use crate::sessions::homes::ColdMark;
 use crate::sessions::store::Store;
 use crate::sessions::{Sessions, group_pin};
 use crate::snapshot::Snapshot;
@@ -58,6 +59,17 @@ pub struct Pinned {
     /// is bound here, from this request): the group's first candidates, to
     /// rank the backend that serves it.
     placing: Option<Vec<Arc<Backend>>>,
+    /// Set when this request places a new group (`key.group_choices`).
+    pub new_group: Option<NewGroup>,
+}
+
+/// A new group placed by this request: its home, and with a shared store
+/// its mark there ([`crate::sessions::homes`]). The request counts as a new group's,
+/// awaiting its first byte, at that backend until the byte arrives.
+#[derive(Debug)]
+pub struct NewGroup {
+    pub home: String,
+    pub mark: Option<ColdMark>,
 }
 
 impl Pinned {
@@ -132,6 +144,7 @@ pub async fn route(
         sessions,
         bind_served: bound.bind_served,
         placing,
+        new_group: bound.new_group,
     }
 }
 
@@ -143,40 +156,50 @@ pub async fn route(
 /// pin at once, so the conversations of one head that arrive before its
 /// first answer go where it went. With one choice there is no group pin:
 /// the table's order is the home, as every instance computes it.
-fn place_locally(sessions: &Sessions, snapshot: &Snapshot, keys: Keys) -> Route {
+fn place_locally(
+    sessions: &Sessions,
+    snapshot: &Snapshot,
+    keys: Keys,
+) -> (Route, Option<NewGroup>) {
     let route = Route::plan(snapshot, keys.table());
     let Some(group) = keys.group.filter(|_| snapshot.config.group_choices > 1) else {
-        return route;
+        return (route, None);
     };
     let at = group_pin(group);
     let pinned = sessions.pins.peek(at);
     if let Some(home) = pinned.as_deref().and_then(|name| snapshot.backend(name)) {
         sessions.pins.touch(at);
-        return route.home_first(snapshot, home);
+        return (route.home_first(snapshot, home), None);
     }
     let choices = snapshot.config.group_choices;
     let Some(home) = route.least_awaiting(choices).map(Arc::clone) else {
-        return route;
+        return (route, None);
     };
     sessions.pins.bind(at, &home.name);
-    route.home_first(snapshot, &home)
+    let placed = NewGroup {
+        home: home.name.clone(),
+        mark: None,
+    };
+    (route.home_first(snapshot, &home), Some(placed))
 }
 
-/// With a shared store: `route` with the group's home first. The home is
-/// the group's cached pin; else the store's binding of the group, which the
-/// least busy of its first `key.group_choices` candidates becomes if the
-/// group has none (the first binding wins for every instance, so they all
-/// send the group's new conversations to one home). A binding to a backend
-/// the table no longer has is replaced; one to a backend that is down is
-/// kept (health moves no group). No answer from the store: the table's
-/// route, which every instance agrees on.
+/// With a shared store: `route` with the group's home first, and the mark
+/// of a new group's request ([`crate::sessions::homes`]). The home is the group's cached
+/// pin; else the store's binding of the group, which the least busy of its
+/// first `key.group_choices` candidates becomes if the group has none,
+/// counting every instance's new groups awaiting their first byte (the
+/// first binding wins for every instance, so they all send the group's new
+/// conversations to one home). A binding to a backend the table no longer
+/// has is replaced; one to a backend that is down is kept (health moves no
+/// group). No answer from the store: the table's route, which every
+/// instance agrees on.
 async fn home_shared(
     sessions: &Arc<Sessions>,
-    store: &Store,
+    store: &Arc<Store>,
     snapshot: &Snapshot,
     group: u64,
     route: Route,
-) -> Route {
+) -> (Route, Option<NewGroup>) {
     let at = group_pin(group);
     if let Some((name, due)) = sessions.cached_group(group)
         && let Some(home) = snapshot.backend(&name)
@@ -184,27 +207,46 @@ async fn home_shared(
         if due {
             sessions.refresh(at, name);
         }
-        return route.home_first(snapshot, home);
+        return (route.home_first(snapshot, home), None);
     }
     let choices = snapshot.config.group_choices;
-    let Some(choice) = route.least_awaiting(choices).map(|b| b.name.clone()) else {
-        return route;
+    let candidates: Vec<(&str, u64)> = (route.targets.iter().take(choices))
+        .map(|b| (b.name.as_str(), b.live.load.awaiting()))
+        .collect();
+    let Some(placed) = store.place_home(at, &candidates).await else {
+        return (route, None);
     };
-    let held = store.pin(at, &choice, |name| snapshot.backend(name).is_some());
-    let Some(home) = held.await.and_then(|name| snapshot.backend(&name).cloned()) else {
-        return route;
+    let home = match snapshot.backend(&placed.backend) {
+        Some(home) => Arc::clone(home),
+        None => {
+            // Bound to a backend the table no longer has: replace it.
+            let Some(choice) = route.least_awaiting(choices).map(|b| b.name.clone()) else {
+                return (route, None);
+            };
+            let held = store.pin(at, &choice, |name| snapshot.backend(name).is_some());
+            match held.await.and_then(|name| snapshot.backend(&name).cloned()) {
+                Some(home) => home,
+                None => return (route, None),
+            }
+        }
     };
     sessions.pins.bind(at, &home.name);
-    route.home_first(snapshot, &home)
+    let placed = placed.mark.map(|mark| NewGroup {
+        home: home.name.clone(),
+        mark: Some(mark),
+    });
+    (route.home_first(snapshot, &home), placed)
 }
 
 /// What routing under `sessions` did to the pin.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default)]
 struct Bound {
     /// The backend that serves the request becomes the pin.
     bind_served: bool,
     /// The pin is (or will be) bound by this request, not found.
     placed: bool,
+    /// The request places a new group.
+    new_group: Option<NewGroup>,
 }
 
 /// The route for `keys` under `sessions`, and what it does to the pin.
@@ -228,8 +270,8 @@ async fn by_pin(
                 && spilled_to == Some(pin.name.as_str())
                 && Route::home_has_room(snapshot, table_key)
         };
-        let route = match pin {
-            Some(pin) if !goes_home(pin) => Route::plan_pinned(snapshot, table_key, pin),
+        let (route, new_group) = match pin {
+            Some(pin) if !goes_home(pin) => (Route::plan_pinned(snapshot, table_key, pin), None),
             _ => place_locally(sessions, snapshot, keys),
         };
         let placed = route.how != How::Pinned;
@@ -238,10 +280,10 @@ async fn by_pin(
             Bound {
                 bind_served: true,
                 placed,
+                new_group,
             },
         );
     };
-    let kept = Bound::default();
     // Shared pins: the local map first.
     if let Some((name, due)) = sessions.cached(session)
         && let Some(pin) = usable(&name)
@@ -249,27 +291,35 @@ async fn by_pin(
         if due {
             sessions.refresh(session, name);
         }
-        return (Route::plan_pinned(snapshot, table_key, pin), kept);
+        return (
+            Route::plan_pinned(snapshot, table_key, pin),
+            Bound::default(),
+        );
     }
     store.ensure_connecting();
     let table = Route::plan(snapshot, table_key);
-    let table = match keys.group {
+    let (table, new_group) = match keys.group {
         Some(group) if snapshot.config.group_choices > 1 => {
             home_shared(sessions, store, snapshot, group, table).await
         }
-        _ => table,
+        _ => (table, None),
+    };
+    let unbound = |new_group| Bound {
+        new_group,
+        ..Bound::default()
     };
     let Some(choice) = table.first().map(|b| b.name.clone()) else {
-        return (table, kept);
+        return (table, unbound(new_group));
     };
     let pinned = store.pin(session, &choice, |name| usable(name).is_some());
     let Some(pin) = pinned.await.and_then(|held| usable(&held).cloned()) else {
-        return (table, kept);
+        return (table, unbound(new_group));
     };
     sessions.pins.bind(session, &pin.name);
     let placed = Bound {
         bind_served: false,
         placed: pin.name == choice,
+        new_group,
     };
     (table.pin_first(snapshot, &pin), placed)
 }

@@ -14,6 +14,7 @@
 //! group's home, under [`group_pin`]: a key no session has, counted in no
 //! session's hits or misses.
 
+pub mod homes;
 pub mod store;
 
 use std::num::NonZeroUsize;

@@ -68,6 +68,9 @@ end
     };
 }
 
+/// The same function, for scripts built elsewhere.
+pub(super) const READ_BINDING: &str = read_binding!();
+
 /// Binds KEYS[1] to ARGV[2] for ARGV[3] ms unless it is bound (a binding
 /// to ARGV[2] gets its TTL extended); ARGV[1] is [`MAX_BINDING`]. Returns
 /// {the binding that holds now, 1 if a bad value was replaced}.
@@ -224,8 +227,27 @@ impl Store {
         self.is_connected() && self.now_ms() >= self.resume_at_ms.load(Ordering::Relaxed)
     }
 
-    fn key(&self, key: u64) -> String {
+    pub(super) fn key(&self, key: u64) -> String {
         format!("{}{key:016x}", self.config.prefix)
+    }
+
+    /// A key of the store's own under the configured prefix.
+    pub(super) fn prefixed(&self, rest: &str) -> String {
+        format!("{}{rest}", self.config.prefix)
+    }
+
+    /// A deadline for one lookup from now.
+    pub(super) fn deadline(&self) -> Instant {
+        Instant::now() + self.config.timeout
+    }
+
+    pub(super) fn ttl_ms(&self) -> u64 {
+        self.ttl_ms
+    }
+
+    /// A request is routed by the table: the store did not answer in time.
+    pub(super) fn fell_back(&self) {
+        self.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The binding of `key` a request uses: the store's, or `choice` if the
@@ -326,7 +348,7 @@ impl Store {
     }
 
     /// A script's reply {binding, bad}: the binding, a bad value counted.
-    fn held(&self, reply: Option<(Vec<u8>, u8)>) -> Option<Vec<u8>> {
+    pub(super) fn held(&self, reply: Option<(Vec<u8>, u8)>) -> Option<Vec<u8>> {
         let (held, bad) = reply?;
         if bad != 0 {
             self.stats.bad_values.fetch_add(1, Ordering::Relaxed);
@@ -337,7 +359,7 @@ impl Store {
     /// One operation by `deadline`, counted. A store that failed (no
     /// connection, no answer in time, a broken connection) backs off and
     /// reconnects; an error reply about this operation alone does not.
-    async fn run<T, F, Fut>(&self, deadline: Instant, op: F) -> Option<T>
+    pub(super) async fn run<T, F, Fut>(&self, deadline: Instant, op: F) -> Option<T>
     where
         F: FnOnce(MultiplexedConnection) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,

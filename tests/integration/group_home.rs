@@ -107,11 +107,21 @@ async fn a_new_group_takes_the_less_busy_of_two_and_keeps_it() {
     magpie.stop().await;
 }
 
-/// Through a shared redis store, the home one magpie chose for a group
-/// (its second candidate, the first being busy there) is where another
-/// magpie, which sees no load, sends the group's new conversations.
+/// New groups' requests marked in the store as awaiting at `backend`.
+async fn marks_on(redis: &RedisServer, backend: &str) -> i64 {
+    let key = format!("magpie:cold:{backend}");
+    match redis.command(&[b"ZCARD", key.as_bytes()]).await {
+        redis::Value::Int(n) => n,
+        other => panic!("ZCARD answered {other:?}"),
+    }
+}
+
+/// Through a shared redis store: a new group's request that awaits its
+/// first byte on one magpie keeps the other magpie's new groups off that
+/// backend until it answers, and the home either one chose is where both
+/// send the group's conversations.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn magpies_sharing_a_store_agree_on_a_groups_home() {
+async fn magpies_sharing_a_store_agree_on_homes_and_see_each_others_new_groups() {
     let redis = RedisServer::start().await;
     let backends = HyperBackends::start(&["a", "b", "c"]).await;
     let store = format!(
@@ -127,29 +137,37 @@ async fn magpies_sharing_a_store_agree_on_a_groups_home() {
         m.store_connected().await;
     }
     let (_quiet, response, busy) = hold_quiet(&magpies[0]).await;
-    let tenant = tenant_on(&magpies[0], &busy, 0);
-    let second = magpies[0].candidates(text_key(tenant.as_bytes()))[1].clone();
-    let mut first = KeepAlive::connect(magpies[0].addr).await;
-    assert_eq!(ask(&mut first, &tenant, "c-1").await, second);
+    assert_eq!(marks_on(&redis, &busy).await, 1);
+    // Magpie 1 has nothing in flight, but sees magpie 0's new group.
+    let tenant = tenant_on(&magpies[1], &busy, 0);
+    let second = magpies[1].candidates(text_key(tenant.as_bytes()))[1].clone();
     let mut other = KeepAlive::connect(magpies[1].addr).await;
+    assert_eq!(ask(&mut other, &tenant, "c-1").await, second);
+    let mut first = KeepAlive::connect(magpies[0].addr).await;
     assert_eq!(
-        ask(&mut other, &tenant, "c-2").await,
+        ask(&mut first, &tenant, "c-2").await,
         second,
         "the shared home"
     );
     assert_eq!(
-        ask(&mut other, &tenant, "c-1").await,
+        ask(&mut first, &tenant, "c-1").await,
         second,
         "the shared pin"
     );
-    // Without the store's word, magpie 1 would have chosen the idle first
-    // candidate: a tenant it places alone goes there.
-    let alone = tenant_on(&magpies[1], &busy, 1);
-    assert_eq!(ask(&mut other, &alone, "a-1").await, busy);
+
+    // Its first byte removes the mark: new groups take the busy one again.
     backends.release(1);
     within("the quiet body", response.into_body().collect())
         .await
         .expect("its body");
+    within("the mark to go", async {
+        while marks_on(&redis, &busy).await != 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let fresh = tenant_on(&magpies[1], &busy, 1);
+    assert_eq!(ask(&mut other, &fresh, "f-1").await, busy);
     for m in magpies {
         m.stop().await;
     }

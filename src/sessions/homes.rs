@@ -1,0 +1,167 @@
+//! Groups' homes in the shared store (`key.group_choices` above 1 with
+//! `sessions.store: redis`): one script chooses and binds a new group's
+//! home for every instance at once.
+//!
+//! A group's first prefill (its head, which no engine has seen) is the
+//! longest request an engine serves, so a new group should go where no
+//! other new group's request is waiting. Each magpie sees only the requests
+//! it sent itself; the store sees every instance's new groups. So every
+//! request that placed a new group leaves a mark in a sorted set per
+//! backend (`{prefix}cold:{backend}`, scored by the store's clock) until
+//! its answer's first byte of body arrives. The script, given a group and
+//! its first candidates (with this instance's own count of requests
+//! awaiting their first byte there), returns the group's binding if it has
+//! one, else binds the group to the candidate with the fewest marks (then
+//! the fewest local requests awaiting, then the earlier) and marks it.
+//!
+//! A mark that is never removed (its magpie died half-way) stops counting
+//! after [`COLD_WINDOW`]; each set expires that long after its last mark.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use super::store::{MAX_BINDING, READ_BINDING, Store};
+
+/// How long a new group's mark counts at most.
+pub const COLD_WINDOW: Duration = Duration::from_secs(30);
+
+/// KEYS[1] is the group's binding, KEYS[2..] the candidates' sets of marks;
+/// ARGV: [`MAX_BINDING`], the TTL in ms, the window in ms, the mark, the
+/// candidates' names, then their local counts. Returns {the binding that
+/// holds, 1 if a bad value was removed, 1 if this call bound it}.
+const PLACE: &str = r"
+local held, bad = read(tonumber(ARGV[1]))
+if held then return {held, bad, 0} end
+local n = #KEYS - 1
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local window = tonumber(ARGV[3])
+local best, best_marks, best_local = 0, 0, 0
+for i = 1, n do
+  redis.call('ZREMRANGEBYSCORE', KEYS[i + 1], '-inf', now - window)
+  local marks = redis.call('ZCARD', KEYS[i + 1])
+  local here = tonumber(ARGV[4 + n + i])
+  if best == 0 or marks < best_marks or (marks == best_marks and here < best_local) then
+    best, best_marks, best_local = i, marks, here
+  end
+end
+local home = ARGV[4 + best]
+redis.call('SET', KEYS[1], home, 'PX', ARGV[2])
+redis.call('ZADD', KEYS[best + 1], now, ARGV[4])
+redis.call('PEXPIRE', KEYS[best + 1], window)
+return {home, bad, 1}
+";
+
+static SCRIPT: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(&format!("{READ_BINDING}{PLACE}")));
+
+/// A group's home as the store holds it.
+#[derive(Debug)]
+pub struct Home {
+    pub backend: String,
+    /// Set when this call placed the group: its request's mark, removed
+    /// when dropped (at the answer's first byte).
+    pub mark: Option<ColdMark>,
+}
+
+/// One new group's request in a backend's set of marks; dropping it
+/// removes the mark in the background.
+pub struct ColdMark {
+    store: Arc<Store>,
+    set: String,
+    member: String,
+}
+
+impl std::fmt::Debug for ColdMark {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ColdMark").field("set", &self.set).finish()
+    }
+}
+
+impl Drop for ColdMark {
+    fn drop(&mut self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let store = Arc::clone(&self.store);
+        let (set, member) = (
+            std::mem::take(&mut self.set),
+            std::mem::take(&mut self.member),
+        );
+        runtime.spawn(async move {
+            let deadline = store.deadline();
+            // Not answered: the mark stops counting after the window.
+            let _removed: Option<i64> = store
+                .run(deadline, |mut c| async move {
+                    redis::cmd("ZREM")
+                        .arg(&set)
+                        .arg(&member)
+                        .query_async(&mut c)
+                        .await
+                })
+                .await;
+        });
+    }
+}
+
+/// A mark unique to this process and call.
+fn next_member() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    static PROCESS: LazyLock<u64> = LazyLock::new(|| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        crate::hash::h64_parts(&[&now.to_le_bytes(), &std::process::id().to_le_bytes()])
+    });
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("{:016x}-{n:x}", *PROCESS)
+}
+
+impl Store {
+    /// The home of the group whose binding is under `key`: the store's, or
+    /// the least busy of `candidates` (names with this instance's count of
+    /// requests awaiting their first byte there), bound and marked now.
+    /// `None`: no answer in time, or a candidate's name is too long to bind.
+    pub async fn place_home(
+        self: &Arc<Self>,
+        key: u64,
+        candidates: &[(&str, u64)],
+    ) -> Option<Home> {
+        if candidates.is_empty() || candidates.iter().any(|(name, _)| name.len() > MAX_BINDING) {
+            return None;
+        }
+        let member = next_member();
+        let mut invocation = SCRIPT.key(self.key(key));
+        for (name, _) in candidates {
+            invocation.key(self.prefixed(&format!("cold:{name}")));
+        }
+        invocation
+            .arg(MAX_BINDING)
+            .arg(self.ttl_ms())
+            .arg(COLD_WINDOW.as_millis() as u64)
+            .arg(&member);
+        for (name, _) in candidates {
+            invocation.arg(*name);
+        }
+        for (_, awaiting) in candidates {
+            invocation.arg(*awaiting);
+        }
+        let reply: Option<(Vec<u8>, u8, u8)> = self
+            .run(self.deadline(), |mut c| async move {
+                invocation.invoke_async(&mut c).await
+            })
+            .await;
+        let Some((held, bad, placed)) = reply else {
+            self.fell_back();
+            return None;
+        };
+        let backend = String::from_utf8(self.held(Some((held, bad)))?).ok()?;
+        let mark = (placed == 1).then(|| ColdMark {
+            store: Arc::clone(self),
+            set: self.prefixed(&format!("cold:{backend}")),
+            member,
+        });
+        Some(Home { backend, mark })
+    }
+}
