@@ -201,10 +201,18 @@ impl Route {
 
     /// The least busy of this route's first `n` targets: the one with the
     /// fewest new groups' requests awaiting their first byte of body, then
-    /// the fewest such requests in all (the earlier on a tie). Where a
-    /// group without a pin goes (`key.group_choices`).
+    /// the fewest groups served lately (the heads its cache holds), then
+    /// the fewest requests awaiting their first byte, then the earlier.
+    /// Where a group without a pin goes (`key.group_choices`).
     pub fn least_awaiting(&self, n: usize) -> Option<&Arc<Backend>> {
-        let busy = |b: &&Arc<Backend>| (b.live.load.awaiting_cold(), b.live.load.awaiting());
+        let busy = |b: &&Arc<Backend>| {
+            let live = &b.live;
+            (
+                live.load.awaiting_cold(),
+                live.groups.seen(),
+                live.load.awaiting(),
+            )
+        };
         self.targets.iter().take(n).min_by_key(busy)
     }
 

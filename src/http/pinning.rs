@@ -30,7 +30,7 @@
 //!
 //! With `key.group_choices` above 1 a group has a pin of its own, its home
 //! ([`group_pin`]): a group without one takes the least busy of its first
-//! candidates (fewest requests awaiting their first byte of body), and its
+//! candidates ([`Route::least_awaiting`]), and its
 //! new conversations go to its home first, then along the table's order
 //! when the home is full. With a shared store the first binding of a group
 //! wins for every instance, as a session's does.
@@ -41,7 +41,7 @@ use crate::backend::Backend;
 use crate::backend::groups::Rank;
 use crate::recent::{How, Recent};
 use crate::route::{Keys, Route};
-use crate::sessions::homes::ColdMark;
+use crate::sessions::homes::{Candidate, ColdMark};
 use crate::sessions::store::Store;
 use crate::sessions::{Sessions, group_pin};
 use crate::snapshot::Snapshot;
@@ -210,8 +210,12 @@ async fn home_shared(
         return (route.home_first(snapshot, home), None);
     }
     let choices = snapshot.config.group_choices;
-    let candidates: Vec<(&str, u64)> = (route.targets.iter().take(choices))
-        .map(|b| (b.name.as_str(), b.live.load.awaiting()))
+    let candidates: Vec<Candidate> = (route.targets.iter().take(choices))
+        .map(|b| Candidate {
+            name: &b.name,
+            groups: b.live.groups.seen() as u64,
+            awaiting: b.live.load.awaiting(),
+        })
         .collect();
     let Some(placed) = store.place_home(at, &candidates).await else {
         return (route, None);

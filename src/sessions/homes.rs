@@ -9,10 +9,11 @@
 //! request that placed a new group leaves a mark in a sorted set per
 //! backend (`{prefix}cold:{backend}`, scored by the store's clock) until
 //! its answer's first byte of body arrives. The script, given a group and
-//! its first candidates (with this instance's own count of requests
-//! awaiting their first byte there), returns the group's binding if it has
-//! one, else binds the group to the candidate with the fewest marks (then
-//! the fewest local requests awaiting, then the earlier) and marks it.
+//! its first candidates (with this instance's own counts of the groups each
+//! served lately and of the requests awaiting their first byte there),
+//! returns the group's binding if it has one, else binds the group to the
+//! candidate with the fewest marks (then the fewest groups, then the fewest
+//! requests awaiting, then the earlier) and marks it.
 //!
 //! A mark that is never removed (its magpie died half-way) stops counting
 //! after [`COLD_WINDOW`]; each set expires that long after its last mark.
@@ -28,8 +29,9 @@ pub const COLD_WINDOW: Duration = Duration::from_secs(30);
 
 /// KEYS[1] is the group's binding, KEYS[2..] the candidates' sets of marks;
 /// ARGV: [`MAX_BINDING`], the TTL in ms, the window in ms, the mark, the
-/// candidates' names, then their local counts. Returns {the binding that
-/// holds, 1 if a bad value was removed, 1 if this call bound it}.
+/// candidates' names, their groups, then their requests awaiting. Returns
+/// {the binding that holds, 1 if a bad value was removed, 1 if this call
+/// bound it}.
 const PLACE: &str = r"
 local held, bad = read(tonumber(ARGV[1]))
 if held then return {held, bad, 0} end
@@ -37,14 +39,18 @@ local n = #KEYS - 1
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local window = tonumber(ARGV[3])
-local best, best_marks, best_local = 0, 0, 0
+local best, best_score = 0, nil
 for i = 1, n do
   redis.call('ZREMRANGEBYSCORE', KEYS[i + 1], '-inf', now - window)
-  local marks = redis.call('ZCARD', KEYS[i + 1])
-  local here = tonumber(ARGV[4 + n + i])
-  if best == 0 or marks < best_marks or (marks == best_marks and here < best_local) then
-    best, best_marks, best_local = i, marks, here
+  local score = {redis.call('ZCARD', KEYS[i + 1]), tonumber(ARGV[4 + n + i]), tonumber(ARGV[4 + 2 * n + i])}
+  local better = best == 0
+  for k = 1, 3 do
+    if better or score[k] ~= best_score[k] then
+      better = better or score[k] < best_score[k]
+      break
+    end
   end
+  if better then best, best_score = i, score end
 end
 local home = ARGV[4 + best]
 redis.call('SET', KEYS[1], home, 'PX', ARGV[2])
@@ -55,6 +61,16 @@ return {home, bad, 1}
 
 static SCRIPT: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(&format!("{READ_BINDING}{PLACE}")));
+
+/// One of a new group's first candidates, with this instance's counts.
+#[derive(Debug, Clone, Copy)]
+pub struct Candidate<'a> {
+    pub name: &'a str,
+    /// Groups it served lately.
+    pub groups: u64,
+    /// Requests awaiting their first byte of body there.
+    pub awaiting: u64,
+}
 
 /// A group's home as the store holds it.
 #[derive(Debug)]
@@ -120,32 +136,34 @@ fn next_member() -> String {
 
 impl Store {
     /// The home of the group whose binding is under `key`: the store's, or
-    /// the least busy of `candidates` (names with this instance's count of
-    /// requests awaiting their first byte there), bound and marked now.
-    /// `None`: no answer in time, or a candidate's name is too long to bind.
+    /// the least busy of `candidates`, bound and marked now. `None`: no
+    /// answer in time, or a candidate's name is too long to bind.
     pub async fn place_home(
         self: &Arc<Self>,
         key: u64,
-        candidates: &[(&str, u64)],
+        candidates: &[Candidate<'_>],
     ) -> Option<Home> {
-        if candidates.is_empty() || candidates.iter().any(|(name, _)| name.len() > MAX_BINDING) {
+        if candidates.is_empty() || candidates.iter().any(|c| c.name.len() > MAX_BINDING) {
             return None;
         }
         let member = next_member();
         let mut invocation = SCRIPT.key(self.key(key));
-        for (name, _) in candidates {
-            invocation.key(self.prefixed(&format!("cold:{name}")));
+        for c in candidates {
+            invocation.key(self.prefixed(&format!("cold:{}", c.name)));
         }
         invocation
             .arg(MAX_BINDING)
             .arg(self.ttl_ms())
             .arg(COLD_WINDOW.as_millis() as u64)
             .arg(&member);
-        for (name, _) in candidates {
-            invocation.arg(*name);
+        for c in candidates {
+            invocation.arg(c.name);
         }
-        for (_, awaiting) in candidates {
-            invocation.arg(*awaiting);
+        for c in candidates {
+            invocation.arg(c.groups);
+        }
+        for c in candidates {
+            invocation.arg(c.awaiting);
         }
         let reply: Option<(Vec<u8>, u8, u8)> = self
             .run(self.deadline(), |mut c| async move {

@@ -63,7 +63,8 @@ async fn ask(client: &mut KeepAlive, tenant: &str, session: &str) -> String {
 
 /// The busy first candidate sends a new group to its second; the group's
 /// later conversations follow it there, also once the first is idle again,
-/// and `/route` and the metrics say so.
+/// and `/route` and the metrics say so. With nothing awaiting, a new group
+/// goes to the candidate that holds fewer groups.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_group_takes_the_less_busy_of_two_and_keeps_it() {
     let backends = HyperBackends::start(&["a", "b", "c"]).await;
@@ -101,9 +102,21 @@ async fn a_new_group_takes_the_less_busy_of_two_and_keeps_it() {
     );
     let placements = magpie.backend(&second).live.groups.placements(Rank::Second);
     assert_eq!(placements, 3);
-    // An idle pool: a new group takes its first candidate.
-    let fresh = tenant_on(&magpie, &second, 0);
-    assert_eq!(ask(&mut client, &fresh, "f-1").await, second);
+    // Nothing awaits now: a new group goes to the candidate that served
+    // fewer groups lately. The busy one and the second served one each, the
+    // third none.
+    let third = ["a", "b", "c"]
+        .into_iter()
+        .find(|b| *b != busy && *b != second)
+        .expect("a third backend");
+    assert_eq!(magpie.backend(third).live.groups.seen(), 0);
+    let fresh = (0..500)
+        .map(|i| format!("fresh-{i}"))
+        .find(|t| {
+            magpie.candidates(text_key(t.as_bytes()))[..2] == [second.clone(), third.to_string()]
+        })
+        .expect("a tenant whose candidates are the second, then the third");
+    assert_eq!(ask(&mut client, &fresh, "f-1").await, third);
     magpie.stop().await;
 }
 
