@@ -25,6 +25,12 @@ labels! {
         BadRequest => "bad_request",
         /// magpie ran out of file descriptors or memory connecting to a backend.
         LocalResources => "local_resources",
+        /// `mode: http`: the backend failed the request after it was sent,
+        /// or switched protocols unasked (the client got `502`).
+        BackendFailed => "backend_failed",
+        /// `mode: http`: the backend sent no response head within
+        /// `http.response_timeout` (the client got `504`).
+        ResponseTimeout => "response_timeout",
     }
 }
 

@@ -102,10 +102,9 @@ impl Failure {
         match self {
             Failure::LocalResources => ClientFailure::LocalResources,
             Failure::ClientBody { .. } => ClientFailure::BadRequest,
-            Failure::NoBackend { .. }
-            | Failure::AfterSend { .. }
-            | Failure::ResponseTimeout { .. }
-            | Failure::Switched { .. } => ClientFailure::NoBackend,
+            Failure::NoBackend { .. } => ClientFailure::NoBackend,
+            Failure::AfterSend { .. } | Failure::Switched { .. } => ClientFailure::BackendFailed,
+            Failure::ResponseTimeout { .. } => ClientFailure::ResponseTimeout,
         }
     }
 

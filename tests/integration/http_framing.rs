@@ -387,6 +387,10 @@ async fn an_unasked_for_101_gets_502() {
     .await;
     assert!(answer.starts_with("HTTP/1.1 502"), "{answer:?}");
     assert!(answer.contains("magpie: "), "{answer:?}");
+    // The request reached a backend, which failed it.
+    let stats = &magpie.shared.stats;
+    assert_eq!(stats.client_failures(ClientFailure::BackendFailed), 1);
+    assert_eq!(stats.client_failures(ClientFailure::NoBackend), 0);
     backend.request().await;
     assert!(matches!(backend.next().await, Seen::Closed(_)));
     magpie.stop().await;

@@ -12,6 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
 use magpie::reload::{Outcome, Reloader};
+use magpie::stats::ClientFailure;
 
 use crate::support::*;
 
@@ -94,6 +95,10 @@ async fn a_backend_that_never_answers_gets_the_client_a_504_and_frees_its_slot()
         .send(get("/").body(Full::default()).expect("a request"))
         .await;
     assert_eq!(response.status(), 504);
+    // Counted as what they were, not as requests that found no backend.
+    let stats = &magpie.shared.stats;
+    assert_eq!(stats.client_failures(ClientFailure::ResponseTimeout), 2);
+    assert_eq!(stats.client_failures(ClientFailure::NoBackend), 0);
     magpie.stop().await;
 }
 
