@@ -96,8 +96,12 @@ impl Pinned {
             backend.live.groups.served(group);
             if let Some(sessions) = &self.sessions {
                 // A group's pin (`key.group_choices` above 1) lives while
-                // its conversations do.
-                sessions.pins.touch(group_pin(group));
+                // its conversations do, in the shared store too.
+                let at = group_pin(group);
+                sessions.pins.touch(at);
+                if let Some((home, true)) = sessions.cached_group(group) {
+                    sessions.refresh(at, home);
+                }
             }
         }
         if let Some(candidates) = &self.placing {
@@ -213,7 +217,6 @@ async fn home_shared(
     let candidates: Vec<Candidate> = (route.targets.iter().take(choices))
         .map(|b| Candidate {
             name: &b.name,
-            groups: b.live.groups.seen() as u64,
             awaiting: b.live.load.awaiting(),
         })
         .collect();

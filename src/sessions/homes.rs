@@ -8,15 +8,19 @@
 //! it sent itself; the store sees every instance's new groups. So every
 //! request that placed a new group leaves a mark in a sorted set per
 //! backend (`{prefix}cold:{backend}`, scored by the store's clock) until
-//! its answer's first byte of body arrives. The script, given a group and
-//! its first candidates (with this instance's own counts of the groups each
-//! served lately and of the requests awaiting their first byte there),
-//! returns the group's binding if it has one, else binds the group to the
-//! candidate with the fewest marks (then the fewest groups, then the fewest
-//! requests awaiting, then the earlier) and marks it.
+//! its answer's first byte of body arrives, and every home bound is kept in
+//! another sorted set per backend (`{prefix}homes:{backend}`, scored by
+//! when the binding's TTL ends): the heads its cache holds, as the whole
+//! fleet placed them. The script, given a group and its first candidates
+//! (with this instance's count of requests awaiting their first byte
+//! there), returns the group's binding if it has one, else binds the group
+//! to the candidate with the fewest marks, then the fewest homes, then the
+//! fewest requests awaiting, then the earlier, and marks it.
 //!
 //! A mark that is never removed (its magpie died half-way) stops counting
-//! after [`COLD_WINDOW`]; each set expires that long after its last mark.
+//! after [`COLD_WINDOW`]; each set of marks expires that long after its
+//! last mark. A home counts for `sessions.ttl` from its binding (a group
+//! that lives longer still has its binding, only no longer its count).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
@@ -27,22 +31,24 @@ use super::store::{MAX_BINDING, READ_BINDING, Store};
 /// How long a new group's mark counts at most.
 pub const COLD_WINDOW: Duration = Duration::from_secs(30);
 
-/// KEYS[1] is the group's binding, KEYS[2..] the candidates' sets of marks;
-/// ARGV: [`MAX_BINDING`], the TTL in ms, the window in ms, the mark, the
-/// candidates' names, their groups, then their requests awaiting. Returns
-/// {the binding that holds, 1 if a bad value was removed, 1 if this call
-/// bound it}.
+/// KEYS[1] is the group's binding, then the candidates' sets of marks, then
+/// their sets of homes; ARGV: [`MAX_BINDING`], the TTL in ms, the window
+/// in ms, the mark, the candidates' names, then their requests awaiting.
+/// Returns {the binding that holds, 1 if a bad value was removed, 1 if this
+/// call bound it}.
 const PLACE: &str = r"
 local held, bad = read(tonumber(ARGV[1]))
 if held then return {held, bad, 0} end
-local n = #KEYS - 1
+local n = (#KEYS - 1) / 2
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-local window = tonumber(ARGV[3])
+local ttl, window = tonumber(ARGV[2]), tonumber(ARGV[3])
 local best, best_score = 0, nil
 for i = 1, n do
-  redis.call('ZREMRANGEBYSCORE', KEYS[i + 1], '-inf', now - window)
-  local score = {redis.call('ZCARD', KEYS[i + 1]), tonumber(ARGV[4 + n + i]), tonumber(ARGV[4 + 2 * n + i])}
+  local marks, homes = KEYS[1 + i], KEYS[1 + n + i]
+  redis.call('ZREMRANGEBYSCORE', marks, '-inf', now - window)
+  redis.call('ZREMRANGEBYSCORE', homes, '-inf', now)
+  local score = {redis.call('ZCARD', marks), redis.call('ZCARD', homes), tonumber(ARGV[4 + n + i])}
   local better = best == 0
   for k = 1, 3 do
     if better or score[k] ~= best_score[k] then
@@ -53,21 +59,21 @@ for i = 1, n do
   if better then best, best_score = i, score end
 end
 local home = ARGV[4 + best]
-redis.call('SET', KEYS[1], home, 'PX', ARGV[2])
-redis.call('ZADD', KEYS[best + 1], now, ARGV[4])
-redis.call('PEXPIRE', KEYS[best + 1], window)
+redis.call('SET', KEYS[1], home, 'PX', ttl)
+redis.call('ZADD', KEYS[1 + best], now, ARGV[4])
+redis.call('PEXPIRE', KEYS[1 + best], window)
+redis.call('ZADD', KEYS[1 + n + best], now + ttl, KEYS[1])
+redis.call('PEXPIRE', KEYS[1 + n + best], ttl)
 return {home, bad, 1}
 ";
 
 static SCRIPT: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(&format!("{READ_BINDING}{PLACE}")));
 
-/// One of a new group's first candidates, with this instance's counts.
+/// One of a new group's first candidates, with this instance's count.
 #[derive(Debug, Clone, Copy)]
 pub struct Candidate<'a> {
     pub name: &'a str,
-    /// Groups it served lately.
-    pub groups: u64,
     /// Requests awaiting their first byte of body there.
     pub awaiting: u64,
 }
@@ -151,6 +157,9 @@ impl Store {
         for c in candidates {
             invocation.key(self.prefixed(&format!("cold:{}", c.name)));
         }
+        for c in candidates {
+            invocation.key(self.prefixed(&format!("homes:{}", c.name)));
+        }
         invocation
             .arg(MAX_BINDING)
             .arg(self.ttl_ms())
@@ -158,9 +167,6 @@ impl Store {
             .arg(&member);
         for c in candidates {
             invocation.arg(c.name);
-        }
-        for c in candidates {
-            invocation.arg(c.groups);
         }
         for c in candidates {
             invocation.arg(c.awaiting);

@@ -51,6 +51,24 @@ fn tenant_on(magpie: &Magpie, first: &str, nth: usize) -> String {
         .expect("a tenant with that first candidate")
 }
 
+/// A tenant whose first two candidates are `first`, then `second`.
+fn tenant_with(magpie: &Magpie, first: &str, second: &str) -> String {
+    (0..2000)
+        .map(|i| format!("pair-{i}"))
+        .find(|t| {
+            let c = magpie.candidates(text_key(t.as_bytes()));
+            c[0] == first && c[1] == second
+        })
+        .expect("a tenant with those first two candidates")
+}
+
+/// The backend of `names` that is neither `a` nor `b`.
+fn other_than<'a>(names: &[&'a str], a: &str, b: &str) -> &'a str {
+    (names.iter().copied())
+        .find(|n| *n != a && *n != b)
+        .expect("a third backend")
+}
+
 /// A fast request of `session` in `tenant`: the backend that served it.
 async fn ask(client: &mut KeepAlive, tenant: &str, session: &str) -> String {
     let request = get("/")
@@ -105,17 +123,9 @@ async fn a_new_group_takes_the_less_busy_of_two_and_keeps_it() {
     // Nothing awaits now: a new group goes to the candidate that served
     // fewer groups lately. The busy one and the second served one each, the
     // third none.
-    let third = ["a", "b", "c"]
-        .into_iter()
-        .find(|b| *b != busy && *b != second)
-        .expect("a third backend");
+    let third = other_than(&["a", "b", "c"], &busy, &second);
     assert_eq!(magpie.backend(third).live.groups.seen(), 0);
-    let fresh = (0..500)
-        .map(|i| format!("fresh-{i}"))
-        .find(|t| {
-            magpie.candidates(text_key(t.as_bytes()))[..2] == [second.clone(), third.to_string()]
-        })
-        .expect("a tenant whose candidates are the second, then the third");
+    let fresh = tenant_with(&magpie, &second, third);
     assert_eq!(ask(&mut client, &fresh, "f-1").await, third);
     magpie.stop().await;
 }
@@ -131,8 +141,9 @@ async fn marks_on(redis: &RedisServer, backend: &str) -> i64 {
 
 /// Through a shared redis store: a new group's request that awaits its
 /// first byte on one magpie keeps the other magpie's new groups off that
-/// backend until it answers, and the home either one chose is where both
-/// send the group's conversations.
+/// backend until it answers, the home either one chose is where both send
+/// the group's conversations, and new groups go where the fleet placed
+/// fewer homes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn magpies_sharing_a_store_agree_on_homes_and_see_each_others_new_groups() {
     let redis = RedisServer::start().await;
@@ -179,8 +190,14 @@ async fn magpies_sharing_a_store_agree_on_homes_and_see_each_others_new_groups()
         }
     })
     .await;
-    let fresh = tenant_on(&magpies[1], &busy, 1);
-    assert_eq!(ask(&mut other, &fresh, "f-1").await, busy);
+    // The store counts homes for the whole fleet: the busy and the second
+    // backend hold one each (the queued tenant, and this one), the third
+    // none.
+    let third = other_than(&["a", "b", "c"], &busy, &second);
+    let even = tenant_with(&magpies[1], &busy, &second);
+    assert_eq!(ask(&mut other, &even, "e-1").await, busy);
+    let fewer = tenant_with(&magpies[1], &busy, third);
+    assert_eq!(ask(&mut other, &fewer, "f-1").await, third);
     for m in magpies {
         m.stop().await;
     }
