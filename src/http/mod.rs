@@ -224,18 +224,16 @@ impl HttpPath {
                 }
             }
         };
-        let failed = ended.err().map(|e| {
-            // A head hyper could not parse was answered by hyper itself
-            // (400, or 431 past the head limit): a request refused all
-            // the same.
-            let refused = e.downcast_ref::<hyper::Error>();
-            if refused.is_some_and(|e| e.is_parse() || e.is_parse_too_large()) {
-                c.shared
-                    .stats
-                    .count_client_failure(ClientFailure::BadRequest);
-            }
-            e.to_string()
-        });
+        let failed = ended.err();
+        // A head hyper could not parse was answered by hyper itself (400, or
+        // 431 past the head limit): a request refused all the same.
+        let refused = failed
+            .as_deref()
+            .and_then(|e| e.downcast_ref::<hyper::Error>());
+        if refused.is_some_and(|e| e.is_parse() || e.is_parse_too_large()) {
+            (c.shared.stats).count_client_failure(ClientFailure::BadRequest);
+        }
+        let failed = failed.map(|e| e.to_string());
         close(
             &c.socket,
             &c.clock,

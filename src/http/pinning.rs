@@ -61,11 +61,13 @@ pub struct Pinned {
     placing: Option<Vec<Arc<Backend>>>,
     /// Set when this request places a new group (`key.group_choices`).
     pub new_group: Option<NewGroup>,
+    /// Groups have homes (`key.group_choices` above 1) to keep alive.
+    group_homes: bool,
 }
 
 /// A new group placed by this request: its home, and with a shared store
-/// its mark there ([`crate::sessions::homes`]). The request counts as a new group's,
-/// awaiting its first byte, at that backend until the byte arrives.
+/// its mark there ([`crate::sessions::homes`]). The request counts as a new
+/// group's, awaiting its first byte, at that backend until the byte arrives.
 #[derive(Debug)]
 pub struct NewGroup {
     pub home: String,
@@ -94,9 +96,9 @@ impl Pinned {
     pub fn served(&self, backend: &Backend) {
         if let Some(group) = self.keys.group {
             backend.live.groups.served(group);
-            if let Some(sessions) = &self.sessions {
-                // A group's pin (`key.group_choices` above 1) lives while
-                // its conversations do, in the shared store too.
+            if let Some(sessions) = self.sessions.as_ref().filter(|_| self.group_homes) {
+                // A group's pin lives while its conversations do, in the
+                // shared store too.
                 let at = group_pin(group);
                 sessions.pins.touch(at);
                 if let Some((home, true)) = sessions.cached_group(group) {
@@ -149,6 +151,7 @@ pub async fn route(
         bind_served: bound.bind_served,
         placing,
         new_group: bound.new_group,
+        group_homes: snapshot.config.group_choices > 1,
     }
 }
 
@@ -188,10 +191,10 @@ fn place_locally(
 }
 
 /// With a shared store: `route` with the group's home first, and the mark
-/// of a new group's request ([`crate::sessions::homes`]). The home is the group's cached
-/// pin; else the store's binding of the group, which the least busy of its
-/// first `key.group_choices` candidates becomes if the group has none,
-/// counting every instance's new groups awaiting their first byte (the
+/// of a new group's request ([`crate::sessions::homes`]). The home is the
+/// group's cached pin; else the store's binding of the group, which the
+/// least busy of its first `key.group_choices` candidates becomes if the
+/// group has none, counting every instance's new groups and homes (the
 /// first binding wins for every instance, so they all send the group's new
 /// conversations to one home). A binding to a backend the table no longer
 /// has is replaced; one to a backend that is down is kept (health moves no
