@@ -50,6 +50,12 @@ impl Progress {
         self.bytes.load(Ordering::Relaxed)
     }
 
+    /// `n` more bytes of the request body went (or only its head, `n == 0`).
+    pub fn sent(&self, n: u64) {
+        self.touch();
+        self.bytes.fetch_add(n, Ordering::Relaxed);
+    }
+
     fn touch(&self) {
         let ms = self.epoch.elapsed().as_millis() as u64;
         self.ms.store(ms, Ordering::Relaxed);

@@ -30,7 +30,7 @@ use tracing::warn;
 
 use super::deadline::Silence;
 use super::logged::Logged;
-use super::pool::Lease;
+use super::pool::{Conn, Lease, Pooled};
 use crate::access_log;
 use crate::backend::{ActiveGuard, AwaitingGuard, Backend, TimeoutKind};
 use crate::recent::{MissCause, Tokens};
@@ -42,14 +42,15 @@ use crate::usage::{Usage, UsageScanner};
 /// The error type of every body on this path.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// A request in flight to a backend, from the moment it was sent.
-pub struct InFlight {
+/// A request in flight to a backend, from the moment it was sent, over a
+/// connection of hyper's client ([`Conn`]) or of the pass-through.
+pub struct InFlight<C: Pooled = Conn> {
     pub backend: Arc<Backend>,
     /// The backend's in-flight slot (bounded load counts these).
     pub slot: ActiveGuard,
     pub sent: Instant,
     /// The connection it went over, back to the pool at the response's end.
-    pub lease: Lease,
+    pub lease: Lease<C>,
     /// What the response's usage is counted against.
     pub tally: Tally,
     /// `http.stream_idle_timeout`.
@@ -81,7 +82,7 @@ pub struct Tally {
     pub moved: Option<MissCause>,
 }
 
-impl std::fmt::Debug for InFlight {
+impl<C: Pooled> std::fmt::Debug for InFlight<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("InFlight")
             .field("backend", &self.backend.name)
@@ -140,38 +141,46 @@ impl Download {
         ))
     }
 
-    /// The response ended: time it, count its usage, and give the connection
-    /// back when the body was read to its end (`complete`), else let it close.
+    /// The response ended: see [`InFlight::finish`].
     fn finish(&mut self, complete: bool) {
-        let Some(mut f) = self.in_flight.take() else {
+        let Some(f) = self.in_flight.take() else {
             return;
         };
-        let traffic = &f.backend.live.traffic;
-        traffic.request_duration.observe(f.sent.elapsed());
         let usage = self
             .usage
             .take()
             .filter(|_| complete)
             .and_then(|u| u.finish());
+        f.finish(complete, self.bytes_out, usage);
+    }
+}
+
+impl<C: Pooled> InFlight<C> {
+    /// The response ended, `bytes_out` of its body passed on: time it,
+    /// count its usage, write its log line, and give the connection back
+    /// when the body was read to its end (`complete`), else let it close.
+    pub fn finish(mut self, complete: bool, bytes_out: u64, usage: Option<Usage>) {
+        let traffic = &self.backend.live.traffic;
+        traffic.request_duration.observe(self.sent.elapsed());
         if let Some(usage) = usage {
-            count_usage(&f, usage);
+            count_usage(&self, usage);
         }
-        if let Some(log) = f.log.take() {
+        if let Some(log) = self.log.take() {
             let tokens = usage.map(|u| access_log::Tokens {
                 prompt: u.prompt_tokens,
                 cached: u.cached_tokens,
             });
-            log.ended(self.bytes_out, tokens);
+            log.ended(bytes_out, tokens);
         }
         if complete {
-            f.lease.give_back();
+            self.lease.give_back();
         }
     }
 }
 
 /// An answer's usage: the backend's token counters, and the key's memory
 /// (a cache miss is counted there, with its cause).
-fn count_usage(f: &InFlight, usage: Usage) {
+fn count_usage<C: Pooled>(f: &InFlight<C>, usage: Usage) {
     f.backend.live.traffic.count_tokens(
         usage.prompt_tokens,
         usage.cached_tokens,

@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::deadline::{self, Outgoing, Progress};
-use super::download::{Download, FirstByte, InFlight, Tally};
+use super::download::{BoxError, Download, FirstByte, InFlight, Tally};
 use super::logged::{Answer, Logged};
 use super::pinning::NewGroup;
 use super::pool::{self, Lease, Limits, Pool};
@@ -79,10 +79,7 @@ pub enum Failure {
     /// magpie itself ran out of file descriptors or memory connecting.
     LocalResources,
     /// The backend failed after the request was (at least partly) written.
-    AfterSend {
-        backend: String,
-        error: hyper::Error,
-    },
+    AfterSend { backend: String, error: BoxError },
     /// The backend sent no response head within `http.response_timeout`.
     ResponseTimeout {
         backend: String,
@@ -90,7 +87,7 @@ pub enum Failure {
     },
     /// The client's body failed (a malformed chunk, a cut) while it was
     /// sent on: the client's fault, not the backend's.
-    ClientBody { error: hyper::Error },
+    ClientBody { error: BoxError },
     /// The backend answered `101 Switching Protocols`, which magpie never
     /// asks for (it passes no `Upgrade` on).
     Switched { backend: String },
@@ -122,48 +119,68 @@ impl Failure {
     /// connection closes), `503` when magpie is out of resources, `504` when
     /// the backend did not answer in time, else `502`.
     pub fn reply(&self) -> Response<Reply> {
-        let text = match self {
-            Failure::NoBackend { tried } if tried.is_empty() => {
-                "magpie: no backend is available for this request\n".to_string()
-            }
-            Failure::NoBackend { tried } => format!(
-                "magpie: no backend took the request (tried {})\n",
-                tried.join(", ")
-            ),
-            Failure::LocalResources => {
-                return local(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "magpie: out of local resources (file descriptors or memory); try again\n"
-                        .to_string(),
-                );
-            }
-            Failure::AfterSend { backend, error } => {
-                format!("magpie: backend {backend} failed after the request was sent: {error}\n")
-            }
-            Failure::ClientBody { .. } => {
-                let mut r = local(
-                    StatusCode::BAD_REQUEST,
-                    "magpie: the request body could not be read\n",
-                );
-                r.headers_mut()
-                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
-                return r;
-            }
-            Failure::Switched { backend } => {
-                format!("magpie: backend {backend} switched protocols (101) unasked\n")
-            }
-            Failure::ResponseTimeout { backend, after } => {
-                return local(
-                    StatusCode::GATEWAY_TIMEOUT,
-                    format!(
-                        "magpie: backend {backend} sent no response head within {} of the request\n",
-                        humantime::format_duration(*after)
-                    ),
-                );
-            }
-        };
-        local(StatusCode::BAD_GATEWAY, text)
+        let answer = self.answer();
+        let mut r = local(answer.status, answer.text);
+        if answer.close {
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        r
     }
+
+    /// What the client is told, on either HTTP/1.1 path.
+    pub fn answer(&self) -> LocalAnswer {
+        let (status, text) = match self {
+            Failure::NoBackend { tried } if tried.is_empty() => (
+                StatusCode::BAD_GATEWAY,
+                "magpie: no backend is available for this request\n".to_string(),
+            ),
+            Failure::NoBackend { tried } => (
+                StatusCode::BAD_GATEWAY,
+                format!(
+                    "magpie: no backend took the request (tried {})\n",
+                    tried.join(", ")
+                ),
+            ),
+            Failure::LocalResources => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "magpie: out of local resources (file descriptors or memory); try again\n"
+                    .to_string(),
+            ),
+            Failure::AfterSend { backend, error } => (
+                StatusCode::BAD_GATEWAY,
+                format!("magpie: backend {backend} failed after the request was sent: {error}\n"),
+            ),
+            Failure::ClientBody { .. } => (
+                StatusCode::BAD_REQUEST,
+                "magpie: the request body could not be read\n".to_string(),
+            ),
+            Failure::Switched { backend } => (
+                StatusCode::BAD_GATEWAY,
+                format!("magpie: backend {backend} switched protocols (101) unasked\n"),
+            ),
+            Failure::ResponseTimeout { backend, after } => (
+                StatusCode::GATEWAY_TIMEOUT,
+                format!(
+                    "magpie: backend {backend} sent no response head within {} of the request\n",
+                    humantime::format_duration(*after)
+                ),
+            ),
+        };
+        LocalAnswer {
+            status,
+            text,
+            close: matches!(self, Failure::ClientBody { .. }),
+        }
+    }
+}
+
+/// A short answer of magpie's own: its status, its one line of text, and
+/// whether the connection closes after it.
+pub struct LocalAnswer {
+    pub status: StatusCode,
+    pub text: String,
+    pub close: bool,
 }
 
 /// A response on its way, and the backend it comes from.
@@ -202,7 +219,7 @@ pub async fn forward(
                 sent,
                 progress,
             } => {
-                account(backend, response.status(), sent, forward.config);
+                account(backend, response.status().as_u16(), sent, forward.config);
                 let mut log = forward.log.take();
                 if let Some(log) = &mut log {
                     log.answered(Answer {
@@ -319,13 +336,15 @@ async fn send(
                 // Only the client's body fails as the user's: the backend is
                 // not to blame, and its connection is gone with the error.
                 debug!(backend = %backend.name, %error, "the request body failed while it was sent");
-                return Attempt::Failed(Failure::ClientBody { error });
+                return Attempt::Failed(Failure::ClientBody {
+                    error: error.into(),
+                });
             }
             backend.live.traffic.count_request(CodeClass::Error);
             warn!(backend = %backend.name, %error, "backend failed after the request was sent");
             return Attempt::Failed(Failure::AfterSend {
                 backend: backend.name.clone(),
-                error,
+                error: error.into(),
             });
         };
         debug!(backend = %backend.name, fresh = lease.fresh, error = %error.error(), "connection closed before the request was sent");
@@ -371,7 +390,7 @@ async fn connect(backend: &Arc<Backend>, forward: &Forward<'_>) -> Result<Lease,
 /// Counts a response head that did not come in time: a timeout and a failed
 /// request for the backend, and with `health.passive_status` a failed answer
 /// towards passive health, as a `504` from the backend itself would be.
-fn timed_out(backend: &Backend, config: &Config) {
+pub fn timed_out(backend: &Backend, config: &Config) {
     let traffic = &backend.live.traffic;
     traffic.count_timeout(TimeoutKind::Response);
     traffic.count_request(CodeClass::Error);
@@ -384,13 +403,13 @@ fn timed_out(backend: &Backend, config: &Config) {
 /// Counts an answer: its time to first byte and status class, and with
 /// `health.passive_status` a 502/503/504 towards passive health (any other
 /// answer ends the backend's failure streak).
-fn account(backend: &Backend, status: StatusCode, sent: Instant, config: &Config) {
+pub fn account(backend: &Backend, status: u16, sent: Instant, config: &Config) {
     let traffic = &backend.live.traffic;
     traffic.time_to_first_byte.observe(sent.elapsed());
-    traffic.count_request(CodeClass::of(status.as_u16()));
+    traffic.count_request(CodeClass::of(status));
     match &config.health {
-        Some(health) if health.passive_status && matches!(status.as_u16(), 502..=504) => {
-            passive::answer_failed(backend, status.as_u16(), health);
+        Some(health) if health.passive_status && matches!(status, 502..=504) => {
+            passive::answer_failed(backend, status, health);
         }
         _ => passive::succeeded(backend),
     }

@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use hyper::{Method, Request, Version};
+use hyper::{Request, Version};
 use tokio::time::Instant;
 
 use super::deadline::Progress;
@@ -41,16 +41,27 @@ impl Logged {
         arrival: Arrival,
         shared: &Arc<Shared>,
     ) -> Option<Logged> {
+        let headers = request.headers();
+        let line = RequestLine {
+            method: request.method().as_str(),
+            path: request.uri().path_and_query().map_or("/", |p| p.as_str()),
+            protocol: protocol(request.version()),
+            header: &|name| headers.get(name).map(|v| v.as_bytes()),
+        };
+        Logged::begin(line, arrival, shared)
+    }
+
+    /// The line of a request with this head, when the access log samples it.
+    pub fn begin(line: RequestLine<'_>, arrival: Arrival, shared: &Arc<Shared>) -> Option<Logged> {
         let recording = shared.access_log.sampled()?;
         let key = recording
             .log_keys
-            .then(|| header_key(request, shared))
+            .then(|| header_key(line.header, shared))
             .flatten();
-        let path = request.uri().path_and_query().map_or("/", |p| p.as_str());
         let http = HttpRequest {
-            method: method_name(request.method()),
-            path: Recording::path(&recording, path),
-            protocol: protocol(request.version()),
+            method: method_name(line.method),
+            path: Recording::path(&recording, line.path),
+            protocol: line.protocol,
         };
         let entry = Box::new(Entry {
             time: SystemTime::UNIX_EPOCH,
@@ -129,20 +140,28 @@ pub struct Answer<'a> {
     pub progress: &'a Arc<Progress>,
 }
 
+/// What a line takes from a request's head.
+pub struct RequestLine<'a> {
+    pub method: &'a str,
+    /// The target as sent: path and query.
+    pub path: &'a str,
+    pub protocol: &'static str,
+    /// A header's value by its (lower-case) name, the first if repeated.
+    pub header: &'a dyn Fn(&str) -> Option<&'a [u8]>,
+}
+
 /// The session key's header value, as text (`log_keys: true`).
-fn header_key<B>(request: &Request<B>, shared: &Shared) -> Option<String> {
+fn header_key<'a>(header: &dyn Fn(&str) -> Option<&'a [u8]>, shared: &Shared) -> Option<String> {
     let config = Arc::clone(&shared.snapshot.load().config);
-    let name = config.key.sources().header?;
-    let value = request.headers().get(name)?.as_bytes();
+    let value = header(config.key.sources().header?)?;
     Some(String::from_utf8_lossy(value).into_owned())
 }
 
 /// The method's name, borrowed for the standard ones.
-fn method_name(method: &Method) -> Cow<'static, str> {
+fn method_name(name: &str) -> Cow<'static, str> {
     const STANDARD: [&str; 9] = [
         "GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH", "CONNECT", "TRACE",
     ];
-    let name = method.as_str();
     match STANDARD.iter().find(|s| **s == name) {
         Some(s) => Cow::Borrowed(s),
         None => Cow::Owned(name.to_string()),

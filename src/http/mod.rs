@@ -33,6 +33,7 @@ pub mod clock;
 pub mod deadline;
 pub mod download;
 pub mod forward;
+pub mod h1;
 pub mod logged;
 pub mod normalize;
 pub mod pinning;
@@ -43,6 +44,7 @@ pub mod resets;
 pub mod socket;
 pub mod tls;
 pub mod upload;
+pub mod upstream;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -64,8 +66,11 @@ use tracing::debug;
 
 use self::clock::{Clock, Deadlines, Timed};
 use self::forward::{Forward, local};
+use self::h1::io::{ClientIo, Replay};
+use self::h1::{Ended, Next};
 use self::logged::{Arrival, Logged};
 use self::pool::Pool;
+use self::pool::RawConn;
 use self::reply::Reply;
 use self::request_key::KeyPlan;
 use self::resets::{Dispatched, Resets};
@@ -74,7 +79,6 @@ use crate::config::{DEFAULT_HTTP_READ_TIMEOUT, KeyConfig};
 use crate::listener::Accepted;
 use crate::net::{Client, reset_on_close};
 use crate::proxy_protocol::{self, Addresses};
-use crate::route::Keys;
 use crate::snapshot::Shared;
 use crate::stats::{ClientFailure, Stats};
 
@@ -87,7 +91,10 @@ type RequestFuture = Pin<Box<dyn Future<Output = Result<Response<Reply>, Infalli
 /// What every HTTP connection shares.
 #[derive(Clone, Default)]
 pub struct HttpPath {
+    /// hyper's upstream connections.
     pub pool: Arc<Pool>,
+    /// The HTTP/1.1 pass-through's upstream connections.
+    pub raw_pool: Arc<Pool<RawConn>>,
     /// One per `listen` address: its TLS acceptor, `None` for cleartext
     /// (and for every listener when empty).
     pub tls: Arc<[Option<TlsAcceptor>]>,
@@ -161,7 +168,7 @@ impl HttpPath {
         };
         let acceptor = self.tls.get(listener).and_then(Option::as_ref).cloned();
         let Some(acceptor) = acceptor else {
-            return self.serve_http(raw, Versions::Either, connection).await;
+            return self.pass_through(raw, Versions::Either, connection).await;
         };
         let deadline = Instant::now() + deadlines.first_byte;
         let stats = &connection.shared.stats;
@@ -174,12 +181,39 @@ impl HttpPath {
         let Some(tls) = tls else {
             return;
         };
-        let versions = if tls::chose_h2(&tls) {
-            Versions::Http2
-        } else {
-            Versions::Http1
+        if tls::chose_h2(&tls) {
+            let tls = Replay::new(tls, Vec::new());
+            return self.serve_http(tls, Versions::Http2, connection).await;
+        }
+        self.pass_through(tls, Versions::Http1, connection).await
+    }
+
+    /// Serves the requests on `stream` with the HTTP/1.1 pass-through
+    /// ([`h1`]), then with hyper from the first request it hands over.
+    async fn pass_through<S>(self, stream: S, versions: Versions, mut c: Connection)
+    where
+        S: ClientIo + 'static,
+    {
+        self.raw_pool.start_sweeper(&c.shared);
+        let client = h1::Client {
+            shared: &c.shared,
+            pool: &self.raw_pool,
+            arrival: c.arrival,
+            deadlines: c.deadlines,
+            shutdown: &c.shutdown,
+            stop: &c.stop,
         };
-        self.serve_http(tls, versions, connection).await
+        match h1::serve(stream, &client).await {
+            Ended::Handover(stream, read) => {
+                // hyper's deadlines start afresh, with the bytes read.
+                c.clock = Clock::new();
+                self.serve_http(Replay::new(stream, read), versions, c)
+                    .await
+            }
+            Ended::Closed(Next::Reset) => reset_on_close(&c.socket),
+            Ended::Closed(Next::Linger) => clock::linger(&c.socket).await,
+            Ended::Closed(_) => {}
+        }
     }
 
     /// Serves the requests on `stream` until it closes or shutdown.
@@ -315,27 +349,7 @@ impl HttpPath {
                 );
             }
         };
-        if let Some(why) = found.fallback {
-            shared.stats.count_fallback(why);
-        }
-        let group = match found.group {
-            Some(Ok(group)) => Some(group),
-            Some(Err(why)) => {
-                shared.stats.count_group_miss(why);
-                None
-            }
-            None => None,
-        };
-        let keys = Keys {
-            session: found.key,
-            group,
-        };
-        if let Some(log) = log.as_mut() {
-            log.keyed(keys.session);
-        }
-        let mut pinned = pinning::route(shared.sessions(), &snapshot, &shared.recent, keys)
-            .await
-            .for_fallback(found.fallback.is_some());
+        let (keys, mut pinned) = pinning::route_found(&found, shared, &snapshot, log).await;
         drop(snapshot);
         let forward = Forward {
             route: &pinned.route,

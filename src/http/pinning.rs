@@ -37,6 +37,8 @@
 
 use std::sync::Arc;
 
+use super::logged::Logged;
+use super::request_key::RequestKey;
 use crate::backend::Backend;
 use crate::backend::groups::Rank;
 use crate::recent::{How, Recent};
@@ -44,7 +46,7 @@ use crate::route::{Keys, Route};
 use crate::sessions::homes::{Candidate, ColdMark};
 use crate::sessions::store::Store;
 use crate::sessions::{Sessions, group_pin};
-use crate::snapshot::Snapshot;
+use crate::snapshot::{Shared, Snapshot};
 
 /// A request's route, and what serving it does to the key's pin.
 pub struct Pinned {
@@ -120,6 +122,39 @@ impl Pinned {
             sessions.pins.touch(self.keys.session);
         }
     }
+}
+
+/// A request's keys as found, counted (a fallback key's reason, a missing
+/// group's) and routed: what both HTTP/1.1 paths do between finding a
+/// request's keys and forwarding it.
+pub async fn route_found(
+    found: &RequestKey,
+    shared: &Shared,
+    snapshot: &Snapshot,
+    log: &mut Option<Logged>,
+) -> (Keys, Pinned) {
+    if let Some(why) = found.fallback {
+        shared.stats.count_fallback(why);
+    }
+    let group = match found.group {
+        Some(Ok(group)) => Some(group),
+        Some(Err(why)) => {
+            shared.stats.count_group_miss(why);
+            None
+        }
+        None => None,
+    };
+    let keys = Keys {
+        session: found.key,
+        group,
+    };
+    if let Some(log) = log.as_mut() {
+        log.keyed(keys.session);
+    }
+    let pinned = route(shared.sessions(), snapshot, &shared.recent, keys)
+        .await
+        .for_fallback(found.fallback.is_some());
+    (keys, pinned)
 }
 
 /// The route for `keys`: by the table (and where the key spilled) without

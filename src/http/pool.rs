@@ -41,7 +41,9 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use super::deadline::Outgoing;
+use super::upstream::UpstreamIo;
 use crate::backend::Backend;
+use crate::backend::UpstreamGuard;
 use crate::config::HttpConfig;
 use crate::snapshot::Shared;
 
@@ -68,8 +70,15 @@ impl Limits {
     }
 }
 
-/// One upstream connection: the sender for its requests, and its task.
-/// Dropping it aborts the task, which closes the socket.
+/// What a pool keeps: one upstream connection between two requests.
+pub trait Pooled: Send + 'static {
+    /// Closed by its backend (or otherwise unfit for another request).
+    fn is_closed(&self) -> bool;
+}
+
+/// One upstream connection spoken to by hyper's client: the sender for its
+/// requests, and its task. Dropping it aborts the task, which closes the
+/// socket.
 pub struct Conn {
     pub sender: Sender,
     task: AbortHandle,
@@ -81,14 +90,46 @@ impl Drop for Conn {
     }
 }
 
-struct Idle {
-    conn: Conn,
+impl Pooled for Conn {
+    fn is_closed(&self) -> bool {
+        self.sender.is_closed()
+    }
+}
+
+/// An upstream connection the pass-through speaks HTTP/1.1 on itself: no
+/// task of its own, no buffer while it waits in the pool.
+pub struct RawConn {
+    pub io: UpstreamIo,
+    /// Set when what was read or written leaves it unfit for another
+    /// request (a response not read to its end, a request not sent whole).
+    pub spent: bool,
+    /// Counts it among the backend's open upstream connections.
+    _open: UpstreamGuard,
+}
+
+impl RawConn {
+    pub fn new(io: UpstreamIo, backend: &Arc<Backend>) -> RawConn {
+        RawConn {
+            io,
+            spent: false,
+            _open: backend.live.open_upstream(),
+        }
+    }
+}
+
+impl Pooled for RawConn {
+    fn is_closed(&self) -> bool {
+        self.spent || self.io.closed_while_idle()
+    }
+}
+
+struct Idle<C> {
+    conn: C,
     until: Instant,
 }
 
-#[derive(Default)]
-struct Lists {
-    by_addr: HashMap<SocketAddr, VecDeque<Idle>>,
+struct Lists<C> {
+    by_addr: HashMap<SocketAddr, VecDeque<Idle<C>>>,
     /// The backends' addresses in the published snapshot, once the sweeper
     /// follows it; a connection to any other address is not kept.
     current: Option<HashSet<SocketAddr>>,
@@ -96,49 +137,79 @@ struct Lists {
     wake_at: Option<Instant>,
 }
 
+impl<C> Default for Lists<C> {
+    fn default() -> Self {
+        Lists {
+            by_addr: HashMap::new(),
+            current: None,
+            wake_at: None,
+        }
+    }
+}
+
 /// The idle connections of every backend, by address (addresses are unique
 /// within a pool, and a connection to an address serves whichever backend
 /// has it).
-#[derive(Default)]
-pub struct Pool {
-    lists: Mutex<Lists>,
+pub struct Pool<C = Conn> {
+    lists: Mutex<Lists<C>>,
     /// Wakes the sweeper: a connection came back with an earlier deadline
     /// than it sleeps until, or the pool is gone.
     news: Arc<Notify>,
     sweeping: AtomicBool,
 }
 
+impl<C> Default for Pool<C> {
+    fn default() -> Self {
+        Pool {
+            lists: Mutex::default(),
+            news: Arc::default(),
+            sweeping: AtomicBool::new(false),
+        }
+    }
+}
+
 /// One upstream connection, held by one request from its send to the end of
 /// its response. Given back, it waits in the pool for the next request;
 /// dropped, it closes.
-pub struct Lease {
-    pub conn: Conn,
+pub struct Lease<C: Pooled = Conn> {
+    pub conn: C,
     /// Opened for this request (not taken from the pool).
     pub fresh: bool,
     addr: SocketAddr,
     limits: Limits,
-    pool: Arc<Pool>,
+    pool: Arc<Pool<C>>,
 }
 
-impl Lease {
+impl<C: Pooled> Lease<C> {
+    /// A lease on `conn`, just opened to `addr`, given back to `pool`.
+    pub fn fresh(conn: C, addr: SocketAddr, limits: Limits, pool: &Arc<Pool<C>>) -> Lease<C> {
+        Lease {
+            conn,
+            fresh: true,
+            addr,
+            limits,
+            pool: Arc::clone(pool),
+        }
+    }
+
     /// The response was read to its end: the connection goes back to the pool.
     pub fn give_back(self) {
         self.pool.checkin(self.addr, self.conn, self.limits);
     }
 }
 
-impl Pool {
+impl<C: Pooled> Pool<C> {
     /// The most recently used idle connection to `addr` that is still open
     /// and within its deadline, if any; closed ones met on the way are
     /// dropped. Its last response was read to the end, so it is ready for a
     /// request as soon as its connection task has noticed
     /// (`SendRequest::ready`).
-    pub fn checkout(self: &Arc<Self>, addr: SocketAddr, limits: Limits) -> Option<Lease> {
+    pub fn checkout(self: &Arc<Self>, addr: SocketAddr, limits: Limits) -> Option<Lease<C>> {
         let mut lists = lock(&self.lists);
         let list = lists.by_addr.get_mut(&addr)?;
         let now = Instant::now();
         while let Some(idle) = list.pop_back() {
-            if idle.until > now && !idle.conn.sender.is_closed() {
+            if idle.until > now && !idle.conn.is_closed() {
                 return Some(Lease {
                     conn: idle.conn,
                     fresh: false,
@@ -154,8 +225,8 @@ impl Pool {
     /// Keeps `conn` once the response it carried has been read to the end,
     /// unless its address left the pool or `limits` keep nothing; the
     /// oldest idle connection makes room when the list is full.
-    fn checkin(&self, addr: SocketAddr, conn: Conn, limits: Limits) {
-        if conn.sender.is_closed() || limits.max_idle == 0 {
+    fn checkin(&self, addr: SocketAddr, conn: C, limits: Limits) {
+        if conn.is_closed() || limits.max_idle == 0 {
             return;
         }
         let until = Instant::now() + limits.idle_timeout;
@@ -180,7 +251,7 @@ impl Pool {
         let mut lists = lock(&self.lists);
         let mut earliest: Option<Instant> = None;
         lists.by_addr.retain(|_, list| {
-            list.retain(|idle| idle.until > now && !idle.conn.sender.is_closed());
+            list.retain(|idle| idle.until > now && !idle.conn.is_closed());
             for idle in list.iter() {
                 earliest = Some(earliest.map_or(idle.until, |e| e.min(idle.until)));
             }
@@ -216,7 +287,7 @@ impl Pool {
     }
 }
 
-impl Drop for Pool {
+impl<C> Drop for Pool<C> {
     fn drop(&mut self) {
         // The sweeper holds only a weak reference: let it see that.
         self.news.notify_one();
@@ -231,14 +302,14 @@ fn addresses(shared: &Shared) -> HashSet<SocketAddr> {
 
 /// Closes a pool's idle connections when their time is up, and a removed
 /// backend's at the publish that removed it.
-struct Sweeper {
-    pool: Weak<Pool>,
+struct Sweeper<C> {
+    pool: Weak<Pool<C>>,
     news: Arc<Notify>,
     shared: Weak<Shared>,
     versions: watch::Receiver<u64>,
 }
 
-impl Sweeper {
+impl<C: Pooled> Sweeper<C> {
     async fn run(mut self) {
         loop {
             let Some(pool) = self.pool.upgrade() else {
@@ -278,26 +349,15 @@ pub async fn connect(
     timeout: Duration,
     limits: Limits,
 ) -> io::Result<Lease> {
-    let stream = crate::net::connect(backend.addr, timeout).await?;
-    let (sender, task) = match &backend.tls {
-        None => start(stream, backend).await?,
-        Some(tls) => start(tls.handshake(stream, timeout).await?, backend).await?,
-    };
-    Ok(Lease {
-        conn: Conn { sender, task },
-        fresh: true,
-        addr: backend.addr,
-        limits,
-        pool: Arc::clone(pool),
-    })
+    let stream = super::upstream::open(backend, timeout).await?;
+    let (sender, task) = start(stream, backend).await?;
+    let conn = Conn { sender, task };
+    Ok(Lease::fresh(conn, backend.addr, limits, pool))
 }
 
 /// Starts hyper's HTTP/1.1 client on a connected `stream` (plain or TLS):
 /// its sender, and its connection task.
-async fn start<S>(stream: S, backend: &Arc<Backend>) -> io::Result<(Sender, AbortHandle)>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
-{
+async fn start(stream: UpstreamIo, backend: &Arc<Backend>) -> io::Result<(Sender, AbortHandle)> {
     let (sender, connection) = http1::Builder::new()
         // What one upstream connection may buffer: a response head (as
         // HAProxy's default 16 KiB buffers allow), and of a body no more
@@ -357,7 +417,7 @@ mod tests {
         }
     }
 
-    fn idle_count(pool: &Pool, addr: SocketAddr) -> usize {
+    fn idle_count(pool: &Pool<Conn>, addr: SocketAddr) -> usize {
         lock(&pool.lists)
             .by_addr
             .get(&addr)
@@ -368,7 +428,7 @@ mod tests {
     async fn deadlines_and_the_cap_decide_what_stays() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let pool = Arc::new(Pool::default());
+        let pool = Arc::new(Pool::<Conn>::default());
         let mut peers = Vec::new();
         for _ in 0..3 {
             let (conn, peer) = conn_to(&listener).await;
@@ -396,7 +456,7 @@ mod tests {
     async fn an_address_that_left_keeps_nothing() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let pool = Arc::new(Pool::default());
+        let pool = Arc::new(Pool::<Conn>::default());
         let (conn, _peer) = conn_to(&listener).await;
         pool.checkin(addr, conn, limits(60_000, 4));
         assert_eq!(idle_count(&pool, addr), 1);

@@ -71,19 +71,64 @@ pub async fn request_key(
     request: Request<Incoming>,
     plan: KeyPlan<'_>,
 ) -> Result<(RequestKey, Request<Upload>), BodyError> {
+    let (parts, body) = request.into_parts();
+    let header = |name: &str| header_value(&parts.headers, name);
+    let content_type = parts.headers.get(CONTENT_TYPE).map(|v| v.as_bytes());
+    let wants = match head_keys(&plan, header, content_type) {
+        HeadKeys::Known(keyed) => {
+            return Ok((keyed, Request::from_parts(parts, Upload::streaming(body))));
+        }
+        HeadKeys::ReadBody(wants) => wants,
+    };
+    let (outcome, upload) = read_body(body, BodyRead::new(&wants, &plan)).await?;
+    Ok((wants.keys(&outcome), Request::from_parts(parts, upload)))
+}
+
+/// What a request's head says of its keys.
+pub enum HeadKeys<'a> {
+    /// All of them: the body need not be read.
+    Known(RequestKey),
+    /// The body must be read for them.
+    ReadBody(BodyWants<'a>),
+}
+
+/// What a request's body is read for, and what its head already gave.
+pub struct BodyWants<'a> {
+    /// How long and how far the body may be read.
+    pub read: &'a KeyRead,
+    /// The body field, when nothing after it is wanted: the read may stop
+    /// as soon as its value is in ([`look_early`]).
+    pub early: Option<&'a FieldPath>,
+    sources: KeySources<'a>,
+    group: Option<&'a GroupBy>,
+    /// The session key from a header.
+    session: Option<u64>,
+    header_group: Option<Result<u64, GroupMiss>>,
+    session_reads_body: bool,
+    group_reads_body: bool,
+    fallback_key: u64,
+}
+
+/// The keys of a request by its head: its headers by (lower-case) name, the
+/// first if repeated, blank ones absent ([`header_value`]), and its
+/// `content-type`; or what its body must be read for.
+pub fn head_keys<'a, 'h>(
+    plan: &KeyPlan<'a>,
+    header: impl Fn(&str) -> Option<&'h [u8]>,
+    content_type: Option<&[u8]>,
+) -> HeadKeys<'a> {
     let Some(read) = plan.key.read() else {
-        return Ok(address(request, plan.key.address_key(plan.client.0)));
+        return HeadKeys::Known(RequestKey {
+            key: plan.key.address_key(plan.client.0),
+            fallback: None,
+            group: None,
+        });
     };
     let sources = plan.key.sources();
-    let fallback_key = key::fallback_key(read.fallback, plan.client.0);
-    let (parts, body) = request.into_parts();
-    let session = sources
-        .header
-        .and_then(|h| header_value(&parts.headers, h))
-        .map(key::text_key);
+    let session = sources.header.and_then(&header).map(key::text_key);
     let header_group = match plan.group {
         Some(GroupBy::Header(name)) => Some(
-            header_value(&parts.headers, name)
+            header(name)
                 .map(key::text_key)
                 .ok_or(GroupMiss::MissingHeader),
         ),
@@ -92,55 +137,87 @@ pub async fn request_key(
     let session_reads_body =
         session.is_none() && (sources.body_field.is_some() || sources.conversation);
     let group_reads_body = plan.group.is_some_and(GroupBy::reads_body);
-    let json = is_json(&parts.headers);
-    let found = |session: Result<u64, FallbackReason>, group| match session {
-        Ok(key) => RequestKey {
-            key,
-            fallback: None,
-            group,
-        },
-        Err(why) => RequestKey {
-            key: fallback_key,
-            fallback: Some(why),
-            group,
-        },
+    let wants = BodyWants {
+        read,
+        // Only a body field, and nothing after it, is wanted.
+        early: sources
+            .body_field
+            .filter(|_| session_reads_body && !sources.conversation && !group_reads_body),
+        sources,
+        group: plan.group,
+        session,
+        header_group,
+        session_reads_body,
+        group_reads_body,
+        fallback_key: key::fallback_key(read.fallback, plan.client.0),
     };
-    if !json || !(session_reads_body || group_reads_body) {
+    if !content_type.is_some_and(is_json) || !(session_reads_body || group_reads_body) {
         let why = if session_reads_body {
             FallbackReason::NotJson
         } else {
             FallbackReason::MissingHeader
         };
-        let group = header_group.or(group_reads_body.then_some(Err(GroupMiss::NotJson)));
-        let keyed = found(session.ok_or(why), group);
-        return Ok((keyed, Request::from_parts(parts, Upload::streaming(body))));
+        let group = group_reads_body.then_some(Err(GroupMiss::NotJson));
+        return HeadKeys::Known(wants.found(session.ok_or(why), group));
     }
-    // Only a body field, and nothing after it, is wanted: the read may stop
-    // as soon as the field's value is in.
-    let early = sources
-        .body_field
-        .filter(|_| session_reads_body && !sources.conversation && !group_reads_body);
-    let (outcome, upload) = read_body(body, BodyRead::new(read, &plan, early)).await?;
-    let (by_body, group) = match outcome {
-        Read::Complete(ref bytes) => {
-            let wants = Wants {
-                session: session_reads_body,
-                group: plan.group.filter(|_| group_reads_body),
-            };
-            body_keys(&sources, wants, bytes)
+    HeadKeys::ReadBody(wants)
+}
+
+impl BodyWants<'_> {
+    /// The keys, once the body was read as far as it was (`outcome`).
+    pub fn keys(&self, outcome: &Read) -> RequestKey {
+        let (by_body, group) = match outcome {
+            Read::Complete(bytes) => {
+                let wants = Wants {
+                    session: self.session_reads_body,
+                    group: self.group.filter(|_| self.group_reads_body),
+                };
+                body_keys(&self.sources, wants, bytes)
+            }
+            Read::Early(found) => (*found, None),
+            Read::TooLarge => unread(FallbackReason::TooLarge, self.group_reads_body),
+            Read::Timeout => unread(FallbackReason::Timeout, self.group_reads_body),
+            Read::OverBudget => unread(FallbackReason::BufferBudget, self.group_reads_body),
+        };
+        let session = match self.session {
+            Some(key) => Ok(key),
+            None if self.session_reads_body => by_body,
+            None => Err(FallbackReason::MissingHeader),
+        };
+        self.found(session, group)
+    }
+
+    /// The keys found: the session key (or the fallback key, and why) and
+    /// the group (a header's before the body's).
+    fn found(
+        &self,
+        session: Result<u64, FallbackReason>,
+        group: Option<Result<u64, GroupMiss>>,
+    ) -> RequestKey {
+        let group = self.header_group.or(group);
+        match session {
+            Ok(key) => RequestKey {
+                key,
+                fallback: None,
+                group,
+            },
+            Err(why) => RequestKey {
+                key: self.fallback_key,
+                fallback: Some(why),
+                group,
+            },
         }
-        Read::Early(found) => (found, None),
-        Read::TooLarge => unread(FallbackReason::TooLarge, group_reads_body),
-        Read::Timeout => unread(FallbackReason::Timeout, group_reads_body),
-        Read::OverBudget => unread(FallbackReason::BufferBudget, group_reads_body),
-    };
-    let session = match session {
-        Some(key) => Ok(key),
-        None if session_reads_body => by_body,
-        None => Err(FallbackReason::MissingHeader),
-    };
-    let keyed = found(session, header_group.or(group));
-    Ok((keyed, Request::from_parts(parts, upload)))
+    }
+}
+
+/// The body field's value in the first bytes of a body, if they settle it
+/// (the value is in, or the body is not JSON).
+pub fn look_early(field: &FieldPath, bytes: &[u8]) -> Option<Result<u64, FallbackReason>> {
+    match json_field_prefix(bytes, field) {
+        Prefix::Known(found) => Some(found),
+        Prefix::NotJson => Some(Err(FallbackReason::NotJson)),
+        Prefix::NeedMore => None,
+    }
 }
 
 /// What a complete body is read for.
@@ -192,18 +269,8 @@ fn body_keys(
     (session, group)
 }
 
-/// The key is the client's address; the body is not looked at.
-fn address(request: Request<Incoming>, key: u64) -> (RequestKey, Request<Upload>) {
-    let found = RequestKey {
-        key,
-        fallback: None,
-        group: None,
-    };
-    (found, request.map(Upload::streaming))
-}
-
 /// A header's value when present and not blank (the first, if repeated).
-fn header_value<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h [u8]> {
+pub fn header_value<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h [u8]> {
     headers
         .get(name)
         .map(|v| v.as_bytes())
@@ -211,8 +278,8 @@ fn header_value<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h [u8]> {
 }
 
 /// `application/json`, or any `…/…+json` type, parameters allowed.
-fn is_json(headers: &HeaderMap) -> bool {
-    let Some(value) = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
+pub fn is_json(content_type: &[u8]) -> bool {
+    let Ok(value) = std::str::from_utf8(content_type) else {
         return false;
     };
     let essence = value.split(';').next().unwrap_or("").trim();
@@ -223,7 +290,7 @@ fn is_json(headers: &HeaderMap) -> bool {
 }
 
 /// What reading a body for its key got.
-enum Read {
+pub enum Read {
     /// The whole body.
     Complete(Bytes),
     /// The body field's first occurrence arrived before the body's end.
@@ -248,12 +315,12 @@ struct BodyRead<'a> {
 }
 
 impl<'a> BodyRead<'a> {
-    fn new(read: &KeyRead, plan: &KeyPlan<'_>, early: Option<&'a FieldPath>) -> BodyRead<'a> {
+    fn new(wants: &BodyWants<'a>, plan: &KeyPlan<'_>) -> BodyRead<'a> {
         BodyRead {
-            max_bytes: read.max_bytes,
-            deadline: Instant::now() + read.read_timeout,
+            max_bytes: wants.read.max_bytes,
+            deadline: Instant::now() + wants.read.read_timeout,
             share: plan.budget.share(plan.budget_max),
-            early,
+            early: wants.early,
         }
     }
 }
@@ -301,12 +368,7 @@ async fn read_body(mut body: Incoming, mut r: BodyRead<'_>) -> Result<(Read, Upl
         let last = left.is_some();
         if let Some(field) = r.early.filter(|_| last || buf.len() >= next_look) {
             next_look = buf.len().saturating_mul(2);
-            let found = match json_field_prefix(&buf, field) {
-                Prefix::Known(found) => Some(found),
-                Prefix::NotJson => Some(Err(FallbackReason::NotJson)),
-                Prefix::NeedMore => None,
-            };
-            if let Some(found) = found {
+            if let Some(found) = look_early(field, &buf) {
                 unheld = left;
                 break Read::Early(found);
             }
@@ -355,12 +417,11 @@ mod tests {
             "Application/JSON; charset=utf-8",
             "application/vnd.api+json",
         ] {
-            assert!(is_json(&headers(&[("content-type", yes)])), "{yes}");
+            assert!(is_json(yes.as_bytes()), "{yes}");
         }
         for no in ["text/plain", "application/jsonx", "multipart/form-data"] {
-            assert!(!is_json(&headers(&[("content-type", no)])), "{no}");
+            assert!(!is_json(no.as_bytes()), "{no}");
         }
-        assert!(!is_json(&headers(&[])));
     }
 
     #[test]

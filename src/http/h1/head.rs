@@ -1,0 +1,280 @@
+//! A request head as the pass-through takes it: parsed in place (the crate
+//! `httparse`, no allocation), checked, keyed, and written again for the
+//! backend with its hop-by-hop headers left out, every other byte as it
+//! came.
+//!
+//! Only plain HTTP/1.1 requests are taken: an origin-form target, one
+//! `Host`, a body framed by one `Content-Length` or by `chunked` alone (or
+//! none), no `Expect` and no `Upgrade`. Anything else (HTTP/1.0, HTTP/2's
+//! preface, an absolute-form or authority-form target, `CONNECT`, a head
+//! `httparse` refuses, framing that needs normalising) is handed over:
+//! hyper serves the connection from that request on, with the refusals of
+//! [`super::super::normalize`]. So each rule of RFC 9112 lives in one
+//! place, and the pass-through never forwards what it did not understand.
+
+use std::mem::MaybeUninit;
+use std::sync::Arc;
+
+use httparse::{Header, Status};
+
+use super::framing::Framing;
+use crate::http::logged::{Arrival, Logged, RequestLine};
+use crate::http::request_key::{HeadKeys, KeyPlan, head_keys};
+use crate::snapshot::Shared;
+
+/// The most header fields one request head may have (hyper's limit too).
+pub const MAX_HEADERS: usize = 100;
+
+/// Headers that describe one hop (RFC 9110 §7.6.1), never passed on.
+/// `Transfer-Encoding` is one too, but the body is passed on in the coding
+/// it came in, so it stays.
+const HOP_BY_HOP: [&str; 5] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+];
+
+/// What a buffer holding the start of a request came to.
+pub enum Parse<'a> {
+    /// The head is not complete yet.
+    Partial,
+    /// Not for the pass-through: hyper serves the connection from here.
+    Handover,
+    Ready(Box<Head<'a>>),
+}
+
+/// A request head, checked and written again for the backend.
+pub struct Head<'a> {
+    /// Its length in the buffer; the body (if any) starts there.
+    pub len: usize,
+    pub framing: Framing,
+    /// A `HEAD` request: its answer has no body, whatever its headers say.
+    pub head_method: bool,
+    /// The client asked to close the connection after this request.
+    pub close: bool,
+    /// The head as the backend gets it.
+    pub upstream: Vec<u8>,
+    pub keys: HeadKeys<'a>,
+    /// The access-log line, when the log samples the request.
+    pub log: Option<Logged>,
+}
+
+/// What a head is read with.
+pub struct Context<'a, 's> {
+    pub plan: KeyPlan<'a>,
+    pub arrival: Arrival,
+    pub shared: &'s Arc<Shared>,
+}
+
+/// Parses the request at the start of `buf`.
+pub fn parse<'a>(buf: &[u8], cx: &Context<'a, '_>) -> Parse<'a> {
+    let mut slots = [const { MaybeUninit::<Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut request = httparse::Request::new(&mut []);
+    let len = match request.parse_with_uninit_headers(buf, &mut slots) {
+        Ok(Status::Complete(len)) => len,
+        Ok(Status::Partial) => return Parse::Partial,
+        Err(_) => return Parse::Handover,
+    };
+    let (Some(method), Some(target), Some(1)) = (request.method, request.path, request.version)
+    else {
+        return Parse::Handover;
+    };
+    if method == "CONNECT" || !target.starts_with('/') {
+        return Parse::Handover;
+    }
+    let headers = &*request.headers;
+    let Some(checked) = Checked::of(headers) else {
+        return Parse::Handover;
+    };
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| h.value)
+            .filter(|v| !v.trim_ascii().is_empty())
+    };
+    let line = RequestLine {
+        method,
+        path: target,
+        protocol: "HTTP/1.1",
+        header: &header,
+    };
+    let log = Logged::begin(line, cx.arrival, cx.shared);
+    let keys = head_keys(&cx.plan, header, header("content-type"));
+    Parse::Ready(Box::new(Head {
+        len,
+        framing: checked.framing,
+        head_method: method == "HEAD",
+        close: checked.close,
+        upstream: upstream_head(method, target, headers, &checked.named, len),
+        keys,
+        log,
+    }))
+}
+
+/// What the header fields say of a request's framing and connection.
+struct Checked<'h> {
+    framing: Framing,
+    close: bool,
+    /// Further names the `Connection` header lists: hop-by-hop too.
+    named: Vec<&'h str>,
+}
+
+impl<'h> Checked<'h> {
+    /// `None` when the request is not for the pass-through.
+    fn of(headers: &[Header<'h>]) -> Option<Checked<'h>> {
+        let mut hosts = 0;
+        let mut length = None;
+        let mut chunked = false;
+        let mut close = false;
+        let mut named = Vec::new();
+        for h in headers {
+            let name = h.name;
+            if name.eq_ignore_ascii_case("host") {
+                hosts += 1;
+            } else if name.eq_ignore_ascii_case("content-length") {
+                if length.is_some() {
+                    return None;
+                }
+                length = Some(content_length(h.value)?);
+            } else if name.eq_ignore_ascii_case("transfer-encoding") {
+                if chunked || !h.value.trim_ascii().eq_ignore_ascii_case(b"chunked") {
+                    return None;
+                }
+                chunked = true;
+            } else if name.eq_ignore_ascii_case("connection") {
+                for token in std::str::from_utf8(h.value).ok()?.split(',') {
+                    match token.trim() {
+                        t if t.eq_ignore_ascii_case("close") => close = true,
+                        t if t.eq_ignore_ascii_case("keep-alive") || t.is_empty() => {}
+                        // A client may not have magpie drop what frames
+                        // or names the request, nor ask for a tunnel.
+                        t if ["content-length", "transfer-encoding", "host", "upgrade"]
+                            .iter()
+                            .any(|n| t.eq_ignore_ascii_case(n)) =>
+                        {
+                            return None;
+                        }
+                        t => named.push(t),
+                    }
+                }
+            } else if name.eq_ignore_ascii_case("expect") || name.eq_ignore_ascii_case("upgrade") {
+                return None;
+            }
+        }
+        let framing = match (length, chunked) {
+            (Some(_), true) => return None,
+            (Some(n), false) => Framing::Length(n),
+            (None, true) => Framing::Chunked,
+            (None, false) => Framing::Empty,
+        };
+        (hosts == 1).then_some(Checked {
+            framing,
+            close,
+            named,
+        })
+    }
+}
+
+/// A `Content-Length` value: 1 to 19 digits, nothing else.
+fn content_length(value: &[u8]) -> Option<u64> {
+    let digits = value.trim_ascii();
+    if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
+/// The request line and header fields as the backend gets them: HTTP/1.1,
+/// hop-by-hop fields left out.
+fn upstream_head(
+    method: &str,
+    target: &str,
+    headers: &[Header<'_>],
+    named: &[&str],
+    len: usize,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len + 16);
+    out.extend_from_slice(method.as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    for h in headers {
+        let hop = HOP_BY_HOP
+            .iter()
+            .chain(named)
+            .any(|n| h.name.eq_ignore_ascii_case(n));
+        if !hop {
+            out.extend_from_slice(h.name.as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(h.value);
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn checked(head: &str) -> Option<(Framing, bool, Vec<String>)> {
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut request = httparse::Request::new(&mut headers);
+        request.parse(head.as_bytes()).expect("a head");
+        Checked::of(request.headers).map(|c| {
+            let named = c.named.iter().map(|n| n.to_string()).collect();
+            (c.framing, c.close, named)
+        })
+    }
+
+    #[test]
+    fn framing_and_connection_options() {
+        let h = "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 12\r\nConnection: close, X-Private\r\n\r\n";
+        assert_eq!(
+            checked(h),
+            Some((Framing::Length(12), true, vec!["X-Private".to_string()]))
+        );
+        let h = "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: Chunked\r\n\r\n";
+        assert_eq!(checked(h), Some((Framing::Chunked, false, vec![])));
+        let h = "GET / HTTP/1.1\r\nHost: a\r\nConnection: keep-alive\r\n\r\n";
+        assert_eq!(checked(h), Some((Framing::Empty, false, vec![])));
+    }
+
+    #[test]
+    fn what_is_handed_over() {
+        for h in [
+            // No Host, or two.
+            "GET / HTTP/1.1\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+            // Framing hyper normalises or refuses.
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: +1\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+            // What must not be dropped, tunnels and interim answers.
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nConnection: content-length\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n",
+        ] {
+            assert!(checked(h).is_none(), "{h:?}");
+        }
+    }
+
+    #[test]
+    fn the_backend_gets_the_fields_as_they_came_but_hop_by_hop_ones() {
+        let head = "POST /v1/chat?x=1 HTTP/1.1\r\nHost: a\r\nX-Session-Id:  s1 \r\nConnection: x-private\r\nKeep-Alive: timeout=5\r\nX-Private: 1\r\nTE: trailers\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut request = httparse::Request::new(&mut headers);
+        let len = request.parse(head.as_bytes()).unwrap().unwrap();
+        let out = upstream_head("POST", "/v1/chat?x=1", request.headers, &["x-private"], len);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "POST /v1/chat?x=1 HTTP/1.1\r\nHost: a\r\nX-Session-Id: s1\r\nTransfer-Encoding: chunked\r\n\r\n"
+        );
+    }
+}

@@ -1,0 +1,294 @@
+//! The pass-through's byte plumbing: the client's bytes not yet consumed
+//! ([`ClientBuf`]), reads into a vector's spare room, writes of several
+//! slices at once, and how an idle client connection is waited on without
+//! a buffer ([`ClientIo`]).
+
+use std::future::poll_fn;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::BufMut;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+/// How much of the client's bytes is read at once.
+pub const READ_CHUNK: usize = 8 << 10;
+
+/// A client stream the pass-through serves: the socket, or TLS over it.
+pub trait ClientIo: AsyncRead + AsyncWrite + Unpin + Send {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> ClientIo for T {}
+
+/// The client's bytes read and not yet consumed: `bytes[start..]`.
+#[derive(Default)]
+pub struct ClientBuf {
+    bytes: Vec<u8>,
+    start: usize,
+}
+
+impl ClientBuf {
+    /// The bytes not yet consumed.
+    pub fn unconsumed(&self) -> &[u8] {
+        &self.bytes[self.start..]
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.start == self.bytes.len()
+    }
+
+    /// `n` more bytes were consumed.
+    pub fn consume(&mut self, n: usize) {
+        self.start = (self.start + n).min(self.bytes.len());
+    }
+
+    /// Frees the memory of an empty buffer (an idle connection holds none).
+    pub fn release(&mut self) {
+        if self.is_empty() {
+            self.bytes = Vec::new();
+            self.start = 0;
+        }
+    }
+
+    /// The bytes not yet consumed, taken out.
+    pub fn take(&mut self) -> Vec<u8> {
+        let mut bytes = std::mem::take(&mut self.bytes);
+        bytes.drain(..self.start);
+        self.start = 0;
+        bytes
+    }
+
+    /// Room for `want` more bytes after the unconsumed ones, which move to
+    /// the front first.
+    fn make_room(&mut self, want: usize) {
+        if self.start > 0 {
+            self.bytes.drain(..self.start);
+            self.start = 0;
+        }
+        let spare = self.bytes.capacity() - self.bytes.len();
+        if spare < want {
+            self.bytes.reserve_exact(want);
+        }
+    }
+
+    /// Reads at most `want` more bytes from `io`: how many (0 at its end).
+    pub fn poll_read<S: AsyncRead + Unpin>(
+        &mut self,
+        io: &mut S,
+        cx: &mut Context<'_>,
+        want: usize,
+    ) -> Poll<io::Result<usize>> {
+        self.make_room(want);
+        let mut room = (&mut self.bytes).limit(want);
+        tokio_util::io::poll_read_buf(Pin::new(io), cx, &mut room)
+    }
+
+    /// Waits for the next request's first bytes on an idle connection,
+    /// holding no buffer while there are none: the buffer a read needs is
+    /// freed again whenever the read finds nothing (a socket reported
+    /// readable that is not, as a newly accepted one may be, costs one
+    /// empty read).
+    pub fn poll_idle<S: AsyncRead + Unpin>(
+        &mut self,
+        io: &mut S,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<usize>> {
+        let polled = self.poll_read(io, cx, READ_CHUNK);
+        if polled.is_pending() {
+            self.release();
+        }
+        polled
+    }
+
+    /// Reads at most `want` more bytes from `io`.
+    pub async fn read<S: AsyncRead + Unpin>(
+        &mut self,
+        io: &mut S,
+        want: usize,
+    ) -> io::Result<usize> {
+        poll_fn(|cx| self.poll_read(io, cx, want)).await
+    }
+
+    /// How many bytes are held, consumed or not.
+    pub fn held(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
+/// Reads at most `want` more bytes from `io` into `buf`'s spare room (made
+/// if missing): how many (0 at its end).
+pub fn poll_read_into<S: AsyncRead + Unpin>(
+    io: &mut S,
+    cx: &mut Context<'_>,
+    buf: &mut Vec<u8>,
+    want: usize,
+) -> Poll<io::Result<usize>> {
+    if buf.capacity() - buf.len() < want {
+        buf.reserve_exact(want);
+    }
+    let mut room = buf.limit(want);
+    tokio_util::io::poll_read_buf(Pin::new(io), cx, &mut room)
+}
+
+/// Writes every byte of `parts` to `io`, several slices per system call.
+/// `Err` carries whether any byte was written.
+pub async fn write_all<S: AsyncWrite + Unpin>(
+    io: &mut S,
+    parts: &[&[u8]],
+) -> Result<(), WriteError> {
+    let mut written = 0;
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    while written < total {
+        let n = poll_fn(|cx| poll_write_from(io, cx, parts, written)).await;
+        match n {
+            Ok(0) => {
+                return Err(WriteError {
+                    wrote_any: written > 0,
+                    error: io::ErrorKind::WriteZero.into(),
+                });
+            }
+            Ok(n) => written += n,
+            Err(error) => {
+                return Err(WriteError {
+                    wrote_any: written > 0,
+                    error,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One vectored write of `parts` from byte `skip` on.
+pub fn poll_write_from<S: AsyncWrite + Unpin>(
+    io: &mut S,
+    cx: &mut Context<'_>,
+    parts: &[&[u8]],
+    mut skip: usize,
+) -> Poll<io::Result<usize>> {
+    let mut slices = [io::IoSlice::new(&[]); 4];
+    let mut count = 0;
+    for part in parts {
+        if skip >= part.len() {
+            skip -= part.len();
+            continue;
+        }
+        if count == slices.len() {
+            break;
+        }
+        slices[count] = io::IoSlice::new(&part[skip..]);
+        skip = 0;
+        count += 1;
+    }
+    Pin::new(io).poll_write_vectored(cx, &slices[..count])
+}
+
+/// A client stream handed over to hyper: the bytes the pass-through read
+/// first, then the stream.
+pub struct Replay<S> {
+    read: Vec<u8>,
+    at: usize,
+    inner: S,
+}
+
+impl<S> Replay<S> {
+    pub fn new(inner: S, read: Vec<u8>) -> Replay<S> {
+        Replay { read, at: 0, inner }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Replay<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if this.at < this.read.len() {
+            let n = (this.read.len() - this.at).min(buf.remaining());
+            buf.put_slice(&this.read[this.at..this.at + n]);
+            this.at += n;
+            if this.at == this.read.len() {
+                this.read = Vec::new();
+                this.at = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Replay<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// A write that failed, and whether any of its bytes went first.
+#[derive(Debug)]
+pub struct WriteError {
+    pub wrote_any: bool,
+    pub error: io::Error,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn vectored_writes_resume_where_they_stopped() {
+        let (mut a, mut b) = tokio::io::duplex(7);
+        let writer = tokio::spawn(async move {
+            write_all(&mut a, &[b"head ", b"", b"and body", b"!"])
+                .await
+                .unwrap();
+        });
+        let mut got = Vec::new();
+        tokio::io::AsyncReadExt::read_to_end(&mut b, &mut got)
+            .await
+            .unwrap();
+        writer.await.unwrap();
+        assert_eq!(got, b"head and body!");
+    }
+
+    #[tokio::test]
+    async fn a_client_buffer_consumes_and_compacts() {
+        let (mut a, mut b) = tokio::io::duplex(64);
+        tokio::io::AsyncWriteExt::write_all(&mut a, b"abcdef")
+            .await
+            .unwrap();
+        let mut buf = ClientBuf::default();
+        assert_eq!(buf.read(&mut b, 4).await.unwrap(), 4);
+        buf.consume(3);
+        assert_eq!(buf.unconsumed(), b"d");
+        assert_eq!(buf.read(&mut b, 16).await.unwrap(), 2);
+        assert_eq!(buf.unconsumed(), b"def");
+        buf.consume(3);
+        buf.release();
+        assert_eq!(buf.held(), 0);
+        assert_eq!(buf.bytes.capacity(), 0);
+    }
+}

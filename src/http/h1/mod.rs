@@ -1,0 +1,127 @@
+//! The HTTP/1.1 pass-through (`mode: http`): plain HTTP/1.1 requests served
+//! without hyper, each head parsed in place and forwarded as it came (less
+//! its hop-by-hop fields), each body passed on in the framing it came in,
+//! over upstream connections that belong to no task of their own.
+//!
+//! hyper parses and writes every message twice (as server and as client)
+//! and hands each upstream request to a connection task; for the chat
+//! requests magpie exists for, that was most of its time per request. Here
+//! one task serves one client connection: read a head, key it, route it,
+//! write it to the backend, read the answer's head, relay the answer, and
+//! go back to waiting, holding no buffer while the connection is idle.
+//!
+//! It takes only what it fully understands ([`head`]): anything else is
+//! handed over with the bytes already read, and hyper's path
+//! ([`super::HttpPath`]) serves the connection from there on, HTTP/2 with
+//! prior knowledge included. Both paths share keys, routing, pins,
+//! accounting, deadlines and the access log, so a request is routed,
+//! counted and logged alike whichever serves it.
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`head`] | a request head: parsed, checked, keyed, written again for the backend; what is handed over |
+//! | [`framing`] | where a body ends: a length, or the chunked coding walked strictly |
+//! | [`body_key`] | a request body read for its key, as far as the key needs |
+//! | [`request`] | one request in phases: head, keys, route, forward, answer |
+//! | [`send`] | one request to one backend: connect (pooled or new), write, the rest of the body, the response head |
+//! | [`response`] | a response head: parsed, framed, written again for the client |
+//! | [`relay`] | a response body to the client, one buffer at a time: usage, silence, cuts |
+//! | [`io`] | the client's unconsumed bytes, reads into spare room, vectored writes, idle waits without a buffer |
+
+pub mod body_key;
+pub mod framing;
+pub mod head;
+pub mod io;
+pub mod relay;
+pub mod request;
+pub mod response;
+pub mod send;
+
+use std::future::poll_fn;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use self::io::{ClientBuf, ClientIo};
+use super::clock::Deadlines;
+use super::logged::Arrival;
+use super::pool::Pool;
+use super::pool::RawConn;
+use crate::snapshot::Shared;
+
+/// What every request on one client connection shares.
+pub struct Client<'c> {
+    pub shared: &'c Arc<Shared>,
+    pub pool: &'c Arc<Pool<RawConn>>,
+    pub arrival: Arrival,
+    pub deadlines: Deadlines,
+    /// Fired at shutdown: finish the request in flight, then close.
+    pub shutdown: &'c CancellationToken,
+    /// Fired when the shutdown grace is over: close now.
+    pub stop: &'c CancellationToken,
+}
+
+/// What a connection does after a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Wait for the next request.
+    KeepAlive,
+    /// Close it.
+    Close,
+    /// Close it gently after an error answer: stop writing, read what the
+    /// client still sends for a short while (so a reset cannot destroy the
+    /// answer).
+    Linger,
+    /// Close it with a reset: a response was cut half-way.
+    Reset,
+    /// hyper serves it from this request on.
+    Handover,
+}
+
+/// How a connection left the pass-through.
+pub enum Ended<S> {
+    /// It is over: closed as this says (not [`Next::KeepAlive`] nor
+    /// [`Next::Handover`]).
+    Closed(Next),
+    /// hyper serves the rest of it, these bytes first.
+    Handover(S, Vec<u8>),
+}
+
+/// Serves the requests of one client connection until it closes, shutdown,
+/// or a request that hyper must serve.
+pub async fn serve<S: ClientIo>(mut io: S, c: &Client<'_>) -> Ended<S> {
+    let mut buf = ClientBuf::default();
+    let mut first = true;
+    loop {
+        if buf.is_empty() {
+            // Idle: no buffer is held while the client is quiet.
+            buf.release();
+            let idle = if first {
+                c.deadlines.first_byte
+            } else {
+                c.deadlines.keepalive
+            };
+            let ready = tokio::select! {
+                read = poll_fn(|cx| buf.poll_idle(&mut io, cx)) => matches!(read, Ok(n) if n > 0),
+                _ = tokio::time::sleep(idle) => false,
+                _ = c.shutdown.cancelled() => false,
+            };
+            if !ready {
+                return Ended::Closed(Next::Close);
+            }
+        }
+        first = false;
+        // Boxed: a request's state (its keys, route, upstream exchange) is
+        // kilobytes, which an idle connection should not keep.
+        let next = tokio::select! {
+            next = Box::pin(request::serve(&mut io, &mut buf, c)) => next,
+            _ = c.stop.cancelled() => Next::Reset,
+        };
+        match next {
+            Next::KeepAlive if !c.shutdown.is_cancelled() => {}
+            Next::KeepAlive => return Ended::Closed(Next::Close),
+            Next::Handover => return Ended::Handover(io, buf.take()),
+            closed => return Ended::Closed(closed),
+        }
+    }
+}

@@ -1,0 +1,362 @@
+//! One request through the pass-through, in phases: its head (within the
+//! head deadline, at most `limits.max_head_bytes`), its keys (from the head,
+//! or read from the body), its route and pin ([`crate::http::pinning`], as
+//! on hyper's path), the first backend that takes it ([`super::send`]), and
+//! the answer relayed back ([`super::relay`]) or magpie's own.
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+use tracing::debug;
+
+use super::body_key::{self, BodyFailed};
+use super::framing::{BodyEnd, Framing};
+use super::head::{self, Head, Parse};
+use super::io::{ClientBuf, ClientIo, write_all};
+use super::relay::{self, Relayed};
+use super::send::{self, Attempt, Outbound, Plan, READ_CHUNK, Received};
+use super::{Client, Next};
+use crate::backend::Spill;
+use crate::config::Config;
+use crate::http::download::{FirstByte, InFlight, Tally};
+use crate::http::forward::{Failure, LocalAnswer, account};
+use crate::http::logged::{Answer, Logged};
+use crate::http::pinning::{self, NewGroup, Pinned};
+use crate::http::pool::RawConn;
+use crate::http::request_key::{HeadKeys, KeyPlan, RequestKey};
+use crate::key_budget::Held;
+use crate::recent::{Decision, How};
+use crate::route::Keys;
+use crate::stats::ClientFailure;
+
+/// The answer to a head that did not arrive in time.
+const TIMEOUT_408: &[u8] = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain\r\ncontent-length: 40\r\nconnection: close\r\n\r\nthe request head did not arrive in time\n";
+/// The answer to a head larger than `limits.max_head_bytes`.
+const TOO_LARGE_431: &[u8] = b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain\r\ncontent-length: 44\r\nconnection: close\r\n\r\nthe request head exceeds limits.max_head_bytes\n";
+
+/// Serves the request whose bytes start `buf` (or are about to arrive).
+pub async fn serve<S: ClientIo>(io: &mut S, buf: &mut ClientBuf, c: &Client<'_>) -> Next {
+    let snapshot = c.shared.snapshot.load_full();
+    let config = Arc::clone(&snapshot.config);
+    let cx = head::Context {
+        plan: KeyPlan {
+            key: &config.key,
+            group: config.group.as_ref(),
+            client: c.arrival.client,
+            budget: &c.shared.stats.key_budget,
+            budget_max: config.limits.key_buffer_bytes,
+        },
+        arrival: c.arrival,
+        shared: c.shared,
+    };
+    let mut head = match read_head(io, buf, &cx, &config, c).await {
+        Ok(head) => head,
+        Err(next) => return next,
+    };
+    buf.consume(head.len);
+    let mut end = BodyEnd::new(head.framing);
+    let keyed = match body_keys(io, buf, &mut end, &head, &cx.plan).await {
+        Ok(keyed) => keyed,
+        Err(why) => return refuse_body(io, why, &mut head.log, c).await,
+    };
+    let (keys, mut pinned) =
+        pinning::route_found(&keyed.found, c.shared, &snapshot, &mut head.log).await;
+    drop(snapshot);
+    let out = Outbound {
+        client: io,
+        buf,
+        walked: keyed.walked,
+        end,
+        head: &head.upstream,
+        held: keyed.held,
+    };
+    let mut request = Request {
+        out,
+        config: &config,
+        keys,
+        pin_lost: pinned.pin_lost(),
+        log: head.log.take(),
+        new_group: pinned.new_group.take(),
+        close: head.close,
+        head_method: head.head_method,
+    };
+    request.forward(&mut pinned, c).await
+}
+
+/// Reads until `buf` starts with a whole head: the head, or what the
+/// connection does next (a `408` or `431` was sent, or hyper takes over).
+async fn read_head<'a, S: ClientIo>(
+    io: &mut S,
+    buf: &mut ClientBuf,
+    cx: &head::Context<'a, '_>,
+    config: &Config,
+    c: &Client<'_>,
+) -> Result<Box<Head<'a>>, Next> {
+    let limit = config.limits.max_head_bytes;
+    // The connection waited for the head's first bytes, which are in.
+    let deadline = Instant::now() + c.deadlines.head;
+    loop {
+        match head::parse(buf.unconsumed(), cx) {
+            Parse::Ready(head) => return Ok(head),
+            Parse::Handover => return Err(Next::Handover),
+            Parse::Partial => {}
+        }
+        let have = buf.unconsumed().len();
+        if have >= limit {
+            c.shared
+                .stats
+                .count_client_failure(ClientFailure::BadRequest);
+            return Err(answer_raw(io, TOO_LARGE_431).await);
+        }
+        let want = READ_CHUNK.min(limit - have);
+        match tokio::time::timeout_at(deadline, buf.read(io, want)).await {
+            Ok(Ok(0) | Err(_)) => return Err(Next::Close),
+            Ok(Ok(_)) => {}
+            Err(_) => {
+                c.shared
+                    .stats
+                    .count_client_failure(ClientFailure::HeadTimeout);
+                return Err(answer_raw(io, TIMEOUT_408).await);
+            }
+        }
+    }
+}
+
+/// Writes one of magpie's fixed answers; the connection closes gently after.
+async fn answer_raw<S: ClientIo>(io: &mut S, answer: &[u8]) -> Next {
+    if let Err(e) = write_all(io, &[answer]).await {
+        debug!(error = %e.error, "cannot send magpie's answer");
+    }
+    Next::Linger
+}
+
+/// A request's keys, the body bytes read for them, and their share of the
+/// key budget.
+struct Keyed {
+    found: RequestKey,
+    walked: usize,
+    held: Option<Held>,
+}
+
+/// The keys of the request `head` names: from the head alone, or from the
+/// body it starts in `buf`.
+async fn body_keys<S: ClientIo>(
+    io: &mut S,
+    buf: &mut ClientBuf,
+    end: &mut BodyEnd,
+    head: &Head<'_>,
+    plan: &KeyPlan<'_>,
+) -> Result<Keyed, BodyFailed> {
+    let wants = match &head.keys {
+        HeadKeys::Known(found) => {
+            // The body bytes that came with the head go first.
+            let walked = end
+                .walk(buf.unconsumed(), &mut |_| {})
+                .map_err(BodyFailed::Framing)?;
+            return Ok(Keyed {
+                found: *found,
+                walked,
+                held: None,
+            });
+        }
+        HeadKeys::ReadBody(wants) => wants,
+    };
+    let share = plan.budget.share(plan.budget_max);
+    let read = body_key::read(io, buf, end, wants, share).await?;
+    Ok(Keyed {
+        found: wants.keys(&read.outcome),
+        walked: read.walked,
+        held: Some(read.held),
+    })
+}
+
+/// The body could not be read for its key: `400`, counted, and the
+/// connection closes.
+async fn refuse_body<S: ClientIo>(
+    io: &mut S,
+    why: BodyFailed,
+    log: &mut Option<Logged>,
+    c: &Client<'_>,
+) -> Next {
+    debug!(client = %c.arrival.client, ?why, "request body failed while reading its key");
+    c.shared
+        .stats
+        .count_client_failure(ClientFailure::BadRequest);
+    let answer = LocalAnswer {
+        status: hyper::StatusCode::BAD_REQUEST,
+        text: "magpie: the request body could not be read\n".to_string(),
+        close: true,
+    };
+    local(io, &answer, log).await
+}
+
+/// Writes magpie's own short answer (and its log line); what the
+/// connection does next.
+async fn local<S: ClientIo>(io: &mut S, answer: &LocalAnswer, log: &mut Option<Logged>) -> Next {
+    let bytes = encode(answer);
+    if let Some(log) = log.take() {
+        log.answered_locally(answer.status.as_u16(), answer.text.len() as u64);
+    }
+    if let Err(e) = write_all(io, &[&bytes]).await {
+        debug!(error = %e.error, "cannot send magpie's answer");
+        return Next::Close;
+    }
+    if answer.close {
+        Next::Linger
+    } else {
+        Next::KeepAlive
+    }
+}
+
+/// An answer of magpie's own as HTTP/1.1 bytes.
+fn encode(answer: &LocalAnswer) -> Vec<u8> {
+    let reason = answer.status.canonical_reason().unwrap_or("");
+    let close = if answer.close {
+        "connection: close\r\n"
+    } else {
+        ""
+    };
+    let mut out = format!(
+        "HTTP/1.1 {} {reason}\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: {}\r\n{close}\r\n",
+        answer.status.as_u16(),
+        answer.text.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(answer.text.as_bytes());
+    out
+}
+
+/// A routed request on its way.
+struct Request<'x, 'c, S> {
+    out: Outbound<'x, S>,
+    config: &'c Config,
+    keys: Keys,
+    pin_lost: bool,
+    log: Option<Logged>,
+    new_group: Option<NewGroup>,
+    /// The client asked to close after this request.
+    close: bool,
+    head_method: bool,
+}
+
+impl<S: ClientIo> Request<'_, '_, S> {
+    /// Sends the request to the first target of the route that takes it,
+    /// and relays its answer; or answers itself when none does.
+    async fn forward(&mut self, pinned: &mut Pinned, c: &Client<'_>) -> Next {
+        let plan = Plan {
+            config: self.config,
+            pool: c.pool,
+            shared: c.shared,
+            head_method: self.head_method,
+        };
+        let mut tried = Vec::new();
+        let mut how = pinned.route.how;
+        for backend in &pinned.route.targets {
+            let Some(slot) = pinned.route.reserve(backend) else {
+                how = how.passed_over(Spill::AtCap);
+                continue;
+            };
+            tried.push(backend.name.clone());
+            // A new group's request counts as such at its home only.
+            let placed = self.new_group.take_if(|g| g.home == backend.name);
+            let awaiting = FirstByte {
+                count: backend.live.await_first_byte(placed.is_some()),
+                mark: placed.and_then(|g| g.mark),
+            };
+            let answered = match send::send(backend, &mut self.out, &plan).await {
+                Attempt::Answered(answered) => answered,
+                Attempt::Unsent => {
+                    how = how.passed_over(Spill::Down);
+                    continue;
+                }
+                Attempt::Failed(failure) => return self.failed(failure, pinned, c).await,
+                Attempt::ClientGone => return Next::Close,
+            };
+            pinned.served(backend);
+            let in_flight = InFlight {
+                backend: Arc::clone(backend),
+                slot,
+                sent: answered.sent,
+                lease: answered.lease,
+                tally: Tally {
+                    shared: Arc::clone(c.shared),
+                    key: self.keys.session,
+                    moved: None,
+                },
+                stream_idle: self.config.http.stream_idle_timeout,
+                log: None,
+                awaiting: Some(awaiting),
+            };
+            return self.respond(answered.received, in_flight, how, c).await;
+        }
+        self.failed(Failure::NoBackend { tried }, pinned, c).await
+    }
+
+    /// Relays a backend's answer.
+    async fn respond(
+        &mut self,
+        received: Received,
+        mut in_flight: InFlight<RawConn>,
+        how: How,
+        c: &Client<'_>,
+    ) -> Next {
+        let Received {
+            head,
+            rbuf,
+            progress,
+            ..
+        } = received;
+        let backend = Arc::clone(&in_flight.backend);
+        account(&backend, head.status, in_flight.sent, self.config);
+        if let Some(log) = &mut self.log {
+            log.answered(Answer {
+                backend: &backend,
+                how: how.as_str(),
+                status: head.status,
+                progress: &progress,
+            });
+        }
+        in_flight.log = self.log.take();
+        let decision = Decision {
+            how,
+            pin_lost: self.pin_lost,
+            group: self.keys.group,
+        };
+        in_flight.tally.moved = c
+            .shared
+            .recent
+            .routed(self.keys.session, &backend, decision);
+        // An answer that ends before its request's body closes the
+        // connection too, unannounced, as it cannot be known yet.
+        let close = self.close || head.framing == Framing::Close || c.shutdown.is_cancelled();
+        let response = relay::Response {
+            client_head: head.client,
+            body_start: head.len,
+            rbuf,
+            framing: head.framing,
+            usage: head.usage,
+            close,
+            reusable: !head.close,
+        };
+        match relay::relay(response, in_flight, &mut self.out, progress).await {
+            Relayed::Complete if close => Next::Close,
+            Relayed::Complete => Next::KeepAlive,
+            Relayed::Early | Relayed::ClientGone => Next::Close,
+            Relayed::Cut => Next::Reset,
+        }
+    }
+
+    /// No backend answered: magpie's own answer, counted.
+    async fn failed(&mut self, failure: Failure, pinned: &Pinned, c: &Client<'_>) -> Next {
+        if let (Some(log), Some(name)) = (self.log.as_mut(), failure.backend()) {
+            log.tried(name, &pinned.route.targets);
+        }
+        c.shared
+            .stats
+            .count_client_failure(failure.client_failure());
+        let mut answer = failure.answer();
+        // A body not read to its end cannot be followed by a request.
+        answer.close |= !(self.out.end.is_done() && self.out.walked == 0) || self.close;
+        local(self.out.client, &answer, &mut self.log).await
+    }
+}
