@@ -105,6 +105,9 @@ impl AsyncWrite for ClientSocket {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(socket2::SockRef::from(&*self.stream).shutdown(std::net::Shutdown::Write))
+        // Not here: the connection's owner closes the socket once it has
+        // counted how the connection ended (a refused head, a timeout); a
+        // FIN sent by hyper would let the client see the end first.
+        Poll::Ready(Ok(()))
     }
 }

@@ -92,13 +92,17 @@ pub async fn relay<S: ClientIo>(
             bytes_out: 0,
             reusable: response.reusable,
         },
-        in_flight,
+        in_flight: Some(in_flight),
+        settled: None,
         progress,
         last: Instant::now(),
         limit,
     };
     let fresh = response.body_start..state.rbuf.len();
-    if state.take(fresh).is_err() {
+    if state
+        .take(fresh, out.end.is_done() && out.walked == 0)
+        .is_err()
+    {
         return state.end_with(Relayed::Cut);
     }
     let mut sleep = pin!(tokio::time::sleep(limit));
@@ -116,7 +120,11 @@ struct Relay {
     /// How much of `head` and `pending` (in that order) went.
     written: usize,
     body: Body,
-    in_flight: InFlight<RawConn>,
+    /// The request, until its answer was read whole (or failed).
+    in_flight: Option<InFlight<RawConn>>,
+    /// How the answer ended, once it was read whole: what is left is
+    /// writing its last bytes.
+    settled: Option<Relayed>,
     progress: Arc<Progress>,
     /// When the backend last sent bytes.
     last: Instant,
@@ -138,6 +146,13 @@ impl Relay {
                 Poll::Ready(None) => true,
                 Poll::Pending => false,
             };
+            if self.settled.is_some() {
+                // Only the answer's last bytes are left to write.
+                if answer {
+                    continue;
+                }
+                return Poll::Pending;
+            }
             let upload = if request_done {
                 self.poll_watch(cx, out)
             } else {
@@ -153,7 +168,9 @@ impl Relay {
             }
             let waiting = self.written >= self.head.len() && self.pending.is_empty();
             if waiting && passed(cx, sleep, self.last + self.limit) {
-                silent(&self.in_flight, self.limit);
+                if let Some(in_flight) = &self.in_flight {
+                    silent(in_flight, self.limit);
+                }
                 return Poll::Ready(Relayed::Cut);
             }
             return Poll::Pending;
@@ -186,35 +203,29 @@ impl Relay {
                 Poll::Pending => Poll::Pending,
             };
         }
-        if self.body.end.is_done() {
-            let how = if request_done {
-                Relayed::Complete
-            } else {
-                Relayed::Early
-            };
+        if let Some(how) = self.settled {
             return Poll::Ready(Some(how));
         }
+        let Some(in_flight) = self.in_flight.as_mut() else {
+            return Poll::Ready(Some(Relayed::Cut));
+        };
         self.rbuf.clear();
-        let conn = &mut self.in_flight.lease.conn.io;
+        let conn = &mut in_flight.lease.conn.io;
         match poll_read_into(conn, cx, &mut self.rbuf, UPSTREAM_BUFFER_BYTES) {
             Poll::Ready(Ok(0)) if self.body.end.until_close() => {
-                let how = if request_done {
-                    Relayed::Complete
-                } else {
-                    Relayed::Early
-                };
-                Poll::Ready(Some(how))
+                self.settle(request_done);
+                Poll::Ready(None)
             }
             Poll::Ready(Ok(0)) => Poll::Ready(Some(Relayed::Cut)),
             Poll::Ready(Ok(n)) => {
                 self.last = Instant::now();
-                match self.take(0..n) {
+                match self.take(0..n, request_done) {
                     Ok(()) => Poll::Ready(None),
                     Err(()) => Poll::Ready(Some(Relayed::Cut)),
                 }
             }
             Poll::Ready(Err(e)) => {
-                debug!(backend = %self.in_flight.backend.name, error = %e, "backend failed mid-response");
+                debug!(backend = %in_flight.backend.name, error = %e, "backend failed mid-response");
                 Poll::Ready(Some(Relayed::Cut))
             }
             Poll::Pending => Poll::Pending,
@@ -222,12 +233,33 @@ impl Relay {
     }
 
     /// Walks the backend's `fresh` bytes of `rbuf`: those of the body are
-    /// pending for the client.
-    fn take(&mut self, fresh: std::ops::Range<usize>) -> Result<(), ()> {
+    /// pending for the client. An answer read whole settles its request
+    /// at once, before its last bytes are written: its line is logged and
+    /// its connection pooled as on hyper's path, when the backend's body
+    /// ends.
+    fn take(&mut self, fresh: std::ops::Range<usize>, request_done: bool) -> Result<(), ()> {
         let start = fresh.start;
-        let n = self.body.walk(&self.rbuf[fresh], &mut self.in_flight)?;
+        let Some(in_flight) = self.in_flight.as_mut() else {
+            return Err(());
+        };
+        let n = self.body.walk(&self.rbuf[fresh], in_flight)?;
         self.pending = start..start + n;
+        if self.body.end.is_done() {
+            self.settle(request_done);
+        }
         Ok(())
+    }
+
+    /// The answer was read whole: its request ends, `Complete` or (its
+    /// body not sent whole) `Early`.
+    fn settle(&mut self, request_done: bool) {
+        let how = if request_done {
+            Relayed::Complete
+        } else {
+            Relayed::Early
+        };
+        self.finish(how);
+        self.settled = Some(how);
     }
 
     /// The request's body is still on its way: pass more of it on.
@@ -238,7 +270,10 @@ impl Relay {
     ) -> Poll<Option<Relayed>> {
         if out.walked > 0 {
             let pending = &out.buf.unconsumed()[..out.walked];
-            return match Pin::new(&mut self.in_flight.lease.conn.io).poll_write(cx, pending) {
+            let Some(in_flight) = self.in_flight.as_mut() else {
+                return Poll::Ready(Some(Relayed::Cut));
+            };
+            return match Pin::new(&mut in_flight.lease.conn.io).poll_write(cx, pending) {
                 Poll::Ready(Ok(0) | Err(_)) => Poll::Ready(Some(Relayed::Cut)),
                 Poll::Ready(Ok(n)) => {
                     out.buf.consume(n);
@@ -286,21 +321,32 @@ impl Relay {
         }
     }
 
-    /// The response is over, `how`: its request finished (the connection
-    /// pooled only when both directions ended cleanly and the backend
-    /// keeps it open).
-    fn end_with(self, how: Relayed) -> Relayed {
+    /// The response is over, `how`.
+    fn end_with(mut self, how: Relayed) -> Relayed {
+        self.finish(how);
+        how
+    }
+
+    /// The request ends, `how`, unless it already did: counted, and its
+    /// connection pooled only when both directions ended cleanly and the
+    /// backend keeps it open.
+    fn finish(&mut self, how: Relayed) {
+        let Some(mut in_flight) = self.in_flight.take() else {
+            return;
+        };
         let complete = matches!(how, Relayed::Complete | Relayed::Early);
-        let mut in_flight = self.in_flight;
         if how == Relayed::ClientGone {
             in_flight.backend.live.traffic.count_client_abort();
         }
-        let body = self.body;
-        let usage = body.usage.filter(|_| complete).and_then(|u| u.finish());
+        let body = &mut self.body;
+        let usage = body
+            .usage
+            .take()
+            .filter(|_| complete)
+            .and_then(|u| u.finish());
         let reuse = how == Relayed::Complete && body.reusable && body.end.is_done();
         in_flight.lease.conn.spent |= !reuse;
         in_flight.finish(complete, body.bytes_out, usage);
-        how
     }
 }
 
