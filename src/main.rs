@@ -108,6 +108,9 @@ enum DemoMode {
     Http,
 }
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // The demo's comparison prints a table: four magpies starting and

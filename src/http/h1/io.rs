@@ -13,6 +13,9 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 /// How much of the client's bytes is read at once.
 pub const READ_CHUNK: usize = 8 << 10;
+/// Body bytes up to this many go out in one buffer with the head they
+/// follow (copied, which costs less than a second slice in the kernel).
+pub const JOIN_BELOW: usize = 4 << 10;
 
 /// A client stream the pass-through serves: the socket, or TLS over it.
 pub trait ClientIo: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -58,9 +61,9 @@ impl ClientBuf {
     }
 
     /// Room for `want` more bytes after the unconsumed ones, which move to
-    /// the front first.
+    /// the front first when there is not.
     fn make_room(&mut self, want: usize) {
-        if self.start > 0 {
+        if self.start > 0 && self.bytes.capacity() - self.bytes.len() < want {
             self.bytes.drain(..self.start);
             self.start = 0;
         }
@@ -99,6 +102,24 @@ impl ClientBuf {
         polled
     }
 
+    /// Reads what the client sends ahead into the room the buffer has
+    /// (room for one read is made only when there is none), while its
+    /// bytes stay under `max`: `Pending` past it.
+    pub fn poll_read_ahead<S: AsyncRead + Unpin>(
+        &mut self,
+        io: &mut S,
+        cx: &mut Context<'_>,
+        max: usize,
+    ) -> Poll<io::Result<usize>> {
+        let held = self.bytes.len() - self.start;
+        if held >= max {
+            return Poll::Pending;
+        }
+        let spare = self.bytes.capacity() - self.bytes.len();
+        let want = if spare > 0 { spare } else { READ_CHUNK };
+        self.poll_read(io, cx, want.min(max - held))
+    }
+
     /// Reads at most `want` more bytes from `io`.
     pub async fn read<S: AsyncRead + Unpin>(
         &mut self,
@@ -106,11 +127,6 @@ impl ClientBuf {
         want: usize,
     ) -> io::Result<usize> {
         poll_fn(|cx| self.poll_read(io, cx, want)).await
-    }
-
-    /// How many bytes are held, consumed or not.
-    pub fn held(&self) -> usize {
-        self.bytes.len()
     }
 }
 
@@ -178,6 +194,10 @@ pub fn poll_write_from<S: AsyncWrite + Unpin>(
         slices[count] = io::IoSlice::new(&part[skip..]);
         skip = 0;
         count += 1;
+    }
+    if count == 1 {
+        // One slice: a plain send, cheaper in the kernel than writev.
+        return Pin::new(io).poll_write(cx, &slices[0]);
     }
     Pin::new(io).poll_write_vectored(cx, &slices[..count])
 }
@@ -288,7 +308,6 @@ mod tests {
         assert_eq!(buf.unconsumed(), b"def");
         buf.consume(3);
         buf.release();
-        assert_eq!(buf.held(), 0);
         assert_eq!(buf.bytes.capacity(), 0);
     }
 }

@@ -27,7 +27,7 @@ use tokio::time::{Instant, Sleep};
 use tracing::{debug, warn};
 
 use super::framing::{BodyEnd, Framing};
-use super::io::{ClientIo, poll_read_into, poll_write_from};
+use super::io::{ClientIo, JOIN_BELOW, poll_read_into, poll_write_from};
 use super::send::{Outbound, READ_CHUNK, passed};
 use crate::backend::TimeoutKind;
 use crate::http::deadline::Progress;
@@ -104,6 +104,12 @@ pub async fn relay<S: ClientIo>(
         .is_err()
     {
         return state.end_with(Relayed::Cut);
+    }
+    if state.pending.len() <= JOIN_BELOW {
+        state
+            .head
+            .extend_from_slice(&state.rbuf[state.pending.clone()]);
+        state.pending = 0..0;
     }
     let mut sleep = pin!(tokio::time::sleep(limit));
     let how = poll_fn(|cx| state.poll(cx, out, &mut sleep)).await;
@@ -311,10 +317,10 @@ impl Relay {
         cx: &mut Context<'_>,
         out: &mut Outbound<'_, S>,
     ) -> Poll<Option<Relayed>> {
-        if out.buf.held() >= UPSTREAM_BUFFER_BYTES {
-            return Poll::Pending;
-        }
-        match out.buf.poll_read(out.client, cx, UPSTREAM_BUFFER_BYTES) {
+        match out
+            .buf
+            .poll_read_ahead(out.client, cx, UPSTREAM_BUFFER_BYTES)
+        {
             Poll::Ready(Ok(0) | Err(_)) => Poll::Ready(Some(Relayed::ClientGone)),
             Poll::Ready(Ok(_)) => Poll::Ready(None),
             Poll::Pending => Poll::Pending,

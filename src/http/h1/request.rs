@@ -12,7 +12,7 @@ use tracing::debug;
 use super::body_key::{self, BodyFailed};
 use super::framing::{BodyEnd, Framing};
 use super::head::{self, Head, Parse};
-use super::io::{ClientBuf, ClientIo, write_all};
+use super::io::{ClientBuf, ClientIo, JOIN_BELOW, write_all};
 use super::relay::{self, Relayed};
 use super::send::{self, Attempt, Outbound, Plan, READ_CHUNK, Received};
 use super::{Client, Next};
@@ -62,10 +62,16 @@ pub async fn serve<S: ClientIo>(io: &mut S, buf: &mut ClientBuf, c: &Client<'_>)
     let (keys, mut pinned) =
         pinning::route_found(&keyed.found, c.shared, &snapshot, &mut head.log).await;
     drop(snapshot);
+    let mut walked = keyed.walked;
+    if walked <= JOIN_BELOW {
+        head.upstream.extend_from_slice(&buf.unconsumed()[..walked]);
+        buf.consume(walked);
+        walked = 0;
+    }
     let out = Outbound {
         client: io,
         buf,
-        walked: keyed.walked,
+        walked,
         end,
         head: &head.upstream,
         held: keyed.held,

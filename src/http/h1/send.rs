@@ -257,7 +257,7 @@ impl Exchange {
                 }
                 response::Parsed::Partial => {}
             }
-            let watch = request_done && out.buf.held() < MAX_AHEAD;
+            let watch = request_done;
             let event = poll_fn(|cx| self.poll_head(cx, out, watch, &mut sleep, timeout)).await;
             match event {
                 Event::Backend(0) => {
@@ -315,7 +315,7 @@ impl Exchange {
             Poll::Pending => {}
         }
         if watch {
-            match out.buf.poll_read(out.client, cx, MAX_AHEAD) {
+            match out.buf.poll_read_ahead(out.client, cx, MAX_AHEAD) {
                 Poll::Ready(Ok(0) | Err(_)) => return Poll::Ready(Event::ClientGone),
                 Poll::Ready(Ok(_)) => return Poll::Ready(Event::ClientRead),
                 Poll::Pending => {}
