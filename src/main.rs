@@ -108,10 +108,13 @@ enum DemoMode {
     Http,
 }
 
+/// jemalloc, with a background thread that gives freed memory back to the
+/// system within seconds (Cargo.toml says why this allocator).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> ExitCode {
+    let purging = tikv_jemalloc_ctl::background_thread::write(true);
     let cli = Cli::parse();
     // The demo's comparison prints a table: four magpies starting and
     // stopping are not news there.
@@ -126,6 +129,9 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    if let Err(error) = purging {
+        tracing::warn!(%error, "the allocator's background thread did not start: freed memory goes back to the system only while magpie allocates");
+    }
     magpie::supervise::install_panic_hook();
     let result = match cli.command {
         Command::Check { config } => check(&config),

@@ -170,7 +170,17 @@ impl HttpPath {
         let Some(acceptor) = acceptor else {
             return self.pass_through(raw, Versions::Either, connection).await;
         };
-        let deadline = Instant::now() + deadlines.first_byte;
+        // Boxed, as is hyper's path below: a task's size is that of its
+        // largest state, which a cleartext connection in the pass-through
+        // would otherwise pay for.
+        Box::pin(self.serve_tls(raw, acceptor, connection)).await
+    }
+
+    /// Serves a connection on a listener that terminates TLS: the handshake,
+    /// then HTTP/2 with hyper when the client chose `h2`, else the
+    /// pass-through.
+    async fn serve_tls(self, raw: ClientSocket, acceptor: TlsAcceptor, connection: Connection) {
+        let deadline = Instant::now() + connection.deadlines.first_byte;
         let stats = &connection.shared.stats;
         let handshake = tls::handshake(&acceptor, raw, deadline, stats, connection.arrival.client);
         let tls = tokio::select! {
@@ -207,8 +217,8 @@ impl HttpPath {
             Ended::Handover(stream, read) => {
                 // hyper's deadlines start afresh, with the bytes read.
                 c.clock = Clock::new();
-                self.serve_http(Replay::new(stream, read), versions, c)
-                    .await
+                let hyper = self.serve_http(Replay::new(stream, read), versions, c);
+                Box::pin(hyper).await
             }
             Ended::Closed(Next::Reset) => reset_on_close(&c.socket),
             Ended::Closed(Next::Linger) => clock::linger(&c.socket).await,

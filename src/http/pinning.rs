@@ -166,7 +166,11 @@ pub async fn route(
     recent: &Recent,
     keys: Keys,
 ) -> Pinned {
-    let spilled_to = recent.spilled_to(keys.session);
+    // Only a cap or a full engine makes a key spill: without either
+    // there is nothing to remember.
+    let config = &snapshot.config;
+    let spills = config.placement.bounded_load.is_some() || config.load_limits().is_some();
+    let spilled_to = spills.then(|| recent.spilled_to(keys.session)).flatten();
     let spilled_to = spilled_to.as_deref();
     let (route, bound) = match &sessions {
         None => (

@@ -23,6 +23,7 @@ mod http_framing;
 mod http_mode;
 mod http_timeouts;
 mod key_buffers;
+mod pass_through;
 mod probe;
 mod proxy_protocol;
 mod reload;

@@ -117,7 +117,12 @@ impl ClientBuf {
         }
         let spare = self.bytes.capacity() - self.bytes.len();
         let want = if spare > 0 { spare } else { READ_CHUNK };
-        self.poll_read(io, cx, want.min(max - held))
+        let polled = self.poll_read(io, cx, want.min(max - held));
+        if polled.is_pending() {
+            // Nothing sent ahead: no buffer kept while the answer streams.
+            self.release();
+        }
+        polled
     }
 
     /// Reads at most `want` more bytes from `io`.
@@ -131,7 +136,9 @@ impl ClientBuf {
 }
 
 /// Reads at most `want` more bytes from `io` into `buf`'s spare room (made
-/// if missing): how many (0 at its end).
+/// if missing): how many (0 at its end). An empty `buf` whose read finds
+/// nothing is freed, so a request that waits (a long prefill, a quiet
+/// stream) holds no buffer meanwhile.
 pub fn poll_read_into<S: AsyncRead + Unpin>(
     io: &mut S,
     cx: &mut Context<'_>,
@@ -142,7 +149,11 @@ pub fn poll_read_into<S: AsyncRead + Unpin>(
         buf.reserve_exact(want);
     }
     let mut room = buf.limit(want);
-    tokio_util::io::poll_read_buf(Pin::new(io), cx, &mut room)
+    let polled = tokio_util::io::poll_read_buf(Pin::new(io), cx, &mut room);
+    if polled.is_pending() && buf.is_empty() {
+        *buf = Vec::new();
+    }
+    polled
 }
 
 /// Writes every byte of `parts` to `io`, several slices per system call.

@@ -38,11 +38,17 @@ pub mod response;
 pub mod send;
 
 use std::future::poll_fn;
+use std::pin::pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Poll;
+
+use tokio::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
 use self::io::{ClientBuf, ClientIo};
+use self::send::passed;
 use super::clock::Deadlines;
 use super::logged::Arrival;
 use super::pool::Pool;
@@ -89,34 +95,57 @@ pub enum Ended<S> {
 
 /// Serves the requests of one client connection until it closes, shutdown,
 /// or a request that hyper must serve.
-pub async fn serve<S: ClientIo>(mut io: S, c: &Client<'_>) -> Ended<S> {
+///
+/// Shutdown and the end of its grace are awaited once for the whole
+/// connection, not once per request: shutdown closes it while it idles (a
+/// request in flight finishes first, its answer saying `connection:
+/// close`), the grace's end closes it whatever it does.
+pub async fn serve<S: ClientIo>(io: S, c: &Client<'_>) -> Ended<S> {
+    let idle = AtomicBool::new(true);
+    let requests = pin!(requests(io, c, &idle));
+    let mut requests = requests;
+    tokio::select! {
+        ended = &mut requests => return ended,
+        _ = c.stop.cancelled() => return Ended::Closed(Next::Reset),
+        _ = c.shutdown.cancelled() => {}
+    }
+    if idle.load(Ordering::Relaxed) {
+        return Ended::Closed(Next::Close);
+    }
+    tokio::select! {
+        ended = requests => ended,
+        _ = c.stop.cancelled() => Ended::Closed(Next::Reset),
+    }
+}
+
+/// The request loop of [`serve`]; `idle` says when it waits between
+/// requests.
+async fn requests<S: ClientIo>(mut io: S, c: &Client<'_>, idle: &AtomicBool) -> Ended<S> {
     let mut buf = ClientBuf::default();
-    let mut first = true;
+    // One timer for every idle wait of the connection, set again only when
+    // it fires early (the connection was busy meanwhile).
+    let mut sleep = pin!(tokio::time::sleep(c.deadlines.first_byte));
+    let mut limit = c.deadlines.first_byte;
+    let mut since = Instant::now();
     loop {
         if buf.is_empty() {
             // Idle: no buffer is held while the client is quiet.
             buf.release();
-            let idle = if first {
-                c.deadlines.first_byte
-            } else {
-                c.deadlines.keepalive
-            };
-            let ready = tokio::select! {
-                read = poll_fn(|cx| buf.poll_idle(&mut io, cx)) => matches!(read, Ok(n) if n > 0),
-                _ = tokio::time::sleep(idle) => false,
-                _ = c.shutdown.cancelled() => false,
-            };
-            if !ready {
+            idle.store(true, Ordering::Relaxed);
+            let read = poll_fn(|cx| match buf.poll_idle(&mut io, cx) {
+                Poll::Pending if passed(cx, &mut sleep, since + limit) => Poll::Ready(Ok(0)),
+                polled => polled,
+            });
+            if !matches!(read.await, Ok(n) if n > 0) || c.shutdown.is_cancelled() {
                 return Ended::Closed(Next::Close);
             }
+            idle.store(false, Ordering::Relaxed);
         }
-        first = false;
         // Boxed: a request's state (its keys, route, upstream exchange) is
         // kilobytes, which an idle connection should not keep.
-        let next = tokio::select! {
-            next = Box::pin(request::serve(&mut io, &mut buf, c)) => next,
-            _ = c.stop.cancelled() => Next::Reset,
-        };
+        let next = Box::pin(request::serve(&mut io, &mut buf, c, sleep.as_mut())).await;
+        limit = c.deadlines.keepalive;
+        since = Instant::now();
         match next {
             Next::KeepAlive if !c.shutdown.is_cancelled() => {}
             Next::KeepAlive => return Ended::Closed(Next::Close),

@@ -17,13 +17,13 @@
 //! connection goes back to the pool.
 
 use std::future::poll_fn;
-use std::pin::{Pin, pin};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::AsyncWrite;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::framing::{BodyEnd, Framing};
@@ -111,8 +111,7 @@ pub async fn relay<S: ClientIo>(
             .extend_from_slice(&state.rbuf[state.pending.clone()]);
         state.pending = 0..0;
     }
-    let mut sleep = pin!(tokio::time::sleep(limit));
-    let how = poll_fn(|cx| state.poll(cx, out, &mut sleep)).await;
+    let how = poll_fn(|cx| state.poll(cx, out)).await;
     state.end_with(how)
 }
 
@@ -143,7 +142,6 @@ impl Relay {
         &mut self,
         cx: &mut Context<'_>,
         out: &mut Outbound<'_, S>,
-        sleep: &mut Pin<&mut Sleep>,
     ) -> Poll<Relayed> {
         loop {
             let request_done = out.end.is_done() && out.walked == 0;
@@ -173,7 +171,7 @@ impl Relay {
                 continue;
             }
             let waiting = self.written >= self.head.len() && self.pending.is_empty();
-            if waiting && passed(cx, sleep, self.last + self.limit) {
+            if waiting && passed(cx, &mut out.timer, self.last + self.limit) {
                 if let Some(in_flight) = &self.in_flight {
                     silent(in_flight, self.limit);
                 }

@@ -4,9 +4,10 @@
 //! on hyper's path), the first backend that takes it ([`super::send`]), and
 //! the answer relayed back ([`super::relay`]) or magpie's own.
 
+use std::pin::Pin;
 use std::sync::Arc;
 
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 use tracing::debug;
 
 use super::body_key::{self, BodyFailed};
@@ -35,7 +36,12 @@ const TIMEOUT_408: &[u8] = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/
 const TOO_LARGE_431: &[u8] = b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain\r\ncontent-length: 44\r\nconnection: close\r\n\r\nthe request head exceeds limits.max_head_bytes\n";
 
 /// Serves the request whose bytes start `buf` (or are about to arrive).
-pub async fn serve<S: ClientIo>(io: &mut S, buf: &mut ClientBuf, c: &Client<'_>) -> Next {
+pub async fn serve<S: ClientIo>(
+    io: &mut S,
+    buf: &mut ClientBuf,
+    c: &Client<'_>,
+    timer: Pin<&mut Sleep>,
+) -> Next {
     let snapshot = c.shared.snapshot.load_full();
     let config = Arc::clone(&snapshot.config);
     let cx = head::Context {
@@ -75,6 +81,7 @@ pub async fn serve<S: ClientIo>(io: &mut S, buf: &mut ClientBuf, c: &Client<'_>)
         end,
         head: &head.upstream,
         held: keyed.held,
+        timer,
     };
     let mut request = Request {
         out,

@@ -12,7 +12,7 @@
 //! come within `http.response_timeout` of the request's latest byte.
 
 use std::future::poll_fn;
-use std::pin::{Pin, pin};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -54,6 +54,9 @@ pub struct Outbound<'x, S> {
     /// The key budget's share of the body bytes read for the key, given
     /// back once they are sent.
     pub held: Option<crate::key_budget::Held>,
+    /// The connection's one timer, for every deadline of its requests
+    /// ([`passed`]).
+    pub timer: Pin<&'x mut Sleep>,
 }
 
 /// Where a request goes, and what it is counted with.
@@ -129,7 +132,7 @@ pub async fn send<S: ClientIo>(
             lease,
             sent,
             progress,
-            rbuf: Vec::with_capacity(UPSTREAM_BUFFER_BYTES),
+            rbuf: Vec::new(),
         };
         return exchange.run(backend, out, plan).await;
     }
@@ -205,10 +208,9 @@ impl Exchange {
         plan: &Plan<'_>,
     ) -> Attempt {
         let timeout = plan.config.http.response_timeout;
-        let mut sleep = pin!(tokio::time::sleep_until(self.progress.last() + timeout));
         let mut request_done = true;
         if !out.end.is_done() {
-            match self.pump(out, &mut sleep, timeout).await {
+            match self.pump(out, timeout).await {
                 Ok(done) => request_done = done,
                 Err(attempt) => return self.failed(backend, attempt, plan),
             }
@@ -258,7 +260,7 @@ impl Exchange {
                 response::Parsed::Partial => {}
             }
             let watch = request_done;
-            let event = poll_fn(|cx| self.poll_head(cx, out, watch, &mut sleep, timeout)).await;
+            let event = poll_fn(|cx| self.poll_head(cx, out, watch, timeout)).await;
             match event {
                 Event::Backend(0) => {
                     return failed_after_send(
@@ -305,7 +307,6 @@ impl Exchange {
         cx: &mut Context<'_>,
         out: &mut Outbound<'_, S>,
         watch: bool,
-        sleep: &mut Pin<&mut Sleep>,
         timeout: std::time::Duration,
     ) -> Poll<Event> {
         let room = UPSTREAM_BUFFER_BYTES - self.rbuf.len().min(UPSTREAM_BUFFER_BYTES);
@@ -321,7 +322,7 @@ impl Exchange {
                 Poll::Pending => {}
             }
         }
-        if passed(cx, sleep, self.progress.last() + timeout) {
+        if passed(cx, &mut out.timer, self.progress.last() + timeout) {
             return Poll::Ready(Event::TimedOut);
         }
         Poll::Pending
@@ -333,11 +334,10 @@ impl Exchange {
     async fn pump<S: ClientIo>(
         &mut self,
         out: &mut Outbound<'_, S>,
-        sleep: &mut Pin<&mut Sleep>,
         timeout: std::time::Duration,
     ) -> Result<bool, Event> {
         while !(out.end.is_done() && out.walked == 0) {
-            let event = poll_fn(|cx| self.poll_pump(cx, out, sleep, timeout)).await;
+            let event = poll_fn(|cx| self.poll_pump(cx, out, timeout)).await;
             match event {
                 Event::Backend(0) => return Err(Event::Backend(0)),
                 // An answer before the body's end.
@@ -364,7 +364,6 @@ impl Exchange {
         &mut self,
         cx: &mut Context<'_>,
         out: &mut Outbound<'_, S>,
-        sleep: &mut Pin<&mut Sleep>,
         timeout: std::time::Duration,
     ) -> Poll<Event> {
         match poll_read_into(
@@ -394,7 +393,7 @@ impl Exchange {
                 Poll::Pending => {}
             }
         }
-        if passed(cx, sleep, self.progress.last() + timeout) {
+        if passed(cx, &mut out.timer, self.progress.last() + timeout) {
             return Poll::Ready(Event::TimedOut);
         }
         Poll::Pending
