@@ -134,3 +134,31 @@ impl AsyncWrite for ClientSocket {
         Poll::Ready(Ok(()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_drained_socket_still_wakes_for_what_comes_next() {
+        let (mut client, accepted) = crate::net::loopback_pair().await;
+        let mut socket = ClientSocket::new(ReadAhead::new(accepted));
+        let mut buf = [0u8; 64];
+        for round in 0..200u32 {
+            let sent = round.to_be_bytes();
+            client.write_all(&sent).await.expect("send");
+            let mut got = Vec::new();
+            while got.len() < sent.len() {
+                // Each read leaves room: the socket's readiness is cleared
+                // at once, and the next bytes must still be seen.
+                let limit = std::time::Duration::from_secs(5);
+                let read = tokio::time::timeout(limit, socket.read(&mut buf));
+                let n = read.await.expect("woken for the next bytes").expect("read");
+                assert_ne!(n, 0, "closed");
+                got.extend_from_slice(&buf[..n]);
+            }
+            assert_eq!(got, sent);
+        }
+    }
+}

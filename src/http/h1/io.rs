@@ -306,6 +306,36 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_idle_wait_holds_no_buffer() {
+        let (mut a, mut b) = tokio::io::duplex(64);
+        let mut buf = ClientBuf::default();
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        assert!(buf.poll_idle(&mut b, &mut cx).is_pending());
+        assert_eq!(buf.bytes.capacity(), 0, "nothing came: nothing is held");
+        tokio::io::AsyncWriteExt::write_all(&mut a, b"GET")
+            .await
+            .unwrap();
+        assert!(matches!(buf.poll_idle(&mut b, &mut cx), Poll::Ready(Ok(3))));
+        assert_eq!(buf.unconsumed(), b"GET");
+        // What a client sends ahead while an answer streams is kept; when
+        // it sends nothing, the buffer goes.
+        buf.consume(3);
+        assert!(buf.poll_read_ahead(&mut b, &mut cx, 16).is_pending());
+        assert_eq!(buf.bytes.capacity(), 0);
+        tokio::io::AsyncWriteExt::write_all(&mut a, &[b'x'; 40])
+            .await
+            .unwrap();
+        assert!(matches!(
+            buf.poll_read_ahead(&mut b, &mut cx, 16),
+            Poll::Ready(Ok(16))
+        ));
+        assert!(
+            buf.poll_read_ahead(&mut b, &mut cx, 16).is_pending(),
+            "at most 16 ahead"
+        );
+    }
+
+    #[tokio::test]
     async fn a_client_buffer_consumes_and_compacts() {
         let (mut a, mut b) = tokio::io::duplex(64);
         tokio::io::AsyncWriteExt::write_all(&mut a, b"abcdef")
