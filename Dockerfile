@@ -2,17 +2,21 @@
 # Build stage: a static magpie (musl), dependencies in their own cached layer.
 FROM rust:1.95-slim-bookworm AS build
 ARG TARGET=x86_64-unknown-linux-musl
-RUN rustup target add "$TARGET"
+# musl-gcc: ring and jemalloc compile C for the musl target.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends musl-tools \
+    && rm -rf /var/lib/apt/lists/* \
+    && rustup target add "$TARGET"
 WORKDIR /src
 
 # Dependencies: the real manifest and lock file with a dummy crate. This layer
-# is rebuilt only when Cargo.toml or Cargo.lock change. The manifest names two
+# is rebuilt only when Cargo.toml or Cargo.lock change. The manifest names three
 # [[bench]] targets, so their files must exist (empty: `cargo build` does not
 # compile benches).
 COPY Cargo.toml Cargo.lock ./
 RUN mkdir -p src benches \
     && echo 'fn main() {}' > src/main.rs \
-    && touch src/lib.rs benches/placement.rs benches/session_store.rs \
+    && touch src/lib.rs benches/placement.rs benches/session_store.rs benches/usage_scan.rs \
     && cargo build --release --locked --target "$TARGET" \
     && rm -rf src benches
 
