@@ -35,7 +35,7 @@
 //! | [`listener`] | the accept loop both data paths share: limits, back-off, graceful drain |
 //! | [`net`] | binding, socket options, connecting with a deadline, address types; TLS towards backends (`tls_client`) |
 //! | [`tcp`] | `mode: tcp`: one connection in phases, its header or TLS server-name key from the first bytes, copying both ways |
-//! | [`http`] | `mode: http`: TLS termination (the handshake, the certificate by SNI from the snapshot), each request's keys (session and group) and pin, framing checks, forwarding in phases, deadlines towards backends and clients, pooled upstreams, streamed bodies |
+//! | [`http`] | `mode: http`: TLS termination (the handshake, the certificate by SNI from the snapshot), each request's keys (session and group) and pin, framing checks, forwarding in phases, deadlines towards backends and clients, pooled upstreams, streamed bodies; plain HTTP/1.1 through its own pass-through ([`http::h1`]), the rest through hyper |
 //! | [`usage`] | token counts read from LLM responses as they stream: OpenAI chat/completions/responses and Anthropic shapes, JSON or SSE |
 //! | [`sessions`] | session pins: a key's backend kept while the key is in use |
 //! | [`recent`] | what routing last did with each key: where and why, where it spilled (it stays), cache misses and their causes |

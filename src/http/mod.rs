@@ -5,20 +5,26 @@
 //! body / conversation / address ─▶ route (and pin) ─▶ pooled upstream ─▶
 //! stream the response`.
 //!
-//! hyper does the HTTP: the client side speaks HTTP/1.1, or HTTP/2 with prior
-//! knowledge (cleartext); on a listener that terminates TLS, HTTP/2 when the
-//! client chose `h2` by ALPN and HTTP/1.1 otherwise; backends are spoken to over HTTP/1.1 keep-alive
-//! connections. Nothing is buffered whole: request and response bodies stream
-//! frame by frame in both directions, except the part of a request body read
-//! to find its key (bounded by `key.max_bytes`).
+//! Plain HTTP/1.1 requests go through magpie's own pass-through ([`h1`]):
+//! heads parsed in place and forwarded as they came, bodies passed on in
+//! their framing, one task per client connection. What it does not take
+//! (HTTP/2 with prior knowledge, or chosen by ALPN on a listener that
+//! terminates TLS; HTTP/1.0; framing to normalise or refuse) it hands over,
+//! with the bytes it read, to hyper, which serves that connection from then
+//! on. Backends are spoken to over HTTP/1.1 keep-alive connections. Nothing
+//! is buffered whole: request and response bodies stream in both
+//! directions, except the part of a request body read to find its key
+//! (bounded by `key.max_bytes`).
 //!
 //! | module | owns |
 //! |---|---|
+//! | [`h1`] | the HTTP/1.1 pass-through: heads, framing, keys from bodies, forwarding and relaying without hyper |
 //! | [`request_key`] | a request's key: header, JSON body field, conversation, or address |
 //! | [`pinning`] | session pins: the route by a key's pin, and binding or using it once served |
 //! | [`normalize`] | requests refused before any backend: `CONNECT`, two `Host`s, unknown transfer codings |
 //! | [`forward`] | one request in phases: choose, connect, send, account, respond |
-//! | [`pool`] | keep-alive connections to backends, lent to one request at a time |
+//! | [`pool`] | keep-alive connections to backends (hyper's, and the pass-through's), lent to one request at a time |
+//! | [`upstream`] | a connection to a backend below HTTP: TCP, then TLS for a `tls: true` backend |
 //! | [`upload`] | a request body: the bytes read for the key, then the rest |
 //! | [`download`] | a response body: counted, timed, its connection given back at the end |
 //! | [`logged`] | a request's access-log line: begun on arrival, completed as it is routed and answered, written at its end |

@@ -1,7 +1,7 @@
 //! A connection to a backend below HTTP: TCP, then TLS for a `tls: true`
 //! backend ([`crate::net::tls_client`]). hyper's client ([`super::pool`]) and
 //! the HTTP/1.1 pass-through ([`super::h1`]) both speak over an
-//! [`UpstreamIo`]; the pass-through keeps it as a [`RawConn`] between
+//! [`UpstreamIo`]; the pass-through keeps it as a [`RawConn`](super::pool::RawConn) between
 //! requests.
 
 use std::io;

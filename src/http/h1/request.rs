@@ -317,7 +317,6 @@ impl<S: ClientIo> Request<'_, '_, S> {
             head,
             rbuf,
             progress,
-            ..
         } = received;
         let backend = Arc::clone(&in_flight.backend);
         account(&backend, head.status, in_flight.sent, self.config);

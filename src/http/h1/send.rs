@@ -6,10 +6,11 @@
 //! connection that fails that write before any byte went is dropped and
 //! another tried; a new one that does, or a failed connect, moves on to the
 //! next target. Once a byte went, the request goes nowhere else. The rest
-//! of the body is then passed on as the client sends it ([`pump`]), while
-//! the backend is watched: an answer that comes before the body's end is
-//! passed on, and both connections close after it. The response head must
-//! come within `http.response_timeout` of the request's latest byte.
+//! of the body is then passed on as the client sends it
+//! (`Exchange::pump`), while the backend is watched: an answer that comes
+//! before the body's end is relayed while the rest of the body still flows
+//! ([`super::relay`]). The response head must come within
+//! `http.response_timeout` of the request's latest byte.
 
 use std::future::poll_fn;
 use std::pin::Pin;
@@ -80,9 +81,6 @@ pub struct Received {
     pub head: ResponseHead,
     /// The backend's bytes: the head, then what came of the body.
     pub rbuf: Vec<u8>,
-    /// The request body was sent whole (else both connections close after
-    /// the answer).
-    pub request_done: bool,
     /// How far the request body got (for the access log).
     pub progress: Arc<Progress>,
 }
@@ -235,7 +233,6 @@ impl Exchange {
                         received: Received {
                             head,
                             rbuf: self.rbuf,
-                            request_done,
                             progress: self.progress,
                         },
                     }));
