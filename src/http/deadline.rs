@@ -173,19 +173,26 @@ impl Silence {
         let sleep = self
             .sleep
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-        if sleep.deadline() > deadline {
-            sleep.as_mut().reset(deadline);
+        passed(cx, &mut sleep.as_mut(), deadline)
+    }
+}
+
+/// Whether `deadline` has passed; if not, `cx` is woken when it would. The
+/// timer is set again only when it would fire late, or when it fires early
+/// (it was armed for an earlier deadline, which moved), so one timer can
+/// serve a deadline that moves with every byte at no cost per byte.
+pub fn passed(cx: &mut Context<'_>, sleep: &mut Pin<&mut Sleep>, deadline: Instant) -> bool {
+    if sleep.deadline() > deadline {
+        sleep.as_mut().reset(deadline);
+    }
+    loop {
+        if sleep.as_mut().poll(cx).is_pending() {
+            return false;
         }
-        loop {
-            if sleep.as_mut().poll(cx).is_pending() {
-                return false;
-            }
-            if Instant::now() >= deadline {
-                return true;
-            }
-            // It was armed for an earlier pause.
-            sleep.as_mut().reset(deadline);
+        if Instant::now() >= deadline {
+            return true;
         }
+        sleep.as_mut().reset(deadline);
     }
 }
 

@@ -124,28 +124,6 @@ async fn record(mut stream: TcpStream, answer: &'static str, tx: mpsc::Unbounded
     }
 }
 
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
-}
-
-/// Reads until `done` finds its mark in `buf`; `None` at EOF or an error.
-async fn read_until(
-    stream: &mut TcpStream,
-    buf: &mut Vec<u8>,
-    done: impl Fn(&[u8]) -> Option<usize>,
-) -> Option<usize> {
-    loop {
-        if let Some(at) = done(buf) {
-            return Some(at);
-        }
-        let mut chunk = [0u8; 4096];
-        match stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => return None,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
-}
-
 const OK: &str = "HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nok\n";
 
 /// Sends `bytes` on a new connection, half-closes, and reads all magpie says.

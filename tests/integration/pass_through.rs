@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
@@ -123,28 +123,6 @@ async fn serve(mut stream: TcpStream, conn: u64, tx: mpsc::UnboundedSender<Seen>
         }
         if head.starts_with("get /until-close") {
             return;
-        }
-    }
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
-}
-
-/// Reads until `done` finds its mark in `buf`; `None` at EOF or an error.
-async fn read_until(
-    stream: &mut TcpStream,
-    buf: &mut Vec<u8>,
-    done: impl Fn(&[u8]) -> Option<usize>,
-) -> Option<usize> {
-    loop {
-        if let Some(at) = done(buf) {
-            return Some(at);
-        }
-        let mut chunk = [0u8; 4096];
-        match stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => return None,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
     }
 }

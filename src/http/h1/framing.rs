@@ -128,12 +128,7 @@ impl BodyEnd {
                     at = bytes.len();
                 }
                 State::Length(left) => {
-                    let n = usize::try_from(left)
-                        .unwrap_or(usize::MAX)
-                        .min(bytes.len() - at);
-                    data(&bytes[at..at + n]);
-                    at += n;
-                    let left = left - n as u64;
+                    let left = counted(&bytes[at..], left, &mut at, data);
                     self.state = if left == 0 {
                         State::Done
                     } else {
@@ -141,12 +136,7 @@ impl BodyEnd {
                     };
                 }
                 State::Chunked(Chunk::Data { left }) => {
-                    let n = usize::try_from(left)
-                        .unwrap_or(usize::MAX)
-                        .min(bytes.len() - at);
-                    data(&bytes[at..at + n]);
-                    at += n;
-                    let left = left - n as u64;
+                    let left = counted(&bytes[at..], left, &mut at, data);
                     self.state = State::Chunked(if left == 0 {
                         Chunk::DataCr
                     } else {
@@ -225,6 +215,15 @@ impl BodyEnd {
         }
         Ok(())
     }
+}
+
+/// Up to `left` bytes of data at the start of `bytes`: handed to `data`,
+/// counted in `at`; what is left of them after.
+fn counted(bytes: &[u8], left: u64, at: &mut usize, data: &mut dyn FnMut(&[u8])) -> u64 {
+    let n = usize::try_from(left).unwrap_or(usize::MAX).min(bytes.len());
+    data(&bytes[..n]);
+    *at += n;
+    left - n as u64
 }
 
 #[cfg(test)]

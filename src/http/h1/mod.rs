@@ -48,8 +48,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use self::io::{ClientBuf, ClientIo};
-use self::send::passed;
 use super::clock::Deadlines;
+use super::deadline::passed;
 use super::logged::Arrival;
 use super::pool::Pool;
 use super::pool::RawConn;

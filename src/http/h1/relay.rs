@@ -28,9 +28,10 @@ use tracing::{debug, warn};
 
 use super::framing::{BodyEnd, Framing};
 use super::io::{ClientIo, JOIN_BELOW, poll_read_into, poll_write_from};
-use super::send::{Outbound, READ_CHUNK, passed};
+use super::send::{Outbound, READ_CHUNK};
 use crate::backend::TimeoutKind;
 use crate::http::deadline::Progress;
+use crate::http::deadline::passed;
 use crate::http::download::InFlight;
 use crate::http::pool::RawConn;
 use crate::http::pool::UPSTREAM_BUFFER_BYTES;

@@ -28,7 +28,7 @@ use super::response::{self, ResponseHead};
 use crate::backend::{Backend, CodeClass};
 use crate::config::Config;
 use crate::health::passive::{self, Blame};
-use crate::http::deadline::Progress;
+use crate::http::deadline::{Progress, passed};
 use crate::http::forward::{Failure, timed_out};
 use crate::http::pool::RawConn;
 use crate::http::pool::{Lease, Limits, Pool, UPSTREAM_BUFFER_BYTES};
@@ -394,22 +394,5 @@ impl Exchange {
             return Poll::Ready(Event::TimedOut);
         }
         Poll::Pending
-    }
-}
-
-/// Whether `deadline` has passed; if not, `cx` is woken when it would. The
-/// timer is set again only when it fires early (the deadline moved).
-pub fn passed(cx: &mut Context<'_>, sleep: &mut Pin<&mut Sleep>, deadline: Instant) -> bool {
-    if sleep.deadline() > deadline {
-        sleep.as_mut().reset(deadline);
-    }
-    loop {
-        if sleep.as_mut().poll(cx).is_pending() {
-            return false;
-        }
-        if Instant::now() >= deadline {
-            return true;
-        }
-        sleep.as_mut().reset(deadline);
     }
 }

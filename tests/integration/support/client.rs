@@ -160,3 +160,27 @@ pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
     out.truncate(len);
     out
 }
+
+/// Where `needle` first occurs in `haystack`.
+pub fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Reads from `stream` into `buf` until `done` finds its mark there; `None`
+/// at EOF or an error.
+pub async fn read_until(
+    stream: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    done: impl Fn(&[u8]) -> Option<usize>,
+) -> Option<usize> {
+    loop {
+        if let Some(at) = done(buf) {
+            return Some(at);
+        }
+        let mut chunk = [0u8; 4096];
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
