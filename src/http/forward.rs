@@ -30,7 +30,7 @@ use super::pinning::NewGroup;
 use super::pool::{self, Lease, Limits, Pool};
 use super::reply::Reply;
 use super::upload::Upload;
-use crate::backend::{Backend, CodeClass, Spill, TimeoutKind};
+use crate::backend::{ActiveGuard, Backend, CodeClass, Spill, TimeoutKind};
 use crate::config::Config;
 use crate::health::passive::{self, Blame};
 use crate::recent::Decision;
@@ -201,17 +201,11 @@ pub async fn forward(
     let mut tried = Vec::new();
     let mut how = forward.route.how;
     for backend in &forward.route.targets {
-        let Some(slot) = forward.route.reserve(backend) else {
+        let Some((slot, awaiting)) = claim(forward.route, backend, &mut new_group) else {
             how = how.passed_over(Spill::AtCap);
             continue;
         };
         tried.push(backend.name.clone());
-        // A new group's request counts as such at its home only.
-        let placed = new_group.take_if(|g| g.home == backend.name);
-        let awaiting = FirstByte {
-            count: backend.live.await_first_byte(placed.is_some()),
-            mark: placed.and_then(|g| g.mark),
-        };
         match send(backend, request, &forward).await {
             Attempt::Answered {
                 response,
@@ -263,6 +257,24 @@ pub async fn forward(
         }
     }
     Err(Failure::NoBackend { tried })
+}
+
+/// `backend`'s in-flight slot if it has room for the request, and the
+/// request's place among those awaiting a first byte there (a new group's
+/// at its home only); `None` when it is at its cap. Both HTTP/1.1 paths
+/// take a target this way.
+pub fn claim(
+    route: &Route,
+    backend: &Arc<Backend>,
+    new_group: &mut Option<NewGroup>,
+) -> Option<(ActiveGuard, FirstByte)> {
+    let slot = route.reserve(backend)?;
+    let placed = new_group.take_if(|g| g.home == backend.name);
+    let awaiting = FirstByte {
+        count: backend.live.await_first_byte(placed.is_some()),
+        mark: placed.and_then(|g| g.mark),
+    };
+    Some((slot, awaiting))
 }
 
 /// What sending a request to one backend came to.

@@ -19,8 +19,8 @@ use super::send::{self, Attempt, Outbound, Plan, READ_CHUNK, Received};
 use super::{Client, Next};
 use crate::backend::Spill;
 use crate::config::Config;
-use crate::http::download::{FirstByte, InFlight, Tally};
-use crate::http::forward::{Failure, LocalAnswer, account};
+use crate::http::download::{InFlight, Tally};
+use crate::http::forward::{Failure, LocalAnswer, account, claim};
 use crate::http::logged::{Answer, Logged};
 use crate::http::pinning::{self, NewGroup, Pinned};
 use crate::http::pool::RawConn;
@@ -265,17 +265,11 @@ impl<S: ClientIo> Request<'_, '_, S> {
         let mut tried = Vec::new();
         let mut how = pinned.route.how;
         for backend in &pinned.route.targets {
-            let Some(slot) = pinned.route.reserve(backend) else {
+            let Some((slot, awaiting)) = claim(&pinned.route, backend, &mut self.new_group) else {
                 how = how.passed_over(Spill::AtCap);
                 continue;
             };
             tried.push(backend.name.clone());
-            // A new group's request counts as such at its home only.
-            let placed = self.new_group.take_if(|g| g.home == backend.name);
-            let awaiting = FirstByte {
-                count: backend.live.await_first_byte(placed.is_some()),
-                mark: placed.and_then(|g| g.mark),
-            };
             let answered = match send::send(backend, &mut self.out, &plan).await {
                 Attempt::Answered(answered) => answered,
                 Attempt::Unsent => {

@@ -297,6 +297,15 @@ impl Exchange {
         }
     }
 
+    /// The backend's next bytes, into what is left of one buffer.
+    fn poll_backend(&mut self, cx: &mut Context<'_>) -> Poll<Event> {
+        let room = UPSTREAM_BUFFER_BYTES.saturating_sub(self.rbuf.len());
+        poll_read_into(&mut self.lease.conn.io, cx, &mut self.rbuf, room).map(|read| match read {
+            Ok(n) => Event::Backend(n),
+            Err(e) => Event::BackendFailed(e),
+        })
+    }
+
     /// Waits for the backend's head: its bytes, the client going away (or
     /// sending ahead, when `watch`), or the deadline.
     fn poll_head<S: ClientIo>(
@@ -306,11 +315,8 @@ impl Exchange {
         watch: bool,
         timeout: std::time::Duration,
     ) -> Poll<Event> {
-        let room = UPSTREAM_BUFFER_BYTES - self.rbuf.len().min(UPSTREAM_BUFFER_BYTES);
-        match poll_read_into(&mut self.lease.conn.io, cx, &mut self.rbuf, room) {
-            Poll::Ready(Ok(n)) => return Poll::Ready(Event::Backend(n)),
-            Poll::Ready(Err(e)) => return Poll::Ready(Event::BackendFailed(e)),
-            Poll::Pending => {}
+        if let Poll::Ready(event) = self.poll_backend(cx) {
+            return Poll::Ready(event);
         }
         if watch {
             match out.buf.poll_read_ahead(out.client, cx, MAX_AHEAD) {
@@ -363,15 +369,8 @@ impl Exchange {
         out: &mut Outbound<'_, S>,
         timeout: std::time::Duration,
     ) -> Poll<Event> {
-        match poll_read_into(
-            &mut self.lease.conn.io,
-            cx,
-            &mut self.rbuf,
-            UPSTREAM_BUFFER_BYTES,
-        ) {
-            Poll::Ready(Ok(n)) => return Poll::Ready(Event::Backend(n)),
-            Poll::Ready(Err(e)) => return Poll::Ready(Event::BackendFailed(e)),
-            Poll::Pending => {}
+        if let Poll::Ready(event) = self.poll_backend(cx) {
+            return Poll::Ready(event);
         }
         if out.walked > 0 {
             let pending = &out.buf.unconsumed()[..out.walked];
