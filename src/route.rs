@@ -202,7 +202,9 @@ impl Route {
     /// The least busy of this route's first `n` targets: the one with the
     /// fewest new groups' requests awaiting their first byte of body, then
     /// the fewest groups served lately (the heads its cache holds), then
-    /// the fewest requests awaiting their first byte, then the earlier.
+    /// the fewest conversations' first requests awaiting (a new prompt may
+    /// bring its head to prefill again), then the fewest requests awaiting,
+    /// then the earlier.
     /// Where a group without a pin goes (`key.group_choices`).
     pub fn least_awaiting(&self, n: usize) -> Option<&Arc<Backend>> {
         let busy = |b: &&Arc<Backend>| {
@@ -210,6 +212,7 @@ impl Route {
             (
                 live.load.awaiting_cold(),
                 live.groups.seen(),
+                live.load.awaiting_openings(),
                 live.load.awaiting(),
             )
         };

@@ -8,8 +8,10 @@
 //! requests sent to it (mode http) whose answer has not yet brought a byte
 //! of body: for an inference engine, the requests queued or in prefill,
 //! which is what a new group's first conversation would wait behind; of
-//! those, `awaiting_cold` placed a new group (`key.group_choices`), the
-//! long prefills of heads the engine has not seen.
+//! those, `awaiting_openings` opened a conversation (with
+//! `key.group_choices` above 1: a new prompt, whose head the engine may
+//! have to prefill again), and of these `awaiting_cold` placed a new group,
+//! the long prefills of heads the engine has not seen.
 //! Taking a slot under a cap is
 //! one atomic step, so concurrent accepts never push a backend past its
 //! bounded-load cap.
@@ -21,7 +23,19 @@ pub struct Load {
     active: AtomicU64,
     upstream: AtomicU64,
     awaiting: AtomicU64,
+    awaiting_openings: AtomicU64,
     awaiting_cold: AtomicU64,
+}
+
+/// What a request awaiting its first byte of body is, for the counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Awaiting {
+    /// A later turn of a conversation, or a request without sessions.
+    Turn,
+    /// A conversation's first request (its session pin bound by it).
+    Opening,
+    /// A conversation's first request that also placed a new group.
+    NewGroup,
 }
 
 impl Load {
@@ -40,22 +54,37 @@ impl Load {
         self.awaiting.load(Ordering::Relaxed)
     }
 
+    /// Of those, the requests that opened a conversation (new groups' too).
+    pub fn awaiting_openings(&self) -> u64 {
+        self.awaiting_openings.load(Ordering::Relaxed)
+    }
+
     /// Of those, the requests that placed a new group.
     pub fn awaiting_cold(&self) -> u64 {
         self.awaiting_cold.load(Ordering::Relaxed)
     }
 
-    pub(super) fn start_awaiting(&self, cold: bool) {
-        self.awaiting.fetch_add(1, Ordering::Relaxed);
-        if cold {
-            self.awaiting_cold.fetch_add(1, Ordering::Relaxed);
+    /// The counters a request of `kind` counts in.
+    fn counters(&self, kind: Awaiting) -> impl Iterator<Item = &AtomicU64> {
+        let depth = match kind {
+            Awaiting::Turn => 1,
+            Awaiting::Opening => 2,
+            Awaiting::NewGroup => 3,
+        };
+        [&self.awaiting, &self.awaiting_openings, &self.awaiting_cold]
+            .into_iter()
+            .take(depth)
+    }
+
+    pub(super) fn start_awaiting(&self, kind: Awaiting) {
+        for counter in self.counters(kind) {
+            counter.fetch_add(1, Ordering::Relaxed);
         }
     }
 
-    pub(super) fn stop_awaiting(&self, cold: bool) {
-        self.awaiting.fetch_sub(1, Ordering::Relaxed);
-        if cold {
-            self.awaiting_cold.fetch_sub(1, Ordering::Relaxed);
+    pub(super) fn stop_awaiting(&self, kind: Awaiting) {
+        for counter in self.counters(kind) {
+            counter.fetch_sub(1, Ordering::Relaxed);
         }
     }
 

@@ -31,6 +31,7 @@ pub use traffic::{CodeClass, Side, Spill, TimeoutKind};
 
 use self::drain::Drain;
 use self::groups::Groups;
+pub use self::load::Awaiting;
 use self::load::Load;
 use self::traffic::Traffic;
 use crate::config::BackendConfig;
@@ -113,14 +114,13 @@ impl Live {
         })
     }
 
-    /// A request is on its way to the backend; it counts as awaiting its
-    /// first byte of body until the guard drops, and as `cold` if it
-    /// placed a new group.
-    pub fn await_first_byte(self: &Arc<Self>, cold: bool) -> AwaitingGuard {
-        self.load.start_awaiting(cold);
+    /// A request of `kind` is on its way to the backend; it counts as
+    /// awaiting its first byte of body until the guard drops.
+    pub fn await_first_byte(self: &Arc<Self>, kind: Awaiting) -> AwaitingGuard {
+        self.load.start_awaiting(kind);
         AwaitingGuard {
             live: Arc::clone(self),
-            cold,
+            kind,
         }
     }
 
@@ -151,12 +151,12 @@ impl Drop for ActiveGuard {
 #[derive(Debug)]
 pub struct AwaitingGuard {
     live: Arc<Live>,
-    cold: bool,
+    kind: Awaiting,
 }
 
 impl Drop for AwaitingGuard {
     fn drop(&mut self) {
-        self.live.load.stop_awaiting(self.cold);
+        self.live.load.stop_awaiting(self.kind);
     }
 }
 
@@ -196,14 +196,23 @@ mod tests {
     #[test]
     fn awaiting_counts_until_the_guard_drops() {
         let live = Arc::new(Live::default());
-        let a = live.await_first_byte(false);
-        let b = live.await_first_byte(true);
-        assert_eq!(live.load.awaiting(), 2);
-        assert_eq!(live.load.awaiting_cold(), 1);
+        let a = live.await_first_byte(Awaiting::Turn);
+        let b = live.await_first_byte(Awaiting::NewGroup);
+        let c = live.await_first_byte(Awaiting::Opening);
+        let counts = |l: &Live| {
+            let load = &l.load;
+            (
+                load.awaiting(),
+                load.awaiting_openings(),
+                load.awaiting_cold(),
+            )
+        };
+        assert_eq!(counts(&live), (3, 2, 1));
         drop(a);
-        assert_eq!(live.load.awaiting(), 1);
+        assert_eq!(counts(&live), (2, 2, 1));
         drop(b);
-        assert_eq!(live.load.awaiting(), 0);
-        assert_eq!(live.load.awaiting_cold(), 0);
+        assert_eq!(counts(&live), (1, 1, 0));
+        drop(c);
+        assert_eq!(counts(&live), (0, 0, 0));
     }
 }

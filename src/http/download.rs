@@ -34,7 +34,7 @@ use super::pool::{Conn, Lease, Pooled};
 use crate::access_log;
 use crate::backend::{ActiveGuard, AwaitingGuard, Backend, TimeoutKind};
 use crate::recent::{MissCause, Tokens};
-use crate::sessions::homes::ColdMark;
+use crate::sessions::homes::AwaitingMark;
 use crate::snapshot::Shared;
 use crate::throttle::Throttle;
 use crate::usage::{Usage, UsageScanner};
@@ -63,12 +63,13 @@ pub struct InFlight<C: Pooled = Conn> {
 }
 
 /// What a request awaiting its answer's first byte of body holds: its count
-/// at the backend ([`crate::backend::load`]), and when it placed a new
-/// group with a shared store, its mark there ([`crate::sessions::homes`]).
+/// at the backend ([`crate::backend::load`]), and when it opened a
+/// conversation or placed a new group with a shared store, its mark there
+/// ([`crate::sessions::homes`]).
 #[derive(Debug)]
 pub struct FirstByte {
     pub count: AwaitingGuard,
-    pub mark: Option<ColdMark>,
+    pub mark: Option<AwaitingMark>,
 }
 
 /// Where a response's usage goes: the key's memory (a cache miss and its

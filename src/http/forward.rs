@@ -26,11 +26,11 @@ use tracing::{debug, warn};
 use super::deadline::{self, Outgoing, Progress};
 use super::download::{BoxError, Download, FirstByte, InFlight, Tally};
 use super::logged::{Answer, Logged};
-use super::pinning::NewGroup;
+use super::pinning::Opening;
 use super::pool::{self, Lease, Limits, Pool};
 use super::reply::Reply;
 use super::upload::Upload;
-use crate::backend::{ActiveGuard, Backend, CodeClass, Spill, TimeoutKind};
+use crate::backend::{ActiveGuard, Awaiting, Backend, CodeClass, Spill, TimeoutKind};
 use crate::config::Config;
 use crate::health::passive::{self, Blame};
 use crate::recent::Decision;
@@ -67,8 +67,8 @@ pub struct Forward<'a> {
     /// The request's access-log line, if it is sampled; it moves into the
     /// response body once a backend answers.
     pub log: &'a mut Option<Logged>,
-    /// Set when the request places a new group (`key.group_choices`).
-    pub new_group: Option<NewGroup>,
+    /// Set when the request opens a conversation (`key.group_choices`).
+    pub opening: Option<Opening>,
 }
 
 /// Why a request reached no backend.
@@ -197,11 +197,11 @@ pub async fn forward(
     mut forward: Forward<'_>,
 ) -> Result<Served, Failure> {
     let mut request = prepare(request);
-    let mut new_group = forward.new_group.take();
+    let mut opening = forward.opening.take();
     let mut tried = Vec::new();
     let mut how = forward.route.how;
     for backend in &forward.route.targets {
-        let Some((slot, awaiting)) = claim(forward.route, backend, &mut new_group) else {
+        let Some((slot, awaiting)) = claim(forward.route, backend, &mut opening) else {
             how = how.passed_over(Spill::AtCap);
             continue;
         };
@@ -260,19 +260,23 @@ pub async fn forward(
 }
 
 /// `backend`'s in-flight slot if it has room for the request, and the
-/// request's place among those awaiting a first byte there (a new group's
-/// at its home only); `None` when it is at its cap. Both HTTP/1.1 paths
-/// take a target this way.
+/// request's place among those awaiting a first byte there (a
+/// conversation's opening at the first backend that takes it, a new
+/// group's at its home only); `None` when it is at its cap. Both HTTP/1.1
+/// paths take a target this way.
 pub fn claim(
     route: &Route,
     backend: &Arc<Backend>,
-    new_group: &mut Option<NewGroup>,
+    opening: &mut Option<Opening>,
 ) -> Option<(ActiveGuard, FirstByte)> {
     let slot = route.reserve(backend)?;
-    let placed = new_group.take_if(|g| g.home == backend.name);
+    let (kind, mark) = match opening.take() {
+        Some(opening) => opening.claimed_at(&backend.name),
+        None => (Awaiting::Turn, None),
+    };
     let awaiting = FirstByte {
-        count: backend.live.await_first_byte(placed.is_some()),
-        mark: placed.and_then(|g| g.mark),
+        count: backend.live.await_first_byte(kind),
+        mark,
     };
     Some((slot, awaiting))
 }

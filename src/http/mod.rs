@@ -375,7 +375,7 @@ impl HttpPath {
             pool: &self.pool,
             shared,
             log,
-            new_group: pinned.new_group.take(),
+            opening: pinned.opening.take(),
         };
         match forward::forward(request, forward).await {
             Ok(served) => {

@@ -39,11 +39,11 @@ use std::sync::Arc;
 
 use super::logged::Logged;
 use super::request_key::RequestKey;
-use crate::backend::Backend;
 use crate::backend::groups::Rank;
+use crate::backend::{Awaiting, Backend};
 use crate::recent::{How, Recent};
 use crate::route::{Keys, Route};
-use crate::sessions::homes::{Candidate, ColdMark};
+use crate::sessions::homes::{AwaitingMark, Candidate};
 use crate::sessions::store::Store;
 use crate::sessions::{Sessions, group_pin};
 use crate::snapshot::{Shared, Snapshot};
@@ -61,19 +61,61 @@ pub struct Pinned {
     /// is bound here, from this request): the group's first candidates, to
     /// rank the backend that serves it.
     placing: Option<Vec<Arc<Backend>>>,
-    /// Set when this request places a new group (`key.group_choices`).
-    pub new_group: Option<NewGroup>,
+    /// Set when this request opens a conversation (`key.group_choices`).
+    pub opening: Option<Opening>,
     /// Groups have homes (`key.group_choices` above 1) to keep alive.
     group_homes: bool,
 }
 
-/// A new group placed by this request: its home, and with a shared store
-/// its mark there ([`crate::sessions::homes`]). The request counts as a new
-/// group's, awaiting its first byte, at that backend until the byte arrives.
+/// A conversation's first request, with `key.group_choices` above 1: where
+/// it was placed (its group's home when it placed a new group, else its
+/// session pin), and with a shared store its mark there
+/// ([`crate::sessions::homes`]). It counts among the requests awaiting their
+/// first byte as an opening, and a new group's at its home as one too,
+/// until the byte arrives ([`Opening::claimed_at`]).
 #[derive(Debug)]
-pub struct NewGroup {
-    pub home: String,
-    pub mark: Option<ColdMark>,
+pub struct Opening {
+    pub at: String,
+    pub new_group: bool,
+    pub mark: Option<AwaitingMark>,
+}
+
+impl Opening {
+    fn new_group(home: &Backend, mark: Option<AwaitingMark>) -> Opening {
+        Opening {
+            at: home.name.clone(),
+            new_group: true,
+            mark,
+        }
+    }
+
+    fn conversation(at: &Backend, mark: Option<AwaitingMark>) -> Opening {
+        Opening {
+            at: at.name.clone(),
+            new_group: false,
+            mark,
+        }
+    }
+
+    /// What the request counts as at `backend`, the one that takes it, and
+    /// its mark if it was placed there (a mark elsewhere is dropped).
+    pub fn claimed_at(self, backend: &str) -> (Awaiting, Option<AwaitingMark>) {
+        match self {
+            Opening {
+                at,
+                new_group,
+                mark,
+            } if at == backend => {
+                let kind = if new_group {
+                    Awaiting::NewGroup
+                } else {
+                    Awaiting::Opening
+                };
+                (kind, mark)
+            }
+            _ => (Awaiting::Opening, None),
+        }
+    }
 }
 
 impl Pinned {
@@ -189,7 +231,7 @@ pub async fn route(
         sessions,
         bind_served: bound.bind_served,
         placing,
-        new_group: bound.new_group,
+        opening: bound.opening,
         group_homes: snapshot.config.group_choices > 1,
     }
 }
@@ -202,11 +244,7 @@ pub async fn route(
 /// pin at once, so the conversations of one head that arrive before its
 /// first answer go where it went. With one choice there is no group pin:
 /// the table's order is the home, as every instance computes it.
-fn place_locally(
-    sessions: &Sessions,
-    snapshot: &Snapshot,
-    keys: Keys,
-) -> (Route, Option<NewGroup>) {
+fn place_locally(sessions: &Sessions, snapshot: &Snapshot, keys: Keys) -> (Route, Option<Opening>) {
     let route = Route::plan(snapshot, keys.table());
     let Some(group) = keys.group.filter(|_| snapshot.config.group_choices > 1) else {
         return (route, None);
@@ -215,17 +253,16 @@ fn place_locally(
     let pinned = sessions.pins.peek(at);
     if let Some(home) = pinned.as_deref().and_then(|name| snapshot.backend(name)) {
         sessions.pins.touch(at);
-        return (route.home_first(snapshot, home), None);
+        let route = route.home_first(snapshot, home);
+        let opening = route.first().map(|b| Opening::conversation(b, None));
+        return (route, opening);
     }
     let choices = snapshot.config.group_choices;
     let Some(home) = route.least_awaiting(choices).map(Arc::clone) else {
         return (route, None);
     };
     sessions.pins.bind(at, &home.name);
-    let placed = NewGroup {
-        home: home.name.clone(),
-        mark: None,
-    };
+    let placed = Opening::new_group(&home, None);
     (route.home_first(snapshot, &home), Some(placed))
 }
 
@@ -245,7 +282,7 @@ async fn home_shared(
     snapshot: &Snapshot,
     group: u64,
     route: Route,
-) -> (Route, Option<NewGroup>) {
+) -> (Route, Option<Opening>) {
     let at = group_pin(group);
     if let Some((name, due)) = sessions.cached_group(group)
         && let Some(home) = snapshot.backend(&name)
@@ -280,10 +317,7 @@ async fn home_shared(
         }
     };
     sessions.pins.bind(at, &home.name);
-    let placed = placed.mark.map(|mark| NewGroup {
-        home: home.name.clone(),
-        mark: Some(mark),
-    });
+    let placed = (placed.mark).map(|mark| Opening::new_group(&home, Some(mark)));
     (route.home_first(snapshot, &home), placed)
 }
 
@@ -294,8 +328,8 @@ struct Bound {
     bind_served: bool,
     /// The pin is (or will be) bound by this request, not found.
     placed: bool,
-    /// The request places a new group.
-    new_group: Option<NewGroup>,
+    /// The request opens a conversation (`key.group_choices`).
+    opening: Option<Opening>,
 }
 
 /// The route for `keys` under `sessions`, and what it does to the pin.
@@ -306,9 +340,6 @@ async fn by_pin(
     spilled_to: Option<&str>,
 ) -> (Route, Bound) {
     let (session, table_key) = (keys.session, keys.table());
-    let usable = |name: &str| -> Option<&Arc<Backend>> {
-        snapshot.backend(name).filter(|b| b.live.health.is_up())
-    };
     let Some(store) = &sessions.store else {
         let pin = sessions.pins.get(session);
         let pin = pin.as_deref().and_then(|name| snapshot.backend(name));
@@ -319,7 +350,7 @@ async fn by_pin(
                 && spilled_to == Some(pin.name.as_str())
                 && Route::home_has_room(snapshot, table_key)
         };
-        let (route, new_group) = match pin {
+        let (route, opening) = match pin {
             Some(pin) if !goes_home(pin) => (Route::plan_pinned(snapshot, table_key, pin), None),
             _ => place_locally(sessions, snapshot, keys),
         };
@@ -329,13 +360,13 @@ async fn by_pin(
             Bound {
                 bind_served: true,
                 placed,
-                new_group,
+                opening,
             },
         );
     };
     // Shared pins: the local map first.
     if let Some((name, due)) = sessions.cached(session)
-        && let Some(pin) = usable(&name)
+        && let Some(pin) = usable(snapshot, &name)
     {
         if due {
             sessions.refresh(session, name);
@@ -346,29 +377,54 @@ async fn by_pin(
         );
     }
     store.ensure_connecting();
-    let table = Route::plan(snapshot, table_key);
-    let (table, new_group) = match keys.group {
-        Some(group) if snapshot.config.group_choices > 1 => {
-            home_shared(sessions, store, snapshot, group, table).await
-        }
-        _ => (table, None),
+    by_shared_pin(sessions, store, snapshot, keys).await
+}
+
+/// [`by_pin`] with a shared store, for a key without a usable cached pin:
+/// the store's binding, or the table's choice (after its group's home)
+/// bound now. With `key.group_choices` above 1 a conversation's first
+/// request is marked at its pin as it binds it, unless it placed a new
+/// group and so is marked already.
+async fn by_shared_pin(
+    sessions: &Arc<Sessions>,
+    store: &Arc<Store>,
+    snapshot: &Snapshot,
+    keys: Keys,
+) -> (Route, Bound) {
+    let grouped = keys.group.filter(|_| snapshot.config.group_choices > 1);
+    let table = Route::plan(snapshot, keys.table());
+    let (table, opening) = match grouped {
+        Some(group) => home_shared(sessions, store, snapshot, group, table).await,
+        None => (table, None),
     };
-    let unbound = |new_group| Bound {
-        new_group,
+    let marks = grouped.is_some() && opening.is_none();
+    let unbound = |opening| Bound {
+        opening,
         ..Bound::default()
     };
     let Some(choice) = table.first().map(|b| b.name.clone()) else {
-        return (table, unbound(new_group));
+        return (table, unbound(opening));
     };
-    let pinned = store.pin(session, &choice, |name| usable(name).is_some());
-    let Some(pin) = pinned.await.and_then(|held| usable(&held).cloned()) else {
-        return (table, unbound(new_group));
+    let takes = |name: &str| usable(snapshot, name).is_some();
+    let pinned = match marks {
+        true => store.pin_opening(keys.session, &choice, takes).await,
+        false => (store.pin(keys.session, &choice, takes).await).map(|held| (held, None)),
     };
-    sessions.pins.bind(session, &pin.name);
+    let Some((pin, mark)) = pinned.and_then(|(held, mark)| Some((usable(snapshot, &held)?, mark)))
+    else {
+        return (table, unbound(opening));
+    };
+    sessions.pins.bind(keys.session, &pin.name);
+    let opening = opening.or_else(|| mark.map(|m| Opening::conversation(pin, Some(m))));
     let placed = Bound {
         bind_served: false,
         placed: pin.name == choice,
-        new_group,
+        opening,
     };
-    (table.pin_first(snapshot, &pin), placed)
+    (table.pin_first(snapshot, pin), placed)
+}
+
+/// `name`'s backend if the table has it and it is up: a pin that holds.
+fn usable<'a>(snapshot: &'a Snapshot, name: &str) -> Option<&'a Arc<Backend>> {
+    snapshot.backend(name).filter(|b| b.live.health.is_up())
 }

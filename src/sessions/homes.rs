@@ -11,11 +11,19 @@
 //! its answer's first byte of body arrives, and every home bound is kept in
 //! another sorted set per backend (`{prefix}homes:{backend}`, scored by
 //! when the binding's TTL ends): the heads its cache holds, as the whole
-//! fleet placed them. The script, given a group and its first candidates
-//! (with this instance's count of requests awaiting their first byte
-//! there), returns the group's binding if it has one, else binds the group
-//! to the candidate with the fewest marks, then the fewest homes, then the
-//! fewest requests awaiting, then the earlier, and marks it.
+//! fleet placed them. A conversation's first request in a group that has
+//! its home (a new prompt, which may bring an evicted head to prefill
+//! again) is marked the same way in `{prefix}first:{backend}` by the script
+//! that binds its session pin ([`Store::pin_opening`]). The script that
+//! places a group, given the group and its first candidates (with this
+//! instance's count of requests awaiting their first byte there), returns
+//! the group's binding if it has one, else binds the group to the
+//! candidate with the fewest new groups' marks, then the fewest homes, then
+//! the fewest conversations' first requests (both kinds of marks), then the
+//! fewest requests awaiting, then the earlier, and marks it. One magpie
+//! ranks its candidates by the same four counts of its own
+//! ([`crate::route::Route::least_awaiting`]), so a fleet sharing a store
+//! places groups as one magpie would.
 //!
 //! A mark that is never removed (its magpie died half-way) stops counting
 //! after [`COLD_WINDOW`]; each set of marks expires that long after its
@@ -31,26 +39,32 @@ use super::store::{MAX_BINDING, READ_BINDING, Store};
 /// How long a new group's mark counts at most.
 pub const COLD_WINDOW: Duration = Duration::from_secs(30);
 
-/// KEYS[1] is the group's binding, then the candidates' sets of marks, then
-/// their sets of homes; ARGV: [`MAX_BINDING`], the TTL in ms, the window
-/// in ms, the mark, the candidates' names, then their requests awaiting.
-/// Returns {the binding that holds, 1 if a bad value was removed, 1 if this
-/// call bound it}.
+/// The store's clock in ms, as `now`.
+const NOW: &str = r"
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+";
+
+/// KEYS[1] is the group's binding, then the candidates' sets of new groups'
+/// marks, their sets of homes, their sets of first requests' marks; ARGV:
+/// [`MAX_BINDING`], the TTL in ms, the window in ms, the mark, the
+/// candidates' names, then their requests awaiting. Returns {the binding
+/// that holds, 1 if a bad value was removed, 1 if this call bound it}.
 const PLACE: &str = r"
 local held, bad = read(tonumber(ARGV[1]))
 if held then return {held, bad, 0} end
-local n = (#KEYS - 1) / 2
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local n = (#KEYS - 1) / 3
 local ttl, window = tonumber(ARGV[2]), tonumber(ARGV[3])
 local best, best_score = 0, nil
 for i = 1, n do
-  local marks, homes = KEYS[1 + i], KEYS[1 + n + i]
+  local marks, homes, firsts = KEYS[1 + i], KEYS[1 + n + i], KEYS[1 + 2 * n + i]
   redis.call('ZREMRANGEBYSCORE', marks, '-inf', now - window)
   redis.call('ZREMRANGEBYSCORE', homes, '-inf', now)
-  local score = {redis.call('ZCARD', marks), redis.call('ZCARD', homes), tonumber(ARGV[4 + n + i])}
+  redis.call('ZREMRANGEBYSCORE', firsts, '-inf', now - window)
+  local cold = redis.call('ZCARD', marks)
+  local score = {cold, redis.call('ZCARD', homes), cold + redis.call('ZCARD', firsts), tonumber(ARGV[4 + n + i])}
   local better = best == 0
-  for k = 1, 3 do
+  for k = 1, 4 do
     if better or score[k] ~= best_score[k] then
       better = better or score[k] < best_score[k]
       break
@@ -68,7 +82,27 @@ return {home, bad, 1}
 ";
 
 static SCRIPT: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(&format!("{READ_BINDING}{PLACE}")));
+    LazyLock::new(|| redis::Script::new(&format!("{READ_BINDING}{NOW}{PLACE}")));
+
+/// Binds KEYS[1] to ARGV[2] for ARGV[3] ms unless it is bound (a binding to
+/// ARGV[2] gets its TTL extended), as the session store's bind does, and
+/// when this call bound it, adds the mark ARGV[4] to the set KEYS[2] for
+/// ARGV[5] ms; ARGV[1] is [`MAX_BINDING`]. Returns {the binding that holds
+/// now, 1 if a bad value was replaced, 1 if this call bound it}.
+const OPEN: &str = r"
+local held, bad = read(tonumber(ARGV[1]))
+if held then
+  if held == ARGV[2] then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
+  return {held, bad, 0}
+end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+redis.call('ZADD', KEYS[2], now, ARGV[4])
+redis.call('PEXPIRE', KEYS[2], ARGV[5])
+return {ARGV[2], bad, 1}
+";
+
+static OPEN_SCRIPT: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(&format!("{READ_BINDING}{NOW}{OPEN}")));
 
 /// One of a new group's first candidates, with this instance's count.
 #[derive(Debug, Clone, Copy)]
@@ -84,24 +118,27 @@ pub struct Home {
     pub backend: String,
     /// Set when this call placed the group: its request's mark, removed
     /// when dropped (at the answer's first byte).
-    pub mark: Option<ColdMark>,
+    pub mark: Option<AwaitingMark>,
 }
 
-/// One new group's request in a backend's set of marks; dropping it
-/// removes the mark in the background.
-pub struct ColdMark {
+/// A request's mark in one of a backend's sets (a new group's, or a
+/// conversation's first request), while it awaits its first byte of body;
+/// dropping it removes the mark in the background.
+pub struct AwaitingMark {
     store: Arc<Store>,
     set: String,
     member: String,
 }
 
-impl std::fmt::Debug for ColdMark {
+impl std::fmt::Debug for AwaitingMark {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ColdMark").field("set", &self.set).finish()
+        f.debug_struct("AwaitingMark")
+            .field("set", &self.set)
+            .finish()
     }
 }
 
-impl Drop for ColdMark {
+impl Drop for AwaitingMark {
     fn drop(&mut self) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
@@ -160,6 +197,9 @@ impl Store {
         for c in candidates {
             invocation.key(self.prefixed(&format!("homes:{}", c.name)));
         }
+        for c in candidates {
+            invocation.key(self.prefixed(&format!("first:{}", c.name)));
+        }
         invocation
             .arg(MAX_BINDING)
             .arg(self.ttl_ms())
@@ -181,11 +221,60 @@ impl Store {
             return None;
         };
         let backend = String::from_utf8(self.held(Some((held, bad)))?).ok()?;
-        let mark = (placed == 1).then(|| ColdMark {
+        let mark = (placed == 1).then(|| AwaitingMark {
             store: Arc::clone(self),
             set: self.prefixed(&format!("cold:{backend}")),
             member,
         });
         Some(Home { backend, mark })
+    }
+
+    /// [`Store::pin`] for a conversation's first request in a group: the
+    /// binding of `key`, or `choice` bound now, and then also that request's
+    /// mark among the first requests awaiting at `choice`, removed when
+    /// dropped (at the answer's first byte). A binding that `usable`
+    /// refuses is replaced by `choice`, unmarked. `None`: route by the
+    /// table (the store did not answer in time, or refused).
+    pub async fn pin_opening(
+        self: &Arc<Self>,
+        key: u64,
+        choice: &str,
+        usable: impl Fn(&str) -> bool,
+    ) -> Option<(String, Option<AwaitingMark>)> {
+        if choice.len() > MAX_BINDING {
+            return self.pin(key, choice, usable).await.map(|p| (p, None));
+        }
+        let deadline = self.deadline();
+        let member = next_member();
+        let set = self.prefixed(&format!("first:{choice}"));
+        let mut invocation = OPEN_SCRIPT.key(self.key(key));
+        invocation
+            .key(&set)
+            .arg(MAX_BINDING)
+            .arg(choice)
+            .arg(self.ttl_ms())
+            .arg(&member)
+            .arg(COLD_WINDOW.as_millis() as u64);
+        let reply: Option<(Vec<u8>, u8, u8)> = self
+            .run(deadline, |mut c| async move {
+                invocation.invoke_async(&mut c).await
+            })
+            .await;
+        let Some((held, bad, bound)) = reply else {
+            self.fell_back();
+            return None;
+        };
+        let held = self.held(Some((held, bad)))?;
+        if bound == 1 {
+            let store = Arc::clone(self);
+            let mark = AwaitingMark { store, set, member };
+            return Some((choice.to_owned(), Some(mark)));
+        }
+        let settled = self.usable_or_replaced(key, held, choice, usable, deadline);
+        let Some(pin) = settled.await else {
+            self.fell_back();
+            return None;
+        };
+        pin.map(|name| (name, None))
     }
 }

@@ -286,12 +286,27 @@ impl Store {
         deadline: Instant,
     ) -> Option<Option<String>> {
         let held = self.bind(key, choice, deadline).await?;
+        self.usable_or_replaced(key, held, choice, usable, deadline)
+            .await
+    }
+
+    /// `held`, the binding of `key` a script found, if `usable` takes it;
+    /// else (a backend that is down or gone) `choice` in its place, once for
+    /// all. `None` if the store did not answer by `deadline`, `Some(None)`
+    /// if it holds no usable binding after all.
+    pub(super) async fn usable_or_replaced(
+        &self,
+        key: u64,
+        held: Vec<u8>,
+        choice: &str,
+        usable: impl Fn(&str) -> bool,
+        deadline: Instant,
+    ) -> Option<Option<String>> {
         let held = match String::from_utf8(held) {
             Ok(name) if usable(&name) => return Some(Some(name)),
             Ok(name) => name.into_bytes(),
             Err(e) => e.into_bytes(),
         };
-        // Bound to a backend that is down or gone: replace it, once for all.
         let now = self.replace(key, &held, choice, deadline).await?;
         Some(String::from_utf8(now).ok().filter(|name| usable(name)))
     }

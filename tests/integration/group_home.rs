@@ -21,16 +21,29 @@ fn by_tenant(extra: &str) -> String {
 /// that backend, once magpie counts it as awaiting.
 async fn hold_quiet(magpie: &Magpie) -> (KeepAlive, hyper::Response<Incoming>, String) {
     let busy = magpie.candidates(text_key(b"queued"))[0].clone();
+    let (client, response) = hold(magpie, "queued", "q", &busy, 1).await;
+    (client, response, busy)
+}
+
+/// A request of `session` in `tenant` that `at` holds with no byte of body,
+/// once magpie counts `n` requests awaiting there.
+async fn hold(
+    magpie: &Magpie,
+    tenant: &str,
+    session: &str,
+    at: &str,
+    n: u64,
+) -> (KeepAlive, hyper::Response<Incoming>) {
     let mut client = KeepAlive::connect(magpie.addr).await;
     let request = get("/quiet")
-        .header("x-tenant-id", "queued")
-        .header("x-session-id", "q")
+        .header("x-tenant-id", tenant)
+        .header("x-session-id", session)
         .body(Full::default())
         .expect("a request");
     let response = client.start(request).await;
     assert_eq!(response.status(), 200);
-    awaiting(magpie, &busy, 1).await;
-    (client, response, busy)
+    awaiting(magpie, at, n).await;
+    (client, response)
 }
 
 async fn awaiting(magpie: &Magpie, backend: &str, n: u64) {
@@ -132,11 +145,25 @@ async fn a_new_group_takes_the_less_busy_of_two_and_keeps_it() {
 
 /// New groups' requests marked in the store as awaiting at `backend`.
 async fn marks_on(redis: &RedisServer, backend: &str) -> i64 {
-    let key = format!("magpie:cold:{backend}");
+    marks_in(redis, "cold", backend).await
+}
+
+/// The marks in the store's set `kind` (`cold`, `first`) of `backend`.
+async fn marks_in(redis: &RedisServer, kind: &str, backend: &str) -> i64 {
+    let key = format!("magpie:{kind}:{backend}");
     match redis.command(&[b"ZCARD", key.as_bytes()]).await {
         redis::Value::Int(n) => n,
         other => panic!("ZCARD answered {other:?}"),
     }
+}
+
+async fn no_marks(redis: &RedisServer, kind: &str, backend: &str) {
+    within("the marks to go", async {
+        while marks_in(redis, kind, backend).await != 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
 }
 
 /// Through a shared redis store: a new group's request that awaits its
@@ -198,6 +225,81 @@ async fn magpies_sharing_a_store_agree_on_homes_and_see_each_others_new_groups()
     assert_eq!(ask(&mut other, &even, "e-1").await, busy);
     let fewer = tenant_with(&magpies[1], &busy, third);
     assert_eq!(ask(&mut other, &fewer, "f-1").await, third);
+    for m in magpies {
+        m.stop().await;
+    }
+}
+
+/// Two groups with homes on `x` and `y`, placed through `magpie` by fast
+/// requests: the tenants.
+async fn homes_on(magpie: &Magpie, x: &str, y: &str) -> (String, String) {
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    let g = tenant_on(magpie, x, 0);
+    assert_eq!(ask(&mut client, &g, "g-1").await, x);
+    let h = tenant_on(magpie, y, 0);
+    assert_eq!(ask(&mut client, &h, "h-1").await, y);
+    (g, h)
+}
+
+/// One magpie ranks a new group's candidates by conversations' first
+/// requests awaiting before requests awaiting of any kind: a new prompt in
+/// a group may bring its head to prefill again, a later turn does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_group_avoids_a_conversations_first_request_before_later_turns() {
+    let backends = HyperBackends::start(&["a", "b", "c"]).await;
+    let magpie = Magpie::with(&by_tenant(""), &backends.pairs()).await;
+    let (g, h) = homes_on(&magpie, "a", "b").await;
+    // On a: a new conversation of g. On b: two later turns of h's.
+    let _opening = hold(&magpie, &g, "g-2", "a", 1).await;
+    let _turn = hold(&magpie, &h, "h-1", "b", 1).await;
+    let _again = hold(&magpie, &h, "h-1", "b", 2).await;
+    let load = |name: &str| magpie.backend(name).live.load.awaiting_openings();
+    assert_eq!((load("a"), load("b")), (1, 0));
+    let fresh = tenant_with(&magpie, "a", "b");
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    assert_eq!(ask(&mut client, &fresh, "f-1").await, "b");
+    backends.release(3);
+    magpie.stop().await;
+}
+
+/// Through a shared store, a conversation's first request in a group with
+/// a home is marked where it awaits, so another magpie's new groups keep
+/// off that backend as the first one's would; the mark goes at the first
+/// byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn magpies_sharing_a_store_see_each_others_first_requests() {
+    let redis = RedisServer::start().await;
+    let backends = HyperBackends::start(&["a", "b", "c"]).await;
+    let store = format!(
+        "  store: redis\n  redis: {{addr: \"{}\", timeout: 500ms}}\nreload:\n  watch: false\n",
+        redis.addr
+    );
+    let settings = by_tenant("").replace("  ttl: 10m\n", &format!("  ttl: 10m\n{store}"));
+    let magpies = [
+        Magpie::with(&settings, &backends.pairs()).await,
+        Magpie::with(&settings, &backends.pairs()).await,
+    ];
+    for m in &magpies {
+        m.store_connected().await;
+    }
+    let (g, _) = homes_on(&magpies[0], "a", "b").await;
+    for backend in ["a", "b"] {
+        no_marks(&redis, "cold", backend).await;
+        no_marks(&redis, "first", backend).await;
+    }
+    let (_client, response) = hold(&magpies[0], &g, "g-2", "a", 1).await;
+    assert_eq!(marks_in(&redis, "first", "a").await, 1);
+    assert_eq!(marks_in(&redis, "cold", "a").await, 0);
+    // Magpie 1 has nothing in flight; a and b hold a home each.
+    let fresh = tenant_with(&magpies[1], "a", "b");
+    let mut other = KeepAlive::connect(magpies[1].addr).await;
+    assert_eq!(ask(&mut other, &fresh, "f-1").await, "b");
+
+    backends.release(1);
+    within("the quiet body", response.into_body().collect())
+        .await
+        .expect("its body");
+    no_marks(&redis, "first", "a").await;
     for m in magpies {
         m.stop().await;
     }

@@ -22,7 +22,7 @@ use crate::config::Config;
 use crate::http::download::{InFlight, Tally};
 use crate::http::forward::{Failure, LocalAnswer, account, claim};
 use crate::http::logged::{Answer, Logged};
-use crate::http::pinning::{self, NewGroup, Pinned};
+use crate::http::pinning::{self, Opening, Pinned};
 use crate::http::pool::RawConn;
 use crate::http::request_key::{HeadKeys, KeyPlan, RequestKey};
 use crate::key_budget::Held;
@@ -89,7 +89,7 @@ pub async fn serve<S: ClientIo>(
         keys,
         pin_lost: pinned.pin_lost(),
         log: head.log.take(),
-        new_group: pinned.new_group.take(),
+        opening: pinned.opening.take(),
         close: head.close,
         head_method: head.head_method,
     };
@@ -246,7 +246,7 @@ struct Request<'x, 'c, S> {
     keys: Keys,
     pin_lost: bool,
     log: Option<Logged>,
-    new_group: Option<NewGroup>,
+    opening: Option<Opening>,
     /// The client asked to close after this request.
     close: bool,
     head_method: bool,
@@ -265,7 +265,7 @@ impl<S: ClientIo> Request<'_, '_, S> {
         let mut tried = Vec::new();
         let mut how = pinned.route.how;
         for backend in &pinned.route.targets {
-            let Some((slot, awaiting)) = claim(&pinned.route, backend, &mut self.new_group) else {
+            let Some((slot, awaiting)) = claim(&pinned.route, backend, &mut self.opening) else {
                 how = how.passed_over(Spill::AtCap);
                 continue;
             };
