@@ -35,6 +35,16 @@ labels! {
 }
 
 labels! {
+    /// Why magpie closed a quiet client connection (`mode: http`).
+    pub enum QuietClose {
+        /// Nothing arrived within `http.first_byte_timeout` of the accept.
+        FirstByte => "first_byte_timeout",
+        /// No next request within `http.keepalive_timeout` of the last answer.
+        Keepalive => "keepalive_timeout",
+    }
+}
+
+labels! {
     /// Where magpie itself ran out of something (file descriptors, socket
     /// buffers, memory): EMFILE, ENFILE, ENOBUFS, ENOMEM. Never a backend's fault.
     pub enum Exhausted {
@@ -58,6 +68,7 @@ pub struct Stats {
     rejected: AtomicU64,
     accept_errors: AtomicU64,
     client_failures: [AtomicU64; ClientFailure::COUNT],
+    quiet_closes: [AtomicU64; QuietClose::COUNT],
     accepted: AtomicU64,
     reloads_ok: AtomicU64,
     reloads_failed: AtomicU64,
@@ -147,6 +158,14 @@ impl Stats {
 
     pub fn client_failures(&self, why: ClientFailure) -> u64 {
         self.client_failures[why.index()].load(Ordering::Relaxed)
+    }
+
+    pub fn count_quiet_close(&self, why: QuietClose) {
+        self.quiet_closes[why.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn quiet_closes(&self, why: QuietClose) -> u64 {
+        self.quiet_closes[why.index()].load(Ordering::Relaxed)
     }
 
     pub fn count_exhausted(&self, during: Exhausted) {

@@ -32,7 +32,7 @@
 
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -40,6 +40,8 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
+
+use crate::stats::QuietClose;
 
 /// The answer to a head that did not arrive in time.
 const TIMEOUT_408: &[u8] = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain\r\ncontent-length: 40\r\nconnection: close\r\n\r\nthe request head did not arrive in time\n";
@@ -67,6 +69,9 @@ pub struct Clock {
     state: AtomicU64,
     /// A head deadline passed and a 408 was sent.
     pub timed_out: AtomicBool,
+    /// The connection was closed for being quiet: 0, or 1 + the
+    /// [`QuietClose`]'s index.
+    quiet: AtomicU8,
     /// A response was cut half-way: close an HTTP/1 connection with a reset.
     cut: AtomicBool,
     /// The client speaks HTTP/2 (its streams are reset one by one instead).
@@ -77,6 +82,18 @@ pub struct Clock {
 }
 
 impl Clock {
+    /// When the connection began (its first byte's deadline runs from here).
+    pub fn started(&self) -> Instant {
+        self.epoch
+    }
+
+    /// Why the connection was closed for being quiet, if it was.
+    pub fn quiet_close(&self) -> Option<QuietClose> {
+        let n = self.quiet.load(Ordering::Relaxed) as usize;
+        n.checked_sub(1)
+            .and_then(|i| QuietClose::ALL.get(i).copied())
+    }
+
     /// The client speaks HTTP/2.
     pub fn is_h2(&self) -> bool {
         self.h2.load(Ordering::Relaxed)
@@ -87,6 +104,7 @@ impl Clock {
             epoch: Instant::now(),
             state: AtomicU64::new(IDLE),
             timed_out: AtomicBool::new(false),
+            quiet: AtomicU8::new(0),
             cut: AtomicBool::new(false),
             h2: AtomicBool::new(false),
             reader: Mutex::new(None),
@@ -265,7 +283,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Timed<S> {
                 this.clock.timed_out.store(true, Ordering::Relaxed);
                 return Poll::Ready(Ok(()));
             }
-            Some(_) => return Poll::Ready(Ok(())),
+            Some(_) => {
+                // Idle: nothing at all yet, or nothing since the last answer.
+                let why = match this.first_read {
+                    true => QuietClose::FirstByte,
+                    false => QuietClose::Keepalive,
+                };
+                this.clock
+                    .quiet
+                    .store(why.index() as u8 + 1, Ordering::Relaxed);
+                return Poll::Ready(Ok(()));
+            }
             None => {}
         }
         let before = buf.filled().len();

@@ -216,6 +216,7 @@ impl HttpPath {
             pool: &self.raw_pool,
             arrival: c.arrival,
             deadlines: c.deadlines,
+            accepted: c.clock.started(),
             shutdown: &c.shutdown,
             stop: &c.stop,
         };
@@ -423,7 +424,8 @@ fn head_timeout(key: &KeyConfig) -> Duration {
         .map_or(DEFAULT_HTTP_READ_TIMEOUT, |r| r.read_timeout)
 }
 
-/// The client connection is over: a head that timed out is counted; a
+/// The client connection is over: a head that timed out, or a quiet
+/// connection's close, is counted; a
 /// connection whose response was cut half-way is reset, so the client cannot
 /// take it for a complete answer; one that ended in another error (or a
 /// `408`) is closed gently, so the answer it got is not destroyed by a reset.
@@ -437,6 +439,9 @@ async fn close(
     let timed_out = clock.timed_out.load(std::sync::atomic::Ordering::Relaxed);
     if timed_out {
         stats.count_client_failure(ClientFailure::HeadTimeout);
+    }
+    if let Some(why) = clock.quiet_close() {
+        stats.count_quiet_close(why);
     }
     if let Some(error) = &failed {
         debug!(%client, %error, "client connection ended with an error");

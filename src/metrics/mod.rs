@@ -4,16 +4,18 @@
 //! [`crate::backend::Live`], global ones in [`crate::stats::Stats`]; this
 //! module only reads them. Nothing on the hot path looks up a label. At
 //! scrape time, [`Exporter`] (a `prometheus` collector in its own
-//! `Registry`) loads the current snapshot once and walks [`FAMILIES`], the
+//! `Registry`) loads the current snapshot once and walks [`families()`], the
 //! one table of names, types, labels, help texts and readers. A removed
 //! backend is exported until its last connection closes; then its series go.
 //!
 //! | module | owns |
 //! |---|---|
-//! | [`families`] | every family, declared once, with how its series are read |
+//! | [`families`] | every family, declared once, with how its series are read; those read once per scrape |
+//! | [`backend_families`] | the families read once per backend |
 //! | [`series`] | what a scrape reads, and the writer a family's series go through |
 //! | [`tls`] | the TLS families' readers: handshakes, certificate expiry |
 
+pub mod backend_families;
 pub mod families;
 pub mod series;
 pub mod tls;
@@ -26,7 +28,7 @@ use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{Encoder, Registry, TextEncoder};
 
-pub use families::FAMILIES;
+pub use families::families;
 pub use series::{Family, Read};
 
 pub use self::series::Renders;
@@ -44,8 +46,7 @@ pub struct Exporter {
 
 impl Exporter {
     pub fn new(shared: Arc<Shared>, renders: Arc<Renders>) -> Self {
-        let descs = FAMILIES
-            .iter()
+        let descs = families()
             .filter_map(|f| {
                 Desc::new(
                     f.name.to_string(),
@@ -178,8 +179,7 @@ impl Collector for Exporter {
             requests: snapshot.config.mode == Mode::Http,
             engine_max_age: snapshot.config.load_limits().map(|l| l.max_age),
         };
-        FAMILIES
-            .iter()
+        families()
             .map(|family| {
                 let mut out = MetricFamily::default();
                 out.set_name(family.name.to_string());
@@ -312,7 +312,7 @@ mod tests {
         let a = shared.snapshot.load().backends[0].clone();
         a.live.engine.record(sample, tokio::time::Instant::now());
         let text = render(&registry(Arc::clone(&shared)));
-        for Family { name, kind, .. } in FAMILIES {
+        for Family { name, kind, .. } in families() {
             let kind = match kind {
                 prometheus::proto::MetricType::COUNTER => "counter",
                 prometheus::proto::MetricType::HISTOGRAM => "histogram",

@@ -39,6 +39,32 @@ async fn timeouts(magpie: &Magpie, backend: &str, kind: &str) -> f64 {
     )
 }
 
+/// Waits until `magpie_client_quiet_closes_total` says `n` connections
+/// were closed for `reason`, and none for the other.
+async fn quiet_closes(magpie: &Magpie, reason: &str, n: f64) {
+    let admin = magpie.admin.expect("admin is on");
+    let other = match reason {
+        "first_byte_timeout" => "keepalive_timeout",
+        _ => "first_byte_timeout",
+    };
+    let count = |text: &str, reason: &str| {
+        let label = format!("reason=\"{reason}\"");
+        metric_sum(text, "magpie_client_quiet_closes_total", &[&label])
+    };
+    let text = within("the quiet close to be counted", async {
+        loop {
+            let (_, text) = admin_get(admin, "/metrics").await;
+            if count(&text, reason) >= n {
+                return text;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert_eq!(count(&text, reason), n, "{text}");
+    assert_eq!(count(&text, other), 0.0, "{text}");
+}
+
 /// Waits until `backend` has no request in flight.
 async fn released(magpie: &Magpie, backend: &str) {
     let b = magpie.backend(backend);
@@ -209,6 +235,7 @@ async fn a_silent_client_is_closed_after_first_byte_timeout_and_frees_its_slot()
         waited >= Duration::from_millis(180) && waited < Duration::from_secs(5),
         "{waited:?}"
     );
+    quiet_closes(&magpie, "first_byte_timeout", 1.0).await;
     // The slot is free: the next client is served (one that comes while the
     // closing connection's task is still ending is turned away; it tries
     // again).
@@ -264,6 +291,7 @@ async fn an_idle_keep_alive_client_is_closed_after_keepalive_timeout() {
         idled >= Duration::from_millis(450) && idled < Duration::from_secs(5),
         "closed after {idled:?}"
     );
+    quiet_closes(&magpie, "keepalive_timeout", 1.0).await;
     magpie.stop().await;
 }
 
@@ -322,6 +350,7 @@ async fn an_http2_connection_idles_only_without_open_streams() {
         idled >= Duration::from_millis(250) && idled < Duration::from_secs(5),
         "closed after {idled:?}"
     );
+    quiet_closes(&magpie, "keepalive_timeout", 1.0).await;
     magpie.stop().await;
 }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Request, Version};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
 use magpie::config::Config;
@@ -360,6 +360,35 @@ async fn a_client_that_sends_no_client_hello_is_closed_at_first_byte_timeout() {
         "{waited:?}"
     );
     assert_eq!(handshakes(&magpie, "timeout", None).await, 1.0);
+    magpie.stop().await;
+}
+
+/// The first byte's deadline runs from the accept, the handshake included:
+/// a client that took most of it to shake hands and then says nothing is
+/// closed when it ends, not a whole `first_byte_timeout` after the
+/// handshake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_handshake_counts_against_first_byte_timeout() {
+    let Site {
+        magpie, ca, _dir, ..
+    } = Site::start("http:\n  first_byte_timeout: 1s\n").await;
+    let started = Instant::now();
+    let tcp = connect(magpie.addr).await;
+    // The client's own slowness, which is what is tested.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let name = rustls::pki_types::ServerName::try_from("a.test").expect("a name");
+    let connector = ca.connector(&["http/1.1"]);
+    let mut tls = within("the handshake", connector.connect(name, tcp))
+        .await
+        .expect("a handshake");
+    let mut rest = Vec::new();
+    let read = within("magpie to close", tls.read_to_end(&mut rest)).await;
+    let waited = started.elapsed();
+    assert!(rest.is_empty(), "{read:?} {rest:?}");
+    assert!(
+        waited >= Duration::from_millis(900) && waited < Duration::from_millis(1450),
+        "closed {waited:?} after the connect"
+    );
     magpie.stop().await;
 }
 

@@ -54,6 +54,7 @@ use super::logged::Arrival;
 use super::pool::Pool;
 use super::pool::RawConn;
 use crate::snapshot::Shared;
+use crate::stats::QuietClose;
 
 /// What every request on one client connection shares.
 pub struct Client<'c> {
@@ -61,6 +62,9 @@ pub struct Client<'c> {
     pub pool: &'c Arc<Pool<RawConn>>,
     pub arrival: Arrival,
     pub deadlines: Deadlines,
+    /// When the first byte's deadline began: the accept (a TLS handshake
+    /// counts against it).
+    pub accepted: Instant,
     /// Fired at shutdown: finish the request in flight, then close.
     pub shutdown: &'c CancellationToken,
     /// Fired when the shutdown grace is over: close now.
@@ -124,19 +128,28 @@ async fn requests<S: ClientIo>(mut io: S, c: &Client<'_>, idle: &AtomicBool) -> 
     let mut buf = ClientBuf::default();
     // One timer for every idle wait of the connection, set again only when
     // it fires early (the connection was busy meanwhile).
-    let mut sleep = pin!(tokio::time::sleep(c.deadlines.first_byte));
+    let mut since = c.accepted;
+    let mut sleep = pin!(tokio::time::sleep_until(since + c.deadlines.first_byte));
     let mut limit = c.deadlines.first_byte;
-    let mut since = Instant::now();
+    let mut why_quiet = QuietClose::FirstByte;
     loop {
         if buf.is_empty() {
             // Idle: no buffer is held while the client is quiet.
             buf.release();
             idle.store(true, Ordering::Relaxed);
+            let mut quiet = false;
             let read = poll_fn(|cx| match buf.poll_idle(&mut io, cx) {
-                Poll::Pending if passed(cx, &mut sleep, since + limit) => Poll::Ready(Ok(0)),
+                Poll::Pending if passed(cx, &mut sleep, since + limit) => {
+                    quiet = true;
+                    Poll::Ready(Ok(0))
+                }
                 polled => polled,
             });
-            if !matches!(read.await, Ok(n) if n > 0) || c.shutdown.is_cancelled() {
+            let read = read.await;
+            if quiet {
+                c.shared.stats.count_quiet_close(why_quiet);
+            }
+            if !matches!(read, Ok(n) if n > 0) || c.shutdown.is_cancelled() {
                 return Ended::Closed(Next::Close);
             }
             idle.store(false, Ordering::Relaxed);
@@ -144,7 +157,7 @@ async fn requests<S: ClientIo>(mut io: S, c: &Client<'_>, idle: &AtomicBool) -> 
         // Boxed: a request's state (its keys, route, upstream exchange) is
         // kilobytes, which an idle connection should not keep.
         let next = Box::pin(request::serve(&mut io, &mut buf, c, sleep.as_mut())).await;
-        limit = c.deadlines.keepalive;
+        (limit, why_quiet) = (c.deadlines.keepalive, QuietClose::Keepalive);
         since = Instant::now();
         match next {
             Next::KeepAlive if !c.shutdown.is_cancelled() => {}
