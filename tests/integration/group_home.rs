@@ -143,6 +143,24 @@ async fn a_new_group_takes_the_less_busy_of_two_and_keeps_it() {
     magpie.stop().await;
 }
 
+/// Two magpies in front of `backends`, sharing pins and homes in `redis`,
+/// once both are connected to it.
+async fn sharing(redis: &RedisServer, backends: &HyperBackends) -> [Magpie; 2] {
+    let store = format!(
+        "  store: redis\n  redis: {{addr: \"{}\", timeout: 500ms}}\nreload:\n  watch: false\n",
+        redis.addr
+    );
+    let settings = by_tenant("").replace("  ttl: 10m\n", &format!("  ttl: 10m\n{store}"));
+    let magpies = [
+        Magpie::with(&settings, &backends.pairs()).await,
+        Magpie::with(&settings, &backends.pairs()).await,
+    ];
+    for m in &magpies {
+        m.store_connected().await;
+    }
+    magpies
+}
+
 /// New groups' requests marked in the store as awaiting at `backend`.
 async fn marks_on(redis: &RedisServer, backend: &str) -> i64 {
     marks_in(redis, "cold", backend).await
@@ -175,18 +193,7 @@ async fn no_marks(redis: &RedisServer, kind: &str, backend: &str) {
 async fn magpies_sharing_a_store_agree_on_homes_and_see_each_others_new_groups() {
     let redis = RedisServer::start().await;
     let backends = HyperBackends::start(&["a", "b", "c"]).await;
-    let store = format!(
-        "  store: redis\n  redis: {{addr: \"{}\", timeout: 500ms}}\nreload:\n  watch: false\n",
-        redis.addr
-    );
-    let settings = by_tenant("").replace("  ttl: 10m\n", &format!("  ttl: 10m\n{store}"));
-    let magpies = [
-        Magpie::with(&settings, &backends.pairs()).await,
-        Magpie::with(&settings, &backends.pairs()).await,
-    ];
-    for m in &magpies {
-        m.store_connected().await;
-    }
+    let magpies = sharing(&redis, &backends).await;
     let (_quiet, response, busy) = hold_quiet(&magpies[0]).await;
     assert_eq!(marks_on(&redis, &busy).await, 1);
     // Magpie 1 has nothing in flight, but sees magpie 0's new group.
@@ -270,18 +277,7 @@ async fn a_new_group_avoids_a_conversations_first_request_before_later_turns() {
 async fn magpies_sharing_a_store_see_each_others_first_requests() {
     let redis = RedisServer::start().await;
     let backends = HyperBackends::start(&["a", "b", "c"]).await;
-    let store = format!(
-        "  store: redis\n  redis: {{addr: \"{}\", timeout: 500ms}}\nreload:\n  watch: false\n",
-        redis.addr
-    );
-    let settings = by_tenant("").replace("  ttl: 10m\n", &format!("  ttl: 10m\n{store}"));
-    let magpies = [
-        Magpie::with(&settings, &backends.pairs()).await,
-        Magpie::with(&settings, &backends.pairs()).await,
-    ];
-    for m in &magpies {
-        m.store_connected().await;
-    }
+    let magpies = sharing(&redis, &backends).await;
     let (g, _) = homes_on(&magpies[0], "a", "b").await;
     for backend in ["a", "b"] {
         no_marks(&redis, "cold", backend).await;
