@@ -425,10 +425,10 @@ fn head_timeout(key: &KeyConfig) -> Duration {
 }
 
 /// The client connection is over: a head that timed out, or a quiet
-/// connection's close, is counted; a
-/// connection whose response was cut half-way is reset, so the client cannot
-/// take it for a complete answer; one that ended in another error (or a
-/// `408`) is closed gently, so the answer it got is not destroyed by a reset.
+/// connection's close, is counted; a connection whose response was cut
+/// half-way is reset, so the client cannot take it for a complete answer;
+/// one that ended in another error (or a `408`) is closed gently, so the
+/// answer it got is not destroyed by a reset.
 async fn close(
     socket: &TcpStream,
     clock: &Clock,

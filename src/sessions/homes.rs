@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use super::store::{MAX_BINDING, READ_BINDING, Store};
+use super::store::{BIND_STEP, MAX_BINDING, READ_BINDING, Store};
 
 /// How long a new group's mark counts at most.
 pub const COLD_WINDOW: Duration = Duration::from_secs(30);
@@ -84,25 +84,21 @@ return {home, bad, 1}
 static SCRIPT: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(&format!("{READ_BINDING}{NOW}{PLACE}")));
 
-/// Binds KEYS[1] to ARGV[2] for ARGV[3] ms unless it is bound (a binding to
-/// ARGV[2] gets its TTL extended), as the session store's bind does, and
-/// when this call bound it, adds the mark ARGV[4] to the set KEYS[2] for
-/// ARGV[5] ms; ARGV[1] is [`MAX_BINDING`]. Returns {the binding that holds
-/// now, 1 if a bad value was replaced, 1 if this call bound it}.
+/// After [`BIND_STEP`] (KEYS[1] bound to ARGV[2] for ARGV[3] ms unless it
+/// is bound): when this call bound it, adds the mark ARGV[4] to the set
+/// KEYS[2] for ARGV[5] ms. Returns {the binding that holds now, 1 if a bad
+/// value was replaced, 1 if this call bound it}.
 const OPEN: &str = r"
-local held, bad = read(tonumber(ARGV[1]))
-if held then
-  if held == ARGV[2] then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
-  return {held, bad, 0}
+if bound then
+  redis.call('ZADD', KEYS[2], now, ARGV[4])
+  redis.call('PEXPIRE', KEYS[2], ARGV[5])
+  return {held, bad, 1}
 end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-redis.call('ZADD', KEYS[2], now, ARGV[4])
-redis.call('PEXPIRE', KEYS[2], ARGV[5])
-return {ARGV[2], bad, 1}
+return {held, bad, 0}
 ";
 
 static OPEN_SCRIPT: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(&format!("{READ_BINDING}{NOW}{OPEN}")));
+    LazyLock::new(|| redis::Script::new(&format!("{READ_BINDING}{NOW}{BIND_STEP}{OPEN}")));
 
 /// One of a new group's first candidates, with this instance's count.
 #[derive(Debug, Clone, Copy)]

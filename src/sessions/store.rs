@@ -72,20 +72,30 @@ end
 pub(super) const READ_BINDING: &str = read_binding!();
 
 /// Binds KEYS[1] to ARGV[2] for ARGV[3] ms unless it is bound (a binding
-/// to ARGV[2] gets its TTL extended); ARGV[1] is [`MAX_BINDING`]. Returns
-/// {the binding that holds now, 1 if a bad value was replaced}.
-const BIND: &str = concat!(
-    read_binding!(),
-    r"
+/// to ARGV[2] gets its TTL extended); ARGV[1] is [`MAX_BINDING`]. Leaves
+/// `held` (the binding that holds now), `bad` (1 if a bad value was
+/// replaced) and `bound` (whether this call bound it).
+macro_rules! bind_step {
+    () => {
+        r"
 local held, bad = read(tonumber(ARGV[1]))
+local bound = not held
 if held then
   if held == ARGV[2] then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
-  return {held, bad}
+else
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  held = ARGV[2]
 end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-return {ARGV[2], bad}
 "
-);
+    };
+}
+
+/// The same step, for scripts built elsewhere.
+pub(super) const BIND_STEP: &str = bind_step!();
+
+/// [`BIND_STEP`]: returns {the binding that holds now, 1 if a bad value was
+/// replaced}.
+const BIND: &str = concat!(read_binding!(), bind_step!(), "return {held, bad}\n");
 
 /// Replaces KEYS[1]'s binding ARGV[2] (a backend that is down or gone) with
 /// ARGV[3] for ARGV[4] ms, unless it changed meanwhile; ARGV[1] is
