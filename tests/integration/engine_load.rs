@@ -228,7 +228,9 @@ pub(crate) fn promtool_accepts(text: &str) {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("promtool (the Debian package prometheus) runs");
+        .unwrap_or_else(|e| {
+            panic!("cannot run promtool ({e}); install the Debian package prometheus (script/test does)")
+        });
     child
         .stdin
         .take()

@@ -38,7 +38,7 @@ impl RedisServer {
             .stderr(Stdio::null())
             .spawn()
             .unwrap_or_else(|e| {
-                panic!("cannot run redis-server ({e}); install the Debian package redis-server")
+                panic!("cannot run redis-server ({e}); install the Debian package redis-server (script/test does)")
             });
         self.process = Some(process);
         let addr = self.addr;
