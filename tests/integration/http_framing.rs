@@ -3,14 +3,10 @@
 //! backend; what HTTP/2 carries differently is put the HTTP/1.1 way. A raw
 //! backend reports the exact bytes it receives.
 
-use std::net::SocketAddr;
-
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
 
 use magpie::backend::CodeClass;
 use magpie::stats::ClientFailure;
@@ -18,111 +14,6 @@ use magpie::stats::ClientFailure;
 use crate::support::*;
 
 const SETTINGS: &str = "mode: http\nkey:\n  from: header\n  header: x-session-id\nhealth:\n  interval: 1h\n  passive_failures: 1\n  passive_status: true\n";
-
-/// What the raw backend saw on one connection.
-#[derive(Debug)]
-enum Seen {
-    /// A request head (the body is still to come).
-    Head(String),
-    /// A whole request: head and body, as written on the wire.
-    Request(String),
-    /// magpie closed the connection; the bytes of an unfinished request.
-    Closed(String),
-}
-
-/// A raw HTTP/1.1 backend: it reports every head, request and close, and
-/// answers each whole request with `answer`.
-struct Recorder {
-    addr: SocketAddr,
-    seen: mpsc::UnboundedReceiver<Seen>,
-}
-
-impl Recorder {
-    async fn start(answer: &'static str) -> Recorder {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("an address");
-        let (tx, seen) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                tokio::spawn(record(stream, answer, tx.clone()));
-            }
-        });
-        Recorder { addr, seen }
-    }
-
-    fn pairs(&self) -> Vec<(String, SocketAddr)> {
-        vec![("a".to_string(), self.addr)]
-    }
-
-    async fn next(&mut self) -> Seen {
-        within("the backend to see something", self.seen.recv())
-            .await
-            .expect("the backend runs")
-    }
-
-    /// The next whole request (heads before it are skipped).
-    async fn request(&mut self) -> String {
-        loop {
-            match self.next().await {
-                Seen::Request(r) => return r,
-                Seen::Head(_) => {}
-                Seen::Closed(partial) => panic!("closed before a request: {partial:?}"),
-            }
-        }
-    }
-
-    /// Nothing reached the backend so far.
-    fn nothing_yet(&mut self) {
-        if let Ok(seen) = self.seen.try_recv() {
-            panic!("the backend got {seen:?}");
-        }
-    }
-}
-
-/// Serves one connection: reads requests (bodies by content-length or
-/// chunked) and answers each. A connection that never carried a byte (a
-/// health check's) is not reported.
-async fn record(mut stream: TcpStream, answer: &'static str, tx: mpsc::UnboundedSender<Seen>) {
-    let mut buf = Vec::new();
-    let mut served = false;
-    loop {
-        let Some(head_end) = read_until(&mut stream, &mut buf, |b| find(b, b"\r\n\r\n")).await
-        else {
-            if served || !buf.is_empty() {
-                let _ = tx.send(Seen::Closed(String::from_utf8_lossy(&buf).into_owned()));
-            }
-            return;
-        };
-        served = true;
-        let head = String::from_utf8_lossy(&buf[..head_end + 4]).to_ascii_lowercase();
-        let _ = tx.send(Seen::Head(head.clone()));
-        let body_end = if head.contains("transfer-encoding: chunked") {
-            read_until(&mut stream, &mut buf, |b| {
-                find(&b[head_end + 2..], b"\r\n0\r\n\r\n").map(|at| head_end + 2 + at + 7)
-            })
-            .await
-        } else {
-            let length = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length: "))
-                .and_then(|n| n.trim().parse::<usize>().ok())
-                .unwrap_or(0);
-            let end = head_end + 4 + length;
-            read_until(&mut stream, &mut buf, |b| (b.len() >= end).then_some(end)).await
-        };
-        let Some(end) = body_end else {
-            let _ = tx.send(Seen::Closed(String::from_utf8_lossy(&buf).into_owned()));
-            return;
-        };
-        let request: Vec<u8> = buf.drain(..end).collect();
-        let _ = tx.send(Seen::Request(
-            String::from_utf8_lossy(&request).into_owned(),
-        ));
-        if stream.write_all(answer.as_bytes()).await.is_err() {
-            return;
-        }
-    }
-}
 
 const OK: &str = "HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nok\n";
 
@@ -181,7 +72,7 @@ async fn a_malformed_chunked_body_gets_400_and_spares_the_backend() {
         .await
         .expect("send");
     match backend.next().await {
-        Seen::Head(head) => assert!(head.starts_with("post / http/1.1\r\n"), "{head:?}"),
+        Recorded::Head(head) => assert!(head.starts_with("post / http/1.1\r\n"), "{head:?}"),
         other => panic!("no head first: {other:?}"),
     }
     s.write_all(b"zz\r\nworld\r\n0\r\n\r\n")
@@ -194,7 +85,7 @@ async fn a_malformed_chunked_body_gets_400_and_spares_the_backend() {
     let answer = String::from_utf8_lossy(&out);
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer:?}");
     match backend.next().await {
-        Seen::Closed(partial) => assert!(!partial.contains("world"), "{partial:?}"),
+        Recorded::Closed(partial) => assert!(!partial.contains("world"), "{partial:?}"),
         other => panic!("the backend connection stayed: {other:?}"),
     }
     assert_eq!(bad_requests(&magpie), 1);
@@ -371,6 +262,6 @@ async fn an_unasked_for_101_gets_502() {
     assert_eq!(stats.client_failures(ClientFailure::BackendFailed), 1);
     assert_eq!(stats.client_failures(ClientFailure::NoBackend), 0);
     backend.request().await;
-    assert!(matches!(backend.next().await, Seen::Closed(_)));
+    assert!(matches!(backend.next().await, Recorded::Closed(_)));
     magpie.stop().await;
 }

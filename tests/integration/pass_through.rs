@@ -5,127 +5,13 @@
 //! to hyper. A raw backend reports the exact bytes it receives and on which
 //! of its connections.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::net::TcpStream;
 
 use crate::support::*;
 
 const SETTINGS: &str =
     "mode: http\nkey:\n  from: header\n  header: x-session-id\nhttp:\n  expose_backend: true\n";
-
-/// One request as the backend got it, and the connection it came on.
-#[derive(Debug)]
-struct Seen {
-    conn: u64,
-    bytes: String,
-}
-
-/// A raw HTTP/1.1 backend whose answer depends on the request's path:
-///
-/// * `/chunked`: a chunked answer with an extension and a trailer;
-/// * `/until-close`: a body without length, ended by closing;
-/// * `/early`: `413` as soon as the head is in, the body unread, then close;
-/// * anything else (`HEAD` too): `content-length: 100` of `x`, or none
-///   for `HEAD`; the connection's number in `x-conn`.
-struct Backend {
-    addr: SocketAddr,
-    seen: mpsc::UnboundedReceiver<Seen>,
-}
-
-impl Backend {
-    async fn start() -> Backend {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("an address");
-        let (tx, seen) = mpsc::unbounded_channel();
-        let conns = Arc::new(AtomicU64::new(0));
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let conn = conns.fetch_add(1, Ordering::Relaxed);
-                tokio::spawn(serve(stream, conn, tx.clone()));
-            }
-        });
-        Backend { addr, seen }
-    }
-
-    fn pairs(&self) -> Vec<(String, SocketAddr)> {
-        vec![("a".to_string(), self.addr)]
-    }
-
-    async fn next(&mut self) -> Seen {
-        within("the backend to get a request", self.seen.recv())
-            .await
-            .expect("the backend runs")
-    }
-}
-
-/// Serves one connection's requests until it closes.
-async fn serve(mut stream: TcpStream, conn: u64, tx: mpsc::UnboundedSender<Seen>) {
-    let mut buf = Vec::new();
-    loop {
-        let Some(head_end) = read_until(&mut stream, &mut buf, |b| {
-            find(b, b"\r\n\r\n").map(|at| at + 4)
-        })
-        .await
-        else {
-            return;
-        };
-        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-        if head.starts_with("post /early") {
-            let answer = "HTTP/1.1 413 Content Too Large\r\ncontent-length: 9\r\nconnection: close\r\n\r\ntoo large";
-            let _ = stream.write_all(answer.as_bytes()).await;
-            return;
-        }
-        let end = if head.contains("transfer-encoding: chunked") {
-            read_until(&mut stream, &mut buf, |b| {
-                find(&b[head_end - 2..], b"\r\n\r\n")
-                    .filter(|&at| at > 2)
-                    .map(|at| head_end - 2 + at + 4)
-            })
-            .await
-        } else {
-            let length = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length: "))
-                .and_then(|n| n.trim().parse::<usize>().ok())
-                .unwrap_or(0);
-            read_until(&mut stream, &mut buf, |b| {
-                (b.len() >= head_end + length).then_some(head_end + length)
-            })
-            .await
-        };
-        let Some(end) = end else { return };
-        let request: Vec<u8> = buf.drain(..end).collect();
-        let _ = tx.send(Seen {
-            conn,
-            bytes: String::from_utf8_lossy(&request).into_owned(),
-        });
-        let answer = if head.starts_with("get /chunked") {
-            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3;x=y\r\nabc\r\n0\r\nx-trailer: t\r\n\r\n".to_string()
-        } else if head.starts_with("get /until-close") {
-            "HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nall of it, then the end".to_string()
-        } else if head.starts_with("get /hop") {
-            "HTTP/1.1 200 OK\r\nconnection: keep-alive, x-hop\r\nkeep-alive: timeout=5\r\nx-hop: 1\r\nx-kept: 1\r\ncontent-length: 2\r\n\r\nok".to_string()
-        } else {
-            let body = if head.starts_with("head ") {
-                String::new()
-            } else {
-                "x".repeat(100)
-            };
-            format!("HTTP/1.1 200 OK\r\ncontent-length: 100\r\nx-conn: {conn}\r\n\r\n{body}")
-        };
-        if stream.write_all(answer.as_bytes()).await.is_err() {
-            return;
-        }
-        if head.starts_with("get /until-close") {
-            return;
-        }
-    }
-}
 
 /// Reads one response of `len` body bytes after its head (known to the
 /// test) from `s`: its head and body as text.
@@ -160,7 +46,7 @@ fn header<'h>(head: &'h str, name: &str) -> Option<&'h str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelined_requests_are_answered_in_order_on_one_upstream_connection() {
-    let mut backend = Backend::start().await;
+    let mut backend = ScriptedBackend::start().await;
     let magpie = Magpie::with(SETTINGS, &backend.pairs()).await;
     let mut s = connect(magpie.addr).await;
     s.write_all(b"GET /one HTTP/1.1\r\nhost: m\r\nx-session-id: s1\r\n\r\nGET /two HTTP/1.1\r\nhost: m\r\nx-session-id: s2\r\n\r\n")
@@ -183,7 +69,7 @@ async fn pipelined_requests_are_answered_in_order_on_one_upstream_connection() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chunked_bodies_pass_as_they_came_both_ways() {
-    let mut backend = Backend::start().await;
+    let mut backend = ScriptedBackend::start().await;
     let magpie = Magpie::with(SETTINGS, &backend.pairs()).await;
     let mut s = connect(magpie.addr).await;
     let body = "4;ext=1\r\nwiki\r\n5\r\npedia\r\n0\r\nx-sum: 9\r\n\r\n";
@@ -227,7 +113,7 @@ async fn chunked_bodies_pass_as_they_came_both_ways() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_ended_by_its_connection_ends_the_client_connection_too() {
-    let backend = Backend::start().await;
+    let backend = ScriptedBackend::start().await;
     let magpie = Magpie::with(SETTINGS, &backend.pairs()).await;
     let mut s = connect(magpie.addr).await;
     s.write_all(b"GET /until-close HTTP/1.1\r\nhost: m\r\nx-session-id: u\r\n\r\n")
@@ -248,7 +134,7 @@ async fn an_answer_ended_by_its_connection_ends_the_client_connection_too() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_before_the_body_ended_is_passed_on_and_the_connection_closes() {
-    let backend = Backend::start().await;
+    let backend = ScriptedBackend::start().await;
     let magpie = Magpie::with(SETTINGS, &backend.pairs()).await;
     let mut s = connect(magpie.addr).await;
     s.write_all(b"POST /early HTTP/1.1\r\nhost: m\r\nx-session-id: e\r\ncontent-length: 1000000\r\n\r\nfirst bytes")
@@ -271,7 +157,7 @@ async fn an_answer_before_the_body_ended_is_passed_on_and_the_connection_closes(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_head_answer_has_no_body_whatever_its_length_says() {
-    let backend = Backend::start().await;
+    let backend = ScriptedBackend::start().await;
     let magpie = Magpie::with(SETTINGS, &backend.pairs()).await;
     let mut s = connect(magpie.addr).await;
     s.write_all(b"HEAD /h HTTP/1.1\r\nhost: m\r\nx-session-id: h\r\n\r\nGET /g HTTP/1.1\r\nhost: m\r\nx-session-id: h\r\n\r\n")
@@ -288,7 +174,7 @@ async fn a_head_answer_has_no_body_whatever_its_length_says() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hop_by_hop_headers_stay_with_their_hop() {
-    let mut backend = Backend::start().await;
+    let mut backend = ScriptedBackend::start().await;
     let magpie = Magpie::with(SETTINGS, &backend.pairs()).await;
     let mut s = connect(magpie.addr).await;
     s.write_all(b"GET /hop HTTP/1.1\r\nHost: m\r\nX-Session-Id: k\r\nConnection: keep-alive, X-Private\r\nKeep-Alive: timeout=9\r\nX-Private: secret\r\nTE: trailers\r\nX-Kept: yes\r\n\r\n")
@@ -312,7 +198,7 @@ async fn hop_by_hop_headers_stay_with_their_hop() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_the_pass_through_does_not_take_hyper_serves() {
-    let mut backend = Backend::start().await;
+    let mut backend = ScriptedBackend::start().await;
     let magpie = Magpie::with(SETTINGS, &backend.pairs()).await;
     // HTTP/1.0, on a connection that first carried a plain request.
     let mut s = connect(magpie.addr).await;

@@ -1,0 +1,227 @@
+//! Raw HTTP/1.1 backends that report the exact bytes they receive: a
+//! recorder that answers every request alike, and a scripted backend whose
+//! answer depends on the request's path.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+use super::{find, read_until, within};
+
+/// What the raw backend saw on one connection.
+#[derive(Debug)]
+pub enum Recorded {
+    /// A request head (the body is still to come).
+    Head(String),
+    /// A whole request: head and body, as written on the wire.
+    Request(String),
+    /// magpie closed the connection; the bytes of an unfinished request.
+    Closed(String),
+}
+
+/// A raw HTTP/1.1 backend: it reports every head, request and close, and
+/// answers each whole request with `answer`.
+pub struct Recorder {
+    pub addr: SocketAddr,
+    seen: mpsc::UnboundedReceiver<Recorded>,
+}
+
+impl Recorder {
+    pub async fn start(answer: &'static str) -> Recorder {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("an address");
+        let (tx, seen) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(record(stream, answer, tx.clone()));
+            }
+        });
+        Recorder { addr, seen }
+    }
+
+    pub fn pairs(&self) -> Vec<(String, SocketAddr)> {
+        vec![("a".to_string(), self.addr)]
+    }
+
+    pub async fn next(&mut self) -> Recorded {
+        within("the backend to see something", self.seen.recv())
+            .await
+            .expect("the backend runs")
+    }
+
+    /// The next whole request (heads before it are skipped).
+    pub async fn request(&mut self) -> String {
+        loop {
+            match self.next().await {
+                Recorded::Request(r) => return r,
+                Recorded::Head(_) => {}
+                Recorded::Closed(partial) => panic!("closed before a request: {partial:?}"),
+            }
+        }
+    }
+
+    /// Nothing reached the backend so far.
+    pub fn nothing_yet(&mut self) {
+        if let Ok(seen) = self.seen.try_recv() {
+            panic!("the backend got {seen:?}");
+        }
+    }
+}
+
+/// Serves one connection: reads requests (bodies by content-length or
+/// chunked) and answers each. A connection that never carried a byte (a
+/// health check's) is not reported.
+async fn record(mut stream: TcpStream, answer: &'static str, tx: mpsc::UnboundedSender<Recorded>) {
+    let mut buf = Vec::new();
+    let mut served = false;
+    loop {
+        let Some(head_end) = read_until(&mut stream, &mut buf, |b| find(b, b"\r\n\r\n")).await
+        else {
+            if served || !buf.is_empty() {
+                let _ = tx.send(Recorded::Closed(String::from_utf8_lossy(&buf).into_owned()));
+            }
+            return;
+        };
+        served = true;
+        let head = String::from_utf8_lossy(&buf[..head_end + 4]).to_ascii_lowercase();
+        let _ = tx.send(Recorded::Head(head.clone()));
+        let body_end = if head.contains("transfer-encoding: chunked") {
+            read_until(&mut stream, &mut buf, |b| {
+                find(&b[head_end + 2..], b"\r\n0\r\n\r\n").map(|at| head_end + 2 + at + 7)
+            })
+            .await
+        } else {
+            let length = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .and_then(|n| n.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            let end = head_end + 4 + length;
+            read_until(&mut stream, &mut buf, |b| (b.len() >= end).then_some(end)).await
+        };
+        let Some(end) = body_end else {
+            let _ = tx.send(Recorded::Closed(String::from_utf8_lossy(&buf).into_owned()));
+            return;
+        };
+        let request: Vec<u8> = buf.drain(..end).collect();
+        let _ = tx.send(Recorded::Request(
+            String::from_utf8_lossy(&request).into_owned(),
+        ));
+        if stream.write_all(answer.as_bytes()).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// One request as the backend got it, and the connection it came on.
+#[derive(Debug)]
+pub struct Received {
+    pub conn: u64,
+    pub bytes: String,
+}
+
+/// A raw HTTP/1.1 backend whose answer depends on the request's path:
+///
+/// * `/chunked`: a chunked answer with an extension and a trailer;
+/// * `/until-close`: a body without length, ended by closing;
+/// * `/early`: `413` as soon as the head is in, the body unread, then close;
+/// * anything else (`HEAD` too): `content-length: 100` of `x`, or none
+///   for `HEAD`; the connection's number in `x-conn`.
+pub struct ScriptedBackend {
+    pub addr: SocketAddr,
+    seen: mpsc::UnboundedReceiver<Received>,
+}
+
+impl ScriptedBackend {
+    pub async fn start() -> ScriptedBackend {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("an address");
+        let (tx, seen) = mpsc::unbounded_channel();
+        let conns = Arc::new(AtomicU64::new(0));
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let conn = conns.fetch_add(1, Ordering::Relaxed);
+                tokio::spawn(serve_scripted(stream, conn, tx.clone()));
+            }
+        });
+        ScriptedBackend { addr, seen }
+    }
+
+    pub fn pairs(&self) -> Vec<(String, SocketAddr)> {
+        vec![("a".to_string(), self.addr)]
+    }
+
+    pub async fn next(&mut self) -> Received {
+        within("the backend to get a request", self.seen.recv())
+            .await
+            .expect("the backend runs")
+    }
+}
+
+/// Serves one connection's requests until it closes.
+async fn serve_scripted(mut stream: TcpStream, conn: u64, tx: mpsc::UnboundedSender<Received>) {
+    let mut buf = Vec::new();
+    loop {
+        let Some(head_end) = read_until(&mut stream, &mut buf, |b| {
+            find(b, b"\r\n\r\n").map(|at| at + 4)
+        })
+        .await
+        else {
+            return;
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+        if head.starts_with("post /early") {
+            let answer = "HTTP/1.1 413 Content Too Large\r\ncontent-length: 9\r\nconnection: close\r\n\r\ntoo large";
+            let _ = stream.write_all(answer.as_bytes()).await;
+            return;
+        }
+        let end = if head.contains("transfer-encoding: chunked") {
+            read_until(&mut stream, &mut buf, |b| {
+                find(&b[head_end - 2..], b"\r\n\r\n")
+                    .filter(|&at| at > 2)
+                    .map(|at| head_end - 2 + at + 4)
+            })
+            .await
+        } else {
+            let length = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .and_then(|n| n.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            read_until(&mut stream, &mut buf, |b| {
+                (b.len() >= head_end + length).then_some(head_end + length)
+            })
+            .await
+        };
+        let Some(end) = end else { return };
+        let request: Vec<u8> = buf.drain(..end).collect();
+        let _ = tx.send(Received {
+            conn,
+            bytes: String::from_utf8_lossy(&request).into_owned(),
+        });
+        let answer = if head.starts_with("get /chunked") {
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3;x=y\r\nabc\r\n0\r\nx-trailer: t\r\n\r\n".to_string()
+        } else if head.starts_with("get /until-close") {
+            "HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nall of it, then the end".to_string()
+        } else if head.starts_with("get /hop") {
+            "HTTP/1.1 200 OK\r\nconnection: keep-alive, x-hop\r\nkeep-alive: timeout=5\r\nx-hop: 1\r\nx-kept: 1\r\ncontent-length: 2\r\n\r\nok".to_string()
+        } else {
+            let body = if head.starts_with("head ") {
+                String::new()
+            } else {
+                "x".repeat(100)
+            };
+            format!("HTTP/1.1 200 OK\r\ncontent-length: 100\r\nx-conn: {conn}\r\n\r\n{body}")
+        };
+        if stream.write_all(answer.as_bytes()).await.is_err() {
+            return;
+        }
+        if head.starts_with("get /until-close") {
+            return;
+        }
+    }
+}
