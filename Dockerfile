@@ -9,22 +9,27 @@ RUN apt-get update \
     && rustup target add "$TARGET"
 WORKDIR /src
 
-# Dependencies: the real manifest and lock file with a dummy crate. This layer
-# is rebuilt only when Cargo.toml or Cargo.lock change. The manifest names three
-# [[bench]] targets, so their files must exist (empty: `cargo build` does not
-# compile benches).
+# Dependencies: the real manifests and lock file with dummy crates. This
+# layer is rebuilt only when a Cargo.toml or Cargo.lock changes. The
+# manifests name [[bench]] targets, so their files must exist (empty: `cargo
+# build` does not compile benches).
 COPY Cargo.toml Cargo.lock ./
-RUN mkdir -p src benches \
+COPY crates/core/Cargo.toml crates/core/
+COPY crates/proxy/Cargo.toml crates/proxy/
+COPY crates/lab/Cargo.toml crates/lab/
+RUN mkdir -p src crates/core/src crates/core/benches crates/proxy/src crates/proxy/benches crates/lab/src \
     && echo 'fn main() {}' > src/main.rs \
-    && touch src/lib.rs benches/placement.rs benches/session_store.rs benches/usage_scan.rs \
-    && cargo build --release --locked --target "$TARGET" \
-    && rm -rf src benches
+    && touch crates/core/src/lib.rs crates/proxy/src/lib.rs crates/lab/src/lib.rs \
+       crates/core/benches/placement.rs crates/core/benches/usage_scan.rs \
+       crates/proxy/benches/session_store.rs \
+    && cargo build --release --locked --target "$TARGET" -p magpie \
+    && rm -rf src crates
 
 # magpie itself. COPY keeps the files' own times, which may be older than the
-# dummy build: touch them so that cargo rebuilds the crate.
+# dummy build: touch them so that cargo rebuilds the crates.
 COPY src ./src
-COPY benches ./benches
-RUN touch src/main.rs src/lib.rs \
+COPY crates ./crates
+RUN touch src/main.rs crates/*/src/lib.rs \
     && cargo build --release --locked --target "$TARGET" --bin magpie \
     && strip "target/$TARGET/release/magpie" \
     && cp "target/$TARGET/release/magpie" /magpie

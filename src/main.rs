@@ -14,8 +14,8 @@ use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
-use magpie::config::Config;
-use magpie::snapshot::Snapshot;
+use magpie_proxy::config::Config;
+use magpie_proxy::snapshot::Snapshot;
 
 #[derive(Parser)]
 #[command(
@@ -56,7 +56,7 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:7000")]
         listen: SocketAddr,
         /// The admin/metrics endpoint.
-        #[arg(long, default_value = magpie::config::DEFAULT_ADMIN)]
+        #[arg(long, default_value = magpie_proxy::config::DEFAULT_ADMIN)]
         admin: SocketAddr,
     },
     /// Print the backend a running magpie would choose for each key, all backends up.
@@ -76,7 +76,7 @@ enum Command {
         keys: Vec<String>,
     },
     /// Measure how hashing schemes move keys and balance load when a pool changes.
-    Simulate(magpie::lab::simulate::SimulateArgs),
+    Simulate(magpie_lab::simulate::SimulateArgs),
     /// Show what changing OLD into NEW would move, before reloading.
     Plan {
         old: PathBuf,
@@ -89,9 +89,9 @@ enum Command {
         json: bool,
     },
     /// A simulated OpenAI-compatible inference engine (prefix cache, prefill and decode times).
-    Engine(magpie::lab::engine::EngineArgs),
+    Engine(magpie_lab::engine::EngineArgs),
     /// Multi-turn chats against OpenAI-compatible URLs: cache hits, prefill against the ideal, TTFT, splits.
-    Workload(magpie::lab::workload::WorkloadArgs),
+    Workload(magpie_lab::workload::WorkloadArgs),
     /// GET an http://host:port/path URL; exit 0 on a 2xx answer, else 1 (for health checks).
     Probe {
         url: String,
@@ -132,7 +132,7 @@ fn main() -> ExitCode {
     if let Err(error) = purging {
         tracing::warn!(%error, "the allocator's background thread did not start: freed memory goes back to the system only while magpie allocates");
     }
-    magpie::supervise::install_panic_hook();
+    magpie_proxy::supervise::install_panic_hook();
     let result = match cli.command {
         Command::Check { config } => check(&config),
         Command::Run { config } => runtime().and_then(|rt| rt.block_on(run(config))),
@@ -146,7 +146,9 @@ fn main() -> ExitCode {
                 match (mode, load) {
                     (_, true) => demo_load().await,
                     (DemoMode::Http, false) => llm_demo(listen, admin).await,
-                    (DemoMode::Tcp, false) => demo(magpie::config::Mode::Tcp, listen, admin).await,
+                    (DemoMode::Tcp, false) => {
+                        demo(magpie_proxy::config::Mode::Tcp, listen, admin).await
+                    }
                 }
             })
         }),
@@ -156,7 +158,7 @@ fn main() -> ExitCode {
             addr,
             keys,
         } => lookup(&config, Lookup { verbose, addr }, &keys),
-        Command::Simulate(args) => magpie::lab::simulate::main(&args)
+        Command::Simulate(args) => magpie_lab::simulate::main(&args)
             .map(|()| ExitCode::SUCCESS)
             .map_err(anyhow::Error::from),
         Command::Plan {
@@ -168,15 +170,15 @@ fn main() -> ExitCode {
         Command::Engine(args) => runtime().and_then(|rt| {
             rt.block_on(async {
                 let stop = shutdown_on_signals()?;
-                magpie::lab::engine::main(&args, stop).await?;
+                magpie_lab::engine::main(&args, stop).await?;
                 Ok(ExitCode::SUCCESS)
             })
         }),
         Command::Workload(args) => runtime().and_then(|rt| {
-            rt.block_on(magpie::lab::workload::main(&args))?;
+            rt.block_on(magpie_lab::workload::main(&args))?;
             Ok(ExitCode::SUCCESS)
         }),
-        Command::Probe { url, timeout } => Ok(magpie::probe::run(&url, timeout)),
+        Command::Probe { url, timeout } => Ok(magpie_proxy::probe::run(&url, timeout)),
     };
     match result {
         Ok(code) => code,
@@ -223,8 +225,8 @@ fn check(path: &std::path::Path) -> anyhow::Result<ExitCode> {
     let Some(snapshot) = build(path)? else {
         return Ok(ExitCode::FAILURE);
     };
-    let env = magpie::check::Environment::detect();
-    emit(&magpie::check::report(
+    let env = magpie_proxy::check::Environment::detect();
+    emit(&magpie_proxy::check::report(
         &path.display().to_string(),
         &snapshot,
         env,
@@ -242,7 +244,7 @@ fn build(path: &std::path::Path) -> anyhow::Result<Option<Snapshot>> {
     };
     // `dns` and `srv` entries are resolved as `run` would.
     let config = if config.discovery.is_some() {
-        let discovery = magpie::discovery::Discovery::default();
+        let discovery = magpie_proxy::discovery::Discovery::default();
         runtime()?
             .block_on(discovery.expand(config))
             .with_context(|| format!("{}", path.display()))?
@@ -299,7 +301,7 @@ fn plan(
         return Ok(ExitCode::FAILURE);
     };
     let keys: Vec<String> = match keys {
-        Some(path) => magpie::config::file::read_keys(path)
+        Some(path) => magpie_proxy::config::file::read_keys(path)
             .with_context(|| format!("--keys {}", path.display()))?
             .lines()
             .map(str::trim)
@@ -308,7 +310,7 @@ fn plan(
             .collect(),
         None => Vec::new(),
     };
-    let report = magpie::lab::plan::compare(&old, &new, &keys)?;
+    let report = magpie_lab::plan::compare(&old, &new, &keys)?;
     if json {
         emit(&format!("{}\n", serde_json::to_string_pretty(&report)?))
     } else {
@@ -350,7 +352,7 @@ async fn run(path: PathBuf) -> anyhow::Result<ExitCode> {
         }
     };
     let shutdown = shutdown_on_signals()?;
-    let running = magpie::app::start(config, shutdown).await?;
+    let running = magpie_proxy::app::start(config, shutdown).await?;
     let drained = running.wait().await;
     if drained.is_clean() {
         Ok(ExitCode::SUCCESS)
@@ -372,7 +374,7 @@ const EXIT_CUT: u8 = 2;
 async fn demo_load() -> anyhow::Result<ExitCode> {
     let dir = std::env::temp_dir().join(format!("magpie-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let table = magpie::lab::llm_demo::load(&dir).await;
+    let table = magpie_lab::llm_demo::load(&dir).await;
     let _ = std::fs::remove_dir_all(&dir);
     emit(&table?)
 }
@@ -381,11 +383,11 @@ async fn demo_load() -> anyhow::Result<ExitCode> {
 /// http, and what to try.
 async fn llm_demo(listen: SocketAddr, admin: SocketAddr) -> anyhow::Result<ExitCode> {
     let shutdown = shutdown_on_signals()?;
-    let engines = magpie::lab::llm_demo::start_engines(3, &shutdown).await?;
-    let yaml = magpie::lab::llm_demo::config_yaml(listen, admin, &engines, true);
+    let engines = magpie_lab::llm_demo::start_engines(3, &shutdown).await?;
+    let yaml = magpie_lab::llm_demo::config_yaml(listen, admin, &engines, true);
     let config =
         Config::parse(std::path::Path::new("<demo>"), &yaml).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let running = magpie::app::start(config, shutdown)
+    let running = magpie_proxy::app::start(config, shutdown)
         .await
         .context("cannot start magpie (a port taken? choose others with --listen and --admin)")?;
     let (at, admin) = (running.listen[0], running.admin.unwrap_or(admin));
@@ -430,23 +432,23 @@ async fn llm_demo(listen: SocketAddr, admin: SocketAddr) -> anyhow::Result<ExitC
 }
 
 async fn demo(
-    mode: magpie::config::Mode,
+    mode: magpie_proxy::config::Mode,
     listen: SocketAddr,
     admin: SocketAddr,
 ) -> anyhow::Result<ExitCode> {
-    use magpie::config::Mode;
+    use magpie_proxy::config::Mode;
     let shutdown = shutdown_on_signals()?;
     let mut backends = Vec::new();
     for name in ["demo-a", "demo-b", "demo-c"] {
-        let addr = magpie::lab::demo::start_backend(name, "127.0.0.1:0".parse()?, shutdown.clone())
+        let addr = magpie_lab::demo::start_backend(name, "127.0.0.1:0".parse()?, shutdown.clone())
             .await
             .with_context(|| format!("cannot start demo backend {name}"))?;
         backends.push((name.to_string(), addr));
     }
-    let yaml = magpie::lab::demo::config_yaml(mode, listen, admin, &backends);
+    let yaml = magpie_lab::demo::config_yaml(mode, listen, admin, &backends);
     let config =
         Config::parse(std::path::Path::new("<demo>"), &yaml).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let running = magpie::app::start(config, shutdown)
+    let running = magpie_proxy::app::start(config, shutdown)
         .await
         .context("cannot start magpie (a port taken? choose others with --listen and --admin)")?;
     let at = running.listen[0];

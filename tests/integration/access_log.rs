@@ -31,7 +31,7 @@ fn json_lines(path: &Path) -> Vec<Value> {
 }
 
 fn hex_key(session: &str) -> String {
-    format!("{:016x}", magpie::key::text_key(session.as_bytes()))
+    format!("{:016x}", magpie_core::key::text_key(session.as_bytes()))
 }
 
 /// `GET /r/{i}?user={session}` with `x-session-id: session`; the backend's name.

@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use magpie::metrics::families;
+use magpie_proxy::metrics::families;
 
 use crate::support::*;
 

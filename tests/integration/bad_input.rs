@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use magpie::key::{self, FallbackReason};
+use magpie_core::key::{self, FallbackReason};
 
 use crate::support::*;
 

@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use magpie::key;
-use magpie::placement::bounded;
+use magpie_core::key;
+use magpie_core::placement::bounded;
 
 use crate::support::*;
 
@@ -61,7 +61,7 @@ async fn hot_key_respects_the_cap(factor: f64, excess: u64, connections: u64) {
             .backend(&candidates[0])
             .live
             .traffic
-            .spills(magpie::backend::Spill::AtCap)
+            .spills(magpie_proxy::backend::Spill::AtCap)
             > 0,
         "spills on the primary were not counted"
     );

@@ -6,8 +6,8 @@
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::Request;
-use magpie::key;
-use magpie::recent::MissCause;
+use magpie_core::key;
+use magpie_proxy::recent::MissCause;
 use std::sync::atomic::Ordering;
 
 use crate::support::*;

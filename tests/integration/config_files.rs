@@ -5,8 +5,8 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
-use magpie::config::Config;
-use magpie::snapshot::Snapshot;
+use magpie_proxy::config::Config;
+use magpie_proxy::snapshot::Snapshot;
 
 use crate::support::*;
 
@@ -53,7 +53,7 @@ fn the_reference_config_sets_every_section() {
     assert_eq!(config.placement.bounded_load, Some(1.25));
     assert!(matches!(
         config.key,
-        magpie::config::KeyConfig::Header { .. }
+        magpie_proxy::config::KeyConfig::Header { .. }
     ));
     assert!(config.drain_timeout.is_some());
     assert!(!config.proxy_protocol.accept_from.is_empty());
@@ -65,28 +65,28 @@ fn the_reference_config_sets_every_section() {
     let llm =
         Config::load(&config_dir().join("llm-sessions.yaml")).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(llm.placement.bounded_load, Some(1.25));
-    assert_eq!(llm.mode, magpie::config::Mode::Http);
+    assert_eq!(llm.mode, magpie_proxy::config::Mode::Http);
     assert!(matches!(
         &llm.key,
-        magpie::config::KeyConfig::Header { name, body_field: Some(field), .. }
+        magpie_proxy::config::KeyConfig::Header { name, body_field: Some(field), .. }
             if name == "x-session-id" && field.text == "prompt_cache_key"
     ));
     let health = llm.health.as_ref().expect("health is on");
     assert_eq!(health.http_path.as_deref(), Some("/health"));
     assert!(health.passive_status);
     let load = health.load.as_ref().expect("engine load is on");
-    assert_eq!(load.preset, magpie::config::LoadPreset::Vllm);
+    assert_eq!(load.preset, magpie_proxy::config::LoadPreset::Vllm);
     assert!(llm.sessions.is_some());
     let log = llm.access_log.as_ref().expect("the access log is on");
-    assert_eq!(log.target, magpie::config::LogTarget::Stderr);
-    assert_eq!(log.format, magpie::config::LogFormat::Json);
+    assert_eq!(log.target, magpie_proxy::config::LogTarget::Stderr);
+    assert_eq!(log.format, magpie_proxy::config::LogFormat::Json);
     assert_eq!(
         llm.http.keepalive_timeout,
         std::time::Duration::from_secs(600)
     );
     assert_eq!(
         llm.http,
-        magpie::config::HttpConfig {
+        magpie_proxy::config::HttpConfig {
             expose_backend: true,
             keepalive_timeout: std::time::Duration::from_secs(600),
             ..Default::default()
@@ -94,22 +94,22 @@ fn the_reference_config_sets_every_section() {
     );
 
     let agents = Config::load(&config_dir().join("agents.yaml")).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(agents.group, Some(magpie::key::group::GroupBy::System));
+    assert_eq!(agents.group, Some(magpie_core::key::group::GroupBy::System));
     assert!(matches!(
         agents.key,
-        magpie::config::KeyConfig::Conversation { .. }
+        magpie_proxy::config::KeyConfig::Conversation { .. }
     ));
     assert!(agents.sessions.is_some());
     assert_eq!(agents.placement.bounded_load, Some(1.25));
     let load = agents.health.as_ref().and_then(|h| h.load.as_ref());
     assert_eq!(
         load.map(|l| l.preset),
-        Some(magpie::config::LoadPreset::Vllm)
+        Some(magpie_proxy::config::LoadPreset::Vllm)
     );
 
     let sidecar =
         Config::load(&config_dir().join("sidecar.yaml")).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(sidecar.key, magpie::config::KeyConfig::SourceIp);
+    assert_eq!(sidecar.key, magpie_proxy::config::KeyConfig::SourceIp);
 }
 
 #[test]

@@ -46,7 +46,7 @@ async fn a_growing_conversation_stays_on_one_backend() {
         magpie
             .shared
             .stats
-            .fallbacks(magpie::key::FallbackReason::NoConversation),
+            .fallbacks(magpie_core::key::FallbackReason::NoConversation),
         0
     );
 }
@@ -83,10 +83,10 @@ async fn a_header_takes_precedence() {
         let got = client.post_json(&body, Some(session)).await;
         assert_eq!(
             got,
-            magpie.primary(magpie::key::text_key(session.as_bytes()))
+            magpie.primary(magpie_core::key::text_key(session.as_bytes()))
         );
     }
     // Without the header, the conversation decides.
-    let by_head = magpie::key::conversation::conversation_key(body.as_bytes()).expect("a key");
+    let by_head = magpie_core::key::conversation::conversation_key(body.as_bytes()).expect("a key");
     assert_eq!(client.post_json(&body, None).await, magpie.primary(by_head));
 }

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use magpie::config::{Config, DEFAULT_MAX_CONNECTIONS, DEFAULT_SHUTDOWN_GRACE, Mode};
+use magpie_proxy::config::{Config, DEFAULT_MAX_CONNECTIONS, DEFAULT_SHUTDOWN_GRACE, Mode};
 
 use crate::support::*;
 
@@ -162,7 +162,8 @@ fn systemd_unit_verifies_and_gives_magpie_what_it_needs() {
     let nofile: u64 = one("LimitNOFILE")
         .parse()
         .unwrap_or_else(|e| panic!("LimitNOFILE: {e}"));
-    let pipes = 2 * (magpie::tcp::pipe::MAX_IN_USE + magpie::tcp::pipe::POOL_MAX) as u64;
+    let pipes =
+        2 * (magpie_proxy::tcp::pipe::MAX_IN_USE + magpie_proxy::tcp::pipe::POOL_MAX) as u64;
     let needed = 2 * DEFAULT_MAX_CONNECTIONS + pipes + FD_MARGIN;
     assert!(
         nofile >= needed,

@@ -47,7 +47,7 @@ async fn next_version(magpie: &Magpie, what: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dns_backends_follow_their_records_and_survive_bad_answers() {
-    use magpie::discovery::Lookup;
+    use magpie_proxy::discovery::Lookup;
     let port = free_port();
     let _backends = backends_on(port, 3).await;
     let dns = DnsServer::start().await;
@@ -156,8 +156,9 @@ async fn no_first_answer_no_start() {
     let dns = DnsServer::start().await;
     let text = config(dns.addr, "{dns: \"missing.test:8000\"}");
     let parsed =
-        magpie::config::Config::parse(std::path::Path::new("t.yaml"), &text).expect("valid");
-    let started = magpie::app::start(parsed, tokio_util::sync::CancellationToken::new()).await;
+        magpie_proxy::config::Config::parse(std::path::Path::new("t.yaml"), &text).expect("valid");
+    let started =
+        magpie_proxy::app::start(parsed, tokio_util::sync::CancellationToken::new()).await;
     let error = started.err().expect("no backend, no start").to_string();
     assert!(error.contains("dns missing.test:8000"), "{error}");
     assert!(error.contains("no earlier answer"), "{error}");

@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use magpie::key::text_key;
+use magpie_core::key::text_key;
 
 use crate::support::*;
 

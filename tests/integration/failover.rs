@@ -1,8 +1,8 @@
 //! Dead backends: the next candidate takes over, or the client is closed cleanly.
 
-use magpie::health::ConnectFailure;
-use magpie::key;
-use magpie::stats::ClientFailure;
+use magpie_core::key;
+use magpie_proxy::health::ConnectFailure;
+use magpie_proxy::stats::ClientFailure;
 
 use crate::support::*;
 

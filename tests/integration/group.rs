@@ -9,10 +9,10 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use magpie::backend::groups::Rank;
-use magpie::key::group::{GroupBy, GroupMiss, body_group_key};
-use magpie::key::text_key;
-use magpie::placement::bounded;
+use magpie_core::key::group::{GroupBy, GroupMiss, body_group_key};
+use magpie_core::key::text_key;
+use magpie_core::placement::bounded;
+use magpie_proxy::backend::groups::Rank;
 
 use crate::support::*;
 
@@ -74,7 +74,8 @@ async fn conversations_of_one_head_land_together() {
     // A body without instructions or tools has no group: its session key
     // (here the conversation's own head) places it.
     let plain = r#"{"model":"llama","messages":[{"role":"user","content":"hi"}]}"#;
-    let by_session = magpie::key::conversation::conversation_key(plain.as_bytes()).expect("a key");
+    let by_session =
+        magpie_core::key::conversation::conversation_key(plain.as_bytes()).expect("a key");
     assert_eq!(
         client.post_json(plain, None).await,
         magpie.primary(by_session)

@@ -5,8 +5,8 @@
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use magpie::backend::groups::Rank;
-use magpie::key::text_key;
+use magpie_core::key::text_key;
+use magpie_proxy::backend::groups::Rank;
 
 use crate::support::*;
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use magpie::key::text_key;
+use magpie_core::key::text_key;
 
 use crate::support::*;
 
@@ -121,7 +121,7 @@ async fn connect_failures_mark_a_backend_down() {
             .backend("b")
             .live
             .traffic
-            .spills(magpie::backend::Spill::Down)
+            .spills(magpie_proxy::backend::Spill::Down)
             >= 1,
         "later keys of b are counted as spills"
     );
@@ -157,7 +157,7 @@ async fn all_down_fails_open_unless_told_to_refuse() {
             let failures = magpie
                 .shared
                 .stats
-                .client_failures(magpie::stats::ClientFailure::NoBackend);
+                .client_failures(magpie_proxy::stats::ClientFailure::NoBackend);
             assert_eq!(failures, 1);
         }
         magpie.stop().await;

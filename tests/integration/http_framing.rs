@@ -8,8 +8,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use magpie::backend::CodeClass;
-use magpie::stats::ClientFailure;
+use magpie_proxy::backend::CodeClass;
+use magpie_proxy::stats::ClientFailure;
 
 use crate::support::*;
 

@@ -40,7 +40,7 @@ async fn one_keep_alive_connection_carries_many_sessions() {
         );
         assert_eq!(
             backends_seen[0],
-            magpie.primary(magpie::key::text_key(session.as_bytes())),
+            magpie.primary(magpie_core::key::text_key(session.as_bytes())),
             "{session} is not on its table primary"
         );
         *per_backend.entry(backends_seen[0].clone()).or_default() += 1;
@@ -58,7 +58,7 @@ async fn one_keep_alive_connection_carries_many_sessions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_from_json_bodies_and_header_precedence() {
     let backends = HyperBackends::start(&["a", "b", "c"]).await;
-    let primary = |m: &Magpie, k: &str| m.primary(magpie::key::text_key(k.as_bytes()));
+    let primary = |m: &Magpie, k: &str| m.primary(magpie_core::key::text_key(k.as_bytes()));
 
     // Header first, body field when the header is absent.
     let magpie = Magpie::with(
@@ -97,7 +97,7 @@ async fn keys_from_json_bodies_and_header_precedence() {
         magpie
             .shared
             .stats
-            .fallbacks(magpie::key::FallbackReason::MissingField),
+            .fallbacks(magpie_core::key::FallbackReason::MissingField),
         1
     );
     magpie.stop().await;
@@ -185,7 +185,7 @@ async fn a_dead_backend_moves_only_its_sessions() {
         .map(|s| {
             (
                 s.clone(),
-                magpie.candidates(magpie::key::text_key(s.as_bytes())),
+                magpie.candidates(magpie_core::key::text_key(s.as_bytes())),
             )
         })
         .collect();
@@ -223,7 +223,7 @@ async fn a_dead_backend_moves_only_its_sessions() {
     let checks = sick_live
         .live
         .health
-        .checks(magpie::health::CheckOutcome::BadStatus);
+        .checks(magpie_proxy::health::CheckOutcome::BadStatus);
     assert!(checks >= 1, "{checks}");
     magpie.stop().await;
 }
@@ -255,7 +255,7 @@ async fn bounded_load_counts_requests_in_flight() {
     }
     // The bound for the last request: the larger of ceil(1.25 · 60 / 3) = 25
     // and the mean plus the default spill_min_excess, 20 + 8.
-    let cap = magpie::placement::bounded::spill_cap(1.25, 8, N as u64 - 1, 1, 3);
+    let cap = magpie_core::placement::bounded::spill_cap(1.25, 8, N as u64 - 1, 1, 3);
     assert_eq!(cap, 28);
     for b in &backends.list {
         let max = b.max_in_flight.load(Ordering::SeqCst);
@@ -279,7 +279,7 @@ async fn bounded_load_counts_requests_in_flight() {
                 .backend(name)
                 .live
                 .traffic
-                .spills(magpie::backend::Spill::AtCap)
+                .spills(magpie_proxy::backend::Spill::AtCap)
         })
         .sum();
     assert!(spills > 0, "the caps never bound");
@@ -316,14 +316,16 @@ async fn session_pins_survive_scale_up_and_expire() {
     };
     // Scale up to four: reload through SIGHUP's code path.
     std::fs::write(&file.path, config_yaml("127.0.0.1:0", &settings, &pairs)).expect("rewrite");
-    let mut reloader =
-        magpie::reload::Reloader::new(file.path.clone(), std::sync::Arc::clone(&magpie.shared));
+    let mut reloader = magpie_proxy::reload::Reloader::new(
+        file.path.clone(),
+        std::sync::Arc::clone(&magpie.shared),
+    );
     reloader.reload(true).await.expect("the reload applies");
     assert_eq!(magpie.shared.snapshot.load().backends.len(), 4);
     let mut moved_by_table = 0;
     for (key, before) in &old {
         assert_eq!(&client.get_session(key).await, before, "pinned {key} moved");
-        if magpie.primary(magpie::key::text_key(key.as_bytes())) != *before {
+        if magpie.primary(magpie_core::key::text_key(key.as_bytes())) != *before {
             moved_by_table += 1;
         }
     }
@@ -342,11 +344,11 @@ async fn session_pins_survive_scale_up_and_expire() {
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let (key, _) = old
         .iter()
-        .find(|(k, b)| magpie.primary(magpie::key::text_key(k.as_bytes())) != *b)
+        .find(|(k, b)| magpie.primary(magpie_core::key::text_key(k.as_bytes())) != *b)
         .expect("a key the table moved");
     assert_eq!(
         client.get_session(key).await,
-        magpie.primary(magpie::key::text_key(key.as_bytes()))
+        magpie.primary(magpie_core::key::text_key(key.as_bytes()))
     );
     magpie.stop().await;
 }
@@ -371,8 +373,9 @@ async fn bad_input_gets_its_status_and_harms_nobody() {
     let answer = raw(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03garbage\r\n\r\n".to_vec()).await;
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer:?}");
     // hyper answered it; it counts as a bad request all the same.
-    let bad_requests =
-        |m: &Magpie| (m.shared.stats).client_failures(magpie::stats::ClientFailure::BadRequest);
+    let bad_requests = |m: &Magpie| {
+        (m.shared.stats).client_failures(magpie_proxy::stats::ClientFailure::BadRequest)
+    };
     assert_eq!(bad_requests(&magpie), 1);
     // A head larger than max_bytes (here a smaller limit, so that the head
     // arrives well within read_timeout).
@@ -427,7 +430,7 @@ async fn bad_input_gets_its_status_and_harms_nobody() {
         magpie
             .shared
             .stats
-            .fallbacks(magpie::key::FallbackReason::NotJson),
+            .fallbacks(magpie_core::key::FallbackReason::NotJson),
         1
     );
     // A 10 MB JSON body with the field at its end.
@@ -435,7 +438,7 @@ async fn bad_input_gets_its_status_and_harms_nobody() {
     let json = format!(r#"{{"messages":[{{"content":"{filler}"}}],"user":"late-key"}}"#);
     assert_eq!(
         client.post_json(&json, None).await,
-        magpie.primary(magpie::key::text_key(b"late-key"))
+        magpie.primary(magpie_core::key::text_key(b"late-key"))
     );
     // A client that leaves mid-stream: the backend's response is abandoned
     // and counted, and its in-flight slot is given back.
@@ -447,7 +450,7 @@ async fn bad_input_gets_its_status_and_harms_nobody() {
                 .expect("a request"),
         )
         .await;
-    let backend = magpie.backend(&magpie.primary(magpie::key::text_key(b"leaver")));
+    let backend = magpie.backend(&magpie.primary(magpie_core::key::text_key(b"leaver")));
     assert_eq!(backend.live.load.active(), 1);
     drop(response);
     drop(client);
@@ -461,7 +464,7 @@ async fn bad_input_gets_its_status_and_harms_nobody() {
     let mut client = KeepAlive::connect(magpie.addr).await;
     assert_eq!(
         client.get_session("after").await,
-        magpie.primary(magpie::key::text_key(b"after"))
+        magpie.primary(magpie_core::key::text_key(b"after"))
     );
     magpie.stop().await;
 }
@@ -524,7 +527,7 @@ async fn a_proxy_header_names_the_client_in_mode_http() {
     for last in 1..=12u8 {
         let client: std::net::SocketAddr = format!("192.0.2.{last}:4000").parse().expect("literal");
         let mut stream = connect(magpie.addr).await;
-        let mut sent = magpie::proxy_protocol::v2_header(client, magpie.addr);
+        let mut sent = magpie_proxy::proxy_protocol::v2_header(client, magpie.addr);
         sent.extend_from_slice(b"GET / HTTP/1.1\r\nhost: m\r\nconnection: close\r\n\r\n");
         stream.write_all(&sent).await.expect("send");
         let mut out = Vec::new();
@@ -535,7 +538,7 @@ async fn a_proxy_header_names_the_client_in_mode_http() {
         let body = text.split("\r\n\r\n").nth(1).unwrap_or_default();
         assert_eq!(
             backend_in(body.as_bytes()),
-            magpie.primary(magpie::key::source_ip_key(client.ip())),
+            magpie.primary(magpie_core::key::source_ip_key(client.ip())),
             "{text}"
         );
     }
@@ -566,7 +569,7 @@ async fn http2_streams_are_keyed_one_by_one() {
             .to_bytes();
         assert_eq!(
             backend_in(&body),
-            magpie.primary(magpie::key::text_key(session.as_bytes()))
+            magpie.primary(magpie_core::key::text_key(session.as_bytes()))
         );
     }
     magpie.stop().await;

@@ -11,8 +11,8 @@ use http_body_util::{BodyExt, Full};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
-use magpie::reload::{Outcome, Reloader};
-use magpie::stats::ClientFailure;
+use magpie_proxy::reload::{Outcome, Reloader};
+use magpie_proxy::stats::ClientFailure;
 
 use crate::support::*;
 
@@ -429,7 +429,7 @@ async fn a_removed_backends_idle_connections_close_on_reload() {
     let on = |name: &str| {
         (0..)
             .map(|i| format!("s-{i}"))
-            .find(|s| magpie.primary(magpie::key::text_key(s.as_bytes())) == name)
+            .find(|s| magpie.primary(magpie_core::key::text_key(s.as_bytes())) == name)
             .expect("some key goes to each backend")
     };
     let mut client = KeepAlive::connect(magpie.addr).await;

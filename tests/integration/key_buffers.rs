@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::Request;
-use magpie::key::FallbackReason;
+use magpie_core::key::FallbackReason;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -74,7 +74,7 @@ async fn a_key_at_the_start_of_a_body_larger_than_max_bytes_routes_by_it() {
             .expect("a name");
         assert_eq!(
             backend,
-            magpie.primary(magpie::key::text_key(key.as_bytes())),
+            magpie.primary(magpie_core::key::text_key(key.as_bytes())),
             "{key}"
         );
         // The backend got the body unchanged.
@@ -108,7 +108,7 @@ async fn a_slow_body_routes_as_soon_as_its_key_arrived() {
     assert!(head.starts_with("HTTP/1.1 200"), "{head:?}");
     assert_eq!(
         backend_header(&head),
-        magpie.primary(magpie::key::text_key(b"slow-1"))
+        magpie.primary(magpie_core::key::text_key(b"slow-1"))
     );
     s.write_all(rest).await.expect("send");
     let mut echoed = Vec::new();
@@ -172,7 +172,7 @@ async fn past_the_key_buffer_budget_a_request_goes_by_its_fallback_at_once() {
     let head = read_head(&mut a).await;
     assert_eq!(
         backend_header(&head),
-        magpie.primary(magpie::key::text_key(b"held-a"))
+        magpie.primary(magpie_core::key::text_key(b"held-a"))
     );
     assert_eq!(stats.fallbacks(FallbackReason::BufferBudget), 1);
     drop((a, b));

@@ -14,7 +14,6 @@ mod discovery;
 mod engine_load;
 mod failover;
 mod faults;
-mod fuzz_corpus;
 mod group;
 mod group_home;
 mod health;

@@ -149,7 +149,9 @@ async fn an_answer_before_the_body_ended_is_passed_on_and_the_connection_closes(
     // Not counted against the backend: it answered.
     let a = magpie.backend("a");
     assert_eq!(
-        a.live.traffic.requests(magpie::backend::CodeClass::Error),
+        a.live
+            .traffic
+            .requests(magpie_proxy::backend::CodeClass::Error),
         0
     );
     magpie.stop().await;

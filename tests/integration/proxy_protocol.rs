@@ -5,9 +5,9 @@ use std::net::SocketAddr;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use magpie::key;
-use magpie::proxy_protocol::{self, Origin};
-use magpie::stats::ClientFailure;
+use magpie_core::key;
+use magpie_proxy::proxy_protocol::{self, Origin};
+use magpie_proxy::stats::ClientFailure;
 
 use crate::support::*;
 

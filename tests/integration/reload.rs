@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use magpie::reload::{Outcome, Reloader};
+use magpie_proxy::reload::{Outcome, Reloader};
 
 use crate::support::*;
 
@@ -317,7 +317,7 @@ async fn unchanged_backends_keep_their_live_state() {
     magpie.stop().await;
 }
 
-fn counters(magpie: &Magpie) -> Vec<(String, Arc<magpie::backend::Live>, u64)> {
+fn counters(magpie: &Magpie) -> Vec<(String, Arc<magpie_proxy::backend::Live>, u64)> {
     magpie
         .shared
         .snapshot

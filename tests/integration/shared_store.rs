@@ -6,10 +6,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use magpie::http::pinning;
-use magpie::key::text_key;
-use magpie::route::Keys;
-use magpie::sessions::store::OpResult;
+use magpie_core::key::text_key;
+use magpie_proxy::http::pinning;
+use magpie_proxy::route::Keys;
+use magpie_proxy::sessions::store::OpResult;
 
 use crate::support::*;
 
@@ -202,7 +202,8 @@ async fn a_wrong_type_key_is_absent_for_that_key_only() {
     );
     assert_eq!(store.stats.ops(OpResult::Error), 0);
     assert_eq!(store.stats.fallbacks(), 0);
-    let text = magpie::metrics::render(&magpie::metrics::registry(Arc::clone(&magpie.shared)));
+    let text =
+        magpie_proxy::metrics::render(&magpie_proxy::metrics::registry(Arc::clone(&magpie.shared)));
     assert_eq!(
         metric_sum(&text, "magpie_session_store_bad_values_total", &[]),
         2.0

@@ -19,7 +19,7 @@ fn simulate_json_from_the_binary() {
     assert_eq!(v["nodes_after"], 11);
     let rows = v["rows"].as_array().expect("rows");
     let ids: Vec<&str> = rows.iter().filter_map(|r| r["scheme"].as_str()).collect();
-    assert_eq!(ids, magpie::lab::simulate::SCHEMES);
+    assert_eq!(ids, magpie_lab::simulate::SCHEMES);
     let moved = |id: &str| {
         rows.iter()
             .find(|r| r["scheme"] == id)

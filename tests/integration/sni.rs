@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use magpie::key::sni::server_name_key;
-use magpie::key::{self, FallbackReason};
+use magpie_core::key::sni::server_name_key;
+use magpie_core::key::{self, FallbackReason};
 
 use crate::support::*;
 

@@ -4,8 +4,8 @@
 //! counted by why it was made.
 
 use http_body_util::{BodyExt, Full};
-use magpie::key;
-use magpie::recent::How;
+use magpie_core::key;
+use magpie_proxy::recent::How;
 
 use crate::support::*;
 

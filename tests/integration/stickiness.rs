@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use magpie::key;
+use magpie_core::key;
 
 use crate::support::*;
 

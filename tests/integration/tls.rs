@@ -13,7 +13,7 @@ use hyper::{Request, Version};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
-use magpie::config::Config;
+use magpie_proxy::config::Config;
 
 use crate::support::*;
 

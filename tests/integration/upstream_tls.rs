@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use magpie::health::state::ConnectFailure;
-use magpie::key::text_key;
+use magpie_core::key::text_key;
+use magpie_proxy::health::state::ConnectFailure;
 
 use crate::support::*;
 

@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use magpie::app::{self, Running};
-use magpie::backend::Backend;
-use magpie::config::Config;
-use magpie::snapshot::Shared;
+use magpie_proxy::app::{self, Running};
+use magpie_proxy::backend::Backend;
+use magpie_proxy::config::Config;
+use magpie_proxy::snapshot::Shared;
 
 use super::within;
 

@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 
-use magpie::reload::Reloader;
-use magpie::sessions::store::Store;
+use magpie_proxy::reload::Reloader;
+use magpie_proxy::sessions::store::Store;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{Magpie, TempFile, config_yaml, within};
@@ -106,7 +106,11 @@ pub fn store_settings(redis: SocketAddr, extra: &str) -> String {
 
 /// The key magpie binds `session` under in the store (default prefix).
 pub fn store_key(session: &str) -> Vec<u8> {
-    format!("magpie:{:016x}", magpie::key::text_key(session.as_bytes())).into_bytes()
+    format!(
+        "magpie:{:016x}",
+        magpie_core::key::text_key(session.as_bytes())
+    )
+    .into_bytes()
 }
 
 /// Two magpies on one store, each from its own file.

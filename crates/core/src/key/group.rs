@@ -1,0 +1,276 @@
+//! The group key (`key.group`, mode http): what the table is looked up by,
+//! when it is not the session key.
+//!
+//! Prefix caches are shared by prefix, not by conversation: every
+//! conversation of one agent repeats its system prompt and tool definitions.
+//! Looking the table up by that head sends the conversations of one head to
+//! the same replica (and a hot head along its own candidates), while the
+//! session key still names the conversation and its pin.
+//!
+//! * `system`: `h64` of the rendered head of a chat body ([`render_head`]):
+//!   the model, the instructions (a top-level `system` or `instructions`,
+//!   system and developer messages before the first user message) and the
+//!   `tools` definitions, in the three body shapes
+//!   [`super::conversation`] reads.
+//! * `prefix_bytes: N`: `h64` of the first `N` bytes of that rendered head
+//!   (all of it when shorter), so heads that share a long preamble share a
+//!   group even when their ends differ.
+//! * `header: NAME`: a request header's value, hashed like a header key
+//!   (a tenant such as `x-tenant-id`).
+//!
+//! The rendered head is the model, then each instruction's text, then the
+//! `tools` array in canonical JSON ([`canonical_json`]: compact, object keys
+//! sorted by their bytes, strings and numbers written as serde_json writes
+//! them), each part followed by a NUL byte. Canonical, so two clients that
+//! send the same tools with other spacing or key order share a group. A
+//! text that itself holds a NUL could render like a different split of
+//! parts; that only puts two heads in one group, it never loses a request.
+//!
+//! A body without instructions and without tools has no group, nor does a
+//! request without the header: such a request is routed by its session key,
+//! and the reason ([`GroupMiss`]) counted.
+
+use serde_json::Value;
+
+use super::FallbackReason;
+use super::conversation::{ChatHead, read_head};
+use crate::hash::h64;
+use crate::labels;
+
+/// Where a request's group key comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GroupBy {
+    /// The model, instructions and tools of a chat body.
+    System,
+    /// The first `N` bytes of that rendered head.
+    PrefixBytes(usize),
+    /// A header's value; the name lower-case.
+    Header(String),
+}
+
+impl GroupBy {
+    /// Whether the group is read from the request body.
+    pub fn reads_body(&self) -> bool {
+        !matches!(self, GroupBy::Header(_))
+    }
+
+    /// As `magpie check` prints it, and as the fingerprint hashes it.
+    pub fn describe(&self) -> String {
+        match self {
+            GroupBy::System => "system".to_string(),
+            GroupBy::PrefixBytes(n) => format!("prefix_bytes {n}"),
+            GroupBy::Header(name) => format!("header {name}"),
+        }
+    }
+
+    /// The group key of a chat head (`system`, `prefix_bytes`); `None` for
+    /// `header` groups, which no body carries.
+    pub fn of_head(&self, head: &ChatHead) -> Option<Result<u64, GroupMiss>> {
+        let rendered = match self {
+            GroupBy::Header(_) => return None,
+            _ => render_head(head),
+        };
+        let Some(rendered) = rendered else {
+            return Some(Err(GroupMiss::NoHead));
+        };
+        Some(Ok(match self {
+            GroupBy::PrefixBytes(n) => h64(&rendered[..rendered.len().min(*n)]),
+            _ => h64(&rendered),
+        }))
+    }
+}
+
+labels! {
+    /// Why a request had no group key, so the table was looked up by its
+    /// session key; each is counted separately.
+    pub enum GroupMiss {
+        /// `key.group.header`: the request has no such header (or a blank one).
+        MissingHeader => "missing_header",
+        /// The body has neither instructions nor tools.
+        NoHead => "no_head",
+        /// The body is not JSON (by content type or by content).
+        NotJson => "not_json",
+        /// The body did not fit in `key.max_bytes`.
+        TooLarge => "too_large",
+        /// The body did not arrive within `key.read_timeout`.
+        Timeout => "timeout",
+        /// Reading the body would have held more than `limits.key_buffer_bytes`.
+        BufferBudget => "buffer_budget",
+    }
+}
+
+impl GroupMiss {
+    /// The group's reason when reading the body for a key failed.
+    pub fn of_body(why: FallbackReason) -> GroupMiss {
+        match why {
+            FallbackReason::TooLarge => GroupMiss::TooLarge,
+            FallbackReason::Timeout => GroupMiss::Timeout,
+            FallbackReason::BufferBudget => GroupMiss::BufferBudget,
+            _ => GroupMiss::NotJson,
+        }
+    }
+}
+
+/// The head a group is hashed from: the model, each instruction, then the
+/// tools in canonical JSON, each followed by a NUL; `None` without
+/// instructions and tools.
+pub fn render_head(head: &ChatHead) -> Option<Vec<u8>> {
+    let has_instructions = head.instructions.iter().any(|i| !i.is_empty());
+    if !has_instructions && head.tools.is_none() {
+        return None;
+    }
+    let mut out = Vec::new();
+    for part in std::iter::once(&head.model).chain(&head.instructions) {
+        out.extend_from_slice(part.as_bytes());
+        out.push(0);
+    }
+    if let Some(tools) = &head.tools {
+        canonical_json(tools, &mut out);
+        out.push(0);
+    }
+    Some(out)
+}
+
+/// The group key of a JSON body under `by` (`system` or `prefix_bytes`), or
+/// why there is none; what `magpie` computes from a buffered body.
+pub fn body_group_key(body: &[u8], by: &GroupBy) -> Result<u64, GroupMiss> {
+    let head = read_head(body).map_err(GroupMiss::of_body)?;
+    by.of_head(&head).unwrap_or(Err(GroupMiss::MissingHeader))
+}
+
+/// Writes `value` as compact JSON with object keys sorted by their bytes,
+/// whatever order the map keeps them in.
+pub fn canonical_json(value: &Value, out: &mut Vec<u8>) {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+            out.push(b'{');
+            for (i, (k, v)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                scalar(&Value::String(k.clone()), out);
+                out.push(b':');
+                canonical_json(v, out);
+            }
+            out.push(b'}');
+        }
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, v) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                canonical_json(v, out);
+            }
+            out.push(b']');
+        }
+        other => scalar(other, out),
+    }
+}
+
+/// A string, number, boolean or null as serde_json writes it.
+fn scalar(value: &Value, out: &mut Vec<u8>) {
+    // Writing a scalar to a Vec cannot fail.
+    if let Ok(text) = serde_json::to_vec(value) {
+        out.extend_from_slice(&text);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn system(body: &str) -> Result<u64, GroupMiss> {
+        body_group_key(body.as_bytes(), &GroupBy::System)
+    }
+
+    const TOOLS: &str = r#"[{"type":"function","function":{"name":"search","parameters":{"type":"object","properties":{"q":{"type":"string"}}}}}]"#;
+
+    #[test]
+    fn conversations_of_one_head_share_a_group() {
+        let a = format!(
+            r#"{{"model":"m","tools":{TOOLS},"messages":[{{"role":"system","content":"agent"}},{{"role":"user","content":"one"}}]}}"#
+        );
+        let b = format!(
+            r#"{{"model":"m","messages":[{{"role":"system","content":"agent"}},{{"role":"user","content":"two"}},{{"role":"assistant","content":"x"}},{{"role":"user","content":"y"}}],"tools":{TOOLS}}}"#
+        );
+        assert_eq!(system(&a), system(&b));
+        assert!(system(&a).is_ok());
+        // Another model, other instructions or other tools: another group.
+        assert_ne!(system(&a), system(&a.replace(r#""m""#, r#""m2""#)));
+        assert_ne!(system(&a), system(&a.replace("agent", "agent2")));
+        assert_ne!(system(&a), system(&a.replace("search", "fetch")));
+    }
+
+    #[test]
+    fn tools_are_canonical() {
+        let spaced = r#"[ { "function": { "parameters": { "properties": { "q": { "type": "string" } }, "type": "object" }, "name": "search" }, "type": "function" } ]"#;
+        let with = |tools: &str| {
+            system(&format!(
+                r#"{{"model":"m","tools":{tools},"messages":[{{"role":"user","content":"hi"}}]}}"#
+            ))
+        };
+        assert_eq!(with(TOOLS), with(spaced));
+        let mut out = Vec::new();
+        canonical_json(&serde_json::from_str(spaced).unwrap(), &mut out);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            r#"[{"function":{"name":"search","parameters":{"properties":{"q":{"type":"string"}},"type":"object"}},"type":"function"}]"#
+        );
+    }
+
+    #[test]
+    fn the_three_body_shapes_render_alike() {
+        let chat = r#"{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"a"}]}"#;
+        let responses = r#"{"model":"m","instructions":"s","input":"b"}"#;
+        let anthropic = r#"{"model":"m","system":[{"type":"text","text":"s"}],"max_tokens":9,"messages":[{"role":"user","content":"c"}]}"#;
+        let developer = r#"{"model":"m","input":[{"role":"developer","content":"s"},{"role":"user","content":"d"}]}"#;
+        let expected = h64(b"m\0s\0");
+        for body in [chat, responses, anthropic, developer] {
+            assert_eq!(system(body), Ok(expected), "{body}");
+        }
+    }
+
+    #[test]
+    fn prefix_bytes_cut_the_rendered_head() {
+        let preamble = "p".repeat(100);
+        let body = |tail: &str| {
+            format!(
+                r#"{{"model":"m","system":"{preamble}{tail}","messages":[{{"role":"user","content":"q"}}]}}"#
+            )
+        };
+        let (a, b) = (body("doc one"), body("doc two"));
+        let by = |n| GroupBy::PrefixBytes(n);
+        // "m\0" and the preamble are 102 bytes.
+        let at = |text: &str, n| body_group_key(text.as_bytes(), &by(n));
+        assert_eq!(at(&a, 102), at(&b, 102));
+        assert_eq!(at(&a, 102), Ok(h64(format!("m\0{preamble}").as_bytes())));
+        assert_ne!(at(&a, 110), at(&b, 110));
+        // Longer than the head: all of it, as `system` hashes it.
+        assert_eq!(at(&a, 1 << 20), system(&a));
+    }
+
+    #[test]
+    fn no_head_no_group() {
+        let plain = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+        assert_eq!(system(plain), Err(GroupMiss::NoHead));
+        let empty = r#"{"model":"m","system":"","tools":null,"messages":[]}"#;
+        assert_eq!(system(empty), Err(GroupMiss::NoHead));
+        // Tools alone are a head.
+        let tools = format!(r#"{{"model":"m","tools":{TOOLS}}}"#);
+        assert!(system(&tools).is_ok());
+        assert_eq!(system("not json"), Err(GroupMiss::NotJson));
+        assert_eq!(system(r#"{"messages":5}"#), Err(GroupMiss::NotJson));
+        let header = GroupBy::Header("x-tenant-id".into());
+        assert_eq!(
+            body_group_key(plain.as_bytes(), &header),
+            Err(GroupMiss::MissingHeader)
+        );
+        assert_eq!(
+            GroupMiss::of_body(FallbackReason::TooLarge),
+            GroupMiss::TooLarge
+        );
+    }
+}

@@ -1,0 +1,150 @@
+//! What a shared session store costs a request: the routing decision of
+//! `mode: http` with `sessions.store: local` against `store: redis` (a real
+//! `redis-server` on loopback, started here), for keys seen before (a local
+//! cache hit) and new keys (a miss: one store round trip with `redis`).
+//! Prints p50 and p99 per case and each redis case's ratio to local.
+//!
+//! `cargo bench --bench session_store`; under `cargo test` it runs a few
+//! hundred decisions per case as a smoke test. Without `redis-server` on
+//! the PATH it says so and measures `local` only.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use magpie_proxy::config::Config;
+use magpie_proxy::http::pinning;
+use magpie_proxy::recent::{self, Recent};
+use magpie_proxy::route::Keys;
+use magpie_proxy::sessions::Sessions;
+use magpie_proxy::snapshot::Snapshot;
+
+fn config(store: &str) -> Config {
+    let text = format!(
+        "mode: http\nlisten: 127.0.0.1:7000\nkey: {{from: header, header: x-session-id}}\nsessions:\n  ttl: 10m\n  max: 1000000\n{store}backends:\n  - {{name: a, addr: 127.0.0.1:8001}}\n  - {{name: b, addr: 127.0.0.1:8002}}\n  - {{name: c, addr: 127.0.0.1:8003}}\n  - {{name: d, addr: 127.0.0.1:8004}}\n"
+    );
+    Config::parse(Path::new("bench.yaml"), &text).expect("the bench config parses")
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * p) as usize]
+}
+
+/// Routes `n` keys from `first` on, twice: new (misses), then again (hits).
+async fn measure(
+    sessions: &Arc<Sessions>,
+    snapshot: &Snapshot,
+    first: u64,
+    n: u64,
+) -> [Vec<Duration>; 2] {
+    let recent = Recent::new(recent::DEFAULT_MAX, recent::SPILL_TTL);
+    let mut out = [Vec::new(), Vec::new()];
+    for round in out.iter_mut() {
+        for key in first..first + n {
+            let started = Instant::now();
+            let pinned = pinning::route(
+                Some(Arc::clone(sessions)),
+                snapshot,
+                &recent,
+                Keys::single(key),
+            )
+            .await;
+            pinned.served(pinned.route.first().expect("a target"));
+            round.push(started.elapsed());
+        }
+        round.sort();
+    }
+    out
+}
+
+fn main() {
+    let full = std::env::args().any(|a| a == "--bench");
+    let n = if full { 20_000 } else { 200 };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let local_config = Arc::new(config(""));
+        let snapshot =
+            Snapshot::build(Arc::clone(&local_config), 1, &Default::default()).expect("a table");
+        let local = Arc::new(Sessions::new(
+            local_config.sessions.as_ref().expect("sessions"),
+        ));
+        let [local_miss, local_hit] = measure(&local, &snapshot, 0, n).await;
+        let mut rows = vec![
+            ("local", "miss", local_miss.clone()),
+            ("local", "hit", local_hit.clone()),
+        ];
+
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let redis = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        match redis {
+            Err(e) => println!("redis-server not available ({e}): measuring store: local only"),
+            Ok(mut redis) => {
+                let redis_config = config(&format!(
+                    "  store: redis\n  redis: {{addr: \"127.0.0.1:{port}\", timeout: 1s}}\n"
+                ));
+                let shared = Arc::new(Sessions::new(
+                    redis_config.sessions.as_ref().expect("sessions"),
+                ));
+                let store = shared.store.clone().expect("a store");
+                let waited = Instant::now();
+                while !store.is_connected() && waited.elapsed() < Duration::from_secs(10) {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                assert!(
+                    store.is_connected(),
+                    "redis-server did not accept a connection"
+                );
+                let [miss, hit] = measure(&shared, &snapshot, 1 << 40, n).await;
+                assert_eq!(
+                    store.stats.fallbacks(),
+                    0,
+                    "the store timed out during the bench"
+                );
+                rows.push(("redis", "miss", miss));
+                rows.push(("redis", "hit", hit));
+                let _ = redis.kill();
+                let _ = redis.wait();
+            }
+        }
+        println!("routing decisions per case: {n}");
+        println!(
+            "{:<6} {:<5} {:>10} {:>10} {:>12} {:>12}",
+            "store", "keys", "p50", "p99", "p50 / local", "p99 / local"
+        );
+        for (store, keys, sorted) in &rows {
+            let base = if *keys == "miss" {
+                &local_miss
+            } else {
+                &local_hit
+            };
+            let (p50, p99) = (percentile(sorted, 0.5), percentile(sorted, 0.99));
+            println!(
+                "{store:<6} {keys:<5} {:>10.1?} {:>10.1?} {:>12.1} {:>12.1}",
+                p50,
+                p99,
+                p50.as_secs_f64() / percentile(base, 0.5).as_secs_f64(),
+                p99.as_secs_f64() / percentile(base, 0.99).as_secs_f64(),
+            );
+        }
+    });
+}

@@ -1,0 +1,433 @@
+//! The key of one HTTP request: a header, a JSON body field, the
+//! conversation's head, or the client's address, in the order the config
+//! gives.
+//!
+//! With `key.from: header`, the header's value is the key; when the header is
+//! absent and `key.body_field` is set, the body is tried next. With `from:
+//! body`, the body field is the key. With `from: conversation`, a configured
+//! header, then a configured body field, then the conversation's head
+//! ([`magpie_core::key::conversation`]). Reading a body for its key buffers it
+//! (at most `key.max_bytes`, within `key.read_timeout`); the bytes read are
+//! then sent on first, followed by the rest of the stream, so the backend
+//! receives the body unchanged. Only a JSON body (by `content-type`) is read.
+//! When no key is found, the fallback key is used and the reason counted.
+//!
+//! With `key.group`, the group key is found beside it: a header's value,
+//! or (`system`, `prefix_bytes`) the body's chat head, which is then read
+//! even when a header carried the session key. One parse of the body gives
+//! both the conversation key and the group. A request without a group is
+//! routed by its session key; the reason ([`GroupMiss`]) is counted.
+
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt;
+use hyper::Request;
+use hyper::body::Incoming;
+use hyper::header::{CONTENT_TYPE, HeaderMap};
+use tokio::time::Instant;
+
+use super::upload::Upload;
+use crate::config::{KeyConfig, KeyRead, KeySources};
+use crate::key_budget::{Held, KeyBudget};
+use crate::net::Client;
+use magpie_core::key::conversation::{ChatHead, read_head};
+use magpie_core::key::group::{GroupBy, GroupMiss};
+use magpie_core::key::json::{FieldPath, Prefix, json_field_key, json_field_prefix};
+use magpie_core::key::{self, FallbackReason};
+
+/// The key a request goes by, and why it is the fallback when it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestKey {
+    /// The session key (the table's key too, without a group).
+    pub key: u64,
+    pub fallback: Option<FallbackReason>,
+    /// With `key.group`: the group key, or why the request has none (then
+    /// the table is looked up by the session key). `None` without groups.
+    pub group: Option<Result<u64, GroupMiss>>,
+}
+
+/// The client stopped sending its body while it was read for the key.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body could not be read: {0}")]
+pub struct BodyError(#[from] hyper::Error);
+
+/// Where a request's keys are looked for.
+#[derive(Clone, Copy)]
+pub struct KeyPlan<'a> {
+    pub key: &'a KeyConfig,
+    /// `key.group`, if set.
+    pub group: Option<&'a GroupBy>,
+    pub client: Client,
+    /// The bytes all requests hold while reading bodies for keys, and their
+    /// most (`limits.key_buffer_bytes`).
+    pub budget: &'a Arc<KeyBudget>,
+    pub budget_max: u64,
+}
+
+/// Finds `request`'s key (and group); returns them with the request, its
+/// body ready to be sent on unchanged.
+pub async fn request_key(
+    request: Request<Incoming>,
+    plan: KeyPlan<'_>,
+) -> Result<(RequestKey, Request<Upload>), BodyError> {
+    let (parts, body) = request.into_parts();
+    let header = |name: &str| header_value(&parts.headers, name);
+    let content_type = parts.headers.get(CONTENT_TYPE).map(|v| v.as_bytes());
+    let wants = match head_keys(&plan, header, content_type) {
+        HeadKeys::Known(keyed) => {
+            return Ok((keyed, Request::from_parts(parts, Upload::streaming(body))));
+        }
+        HeadKeys::ReadBody(wants) => wants,
+    };
+    let (outcome, upload) = read_body(body, BodyRead::new(&wants, &plan)).await?;
+    Ok((wants.keys(&outcome), Request::from_parts(parts, upload)))
+}
+
+/// What a request's head says of its keys.
+pub enum HeadKeys<'a> {
+    /// All of them: the body need not be read.
+    Known(RequestKey),
+    /// The body must be read for them.
+    ReadBody(BodyWants<'a>),
+}
+
+/// What a request's body is read for, and what its head already gave.
+pub struct BodyWants<'a> {
+    /// How long and how far the body may be read.
+    pub read: &'a KeyRead,
+    /// The body field, when nothing after it is wanted: the read may stop
+    /// as soon as its value is in ([`look_early`]).
+    pub early: Option<&'a FieldPath>,
+    sources: KeySources<'a>,
+    group: Option<&'a GroupBy>,
+    /// The session key from a header.
+    session: Option<u64>,
+    header_group: Option<Result<u64, GroupMiss>>,
+    session_reads_body: bool,
+    group_reads_body: bool,
+    fallback_key: u64,
+}
+
+/// The keys of a request by its head: its headers by (lower-case) name, the
+/// first if repeated, blank ones absent ([`header_value`]), and its
+/// `content-type`; or what its body must be read for.
+pub fn head_keys<'a, 'h>(
+    plan: &KeyPlan<'a>,
+    header: impl Fn(&str) -> Option<&'h [u8]>,
+    content_type: Option<&[u8]>,
+) -> HeadKeys<'a> {
+    let Some(read) = plan.key.read() else {
+        return HeadKeys::Known(RequestKey {
+            key: plan.key.address_key(plan.client.0),
+            fallback: None,
+            group: None,
+        });
+    };
+    let sources = plan.key.sources();
+    let session = sources.header.and_then(&header).map(key::text_key);
+    let header_group = match plan.group {
+        Some(GroupBy::Header(name)) => Some(
+            header(name)
+                .map(key::text_key)
+                .ok_or(GroupMiss::MissingHeader),
+        ),
+        _ => None,
+    };
+    let session_reads_body =
+        session.is_none() && (sources.body_field.is_some() || sources.conversation);
+    let group_reads_body = plan.group.is_some_and(GroupBy::reads_body);
+    let wants = BodyWants {
+        read,
+        // Only a body field, and nothing after it, is wanted.
+        early: sources
+            .body_field
+            .filter(|_| session_reads_body && !sources.conversation && !group_reads_body),
+        sources,
+        group: plan.group,
+        session,
+        header_group,
+        session_reads_body,
+        group_reads_body,
+        fallback_key: key::fallback_key(read.fallback, plan.client.0),
+    };
+    if !content_type.is_some_and(is_json) || !(session_reads_body || group_reads_body) {
+        let why = if session_reads_body {
+            FallbackReason::NotJson
+        } else {
+            FallbackReason::MissingHeader
+        };
+        let group = group_reads_body.then_some(Err(GroupMiss::NotJson));
+        return HeadKeys::Known(wants.found(session.ok_or(why), group));
+    }
+    HeadKeys::ReadBody(wants)
+}
+
+impl BodyWants<'_> {
+    /// The keys, once the body was read as far as it was (`outcome`).
+    pub fn keys(&self, outcome: &Read) -> RequestKey {
+        let (by_body, group) = match outcome {
+            Read::Complete(bytes) => {
+                let wants = Wants {
+                    session: self.session_reads_body,
+                    group: self.group.filter(|_| self.group_reads_body),
+                };
+                body_keys(&self.sources, wants, bytes)
+            }
+            Read::Early(found) => (*found, None),
+            Read::TooLarge => unread(FallbackReason::TooLarge, self.group_reads_body),
+            Read::Timeout => unread(FallbackReason::Timeout, self.group_reads_body),
+            Read::OverBudget => unread(FallbackReason::BufferBudget, self.group_reads_body),
+        };
+        let session = match self.session {
+            Some(key) => Ok(key),
+            None if self.session_reads_body => by_body,
+            None => Err(FallbackReason::MissingHeader),
+        };
+        self.found(session, group)
+    }
+
+    /// The keys found: the session key (or the fallback key, and why) and
+    /// the group (a header's before the body's).
+    fn found(
+        &self,
+        session: Result<u64, FallbackReason>,
+        group: Option<Result<u64, GroupMiss>>,
+    ) -> RequestKey {
+        let group = self.header_group.or(group);
+        match session {
+            Ok(key) => RequestKey {
+                key,
+                fallback: None,
+                group,
+            },
+            Err(why) => RequestKey {
+                key: self.fallback_key,
+                fallback: Some(why),
+                group,
+            },
+        }
+    }
+}
+
+/// The body field's value in the first bytes of a body, if they settle it
+/// (the value is in, or the body is not JSON).
+pub fn look_early(field: &FieldPath, bytes: &[u8]) -> Option<Result<u64, FallbackReason>> {
+    match json_field_prefix(bytes, field) {
+        Prefix::Known(found) => Some(found),
+        Prefix::NotJson => Some(Err(FallbackReason::NotJson)),
+        Prefix::NeedMore => None,
+    }
+}
+
+/// What a complete body is read for.
+struct Wants<'a> {
+    /// The session key (no header carried it).
+    session: bool,
+    /// The group, when it is read from the body.
+    group: Option<&'a GroupBy>,
+}
+
+/// The keys a body that was not read in full gives: none, for `why`.
+fn unread(
+    why: FallbackReason,
+    group_reads_body: bool,
+) -> (Result<u64, FallbackReason>, Option<Result<u64, GroupMiss>>) {
+    (
+        Err(why),
+        group_reads_body.then_some(Err(GroupMiss::of_body(why))),
+    )
+}
+
+/// The session key (the field, else the conversation) and the group key in
+/// a complete JSON body, each only if wanted; the chat head is parsed once
+/// for both.
+fn body_keys(
+    sources: &KeySources<'_>,
+    wants: Wants<'_>,
+    bytes: &[u8],
+) -> (Result<u64, FallbackReason>, Option<Result<u64, GroupMiss>>) {
+    let by_field = match sources.body_field {
+        Some(field) if wants.session => json_field_key(bytes, field),
+        _ => Err(FallbackReason::MissingField),
+    };
+    let needs_head =
+        (wants.session && sources.conversation && by_field.is_err()) || wants.group.is_some();
+    let head: Option<Result<ChatHead, FallbackReason>> = needs_head.then(|| read_head(bytes));
+    let session = match (&head, by_field) {
+        (Some(head), Err(_)) if wants.session && sources.conversation => head
+            .as_ref()
+            .map_err(|why| *why)
+            .and_then(ChatHead::conversation_key),
+        (_, found) => found,
+    };
+    let group = wants.group.and_then(|by| match &head {
+        Some(Ok(head)) => by.of_head(head),
+        Some(Err(why)) => Some(Err(GroupMiss::of_body(*why))),
+        None => None,
+    });
+    (session, group)
+}
+
+/// A header's value when present and not blank (the first, if repeated).
+pub fn header_value<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h [u8]> {
+    headers
+        .get(name)
+        .map(|v| v.as_bytes())
+        .filter(|v| !v.trim_ascii().is_empty())
+}
+
+/// `application/json`, or any `…/…+json` type, parameters allowed.
+pub fn is_json(content_type: &[u8]) -> bool {
+    let Ok(value) = std::str::from_utf8(content_type) else {
+        return false;
+    };
+    let essence = value.split(';').next().unwrap_or("").trim();
+    essence.eq_ignore_ascii_case("application/json")
+        || essence
+            .rsplit_once('+')
+            .is_some_and(|(_, suffix)| suffix.eq_ignore_ascii_case("json"))
+}
+
+/// What reading a body for its key got.
+pub enum Read {
+    /// The whole body.
+    Complete(Bytes),
+    /// The body field's first occurrence arrived before the body's end.
+    Early(Result<u64, FallbackReason>),
+    /// More than `max_bytes`.
+    TooLarge,
+    /// The deadline passed first.
+    Timeout,
+    /// Holding more would pass `limits.key_buffer_bytes`.
+    OverBudget,
+}
+
+/// How one body is read for its key.
+struct BodyRead<'a> {
+    max_bytes: usize,
+    deadline: Instant,
+    /// This request's bytes of the key budget.
+    share: Held,
+    /// The body field, when nothing after it is wanted: the read stops as
+    /// soon as its value is in.
+    early: Option<&'a FieldPath>,
+}
+
+impl<'a> BodyRead<'a> {
+    fn new(wants: &BodyWants<'a>, plan: &KeyPlan<'_>) -> BodyRead<'a> {
+        BodyRead {
+            max_bytes: wants.read.max_bytes,
+            deadline: Instant::now() + wants.read.read_timeout,
+            share: plan.budget.share(plan.budget_max),
+            early: wants.early,
+        }
+    }
+}
+
+/// Reads `body` until it ends, its field is found (`early`), it passes
+/// `max_bytes` or the key budget, or the deadline passes; returns what
+/// happened and the body to send on (the bytes read, then the rest).
+async fn read_body(mut body: Incoming, mut r: BodyRead<'_>) -> Result<(Read, Upload), BodyError> {
+    let mut buf = BytesMut::new();
+    let mut trailers = None;
+    // Looked for again each time the bytes read double: a body arriving in
+    // many small frames costs at most twice one parse.
+    let mut next_look = 0;
+    let mut unheld = None;
+    let outcome = loop {
+        let frame = match tokio::time::timeout_at(r.deadline, body.frame()).await {
+            Err(_) => break Read::Timeout,
+            Ok(None) => break Read::Complete(Bytes::new()),
+            Ok(Some(frame)) => frame?,
+        };
+        let data = match frame.into_data() {
+            Ok(data) => data,
+            Err(frame) => {
+                // Trailers end the body.
+                trailers = frame.into_trailers().ok();
+                break Read::Complete(Bytes::new());
+            }
+        };
+        // What of the frame may be held: up to max_bytes, within the budget.
+        let room = r.max_bytes.saturating_sub(buf.len());
+        let fits = data.len() <= room;
+        let part = data.slice(..data.len().min(room));
+        let granted = r.share.grow(part.len());
+        if granted {
+            buf.extend_from_slice(&part);
+        }
+        // What is left of the frame to send on after the bytes held.
+        let left = if !granted {
+            Some(data)
+        } else if !fits {
+            Some(data.slice(room..))
+        } else {
+            None
+        };
+        let last = left.is_some();
+        if let Some(field) = r.early.filter(|_| last || buf.len() >= next_look) {
+            next_look = buf.len().saturating_mul(2);
+            if let Some(found) = look_early(field, &buf) {
+                unheld = left;
+                break Read::Early(found);
+            }
+        }
+        if last {
+            unheld = left;
+            break if granted {
+                Read::TooLarge
+            } else {
+                Read::OverBudget
+            };
+        }
+    };
+    let head = buf.freeze();
+    Ok(match outcome {
+        Read::Complete(_) => (
+            Read::Complete(head.clone()),
+            Upload::replay([head], r.share, None).with_trailers(trailers),
+        ),
+        unfinished => (
+            unfinished,
+            Upload::replay([head].into_iter().chain(unheld), r.share, Some(body)),
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                hyper::header::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn json_content_types() {
+        for yes in [
+            "application/json",
+            "Application/JSON; charset=utf-8",
+            "application/vnd.api+json",
+        ] {
+            assert!(is_json(yes.as_bytes()), "{yes}");
+        }
+        for no in ["text/plain", "application/jsonx", "multipart/form-data"] {
+            assert!(!is_json(no.as_bytes()), "{no}");
+        }
+    }
+
+    #[test]
+    fn blank_headers_are_absent() {
+        let h = headers(&[("x-session-id", "  "), ("x-other", "a")]);
+        assert_eq!(header_value(&h, "x-session-id"), None);
+        assert_eq!(header_value(&h, "x-other"), Some(&b"a"[..]));
+    }
+}

@@ -1,0 +1,188 @@
+//! Sockets: binding listeners, tuning data-path streams, connecting with a
+//! deadline, and the address types a connection carries.
+//!
+//! Everything here is shared by both data paths, the admin endpoint and the
+//! health checks, and imports nothing else from magpie. Socket options that
+//! fail are logged, never fatal: a connection works without them.
+//!
+//! A connection has three addresses that are easy to swap when they travel as
+//! bare `SocketAddr`s, so each has its own type:
+//!
+//! * [`Peer`]: the address the TCP connection came from (a client, or a load
+//!   balancer in front of magpie);
+//! * [`Client`]: the real client: the peer, or the source a trusted PROXY
+//!   header names; this is what keys and logs use;
+//! * [`Local`]: the address the client connected to (magpie's own, or the
+//!   destination a PROXY header names); it goes into the PROXY v2 header
+//!   magpie sends on.
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`tls_unverified`] | `upstream_tls.verify: false`: a client config that takes any backend certificate (signatures still checked) |
+//! | [`tls_client`] | the client side of TLS to backends: one shared rustls config (CA roots, ALPN `http/1.1`, session resumption), the handshake under a deadline, and telling its failure from a failed connect |
+
+pub mod tls_client;
+pub mod tls_unverified;
+
+use std::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
+use tokio::net::{TcpListener, TcpStream};
+use tracing::debug;
+
+/// Listen backlog (the kernel caps it at `net.core.somaxconn`).
+pub const BACKLOG: i32 = 1024;
+/// Keepalive: probes start after an idle minute; on the client side (10 s
+/// apart, 6 of them) a dead peer of an idle connection is found in ~2 minutes.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_RETRIES: u32 = 6;
+
+/// The address a TCP connection came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Peer(pub SocketAddr);
+
+/// The real client: the peer, or the source named by a trusted PROXY header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Client(pub SocketAddr);
+
+/// The address the client connected to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Local(pub SocketAddr);
+
+macro_rules! display_as_addr {
+    ($($t:ty),*) => {$(
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.fmt(f)
+            }
+        }
+    )*};
+}
+display_as_addr!(Peer, Client, Local);
+
+/// Binds a listening socket with SO_REUSEADDR (restarts don't wait out
+/// TIME_WAIT) and [`BACKLOG`]. An IPv6 socket is v6-only, so `[::]:p` and
+/// `0.0.0.0:p` can both be listed.
+///
+/// TCP_NODELAY and keepalive are set here, once: Linux copies a listening
+/// socket's options to every connection it accepts, which saves five
+/// `setsockopt` calls per connection.
+pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    tune(&SockRef::from(&socket), &client_keepalive());
+    socket.bind(&addr.into())?;
+    socket.listen(BACKLOG)?;
+    socket.set_nonblocking(true)?;
+    TcpListener::from_std(socket.into())
+}
+
+/// Client side: a dead client of an idle connection is found in about two
+/// minutes.
+fn client_keepalive() -> TcpKeepalive {
+    TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_RETRIES)
+}
+
+/// Backend side: probes start after the same idle minute; their interval
+/// and count are the kernel's (one call each saved per connection).
+fn backend_keepalive() -> TcpKeepalive {
+    TcpKeepalive::new().with_time(KEEPALIVE_IDLE)
+}
+
+/// TCP_NODELAY and keepalive. A failure is logged, not fatal: the
+/// connection works without them.
+fn tune(socket: &SockRef<'_>, keepalive: &TcpKeepalive) {
+    if let Err(e) = socket.set_tcp_nodelay(true) {
+        debug!(error = %e, "cannot set TCP_NODELAY");
+    }
+    if let Err(e) = socket.set_tcp_keepalive(keepalive) {
+        debug!(error = %e, "cannot set TCP keepalive");
+    }
+}
+
+/// A TCP connect with a deadline, with the data-path socket options set.
+pub async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+    let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+        .await
+        .map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no answer within {timeout:?}"),
+            )
+        })??;
+    tune(&SockRef::from(&stream), &backend_keepalive());
+    Ok(stream)
+}
+
+/// Makes the coming close of `stream` an abort: with SO_LINGER 0 the kernel
+/// sends a reset instead of a FIN, so the peer cannot take a cut-off stream
+/// for a complete one.
+pub fn reset_on_close(stream: &TcpStream) {
+    if let Err(e) = SockRef::from(stream).set_linger(Some(Duration::ZERO)) {
+        debug!(error = %e, "cannot set SO_LINGER");
+    }
+}
+
+/// Whether an I/O error means this process ran out of something (file
+/// descriptors, buffers, memory) rather than that a peer misbehaved: EMFILE,
+/// ENFILE, ENOBUFS, ENOMEM.
+pub fn is_resource_exhaustion(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(24 | 23 | 105 | 12))
+}
+
+/// A connected pair of loopback sockets, the connecting end first, both
+/// without Nagle delay like magpie's own; for unit tests that need real
+/// sockets.
+#[cfg(test)]
+pub(crate) async fn loopback_pair() -> (TcpStream, TcpStream) {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a loopback port");
+    let addr = listener.local_addr().expect("its address");
+    let (a, b) = tokio::join!(TcpStream::connect(addr), listener.accept());
+    let (a, b) = (a.expect("connected"), b.expect("accepted").0);
+    a.set_nodelay(true).expect("nodelay");
+    b.set_nodelay(true).expect("nodelay");
+    (a, b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Accepted sockets get TCP_NODELAY and keepalive from the listener
+    /// (nothing is set per connection); connected ones get them set.
+    #[tokio::test]
+    async fn accepted_sockets_inherit_nodelay_and_keepalive() {
+        let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (connected, accepted) =
+            tokio::join!(connect(addr, Duration::from_secs(5)), listener.accept());
+        let (connected, accepted) = (connected.unwrap(), accepted.unwrap().0);
+        for (side, stream) in [("accepted", &accepted), ("connected", &connected)] {
+            let sock = SockRef::from(stream);
+            assert!(stream.nodelay().unwrap(), "{side}: TCP_NODELAY");
+            assert!(sock.keepalive().unwrap(), "{side}: SO_KEEPALIVE");
+            assert_eq!(sock.tcp_keepalive_time().unwrap(), KEEPALIVE_IDLE, "{side}");
+        }
+        let sock = SockRef::from(&accepted);
+        assert_eq!(sock.tcp_keepalive_interval().unwrap(), KEEPALIVE_INTERVAL);
+        assert_eq!(sock.tcp_keepalive_retries().unwrap(), KEEPALIVE_RETRIES);
+    }
+
+    #[test]
+    fn addresses_display_bare() {
+        let a: SocketAddr = "127.0.0.1:7000".parse().unwrap();
+        assert_eq!(Client(a).to_string(), "127.0.0.1:7000");
+    }
+}
