@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
 use magpie_proxy::config::Config;
-use magpie_proxy::snapshot::Snapshot;
+use magpie_proxy::routing::snapshot::Snapshot;
 
 #[derive(Parser)]
 #[command(
@@ -132,7 +132,7 @@ fn main() -> ExitCode {
     if let Err(error) = purging {
         tracing::warn!(%error, "the allocator's background thread did not start: freed memory goes back to the system only while magpie allocates");
     }
-    magpie_proxy::supervise::install_panic_hook();
+    magpie_proxy::telemetry::supervise::install_panic_hook();
     let result = match cli.command {
         Command::Check { config } => check(&config),
         Command::Run { config } => runtime().and_then(|rt| rt.block_on(run(config))),
@@ -178,7 +178,7 @@ fn main() -> ExitCode {
             rt.block_on(magpie_lab::workload::main(&args))?;
             Ok(ExitCode::SUCCESS)
         }),
-        Command::Probe { url, timeout } => Ok(magpie_proxy::probe::run(&url, timeout)),
+        Command::Probe { url, timeout } => Ok(magpie_proxy::ops::probe::run(&url, timeout)),
     };
     match result {
         Ok(code) => code,
@@ -225,8 +225,8 @@ fn check(path: &std::path::Path) -> anyhow::Result<ExitCode> {
     let Some(snapshot) = build(path)? else {
         return Ok(ExitCode::FAILURE);
     };
-    let env = magpie_proxy::check::Environment::detect();
-    emit(&magpie_proxy::check::report(
+    let env = magpie_proxy::ops::check::Environment::detect();
+    emit(&magpie_proxy::ops::check::report(
         &path.display().to_string(),
         &snapshot,
         env,
@@ -244,7 +244,7 @@ fn build(path: &std::path::Path) -> anyhow::Result<Option<Snapshot>> {
     };
     // `dns` and `srv` entries are resolved as `run` would.
     let config = if config.discovery.is_some() {
-        let discovery = magpie_proxy::discovery::Discovery::default();
+        let discovery = magpie_proxy::routing::discovery::Discovery::default();
         runtime()?
             .block_on(discovery.expand(config))
             .with_context(|| format!("{}", path.display()))?

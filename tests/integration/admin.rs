@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use magpie_proxy::metrics::families;
+use magpie_proxy::ops::metrics::families;
 
 use crate::support::*;
 
@@ -111,7 +111,7 @@ async fn admin_endpoints_answer_and_change_nothing() {
     assert_eq!(table["algorithm"], "maglev");
     assert_eq!(
         table["fingerprint"],
-        magpie.shared.snapshot.load().fingerprint.as_str()
+        magpie.instance.snapshot.load().fingerprint.as_str()
     );
     assert_eq!(table["backends"][0]["name"], "a");
     let shares: f64 = table["backends"]
@@ -132,7 +132,7 @@ async fn admin_endpoints_answer_and_change_nothing() {
     );
     assert_eq!(admin_get(admin, "/nope").await.0, 404);
     assert_eq!(admin_get(admin, "/route").await.0, 400);
-    for b in &magpie.shared.snapshot.load().backends {
+    for b in &magpie.instance.snapshot.load().backends {
         b.live.health.set_up(false);
     }
     assert_eq!(admin_get(admin, "/readyz").await.0, 503);

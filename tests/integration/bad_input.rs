@@ -15,7 +15,7 @@ const HEADER_100MS: &str =
 async fn a_stalled_request_head_falls_back_after_read_timeout() {
     let mut backends = RawBackends::start(&["a", "b", "c"], Behaviour::GreetEcho).await;
     let magpie = Magpie::with(HEADER_100MS, &backends.list).await;
-    let stats = &magpie.shared.stats;
+    let stats = &magpie.instance.stats;
     let half = b"GET /v1/chat HTTP/1.1\r\nHost: x\r\nx-session-id: never-fin";
 
     for last in [2u8, 3, 4, 5] {
@@ -59,7 +59,7 @@ async fn garbage_first_bytes_fall_back_and_reach_the_backend_intact() {
     let settings =
         "key:\n  from: header\n  header: x-session-id\n  read_timeout: 5s\n  fallback: source_ip\n";
     let magpie = Magpie::with(settings, &backends.list).await;
-    let stats = &magpie.shared.stats;
+    let stats = &magpie.instance.stats;
     // The start of a TLS ClientHello, then binary noise.
     let mut garbage = vec![
         0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03,
@@ -96,7 +96,7 @@ async fn garbage_first_bytes_fall_back_and_reach_the_backend_intact() {
 async fn max_connections_closes_the_excess_client_at_once() {
     let backends = RawBackends::start(&["a"], Behaviour::GreetEcho).await;
     let magpie = Magpie::with("max_connections: 2\n", &backends.list).await;
-    let stats = &magpie.shared.stats;
+    let stats = &magpie.instance.stats;
 
     let mut first = connect(magpie.addr).await;
     let mut second = connect(magpie.addr).await;
@@ -192,6 +192,6 @@ async fn a_request_with_many_headers_keeps_its_key() {
         let served_by = read_greeting(&mut client).await;
         assert_eq!(served_by, magpie.primary(key::text_key(session.as_bytes())));
     }
-    assert_eq!(magpie.shared.stats.fallbacks(FallbackReason::NotHttp), 0);
+    assert_eq!(magpie.instance.stats.fallbacks(FallbackReason::NotHttp), 0);
     magpie.stop().await;
 }

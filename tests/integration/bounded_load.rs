@@ -61,7 +61,7 @@ async fn hot_key_respects_the_cap(factor: f64, excess: u64, connections: u64) {
             .backend(&candidates[0])
             .live
             .traffic
-            .spills(magpie_proxy::backend::Spill::AtCap)
+            .spills(magpie_proxy::routing::backend::Spill::AtCap)
             > 0,
         "spills on the primary were not counted"
     );

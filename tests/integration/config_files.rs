@@ -6,7 +6,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use magpie_proxy::config::Config;
-use magpie_proxy::snapshot::Snapshot;
+use magpie_proxy::routing::snapshot::Snapshot;
 
 use crate::support::*;
 

@@ -44,7 +44,7 @@ async fn a_growing_conversation_stays_on_one_backend() {
     }
     assert_eq!(
         magpie
-            .shared
+            .instance
             .stats
             .fallbacks(magpie_core::key::FallbackReason::NoConversation),
         0

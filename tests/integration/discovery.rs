@@ -29,7 +29,7 @@ fn config(dns: SocketAddr, entry: &str) -> String {
 
 fn names(magpie: &Magpie) -> Vec<String> {
     magpie
-        .shared
+        .instance
         .snapshot
         .load()
         .backends
@@ -39,7 +39,7 @@ fn names(magpie: &Magpie) -> Vec<String> {
 }
 
 async fn next_version(magpie: &Magpie, what: &str) {
-    let mut versions = magpie.shared.versions();
+    let mut versions = magpie.instance.versions();
     within(what, versions.changed())
         .await
         .expect("magpie is running");
@@ -47,7 +47,7 @@ async fn next_version(magpie: &Magpie, what: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dns_backends_follow_their_records_and_survive_bad_answers() {
-    use magpie_proxy::discovery::Lookup;
+    use magpie_proxy::routing::discovery::Lookup;
     let port = free_port();
     let _backends = backends_on(port, 3).await;
     let dns = DnsServer::start().await;
@@ -73,8 +73,8 @@ async fn dns_backends_follow_their_records_and_survive_bad_answers() {
     ));
 
     // The name disappears, then the server goes silent: the set stays.
-    let version = magpie.shared.snapshot.load().version;
-    let discovery = Arc::clone(&magpie.shared.discovery);
+    let version = magpie.instance.snapshot.load().version;
+    let discovery = Arc::clone(&magpie.instance.discovery);
     let failed_before = discovery.lookups(Lookup::Failed);
     dns.set_addresses("pool.test", &[]);
     within("two failed lookups", async {
@@ -93,7 +93,7 @@ async fn dns_backends_follow_their_records_and_survive_bad_answers() {
     })
     .await;
     assert_eq!(
-        magpie.shared.snapshot.load().version,
+        magpie.instance.snapshot.load().version,
         version,
         "a bad answer changed the pool"
     );
@@ -133,7 +133,7 @@ async fn srv_records_give_names_ports_and_weights() {
     dns.set_addresses("b.test", &[ip(2)]);
     dns.set_addresses("c.test", &[ip(3)]);
     let magpie = Magpie::start(&config(dns.addr, "{srv: _http._tcp.pool.test}")).await;
-    let snapshot = magpie.shared.snapshot.load();
+    let snapshot = magpie.instance.snapshot.load();
     let got: Vec<(String, SocketAddr, u32)> = snapshot
         .backends
         .iter()

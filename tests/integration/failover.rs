@@ -1,8 +1,8 @@
 //! Dead backends: the next candidate takes over, or the client is closed cleanly.
 
 use magpie_core::key;
-use magpie_proxy::health::ConnectFailure;
-use magpie_proxy::stats::ClientFailure;
+use magpie_proxy::routing::health::ConnectFailure;
+use magpie_proxy::telemetry::stats::ClientFailure;
 
 use crate::support::*;
 
@@ -43,7 +43,7 @@ async fn dead_primary_fails_over_to_the_next_candidate() {
     assert_eq!(dead.live.traffic.connections(), 0);
     assert_eq!(
         magpie
-            .shared
+            .instance
             .stats
             .client_failures(ClientFailure::NoBackend),
         0
@@ -57,7 +57,7 @@ async fn every_backend_dead_closes_the_client_cleanly() {
         ("y".to_string(), dead_addr()),
     ];
     let magpie = Magpie::with("", &list).await;
-    let stats = &magpie.shared.stats;
+    let stats = &magpie.instance.stats;
     assert_eq!(stats.client_failures(ClientFailure::NoBackend), 0);
 
     let mut client = connect(magpie.addr).await;

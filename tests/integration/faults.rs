@@ -211,8 +211,16 @@ async fn a_backend_reset_reaches_the_client_as_a_reset() {
         other => panic!("the client saw {other:?}, not a reset"),
     }
     let live = magpie.backend("r").live.clone();
-    assert_eq!(live.traffic.resets(magpie_proxy::backend::Side::Backend), 1);
-    assert_eq!(live.traffic.resets(magpie_proxy::backend::Side::Client), 0);
+    assert_eq!(
+        live.traffic
+            .resets(magpie_proxy::routing::backend::Side::Backend),
+        1
+    );
+    assert_eq!(
+        live.traffic
+            .resets(magpie_proxy::routing::backend::Side::Client),
+        0
+    );
     magpie.stop().await;
 }
 
@@ -263,7 +271,7 @@ async fn a_client_reset_reaches_the_backend_as_a_reset() {
             .backend("r")
             .live
             .traffic
-            .resets(magpie_proxy::backend::Side::Client),
+            .resets(magpie_proxy::routing::backend::Side::Client),
         1
     );
     magpie.stop().await;

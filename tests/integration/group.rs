@@ -12,7 +12,7 @@ use hyper::body::Incoming;
 use magpie_core::key::group::{GroupBy, GroupMiss, body_group_key};
 use magpie_core::key::text_key;
 use magpie_core::placement::bounded;
-use magpie_proxy::backend::groups::Rank;
+use magpie_proxy::routing::backend::groups::Rank;
 
 use crate::support::*;
 
@@ -80,7 +80,7 @@ async fn conversations_of_one_head_land_together() {
         client.post_json(plain, None).await,
         magpie.primary(by_session)
     );
-    assert_eq!(magpie.shared.stats.group_misses(GroupMiss::NoHead), 1);
+    assert_eq!(magpie.instance.stats.group_misses(GroupMiss::NoHead), 1);
     magpie.stop().await;
 }
 
@@ -104,7 +104,7 @@ async fn a_session_header_keeps_the_pin_its_head_placed() {
         .find(|b| magpie.primary(head_group(b)) != home)
         .expect("another head elsewhere");
     assert_eq!(client.post_json(&other, Some(&session)).await, home);
-    assert_eq!(magpie.shared.stats.group_misses(GroupMiss::NotJson), 0);
+    assert_eq!(magpie.instance.stats.group_misses(GroupMiss::NotJson), 0);
     magpie.stop().await;
 }
 
@@ -210,7 +210,7 @@ async fn a_hot_group_spreads_along_its_candidates_and_back() {
         20
     );
     let second = &candidates[1];
-    let pins = magpie.shared.sessions().expect("sessions are on");
+    let pins = magpie.instance.sessions().expect("sessions are on");
     let on_second: Vec<String> = (0..20)
         .map(|s| format!("conv-{s}"))
         .filter(|s| pins.pins.peek(text_key(s.as_bytes())).as_deref() == Some(second.as_str()))

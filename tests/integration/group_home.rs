@@ -6,7 +6,7 @@
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use magpie_core::key::text_key;
-use magpie_proxy::backend::groups::Rank;
+use magpie_proxy::routing::backend::groups::Rank;
 
 use crate::support::*;
 

@@ -121,7 +121,7 @@ async fn connect_failures_mark_a_backend_down() {
             .backend("b")
             .live
             .traffic
-            .spills(magpie_proxy::backend::Spill::Down)
+            .spills(magpie_proxy::routing::backend::Spill::Down)
             >= 1,
         "later keys of b are counted as spills"
     );
@@ -138,7 +138,7 @@ async fn all_down_fails_open_unless_told_to_refuse() {
             "{SESSION_KEY}health:\n  interval: 1h\n  timeout: 1s\n  when_all_down: {policy}\n"
         );
         let magpie = Magpie::with(&settings, &backends.list).await;
-        for b in &magpie.shared.snapshot.load().backends {
+        for b in &magpie.instance.snapshot.load().backends {
             b.live.health.set_up(false);
         }
         let primary = magpie.primary(text_key(b"s1"));
@@ -155,9 +155,9 @@ async fn all_down_fails_open_unless_told_to_refuse() {
             let got = read_until_closed(&mut stream).await.unwrap_or_default();
             assert!(got.is_empty(), "refused, not served: {got:?}");
             let failures = magpie
-                .shared
+                .instance
                 .stats
-                .client_failures(magpie_proxy::stats::ClientFailure::NoBackend);
+                .client_failures(magpie_proxy::telemetry::stats::ClientFailure::NoBackend);
             assert_eq!(failures, 1);
         }
         magpie.stop().await;

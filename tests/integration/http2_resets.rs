@@ -27,7 +27,7 @@ async fn streams_reset_after_dispatch_are_counted_and_too_many_get_goaway() {
     let settings = "mode: http\nkey:\n  from: header\n  header: x-session-id\nlimits: {h2_resets_per_second: 3}\n";
     let magpie = Magpie::with(settings, &[up.pair()]).await;
     let (mut sender, conn) = h2_connect(magpie.addr).await;
-    let stats = Arc::clone(&magpie.shared);
+    let stats = Arc::clone(&magpie.instance);
     for n in 1..=4u64 {
         let request = hyper::Request::get("http://magpie/")
             .header("x-session-id", format!("s-{n}"))

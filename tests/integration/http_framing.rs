@@ -8,8 +8,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use magpie_proxy::backend::CodeClass;
-use magpie_proxy::stats::ClientFailure;
+use magpie_proxy::routing::backend::CodeClass;
+use magpie_proxy::telemetry::stats::ClientFailure;
 
 use crate::support::*;
 
@@ -30,7 +30,7 @@ async fn exchange(magpie: &Magpie, bytes: &[u8]) -> String {
 
 fn bad_requests(magpie: &Magpie) -> u64 {
     magpie
-        .shared
+        .instance
         .stats
         .client_failures(ClientFailure::BadRequest)
 }
@@ -40,7 +40,7 @@ fn not_blamed(magpie: &Magpie) {
     let backend = magpie.backend("a");
     assert_eq!(backend.live.traffic.requests(CodeClass::Error), 0);
     assert!(backend.live.health.is_up(), "marked down");
-    let stats = &magpie.shared.stats;
+    let stats = &magpie.instance.stats;
     assert_eq!(stats.client_failures(ClientFailure::NoBackend), 0);
 }
 
@@ -258,7 +258,7 @@ async fn an_unasked_for_101_gets_502() {
     assert!(answer.starts_with("HTTP/1.1 502"), "{answer:?}");
     assert!(answer.contains("magpie: "), "{answer:?}");
     // The request reached a backend, which failed it.
-    let stats = &magpie.shared.stats;
+    let stats = &magpie.instance.stats;
     assert_eq!(stats.client_failures(ClientFailure::BackendFailed), 1);
     assert_eq!(stats.client_failures(ClientFailure::NoBackend), 0);
     backend.request().await;

@@ -95,7 +95,7 @@ async fn keys_from_json_bodies_and_header_precedence() {
     client.post_json(r#"{"metadata":{}}"#, None).await;
     assert_eq!(
         magpie
-            .shared
+            .instance
             .stats
             .fallbacks(magpie_core::key::FallbackReason::MissingField),
         1
@@ -223,7 +223,7 @@ async fn a_dead_backend_moves_only_its_sessions() {
     let checks = sick_live
         .live
         .health
-        .checks(magpie_proxy::health::CheckOutcome::BadStatus);
+        .checks(magpie_proxy::routing::health::CheckOutcome::BadStatus);
     assert!(checks >= 1, "{checks}");
     magpie.stop().await;
 }
@@ -279,7 +279,7 @@ async fn bounded_load_counts_requests_in_flight() {
                 .backend(name)
                 .live
                 .traffic
-                .spills(magpie_proxy::backend::Spill::AtCap)
+                .spills(magpie_proxy::routing::backend::Spill::AtCap)
         })
         .sum();
     assert!(spills > 0, "the caps never bound");
@@ -316,12 +316,12 @@ async fn session_pins_survive_scale_up_and_expire() {
     };
     // Scale up to four: reload through SIGHUP's code path.
     std::fs::write(&file.path, config_yaml("127.0.0.1:0", &settings, &pairs)).expect("rewrite");
-    let mut reloader = magpie_proxy::reload::Reloader::new(
+    let mut reloader = magpie_proxy::ops::reload::Reloader::new(
         file.path.clone(),
-        std::sync::Arc::clone(&magpie.shared),
+        std::sync::Arc::clone(&magpie.instance),
     );
     reloader.reload(true).await.expect("the reload applies");
-    assert_eq!(magpie.shared.snapshot.load().backends.len(), 4);
+    assert_eq!(magpie.instance.snapshot.load().backends.len(), 4);
     let mut moved_by_table = 0;
     for (key, before) in &old {
         assert_eq!(&client.get_session(key).await, before, "pinned {key} moved");
@@ -374,7 +374,8 @@ async fn bad_input_gets_its_status_and_harms_nobody() {
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer:?}");
     // hyper answered it; it counts as a bad request all the same.
     let bad_requests = |m: &Magpie| {
-        (m.shared.stats).client_failures(magpie_proxy::stats::ClientFailure::BadRequest)
+        (m.instance.stats)
+            .client_failures(magpie_proxy::telemetry::stats::ClientFailure::BadRequest)
     };
     assert_eq!(bad_requests(&magpie), 1);
     // A head larger than max_bytes (here a smaller limit, so that the head
@@ -428,7 +429,7 @@ async fn bad_input_gets_its_status_and_harms_nobody() {
     client.post_json("{not json", None).await;
     assert_eq!(
         magpie
-            .shared
+            .instance
             .stats
             .fallbacks(magpie_core::key::FallbackReason::NotJson),
         1
@@ -527,7 +528,7 @@ async fn a_proxy_header_names_the_client_in_mode_http() {
     for last in 1..=12u8 {
         let client: std::net::SocketAddr = format!("192.0.2.{last}:4000").parse().expect("literal");
         let mut stream = connect(magpie.addr).await;
-        let mut sent = magpie_proxy::proxy_protocol::v2_header(client, magpie.addr);
+        let mut sent = magpie_proxy::intake::proxy_protocol::v2_header(client, magpie.addr);
         sent.extend_from_slice(b"GET / HTTP/1.1\r\nhost: m\r\nconnection: close\r\n\r\n");
         stream.write_all(&sent).await.expect("send");
         let mut out = Vec::new();

@@ -11,8 +11,8 @@ use http_body_util::{BodyExt, Full};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
-use magpie_proxy::reload::{Outcome, Reloader};
-use magpie_proxy::stats::ClientFailure;
+use magpie_proxy::ops::reload::{Outcome, Reloader};
+use magpie_proxy::telemetry::stats::ClientFailure;
 
 use crate::support::*;
 
@@ -122,7 +122,7 @@ async fn a_backend_that_never_answers_gets_the_client_a_504_and_frees_its_slot()
         .await;
     assert_eq!(response.status(), 504);
     // Counted as what they were, not as requests that found no backend.
-    let stats = &magpie.shared.stats;
+    let stats = &magpie.instance.stats;
     assert_eq!(stats.client_failures(ClientFailure::ResponseTimeout), 2);
     assert_eq!(stats.client_failures(ClientFailure::NoBackend), 0);
     magpie.stop().await;
@@ -425,7 +425,7 @@ async fn a_removed_backends_idle_connections_close_on_reload() {
         &config_yaml("127.0.0.1:0", &settings, &[a.pair(), b.pair()]),
     );
     let magpie = Magpie::start_file(&file.path).await;
-    let mut reloader = Reloader::new(file.path.clone(), Arc::clone(&magpie.shared));
+    let mut reloader = Reloader::new(file.path.clone(), Arc::clone(&magpie.instance));
     let on = |name: &str| {
         (0..)
             .map(|i| format!("s-{i}"))

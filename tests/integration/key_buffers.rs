@@ -84,7 +84,7 @@ async fn a_key_at_the_start_of_a_body_larger_than_max_bytes_routes_by_it() {
             "{key}: the body changed on the way"
         );
     }
-    let stats = &magpie.shared.stats;
+    let stats = &magpie.instance.stats;
     assert_eq!(stats.fallbacks(FallbackReason::TooLarge), 0);
     assert_eq!(stats.key_budget.held(), 0);
     magpie.stop().await;
@@ -134,7 +134,7 @@ async fn past_the_key_buffer_budget_a_request_goes_by_its_fallback_at_once() {
         "  max_bytes: 1048576\n  read_timeout: 60s\nlimits: {key_buffer_bytes: 65536}\n",
     );
     let magpie = Magpie::with(&settings, &backends.pairs()).await;
-    let budget = &magpie.shared.stats.key_budget;
+    let budget = &magpie.instance.stats.key_budget;
     // A: 59,000 bytes without the key yet, then it waits.
     let tail = br#""}],"prompt_cache_key":"held-a"}"#;
     let lead = br#"{"messages":[{"role":"user","content":""#;
@@ -165,7 +165,7 @@ async fn past_the_key_buffer_budget_a_request_goes_by_its_fallback_at_once() {
     b.write_all(b_body.as_bytes()).await.expect("send");
     let head = read_head(&mut b).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head:?}");
-    let stats = &magpie.shared.stats;
+    let stats = &magpie.instance.stats;
     assert_eq!(stats.fallbacks(FallbackReason::BufferBudget), 1);
     // A's last bytes still fit: A goes by its key.
     a.write_all(tail).await.expect("send");

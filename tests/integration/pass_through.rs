@@ -151,7 +151,7 @@ async fn an_answer_before_the_body_ended_is_passed_on_and_the_connection_closes(
     assert_eq!(
         a.live
             .traffic
-            .requests(magpie_proxy::backend::CodeClass::Error),
+            .requests(magpie_proxy::routing::backend::CodeClass::Error),
         0
     );
     magpie.stop().await;

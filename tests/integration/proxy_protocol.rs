@@ -6,8 +6,8 @@ use std::net::SocketAddr;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use magpie_core::key;
-use magpie_proxy::proxy_protocol::{self, Origin};
-use magpie_proxy::stats::ClientFailure;
+use magpie_proxy::intake::proxy_protocol::{self, Origin};
+use magpie_proxy::telemetry::stats::ClientFailure;
 
 use crate::support::*;
 
@@ -44,7 +44,7 @@ async fn v2_from_a_trusted_peer_makes_the_client_address_the_key() {
     );
     assert_eq!(
         magpie
-            .shared
+            .instance
             .stats
             .client_failures(ClientFailure::ProxyProtocol),
         0
@@ -55,7 +55,7 @@ async fn v2_from_a_trusted_peer_makes_the_client_address_the_key() {
 async fn an_untrusted_peer_sending_a_proxy_header_is_refused() {
     let mut backends = RawBackends::start(&["a"], Behaviour::Silent).await;
     let magpie = Magpie::with(TRUST_LOCALHOST, &backends.list).await;
-    let stats = &magpie.shared.stats;
+    let stats = &magpie.instance.stats;
 
     // 127.0.0.2 is not trusted: its PROXY header claims to be 192.0.2.1.
     // Ten such clients are refused before any backend is connected.
@@ -160,7 +160,7 @@ async fn a_trusted_peer_without_a_header_is_refused() {
     let mut backends = RawBackends::start(&["a"], Behaviour::Silent).await;
     let settings = "proxy_protocol:\n  accept_from: [127.0.0.1]\n  header_timeout: 100ms\n";
     let magpie = Magpie::with(settings, &backends.list).await;
-    let stats = &magpie.shared.stats;
+    let stats = &magpie.instance.stats;
 
     // Plain bytes where a header must be: refused at once.
     let mut plain = connect(magpie.addr).await;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use magpie_proxy::reload::{Outcome, Reloader};
+use magpie_proxy::ops::reload::{Outcome, Reloader};
 
 use crate::support::*;
 
@@ -27,7 +27,7 @@ async fn reload_under_load_loses_nothing() {
         &config_yaml("127.0.0.1:0", settings, &window(0)),
     );
     let magpie = Magpie::start_file(&file.path).await;
-    let mut reloader = Reloader::new(file.path.clone(), Arc::clone(&magpie.shared));
+    let mut reloader = Reloader::new(file.path.clone(), Arc::clone(&magpie.instance));
 
     // 200 connections, each with its first chunk echoed.
     let mut open = Vec::new();
@@ -78,9 +78,9 @@ async fn reload_under_load_loses_nothing() {
             rest.len()
         );
     }
-    let snapshot = magpie.shared.snapshot.load();
+    let snapshot = magpie.instance.snapshot.load();
     assert_eq!(snapshot.version, 21);
-    assert_eq!(magpie.shared.stats.reloads(true), 20);
+    assert_eq!(magpie.instance.stats.reloads(true), 20);
     drop(snapshot);
     magpie.stop().await;
 }
@@ -158,7 +158,7 @@ async fn file_replacements_are_picked_up() {
     // Editor style: write a temporary file, rename it over the config.
     let file = TempFile::new("magpie.yaml", &yaml(2));
     let magpie = Magpie::start_file(&file.path).await;
-    let mut versions = magpie.shared.versions();
+    let mut versions = magpie.instance.versions();
     // A touch (same bytes) first: it must not produce a version.
     std::fs::write(&file.path, yaml(2)).expect("touch");
     let tmp = file.path.with_file_name(".magpie.yaml.swp");
@@ -167,7 +167,7 @@ async fn file_replacements_are_picked_up() {
     within("the renamed file to be reloaded", versions.changed())
         .await
         .expect("magpie is running");
-    let snapshot = magpie.shared.snapshot.load_full();
+    let snapshot = magpie.instance.snapshot.load_full();
     assert_eq!(snapshot.version, 2, "the touch must not have rebuilt");
     assert_eq!(snapshot.backends.len(), 3);
     magpie.stop().await;
@@ -181,7 +181,7 @@ async fn file_replacements_are_picked_up() {
     std::os::unix::fs::symlink("..data/magpie.yaml", dir.join("magpie.yaml"))
         .expect("link magpie.yaml");
     let magpie = Magpie::start_file(&dir.join("magpie.yaml")).await;
-    let mut versions = magpie.shared.versions();
+    let mut versions = magpie.instance.versions();
     std::fs::create_dir(dir.join("..v2")).expect("mkdir ..v2");
     std::fs::write(dir.join("..v2/magpie.yaml"), yaml(4)).expect("write v2");
     std::os::unix::fs::symlink("..v2", dir.join("..data_tmp")).expect("link ..data_tmp");
@@ -189,7 +189,7 @@ async fn file_replacements_are_picked_up() {
     within("the symlink swap to be reloaded", versions.changed())
         .await
         .expect("magpie is running");
-    assert_eq!(magpie.shared.snapshot.load().backends.len(), 4);
+    assert_eq!(magpie.instance.snapshot.load().backends.len(), 4);
     magpie.stop().await;
 }
 
@@ -210,15 +210,15 @@ async fn a_fifo_in_place_of_the_config_fails_the_reload_at_once() {
         .status()
         .expect("mkfifo");
     assert!(made.success());
-    let mut reloader = Reloader::new(file.path.clone(), Arc::clone(&magpie.shared));
+    let mut reloader = Reloader::new(file.path.clone(), Arc::clone(&magpie.instance));
     let result = within("a reload of a FIFO", reloader.reload(true)).await;
     let error = result.expect_err("a FIFO is not a config").to_string();
     assert!(
         error.ends_with("magpie.yaml: is a FIFO, not a regular file: a config must be a file"),
         "{error}"
     );
-    assert_eq!(magpie.shared.snapshot.load().version, 1);
-    assert_eq!(magpie.shared.stats.reloads(false), 1);
+    assert_eq!(magpie.instance.snapshot.load().version, 1);
+    assert_eq!(magpie.instance.stats.reloads(false), 1);
     magpie.stop().await;
 }
 
@@ -231,7 +231,7 @@ async fn the_watch_does_not_trigger_itself() {
     let yaml = |n: usize| config_yaml("127.0.0.1:0", SESSION_KEY, &backends.list[..n]);
     let file = TempFile::new("magpie.yaml", &yaml(1));
     let magpie = Magpie::start_file(&file.path).await;
-    let mut versions = magpie.shared.versions();
+    let mut versions = magpie.instance.versions();
     std::fs::write(&file.path, yaml(2)).expect("write a change");
     within("the change to be reloaded", versions.changed())
         .await
@@ -257,7 +257,7 @@ async fn the_watch_does_not_trigger_itself() {
         reread.is_err(),
         "magpie re-read an unchanged file: {reread:?}"
     );
-    assert_eq!(magpie.shared.stats.reloads(false), 0);
+    assert_eq!(magpie.instance.stats.reloads(false), 0);
     magpie.stop().await;
 }
 
@@ -286,7 +286,7 @@ async fn unchanged_backends_keep_their_live_state() {
         config_yaml("127.0.0.1:0", &settings, &backends.list),
     )
     .expect("add c");
-    let mut reloader = Reloader::new(file.path.clone(), Arc::clone(&magpie.shared));
+    let mut reloader = Reloader::new(file.path.clone(), Arc::clone(&magpie.instance));
     assert!(matches!(
         reloader.reload(true).await,
         Ok(Outcome::Applied { version: 2, .. })
@@ -317,9 +317,9 @@ async fn unchanged_backends_keep_their_live_state() {
     magpie.stop().await;
 }
 
-fn counters(magpie: &Magpie) -> Vec<(String, Arc<magpie_proxy::backend::Live>, u64)> {
+fn counters(magpie: &Magpie) -> Vec<(String, Arc<magpie_proxy::routing::backend::Live>, u64)> {
     magpie
-        .shared
+        .instance
         .snapshot
         .load()
         .backends
@@ -365,14 +365,14 @@ async fn removed_backends_drain_then_close_after_drain_timeout() {
         config_yaml("127.0.0.1:0", settings, &backends.list[..1]),
     )
     .expect("remove b");
-    let mut reloader = Reloader::new(file.path.clone(), Arc::clone(&magpie.shared));
+    let mut reloader = Reloader::new(file.path.clone(), Arc::clone(&magpie.instance));
     match reloader.reload(false).await {
         Ok(Outcome::Applied { removed, .. }) => assert_eq!(removed, vec!["b".to_string()]),
         other => panic!("reload did not apply: {other:?}"),
     }
     // Still draining: b's connection works, and b is still exported.
     echo(&mut on_b, b"still here").await;
-    assert_eq!(magpie.shared.retired().len(), 1);
+    assert_eq!(magpie.instance.retired().len(), 1);
     // Then drain_timeout closes it (an orderly close or a reset both end it).
     let mut rest = Vec::new();
     within(
@@ -383,7 +383,7 @@ async fn removed_backends_drain_then_close_after_drain_timeout() {
     .ok();
     // The connection's slot is given back before its socket closes.
     assert!(
-        magpie.shared.retired().is_empty(),
+        magpie.instance.retired().is_empty(),
         "b drained, so it is forgotten"
     );
     // The connection to a, which stayed, is untouched.
@@ -411,7 +411,7 @@ async fn a_backend_put_back_before_its_drain_timeout_keeps_serving() {
         }
     }
     let mut on_b = on_b.expect("a connection on b");
-    let mut reloader = Reloader::new(file.path.clone(), Arc::clone(&magpie.shared));
+    let mut reloader = Reloader::new(file.path.clone(), Arc::clone(&magpie.instance));
     std::fs::write(
         &file.path,
         config_yaml("127.0.0.1:0", settings, &backends.list[..1]),
@@ -485,8 +485,8 @@ async fn polling_reloads_and_listen_changes_wait_for_a_restart() {
         &config_yaml("127.0.0.1:0", &settings, &backends.list[..1]),
     );
     let magpie = Magpie::start_file(&file.path).await;
-    let mut versions = magpie.shared.versions();
-    let listening = magpie.shared.snapshot.load().config.listen.clone();
+    let mut versions = magpie.instance.versions();
+    let listening = magpie.instance.snapshot.load().config.listen.clone();
     std::fs::write(
         &file.path,
         config_yaml("127.0.0.1:1", &settings, &backends.list),
@@ -495,7 +495,7 @@ async fn polling_reloads_and_listen_changes_wait_for_a_restart() {
     within("the poll to find the change", versions.changed())
         .await
         .expect("magpie is running");
-    let snapshot = magpie.shared.snapshot.load_full();
+    let snapshot = magpie.instance.snapshot.load_full();
     assert_eq!(snapshot.backends.len(), 2, "the backend list applied");
     assert_eq!(snapshot.config.listen, listening, "listen stays as it runs");
     // And it still serves where it listened.

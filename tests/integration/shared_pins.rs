@@ -65,7 +65,7 @@ async fn two_magpies_keep_every_conversation_through_scale_up() {
         .map(|m| {
             store_stats(m)
                 .stats
-                .ops(magpie_proxy::sessions::store::OpResult::Ok)
+                .ops(magpie_proxy::routing::sessions::store::OpResult::Ok)
         })
         .sum();
     assert!(ops >= 80, "store round trips: {ops}");
@@ -76,7 +76,7 @@ async fn two_magpies_keep_every_conversation_through_scale_up() {
 /// keys are bound again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_store_costs_no_request() {
-    use magpie_proxy::sessions::store::OpResult;
+    use magpie_proxy::routing::sessions::store::OpResult;
     let mut redis = RedisServer::start().await;
     let backends = HyperBackends::start(&["a", "b", "c"]).await;
     let fleet = Fleet::start(&store_settings(redis.addr, ""), &backends.pairs()).await;
@@ -102,8 +102,9 @@ async fn a_dead_store_costs_no_request() {
         "no failed round trip counted"
     );
     assert!(!store.is_connected());
-    let admin_text =
-        magpie_proxy::metrics::render(&magpie_proxy::metrics::registry(Arc::clone(&magpie.shared)));
+    let admin_text = magpie_proxy::ops::metrics::render(&magpie_proxy::ops::metrics::registry(
+        Arc::clone(&magpie.instance),
+    ));
     assert!(metric_sum(&admin_text, "magpie_session_store_fallbacks_total", &[]) >= 1.0);
     assert_eq!(metric_sum(&admin_text, "magpie_session_store_up", &[]), 0.0);
 

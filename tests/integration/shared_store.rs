@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use magpie_core::key::text_key;
 use magpie_proxy::http::pinning;
-use magpie_proxy::route::Keys;
-use magpie_proxy::sessions::store::OpResult;
+use magpie_proxy::routing::route::Keys;
+use magpie_proxy::routing::sessions::store::OpResult;
 
 use crate::support::*;
 
@@ -105,12 +105,12 @@ async fn pins_heal_after_the_store_is_flushed() {
 /// One routing decision for `session` through magpie `m` (its pin, the
 /// store, the table), timed.
 async fn decide(m: &Magpie, session: &str) -> (String, Duration) {
-    let snapshot = m.shared.snapshot.load_full();
+    let snapshot = m.instance.snapshot.load_full();
     let started = Instant::now();
     let pinned = pinning::route(
-        m.shared.sessions(),
+        m.instance.sessions(),
         &snapshot,
-        &m.shared.recent,
+        &m.instance.recent,
         Keys::single(text_key(session.as_bytes())),
     )
     .await;
@@ -202,8 +202,9 @@ async fn a_wrong_type_key_is_absent_for_that_key_only() {
     );
     assert_eq!(store.stats.ops(OpResult::Error), 0);
     assert_eq!(store.stats.fallbacks(), 0);
-    let text =
-        magpie_proxy::metrics::render(&magpie_proxy::metrics::registry(Arc::clone(&magpie.shared)));
+    let text = magpie_proxy::ops::metrics::render(&magpie_proxy::ops::metrics::registry(
+        Arc::clone(&magpie.instance),
+    ));
     assert_eq!(
         metric_sum(&text, "magpie_session_store_bad_values_total", &[]),
         2.0

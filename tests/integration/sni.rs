@@ -57,7 +57,7 @@ async fn each_server_name_keeps_to_one_backend_through_a_full_handshake() {
     }
     let spread: std::collections::HashSet<_> = reached.values().collect();
     assert!(spread.len() >= 2, "20 names all on {spread:?}");
-    let stats = &magpie.shared.stats;
+    let stats = &magpie.instance.stats;
     for reason in FallbackReason::ALL {
         assert_eq!(stats.fallbacks(reason), 0, "{reason:?}");
     }
@@ -84,7 +84,7 @@ async fn a_hello_in_small_records_and_segments_still_routes_by_name() {
         assert_eq!(&echoed, b"ping\n");
     }
     for reason in FallbackReason::ALL {
-        assert_eq!(magpie.shared.stats.fallbacks(reason), 0, "{reason:?}");
+        assert_eq!(magpie.instance.stats.fallbacks(reason), 0, "{reason:?}");
     }
 }
 
@@ -93,7 +93,7 @@ async fn no_server_name_and_no_tls_fall_back_to_the_address_and_are_counted() {
     let ca = BackendCa::new("sni test CA");
     let mut backends = tls_backends(&ca).await;
     let magpie = Magpie::with(SNI, &backends.list).await;
-    let stats = &magpie.shared.stats;
+    let stats = &magpie.instance.stats;
     for last in [2u8, 3, 4] {
         let source = loopback(last);
         let started = Instant::now();
@@ -147,7 +147,7 @@ async fn half_a_hello_falls_back_at_read_timeout_and_reaches_the_backend_intact(
         drop(client);
         assert_eq!(backends.next_report().await.bytes, half);
     }
-    assert_eq!(magpie.shared.stats.fallbacks(FallbackReason::Timeout), 2);
+    assert_eq!(magpie.instance.stats.fallbacks(FallbackReason::Timeout), 2);
 }
 
 /// A rustls client's first flight for `name`.

@@ -5,7 +5,7 @@
 
 use http_body_util::{BodyExt, Full};
 use magpie_core::key;
-use magpie_proxy::recent::How;
+use magpie_proxy::routing::route::How;
 
 use crate::support::*;
 

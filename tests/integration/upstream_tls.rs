@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use magpie_core::key::text_key;
-use magpie_proxy::health::state::ConnectFailure;
+use magpie_proxy::routing::health::state::ConnectFailure;
 
 use crate::support::*;
 

@@ -16,7 +16,7 @@
 use serde::Serialize;
 
 use magpie_core::key::KeyTextError;
-use magpie_proxy::snapshot::{Snapshot, Table};
+use magpie_proxy::routing::snapshot::{Snapshot, Table};
 
 /// Points of the hash space compared when tables cannot be compared slot by slot.
 pub const SAMPLES: u64 = 1 << 20;

@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 
 use magpie_proxy::config::Config;
 use magpie_proxy::http::pinning;
-use magpie_proxy::recent::{self, Recent};
-use magpie_proxy::route::Keys;
-use magpie_proxy::sessions::Sessions;
-use magpie_proxy::snapshot::Snapshot;
+use magpie_proxy::routing::recent::{self, Recent};
+use magpie_proxy::routing::route::Keys;
+use magpie_proxy::routing::sessions::Sessions;
+use magpie_proxy::routing::snapshot::Snapshot;
 
 fn config(store: &str) -> Config {
     let text = format!(
@@ -102,10 +102,10 @@ fn main() {
                 let redis_config = config(&format!(
                     "  store: redis\n  redis: {{addr: \"127.0.0.1:{port}\", timeout: 1s}}\n"
                 ));
-                let shared = Arc::new(Sessions::new(
+                let sessions = Arc::new(Sessions::new(
                     redis_config.sessions.as_ref().expect("sessions"),
                 ));
-                let store = shared.store.clone().expect("a store");
+                let store = sessions.store.clone().expect("a store");
                 let waited = Instant::now();
                 while !store.is_connected() && waited.elapsed() < Duration::from_secs(10) {
                     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -114,7 +114,7 @@ fn main() {
                     store.is_connected(),
                     "redis-server did not accept a connection"
                 );
-                let [miss, hit] = measure(&shared, &snapshot, 1 << 40, n).await;
+                let [miss, hit] = measure(&sessions, &snapshot, 1 << 40, n).await;
                 assert_eq!(
                     store.stats.fallbacks(),
                     0,

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use magpie_proxy::config::Config;
-use magpie_proxy::snapshot::Snapshot;
+use magpie_proxy::routing::snapshot::Snapshot;
 
 pub fn check(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {

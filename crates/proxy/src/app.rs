@@ -2,8 +2,8 @@
 //! admin endpoint, health checks, engine load scrapes, the access log's
 //! writer, reloads, and the drain at shutdown.
 //!
-//! `Config ──build──▶ Snapshot ──▶ Shared` happens here once; then each piece
-//! gets the `Shared` it needs and the shutdown token, and runs as its own task.
+//! `Config ──build──▶ Snapshot ──▶ Instance` happens here once; then each piece
+//! gets the `Instance` it needs and the shutdown token, and runs as its own task.
 //! Binding happens before [`start`] returns, so a port that is taken is an
 //! error here, not a log line later.
 //!
@@ -20,12 +20,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::config::{Config, Mode};
-use crate::discovery::{Discovery, DiscoveryError};
 use crate::http::HttpPath;
-use crate::listener::{self, Drained};
+use crate::intake::listener::{self, Drained};
 use crate::net::bind;
-use crate::snapshot::{Shared, Snapshot, SnapshotError};
-use crate::supervise::{self, Task};
+use crate::routing::discovery::{Discovery, DiscoveryError};
+use crate::routing::instance::Instance;
+use crate::routing::snapshot::{Snapshot, SnapshotError};
+use crate::telemetry::supervise::{self, Task};
 
 /// How long the exit waits for the access log's last lines.
 const ACCESS_LOG_FLUSH: std::time::Duration = std::time::Duration::from_secs(5);
@@ -108,7 +109,7 @@ pub struct Running {
     pub listen: Vec<SocketAddr>,
     /// Where the admin endpoint listens, if it is on.
     pub admin: Option<SocketAddr>,
-    pub shared: Arc<Shared>,
+    pub instance: Arc<Instance>,
     task: tokio::task::JoinHandle<Drained>,
 }
 
@@ -145,7 +146,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     // As nginx does: a log that cannot be written is found at start, not by
     // a counter of failed writes later.
     if let Some(log) = &config.access_log {
-        crate::access_log::writer::can_open(&log.target).map_err(StartError::AccessLog)?;
+        crate::telemetry::access_log::writer::can_open(&log.target)
+            .map_err(StartError::AccessLog)?;
     }
     let mut bound = Bound::bind(&config)?;
     // The admin thread's descriptors are taken before anyone hears of the
@@ -157,39 +159,39 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         None => None,
     };
     let prepared = admin_listener.as_ref().map(|l| {
-        crate::admin::Prepared::new(l)
+        crate::ops::admin::Prepared::new(l)
             .inspect_err(|e| tracing::warn!(error = %e, "cannot prepare the admin thread"))
             .ok()
     });
     bound.announce(&config, &snapshot);
-    let shared = Arc::new(Shared::with_discovery(snapshot, discovery));
+    let instance = Arc::new(Instance::with_discovery(snapshot, discovery));
     // The admin endpoint outlives the listeners: during a drain, operators
     // watch the active connections go down. It stops when the drain is done.
     let drained = CancellationToken::new();
     if let Some(listener) = admin_listener {
         let listener = Arc::new(listener);
-        let (shared, drained) = (Arc::clone(&shared), drained.clone());
+        let (instance, drained) = (Arc::clone(&instance), drained.clone());
         // The first run takes what was prepared; a restart prepares anew.
         let mut prepared = prepared.flatten();
         supervise::spawn(Task::Admin, move || {
-            crate::admin::serve(
+            crate::ops::admin::serve(
                 Arc::clone(&listener),
                 prepared.take(),
-                Arc::clone(&shared),
+                Arc::clone(&instance),
                 drained.clone(),
             )
         });
     }
-    let tls = crate::http::tls::acceptors(&shared).map_err(StartError::Tls)?;
-    spawn_background(&config, &shared, &shutdown);
+    let tls = crate::http::tls::acceptors(&instance).map_err(StartError::Tls)?;
+    spawn_background(&config, &instance, &shutdown);
     let serving = serve(
         config.mode,
         bound.listeners,
         tls,
-        Arc::clone(&shared),
+        Arc::clone(&instance),
         shutdown,
     );
-    let logged = Arc::clone(&shared);
+    let logged = Arc::clone(&instance);
     let task = tokio::spawn(async move {
         let ended = serving.await;
         flush_access_log(&logged).await;
@@ -199,38 +201,42 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     Ok(Running {
         listen: bound.listen,
         admin: bound.admin,
-        shared,
+        instance,
         task,
     })
 }
 
 /// The tasks beside the data path: health checks, engine load, the access
 /// log's writer, and reloads when there is a file (or DNS) to reload from.
-fn spawn_background(config: &Config, shared: &Arc<Shared>, shutdown: &CancellationToken) {
+fn spawn_background(config: &Config, instance: &Arc<Instance>, shutdown: &CancellationToken) {
     {
-        let (shared, shutdown) = (Arc::clone(shared), shutdown.clone());
+        let (instance, shutdown) = (Arc::clone(instance), shutdown.clone());
         supervise::spawn(Task::Health, move || {
-            crate::health::run(Arc::clone(&shared), shutdown.clone())
+            crate::routing::health::run(Arc::clone(&instance), shutdown.clone())
         });
     }
     {
-        let (shared, shutdown) = (Arc::clone(shared), shutdown.clone());
+        let (instance, shutdown) = (Arc::clone(instance), shutdown.clone());
         supervise::spawn(Task::EngineLoad, move || {
-            crate::health::load::run(Arc::clone(&shared), shutdown.clone())
+            crate::routing::health::engine_scrape::run(Arc::clone(&instance), shutdown.clone())
         });
     }
-    let writer = shared.access_log.writer();
+    let writer = instance.access_log.writer();
     supervise::spawn(Task::AccessLog, move || writer.clone().run());
     if config.source.is_file() || config.discovery.is_some() {
-        crate::reload::spawn(config.source.clone(), Arc::clone(shared), shutdown.clone());
+        crate::ops::reload::spawn(
+            config.source.clone(),
+            Arc::clone(instance),
+            shutdown.clone(),
+        );
     }
 }
 
 /// Every connection is closed, so their lines are all queued: waits for
 /// them to be written, but not for long when the log cannot be written (a
 /// stuck disk or pipe).
-async fn flush_access_log(shared: &Shared) {
-    let flushed = shared.access_log.flush();
+async fn flush_access_log(instance: &Instance) {
+    let flushed = instance.access_log.flush();
     if tokio::time::timeout(ACCESS_LOG_FLUSH, flushed)
         .await
         .is_err()
@@ -298,19 +304,19 @@ async fn serve(
     mode: Mode,
     listeners: Vec<TcpListener>,
     tls: Vec<Option<tokio_rustls::TlsAcceptor>>,
-    shared: Arc<Shared>,
+    instance: Arc<Instance>,
     shutdown: CancellationToken,
 ) -> Drained {
     match mode {
         Mode::Tcp => {
-            listener::serve(listeners, shared, shutdown, crate::tcp::serve_connection).await
+            listener::serve(listeners, instance, shutdown, crate::tcp::serve_connection).await
         }
         Mode::Http => {
             let path = HttpPath {
                 tls: tls.into(),
                 ..HttpPath::default()
             };
-            listener::serve(listeners, shared, shutdown, move |a| {
+            listener::serve(listeners, instance, shutdown, move |a| {
                 path.clone().serve_connection(a)
             })
             .await

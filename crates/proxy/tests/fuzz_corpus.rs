@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 
 use magpie_proxy::config::LoadPreset;
-use magpie_proxy::health::exposition;
-use magpie_proxy::proxy_protocol::{parse, signature};
+use magpie_proxy::intake::proxy_protocol::{parse, signature};
+use magpie_proxy::routing::health::exposition;
 
 /// The `head_scan` target's check, from the file the target includes too.
 mod head_scan {

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use magpie_proxy::app::{self, Running};
-use magpie_proxy::backend::Backend;
 use magpie_proxy::config::Config;
-use magpie_proxy::snapshot::Shared;
+use magpie_proxy::routing::backend::Backend;
+use magpie_proxy::routing::instance::Instance;
 
 use super::within;
 
@@ -18,7 +18,7 @@ pub struct Magpie {
     pub addr: SocketAddr,
     /// The admin endpoint, when the config turns it on.
     pub admin: Option<SocketAddr>,
-    pub shared: Arc<Shared>,
+    pub instance: Arc<Instance>,
     running: Option<Running>,
     shutdown: CancellationToken,
 }
@@ -49,7 +49,7 @@ impl Magpie {
         Magpie {
             addr: running.listen[0],
             admin: running.admin,
-            shared: Arc::clone(&running.shared),
+            instance: Arc::clone(&running.instance),
             running: Some(running),
             shutdown,
         }
@@ -62,7 +62,7 @@ impl Magpie {
 
     /// The backends for `key`, primary first, by name.
     pub fn candidates(&self, key: u64) -> Vec<String> {
-        self.shared
+        self.instance
             .snapshot
             .load()
             .candidates(key)
@@ -79,7 +79,7 @@ impl Magpie {
 
     pub fn backend(&self, name: &str) -> Arc<Backend> {
         Arc::clone(
-            self.shared
+            self.instance
                 .snapshot
                 .load()
                 .backend(name)
@@ -89,7 +89,7 @@ impl Magpie {
 
     /// Active connections per backend, in name order.
     pub fn active(&self) -> Vec<(String, u64)> {
-        self.shared
+        self.instance
             .snapshot
             .load()
             .backends
@@ -101,7 +101,7 @@ impl Magpie {
     /// Waits until its shared session store (`store: redis`) is connected.
     pub async fn store_connected(&self) {
         let store = self
-            .shared
+            .instance
             .sessions()
             .and_then(|s| s.store.clone())
             .expect("a store");

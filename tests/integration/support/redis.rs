@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 
-use magpie_proxy::reload::Reloader;
-use magpie_proxy::sessions::store::Store;
+use magpie_proxy::ops::reload::Reloader;
+use magpie_proxy::routing::sessions::store::Store;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{Magpie, TempFile, config_yaml, within};
@@ -141,7 +141,7 @@ impl Fleet {
         for (file, magpie) in self.files.iter().zip(&self.magpies) {
             std::fs::write(&file.path, config_yaml("127.0.0.1:0", settings, backends))
                 .expect("rewrite");
-            Reloader::new(file.path.clone(), Arc::clone(&magpie.shared))
+            Reloader::new(file.path.clone(), Arc::clone(&magpie.instance))
                 .reload(true)
                 .await
                 .expect("the reload applies");
@@ -151,7 +151,7 @@ impl Fleet {
 
 /// The shared store of magpie `m`.
 pub fn store_stats(m: &Magpie) -> Arc<Store> {
-    m.shared
+    m.instance
         .sessions()
         .and_then(|s| s.store.clone())
         .expect("a store")

@@ -20,7 +20,8 @@ use super::report::{Outcome, Record, ScaleUp};
 use super::{KeyMode, WorkloadArgs, WorkloadError};
 use crate::engine::prompt::{block_hashes, render_chat, token_count};
 
-struct Shared {
+/// What every conversation of one workload run shares.
+struct Run {
     args: WorkloadArgs,
     pools: Vec<Pool>,
     next_url: AtomicUsize,
@@ -45,7 +46,7 @@ pub async fn run(args: &WorkloadArgs) -> Result<Outcome, WorkloadError> {
         .map(|i| chat::tools(args.seed, i, args.tool_tokens))
         .collect();
     let start = Instant::now();
-    let shared = Arc::new(Shared {
+    let shared = Arc::new(Run {
         args: args.clone(),
         pools,
         next_url: AtomicUsize::new(0),
@@ -128,7 +129,7 @@ async fn scale_up(start: Instant, at: f64, cmd: String) -> ScaleUp {
 }
 
 /// One conversation, turn by turn, until its last turn or its first failure.
-async fn converse(shared: Arc<Shared>, conversation: Conversation) {
+async fn converse(shared: Arc<Run>, conversation: Conversation) {
     let args = &shared.args;
     sleep_until(shared.start + conversation.arrival).await;
     let mut history: Vec<(&'static str, String)> =
@@ -161,7 +162,7 @@ struct Chat<'a> {
 }
 
 /// Sends one turn, records it, and returns the answer's text (none on failure).
-async fn one_turn(shared: &Shared, chat: Chat<'_>) -> Option<String> {
+async fn one_turn(shared: &Run, chat: Chat<'_>) -> Option<String> {
     let Chat {
         conversation,
         turn,
@@ -226,7 +227,7 @@ async fn one_turn(shared: &Shared, chat: Chat<'_>) -> Option<String> {
 /// The tokens an infinite cache shared by every engine would prefill for
 /// `prompt`, as an engine counts them (whole blocks from the start, at least
 /// one token computed); the prompt's blocks are then in that cache.
-fn ideal_check(shared: &Shared, prompt: &str) -> u64 {
+fn ideal_check(shared: &Run, prompt: &str) -> u64 {
     let block = shared.args.block_tokens;
     let hashes = block_hashes(prompt, block);
     let tokens = token_count(prompt);

@@ -1,7 +1,7 @@
 //! The `access_log` section's validated type: where request (mode http) and
 //! connection (mode tcp) lines go, in which format, with which fields.
 //!
-//! Validation ([`super::validate`]) fills it in; [`crate::access_log`] reads
+//! Validation ([`super::validate`]) fills it in; [`crate::telemetry::access_log`] reads
 //! it, at start and at every reload (a changed `path` reopens the file).
 
 use std::path::PathBuf;

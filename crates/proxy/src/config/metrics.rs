@@ -2,7 +2,7 @@
 //! `/metrics` writes for a pool too large for one series per backend.
 //!
 //! Validation ([`super::validate`]) fills it in; the exporter
-//! ([`crate::metrics`]) reads it at every scrape, so a reload applies it.
+//! ([`crate::ops::metrics`]) reads it at every scrape, so a reload applies it.
 
 use serde::Deserialize;
 

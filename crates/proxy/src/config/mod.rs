@@ -23,20 +23,20 @@ use serde::Deserialize;
 use magpie_core::key::group::GroupBy;
 
 mod access_log;
+mod engine_load;
 mod error;
 pub mod file;
 mod key;
 mod limits;
-mod load;
 mod metrics;
 pub use access_log::{
     AccessLogConfig, DEFAULT_ACCESS_LOG_QUEUE, LogField, LogFormat, LogTarget, MAX_ACCESS_LOG_QUEUE,
 };
 pub mod tls;
+pub use engine_load::{Gauges, LoadConfig, LoadLimits, LoadPreset};
 pub use error::{ConfigError, ConfigErrors, Place, Places};
 pub use key::{KeyConfig, KeyRead, KeySources};
 pub use limits::*;
-pub use load::{Gauges, LoadConfig, LoadLimits, LoadPreset};
 pub use metrics::{MetricsConfig, PER_BACKEND_AUTO_MAX, PerBackend};
 pub use tls::{Certificate, ListenerTls};
 pub(crate) use validate::reaches;

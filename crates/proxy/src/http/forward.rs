@@ -23,20 +23,20 @@ use hyper::{Request, Response, StatusCode, Uri, Version};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::deadline::{self, Outgoing, Progress};
-use super::download::{BoxError, Download, FirstByte, InFlight, Tally};
+use super::backend_deadlines::{self, Outgoing, Progress};
 use super::logged::{Answer, Logged};
 use super::pinning::Opening;
 use super::pool::{self, Lease, Limits, Pool};
 use super::reply::Reply;
-use super::upload::Upload;
-use crate::backend::{ActiveGuard, Awaiting, Backend, CodeClass, Spill, TimeoutKind};
+use super::request_body::RequestBody;
+use super::response_body::{BoxError, FirstByte, InFlight, ResponseBody, Tally};
 use crate::config::Config;
-use crate::health::passive::{self, Blame};
-use crate::recent::Decision;
-use crate::route::{Keys, Route};
-use crate::snapshot::Shared;
-use crate::stats::ClientFailure;
+use crate::routing::backend::{ActiveGuard, Awaiting, Backend, CodeClass, Spill, TimeoutKind};
+use crate::routing::health::passive::{self, Blame};
+use crate::routing::instance::Instance;
+use crate::routing::recent::Decision;
+use crate::routing::route::{Keys, Route};
+use crate::telemetry::stats::ClientFailure;
 use magpie_core::usage::UsageScanner;
 
 /// The header that names the backend, when `http.expose_backend` is on.
@@ -57,13 +57,13 @@ const HOP_BY_HOP: [HeaderName; 7] = [
 /// What a request needs besides itself.
 pub struct Forward<'a> {
     pub route: &'a Route,
-    /// The request's keys (the session key's memory, [`crate::recent`],
+    /// The request's keys (the session key's memory, [`crate::routing::recent`],
     /// notes its group too), and whether its session pin was lost.
     pub keys: Keys,
     pub pin_lost: bool,
     pub config: &'a Config,
     pub pool: &'a Arc<Pool>,
-    pub shared: &'a Arc<Shared>,
+    pub instance: &'a Arc<Instance>,
     /// The request's access-log line, if it is sampled; it moves into the
     /// response body once a backend answers.
     pub log: &'a mut Option<Logged>,
@@ -193,7 +193,7 @@ pub struct Served {
 /// phases: choose (the next target with room), connect (a pooled connection
 /// or a new one), send, account (status, latency, passive health), respond.
 pub async fn forward(
-    request: Request<Upload>,
+    request: Request<RequestBody>,
     mut forward: Forward<'_>,
 ) -> Result<Served, Failure> {
     let mut request = prepare(request);
@@ -229,14 +229,14 @@ pub async fn forward(
                     group: forward.keys.group,
                 };
                 let session = forward.keys.session;
-                let moved = forward.shared.recent.routed(session, backend, decision);
+                let moved = forward.instance.recent.routed(session, backend, decision);
                 let in_flight = InFlight {
                     backend: Arc::clone(backend),
                     slot,
                     sent,
                     lease,
                     tally: Tally {
-                        shared: Arc::clone(forward.shared),
+                        instance: Arc::clone(forward.instance),
                         key: session,
                         moved,
                     },
@@ -292,7 +292,7 @@ enum Attempt {
         progress: Arc<Progress>,
     },
     /// Not a byte of it was written: it may go to the next target.
-    Unsent(Request<Upload>),
+    Unsent(Request<RequestBody>),
     /// It must go nowhere else.
     Failed(Failure),
 }
@@ -305,7 +305,7 @@ enum Attempt {
 /// idempotent.
 async fn send(
     backend: &Arc<Backend>,
-    mut request: Request<Upload>,
+    mut request: Request<RequestBody>,
     forward: &Forward<'_>,
 ) -> Attempt {
     loop {
@@ -319,7 +319,7 @@ async fn send(
         let request_out = request.map(|body| Outgoing::new(body, Arc::clone(&progress)));
         let head = lease.conn.sender.try_send_request(request_out);
         let timeout = forward.config.http.response_timeout;
-        let Some(answer) = deadline::response_head(head, &progress, timeout).await else {
+        let Some(answer) = backend_deadlines::response_head(head, &progress, timeout).await else {
             // The lease is dropped here: its connection closes.
             timed_out(backend, forward.config);
             return Attempt::Failed(Failure::ResponseTimeout {
@@ -397,7 +397,7 @@ async fn connect(backend: &Arc<Backend>, forward: &Forward<'_>) -> Result<Lease,
                 &**backend,
                 &e,
                 health,
-                &forward.shared.stats,
+                &forward.instance.stats,
             ))
         }
     }
@@ -456,8 +456,8 @@ fn respond(response: Response<Incoming>, in_flight: InFlight, config: &Config) -
             .insert(HeaderName::from_static(BACKEND_HEADER), name);
     }
     parts.version = Version::HTTP_11;
-    let download = Download::new(body, in_flight, usage);
-    Response::from_parts(parts, Reply::download(download))
+    let body = ResponseBody::new(body, in_flight, usage);
+    Response::from_parts(parts, Reply::backend(body))
 }
 
 /// The request as a backend gets it over HTTP/1.1: origin-form target, a

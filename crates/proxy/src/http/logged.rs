@@ -1,4 +1,4 @@
-//! A request's access-log line ([`crate::access_log`]): begun when the
+//! A request's access-log line ([`crate::telemetry::access_log`]): begun when the
 //! request arrives (its method, path, protocol, and with `log_keys` its
 //! header key), completed as it is routed and answered, and handed to the
 //! log when its response body ends, or at once when magpie answers itself.
@@ -10,11 +10,11 @@ use std::time::{Duration, SystemTime};
 use hyper::{Request, Version};
 use tokio::time::Instant;
 
-use super::deadline::Progress;
-use crate::access_log::{Entry, HttpRequest, Recording, Status, Tokens};
-use crate::backend::Backend;
+use super::backend_deadlines::Progress;
 use crate::net::{Client, Local};
-use crate::snapshot::Shared;
+use crate::routing::backend::Backend;
+use crate::routing::instance::Instance;
+use crate::telemetry::access_log::{Entry, HttpRequest, Recording, Status, Tokens};
 
 /// One request's line while it is gathered.
 #[derive(Debug)]
@@ -24,7 +24,7 @@ pub struct Logged {
     started: Instant,
     /// Counts the request body's bytes once it is sent to a backend.
     progress: Option<Arc<Progress>>,
-    shared: Arc<Shared>,
+    instance: Arc<Instance>,
 }
 
 /// Where a request came in.
@@ -39,7 +39,7 @@ impl Logged {
     pub fn start<B>(
         request: &Request<B>,
         arrival: Arrival,
-        shared: &Arc<Shared>,
+        instance: &Arc<Instance>,
     ) -> Option<Logged> {
         let headers = request.headers();
         let line = RequestLine {
@@ -48,15 +48,19 @@ impl Logged {
             protocol: protocol(request.version()),
             header: &|name| headers.get(name).map(|v| v.as_bytes()),
         };
-        Logged::begin(line, arrival, shared)
+        Logged::begin(line, arrival, instance)
     }
 
     /// The line of a request with this head, when the access log samples it.
-    pub fn begin(line: RequestLine<'_>, arrival: Arrival, shared: &Arc<Shared>) -> Option<Logged> {
-        let recording = shared.access_log.sampled()?;
+    pub fn begin(
+        line: RequestLine<'_>,
+        arrival: Arrival,
+        instance: &Arc<Instance>,
+    ) -> Option<Logged> {
+        let recording = instance.access_log.sampled()?;
         let key = recording
             .log_keys
-            .then(|| header_key(line.header, shared))
+            .then(|| header_key(line.header, instance))
             .flatten();
         let http = HttpRequest {
             method: method_name(line.method),
@@ -83,7 +87,7 @@ impl Logged {
             entry,
             started: Instant::now(),
             progress: None,
-            shared: Arc::clone(shared),
+            instance: Arc::clone(instance),
         })
     }
 
@@ -127,7 +131,7 @@ impl Logged {
         self.entry.time = SystemTime::now();
         self.entry.duration = self.started.elapsed();
         self.entry.bytes_in = self.progress.as_ref().map_or(0, |p| p.bytes());
-        self.shared.access_log.record(self.entry);
+        self.instance.access_log.record(self.entry);
     }
 }
 
@@ -151,8 +155,11 @@ pub struct RequestLine<'a> {
 }
 
 /// The session key's header value, as text (`log_keys: true`).
-fn header_key<'a>(header: &dyn Fn(&str) -> Option<&'a [u8]>, shared: &Shared) -> Option<String> {
-    let config = Arc::clone(&shared.snapshot.load().config);
+fn header_key<'a>(
+    header: &dyn Fn(&str) -> Option<&'a [u8]>,
+    instance: &Instance,
+) -> Option<String> {
+    let config = Arc::clone(&instance.snapshot.load().config);
     let value = header(config.key.sources().header?)?;
     Some(String::from_utf8_lossy(value).into_owned())
 }

@@ -25,19 +25,18 @@
 //! | [`forward`] | one request in phases: choose, connect, send, account, respond |
 //! | [`pool`] | keep-alive connections to backends (hyper's, and the pass-through's), lent to one request at a time |
 //! | [`upstream`] | a connection to a backend below HTTP: TCP, then TLS for a `tls: true` backend |
-//! | [`upload`] | a request body: the bytes read for the key, then the rest |
-//! | [`download`] | a response body: counted, timed, its connection given back at the end |
+//! | [`request_body`] | a request body: the bytes read for the key, then the rest |
+//! | [`response_body`] | a response body: counted, timed, its connection given back at the end |
 //! | [`logged`] | a request's access-log line: begun on arrival, completed as it is routed and answered, written at its end |
-//! | [`reply`] | what the client gets: a download, or magpie's own short answer |
+//! | [`reply`] | what the client gets: a backend's response body, or magpie's own short answer |
 //! | [`resets`] | HTTP/2 streams reset by the client after dispatch, and the budget past which a connection gets GOAWAY |
 //! | [`socket`] | the client's socket under everything: the bytes the intake read, then the socket |
 //! | [`tls`] | TLS termination: the handshake under the first byte's deadline, the certificate chosen by SNI from the snapshot |
-//! | [`clock`] | first-byte, head and keep-alive deadlines on a client connection (`408`) |
-//! | [`deadline`] | a backend's deadlines: the response head (`504`), pauses in its body |
+//! | [`client_deadlines`] | first-byte, head and keep-alive deadlines on a client connection (`408`) |
+//! | [`backend_deadlines`] | a backend's deadlines: the response head (`504`), pauses in its body |
 
-pub mod clock;
-pub mod deadline;
-pub mod download;
+pub mod backend_deadlines;
+pub mod client_deadlines;
 pub mod forward;
 pub mod h1;
 pub mod logged;
@@ -45,11 +44,12 @@ pub mod normalize;
 pub mod pinning;
 pub mod pool;
 pub mod reply;
+pub mod request_body;
 pub mod request_key;
 pub mod resets;
+pub mod response_body;
 pub mod socket;
 pub mod tls;
-pub mod upload;
 pub mod upstream;
 
 use std::convert::Infallible;
@@ -70,7 +70,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use self::clock::{Clock, Deadlines, Timed};
+use self::client_deadlines::{Clock, Deadlines, Timed};
 use self::forward::{Forward, local};
 use self::h1::io::{ClientIo, Replay};
 use self::h1::{Ended, Next};
@@ -82,11 +82,11 @@ use self::request_key::KeyPlan;
 use self::resets::{Dispatched, Resets};
 use self::socket::ClientSocket;
 use crate::config::{DEFAULT_HTTP_READ_TIMEOUT, KeyConfig};
-use crate::listener::Accepted;
+use crate::intake::listener::Accepted;
+use crate::intake::proxy_protocol::{self, Addresses};
 use crate::net::{Client, reset_on_close};
-use crate::proxy_protocol::{self, Addresses};
-use crate::snapshot::Shared;
-use crate::stats::{ClientFailure, Stats};
+use crate::routing::instance::Instance;
+use crate::telemetry::stats::{ClientFailure, Stats};
 
 /// The smallest head buffer hyper accepts.
 const MIN_HEAD_BUFFER: usize = 8192;
@@ -108,7 +108,7 @@ pub struct HttpPath {
 
 /// One client connection, past its intake, as hyper will serve it.
 struct Connection {
-    shared: Arc<Shared>,
+    instance: Arc<Instance>,
     shutdown: CancellationToken,
     stop: CancellationToken,
     arrival: Arrival,
@@ -139,15 +139,16 @@ impl HttpPath {
             peer,
             local,
             listener,
-            shared,
+            instance,
             shutdown,
             stop,
             slot: _slot,
         } = accepted;
-        let config = Arc::clone(&shared.snapshot.load().config);
+        let config = Arc::clone(&instance.snapshot.load().config);
         let addresses = Addresses { peer, local };
         let Some(intake) =
-            proxy_protocol::intake(stream, addresses, &config.proxy_protocol, &shared.stats).await
+            proxy_protocol::intake(stream, addresses, &config.proxy_protocol, &instance.stats)
+                .await
         else {
             return;
         };
@@ -162,7 +163,7 @@ impl HttpPath {
         let raw = ClientSocket::new(intake.stream);
         let connection = Connection {
             socket: raw.socket(),
-            shared,
+            instance,
             shutdown,
             stop,
             arrival: Arrival {
@@ -187,7 +188,7 @@ impl HttpPath {
     /// pass-through.
     async fn serve_tls(self, raw: ClientSocket, acceptor: TlsAcceptor, connection: Connection) {
         let deadline = Instant::now() + connection.deadlines.first_byte;
-        let stats = &connection.shared.stats;
+        let stats = &connection.instance.stats;
         let handshake = tls::handshake(&acceptor, raw, deadline, stats, connection.arrival.client);
         let tls = tokio::select! {
             tls = handshake => tls,
@@ -210,9 +211,9 @@ impl HttpPath {
     where
         S: ClientIo + 'static,
     {
-        self.raw_pool.start_sweeper(&c.shared);
+        self.raw_pool.start_sweeper(&c.instance);
         let client = h1::Client {
-            shared: &c.shared,
+            instance: &c.instance,
             pool: &self.raw_pool,
             arrival: c.arrival,
             deadlines: c.deadlines,
@@ -228,7 +229,7 @@ impl HttpPath {
                 Box::pin(hyper).await
             }
             Ended::Closed(Next::Reset) => reset_on_close(&c.socket),
-            Ended::Closed(Next::Linger) => clock::linger(&c.socket).await,
+            Ended::Closed(Next::Linger) => client_deadlines::linger(&c.socket).await,
             Ended::Closed(_) => {}
         }
     }
@@ -238,14 +239,14 @@ impl HttpPath {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        self.pool.start_sweeper(&c.shared);
+        self.pool.start_sweeper(&c.instance);
         let io = Timed::new(stream, Arc::clone(&c.clock), c.deadlines);
-        let config = Arc::clone(&c.shared.snapshot.load().config);
+        let config = Arc::clone(&c.instance.snapshot.load().config);
         let resets = Resets::new(config.limits.h2_resets_per_second);
         let builder = builder(config.limits.max_head_bytes, versions);
         drop(config);
         let service = self.service(
-            Arc::clone(&c.shared),
+            Arc::clone(&c.instance),
             Arc::clone(&c.clock),
             Arc::clone(&resets),
             c.arrival,
@@ -282,14 +283,14 @@ impl HttpPath {
             .as_deref()
             .and_then(|e| e.downcast_ref::<hyper::Error>());
         if refused.is_some_and(|e| e.is_parse() || e.is_parse_too_large()) {
-            (c.shared.stats).count_client_failure(ClientFailure::BadRequest);
+            (c.instance.stats).count_client_failure(ClientFailure::BadRequest);
         }
         let failed = failed.map(|e| e.to_string());
         close(
             &c.socket,
             &c.clock,
             failed,
-            &c.shared.stats,
+            &c.instance.stats,
             c.arrival.client,
         )
         .await;
@@ -298,7 +299,7 @@ impl HttpPath {
     /// The per-request service of one client connection.
     fn service(
         self,
-        shared: Arc<Shared>,
+        instance: Arc<Instance>,
         clock: Arc<Clock>,
         resets: Arc<Resets>,
         arrival: Arrival,
@@ -312,17 +313,17 @@ impl HttpPath {
         service_fn(move |request: Request<Incoming>| {
             let path = self.clone();
             let clock = Arc::clone(&clock);
-            let shared = Arc::clone(&shared);
-            let dispatched = Dispatched::new(&resets, &clock, &shared);
+            let instance = Arc::clone(&instance);
+            let dispatched = Dispatched::new(&resets, &clock, &instance);
             // Boxed: hyper keeps a slot the size of this future for every
             // connection, idle or not, so an unboxed one (kilobytes: the
             // key, the route, the upstream exchange) would be paid by every
             // idle keep-alive client.
             Box::pin(async move {
                 let busy = clock.serving();
-                let mut log = Logged::start(&request, arrival, &shared);
+                let mut log = Logged::start(&request, arrival, &instance);
                 let response = path
-                    .request(request, &shared, arrival.client, &mut log)
+                    .request(request, &instance, arrival.client, &mut log)
                     .await;
                 if let Some(log) = log {
                     // Not handed to a response body: magpie answered itself.
@@ -339,34 +340,36 @@ impl HttpPath {
     async fn request(
         &self,
         request: Request<Incoming>,
-        shared: &Arc<Shared>,
+        instance: &Arc<Instance>,
         client: Client,
         log: &mut Option<Logged>,
     ) -> Response<Reply> {
-        if let Some(refused) = normalize::refuse(&request, &shared.stats, client) {
+        if let Some(refused) = normalize::refuse(&request, &instance.stats, client) {
             return refused;
         }
-        let snapshot = shared.snapshot.load_full();
+        let snapshot = instance.snapshot.load_full();
         let config = Arc::clone(&snapshot.config);
         let plan = KeyPlan {
             key: &config.key,
             group: config.group.as_ref(),
             client,
-            budget: &shared.stats.key_budget,
+            budget: &instance.stats.key_budget,
             budget_max: config.limits.key_buffer_bytes,
         };
         let (found, request) = match request_key::request_key(request, plan).await {
             Ok(found) => found,
             Err(e) => {
                 debug!(%client, error = %e, "request body failed while reading its key");
-                shared.stats.count_client_failure(ClientFailure::BadRequest);
+                instance
+                    .stats
+                    .count_client_failure(ClientFailure::BadRequest);
                 return local(
                     StatusCode::BAD_REQUEST,
                     "magpie: the request body could not be read\n",
                 );
             }
         };
-        let (keys, mut pinned) = pinning::route_found(&found, shared, &snapshot, log).await;
+        let (keys, mut pinned) = pinning::route_found(&found, instance, &snapshot, log).await;
         drop(snapshot);
         let forward = Forward {
             route: &pinned.route,
@@ -374,7 +377,7 @@ impl HttpPath {
             pin_lost: pinned.pin_lost(),
             config: &config,
             pool: &self.pool,
-            shared,
+            instance,
             log,
             opening: pinned.opening.take(),
         };
@@ -387,7 +390,9 @@ impl HttpPath {
                 if let (Some(log), Some(name)) = (log.as_mut(), failure.backend()) {
                     log.tried(name, &pinned.route.targets);
                 }
-                shared.stats.count_client_failure(failure.client_failure());
+                instance
+                    .stats
+                    .count_client_failure(failure.client_failure());
                 failure.reply()
             }
         }
@@ -449,6 +454,6 @@ async fn close(
     if clock.was_cut() {
         reset_on_close(socket);
     } else if failed.is_some() || timed_out {
-        clock::linger(socket).await;
+        client_deadlines::linger(socket).await;
     }
 }

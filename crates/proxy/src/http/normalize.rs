@@ -20,7 +20,7 @@ use tracing::debug;
 use super::forward::local;
 use super::reply::Reply;
 use crate::net::Client;
-use crate::stats::{ClientFailure, Stats};
+use crate::telemetry::stats::{ClientFailure, Stats};
 
 /// The methods magpie forwards: every standard one but `CONNECT`.
 const ALLOW: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS, TRACE, PATCH";

@@ -15,7 +15,7 @@
 //!
 //! A key that spilled off a loaded backend stays where it spilled: with
 //! `store: local` its pin says so; without `sessions` the key's
-//! [`crate::recent`] record does. Either way it goes back to its primary
+//! [`crate::routing::recent`] record does. Either way it goes back to its primary
 //! once that one is below its mean share. A shared pin stays where it is
 //! bound (moving it back would need every instance to agree on loads).
 //!
@@ -39,14 +39,16 @@ use std::sync::Arc;
 
 use super::logged::Logged;
 use super::request_key::RequestKey;
-use crate::backend::groups::Rank;
-use crate::backend::{Awaiting, Backend};
-use crate::recent::{How, Recent};
-use crate::route::{Keys, Route};
-use crate::sessions::homes::{AwaitingMark, Candidate};
-use crate::sessions::store::Store;
-use crate::sessions::{Sessions, group_pin};
-use crate::snapshot::{Shared, Snapshot};
+use crate::routing::backend::groups::Rank;
+use crate::routing::backend::{Awaiting, Backend};
+use crate::routing::instance::Instance;
+use crate::routing::recent::Recent;
+use crate::routing::route::How;
+use crate::routing::route::{Keys, Route};
+use crate::routing::sessions::homes::{AwaitingMark, Candidate};
+use crate::routing::sessions::store::Store;
+use crate::routing::sessions::{Sessions, group_pin};
+use crate::routing::snapshot::Snapshot;
 
 /// A request's route, and what serving it does to the key's pin.
 pub struct Pinned {
@@ -70,7 +72,7 @@ pub struct Pinned {
 /// A conversation's first request, with `key.group_choices` above 1: where
 /// it was placed (its group's home when it placed a new group, else its
 /// session pin), and with a shared store its mark there
-/// ([`crate::sessions::homes`]). It counts among the requests awaiting their
+/// ([`crate::routing::sessions::homes`]). It counts among the requests awaiting their
 /// first byte as an opening, and a new group's at its home as one too,
 /// until the byte arrives ([`Opening::claimed_at`]).
 #[derive(Debug)]
@@ -171,17 +173,17 @@ impl Pinned {
 /// request's keys and forwarding it.
 pub async fn route_found(
     found: &RequestKey,
-    shared: &Shared,
+    instance: &Instance,
     snapshot: &Snapshot,
     log: &mut Option<Logged>,
 ) -> (Keys, Pinned) {
     if let Some(why) = found.fallback {
-        shared.stats.count_fallback(why);
+        instance.stats.count_fallback(why);
     }
     let group = match found.group {
         Some(Ok(group)) => Some(group),
         Some(Err(why)) => {
-            shared.stats.count_group_miss(why);
+            instance.stats.count_group_miss(why);
             None
         }
         None => None,
@@ -193,7 +195,7 @@ pub async fn route_found(
     if let Some(log) = log.as_mut() {
         log.keyed(keys.session);
     }
-    let pinned = route(shared.sessions(), snapshot, &shared.recent, keys)
+    let pinned = route(instance.sessions(), snapshot, &instance.recent, keys)
         .await
         .for_fallback(found.fallback.is_some());
     (keys, pinned)
@@ -267,7 +269,7 @@ fn place_locally(sessions: &Sessions, snapshot: &Snapshot, keys: Keys) -> (Route
 }
 
 /// With a shared store: `route` with the group's home first, and the mark
-/// of a new group's request ([`crate::sessions::homes`]). The home is the
+/// of a new group's request ([`crate::routing::sessions::homes`]). The home is the
 /// group's cached pin; else the store's binding of the group, which the
 /// least busy of its first `key.group_choices` candidates becomes if the
 /// group has none, counting every instance's new groups and homes (the
@@ -364,7 +366,7 @@ async fn by_pin(
             },
         );
     };
-    // Shared pins: the local map first.
+    // Instance pins: the local map first.
     if let Some((name, due)) = sessions.cached(session)
         && let Some(pin) = usable(snapshot, &name)
     {

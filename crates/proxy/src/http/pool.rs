@@ -40,12 +40,12 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tracing::debug;
 
-use super::deadline::Outgoing;
+use super::backend_deadlines::Outgoing;
 use super::upstream::UpstreamIo;
-use crate::backend::Backend;
-use crate::backend::UpstreamGuard;
 use crate::config::HttpConfig;
-use crate::snapshot::Shared;
+use crate::routing::backend::Backend;
+use crate::routing::backend::UpstreamGuard;
+use crate::routing::instance::Instance;
 
 /// The most one upstream connection's reader and writer each hold (hyper's
 /// least is 8 KiB).
@@ -272,16 +272,16 @@ impl<C: Pooled> Pool<C> {
     /// Starts this pool's sweeper, once: it closes idle connections at their
     /// deadline and those of removed backends on every publish of `shared`.
     /// It ends when the pool is dropped or `shared` publishes no more.
-    pub fn start_sweeper(self: &Arc<Self>, shared: &Arc<Shared>) {
+    pub fn start_sweeper(self: &Arc<Self>, instance: &Arc<Instance>) {
         if self.sweeping.load(Ordering::Relaxed) || self.sweeping.swap(true, Ordering::Relaxed) {
             return;
         }
-        self.follow(addresses(shared));
+        self.follow(addresses(instance));
         let sweeper = Sweeper {
             pool: Arc::downgrade(self),
             news: Arc::clone(&self.news),
-            shared: Arc::downgrade(shared),
-            versions: shared.versions(),
+            instance: Arc::downgrade(instance),
+            versions: instance.versions(),
         };
         tokio::spawn(sweeper.run());
     }
@@ -295,8 +295,8 @@ impl<C> Drop for Pool<C> {
 }
 
 /// The backends' addresses in `shared`'s published snapshot.
-fn addresses(shared: &Shared) -> HashSet<SocketAddr> {
-    let snapshot = shared.snapshot.load();
+fn addresses(instance: &Instance) -> HashSet<SocketAddr> {
+    let snapshot = instance.snapshot.load();
     snapshot.backends.iter().map(|b| b.addr).collect()
 }
 
@@ -305,7 +305,7 @@ fn addresses(shared: &Shared) -> HashSet<SocketAddr> {
 struct Sweeper<C> {
     pool: Weak<Pool<C>>,
     news: Arc<Notify>,
-    shared: Weak<Shared>,
+    instance: Weak<Instance>,
     versions: watch::Receiver<u64>,
 }
 
@@ -330,11 +330,11 @@ impl<C: Pooled> Sweeper<C> {
                     if changed.is_err() {
                         return;
                     }
-                    let (Some(pool), Some(shared)) = (self.pool.upgrade(), self.shared.upgrade())
+                    let (Some(pool), Some(instance)) = (self.pool.upgrade(), self.instance.upgrade())
                     else {
                         return;
                     };
-                    pool.follow(addresses(&shared));
+                    pool.follow(addresses(&instance));
                 }
             }
         }

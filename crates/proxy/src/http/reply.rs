@@ -1,8 +1,8 @@
 //! What a client gets: a backend's response streamed through
-//! ([`Download`]), or a short answer magpie writes itself (`502`, `504`,
+//! ([`ResponseBody`]), or a short answer magpie writes itself (`502`, `504`,
 //! `400`, ...). A reply holds its request's [`Busy`] mark on the client
 //! connection's clock: when it is dropped (sent, or abandoned) the
-//! connection idles, so its keep-alive deadline starts then. A download that
+//! connection idles, so its keep-alive deadline starts then. A backend body that
 //! fails half-way marks the connection cut, so an HTTP/1 client sees a reset
 //! rather than an end.
 
@@ -13,8 +13,8 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::{Body, Frame, SizeHint};
 
-use super::clock::Busy;
-use super::download::{BoxError, Download};
+use super::client_deadlines::Busy;
+use super::response_body::{BoxError, ResponseBody};
 
 /// What magpie answers a client with: a backend's response, or a short
 /// answer of its own, and its request's mark on the connection's clock.
@@ -26,9 +26,9 @@ pub struct Reply {
 
 #[derive(Debug)]
 enum ReplyBody {
-    /// Boxed: a download's bookkeeping (its lease, slot, usage scanner and
+    /// Boxed: a backend body's bookkeeping (its lease, slot, usage scanner and
     /// timer) is many times a short answer's size.
-    Download(Box<Download>),
+    Backend(Box<ResponseBody>),
     Local(Full<Bytes>),
 }
 
@@ -40,9 +40,9 @@ impl Reply {
         }
     }
 
-    pub fn download(download: Download) -> Reply {
+    pub fn backend(body: ResponseBody) -> Reply {
         Reply {
-            body: ReplyBody::Download(Box::new(download)),
+            body: ReplyBody::Backend(Box::new(body)),
             busy: None,
         }
     }
@@ -64,7 +64,7 @@ impl Body for Reply {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         match &mut this.body {
-            ReplyBody::Download(d) => {
+            ReplyBody::Backend(d) => {
                 let polled = Pin::new(&mut **d).poll_frame(cx);
                 if let (Poll::Ready(Some(Err(_))), Some(busy)) = (&polled, &this.busy) {
                     busy.cut();
@@ -79,14 +79,14 @@ impl Body for Reply {
 
     fn is_end_stream(&self) -> bool {
         match &self.body {
-            ReplyBody::Download(d) => d.is_end_stream(),
+            ReplyBody::Backend(d) => d.is_end_stream(),
             ReplyBody::Local(full) => full.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.body {
-            ReplyBody::Download(d) => d.size_hint(),
+            ReplyBody::Backend(d) => d.size_hint(),
             ReplyBody::Local(full) => full.size_hint(),
         }
     }

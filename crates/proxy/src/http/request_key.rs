@@ -27,10 +27,10 @@ use hyper::body::Incoming;
 use hyper::header::{CONTENT_TYPE, HeaderMap};
 use tokio::time::Instant;
 
-use super::upload::Upload;
+use super::request_body::RequestBody;
 use crate::config::{KeyConfig, KeyRead, KeySources};
-use crate::key_budget::{Held, KeyBudget};
 use crate::net::Client;
+use crate::telemetry::key_budget::{Held, KeyBudget};
 use magpie_core::key::conversation::{ChatHead, read_head};
 use magpie_core::key::group::{GroupBy, GroupMiss};
 use magpie_core::key::json::{FieldPath, Prefix, json_field_key, json_field_prefix};
@@ -70,18 +70,21 @@ pub struct KeyPlan<'a> {
 pub async fn request_key(
     request: Request<Incoming>,
     plan: KeyPlan<'_>,
-) -> Result<(RequestKey, Request<Upload>), BodyError> {
+) -> Result<(RequestKey, Request<RequestBody>), BodyError> {
     let (parts, body) = request.into_parts();
     let header = |name: &str| header_value(&parts.headers, name);
     let content_type = parts.headers.get(CONTENT_TYPE).map(|v| v.as_bytes());
     let wants = match head_keys(&plan, header, content_type) {
         HeadKeys::Known(keyed) => {
-            return Ok((keyed, Request::from_parts(parts, Upload::streaming(body))));
+            return Ok((
+                keyed,
+                Request::from_parts(parts, RequestBody::streaming(body)),
+            ));
         }
         HeadKeys::ReadBody(wants) => wants,
     };
-    let (outcome, upload) = read_body(body, BodyRead::new(&wants, &plan)).await?;
-    Ok((wants.keys(&outcome), Request::from_parts(parts, upload)))
+    let (outcome, body) = read_body(body, BodyRead::new(&wants, &plan)).await?;
+    Ok((wants.keys(&outcome), Request::from_parts(parts, body)))
 }
 
 /// What a request's head says of its keys.
@@ -328,7 +331,10 @@ impl<'a> BodyRead<'a> {
 /// Reads `body` until it ends, its field is found (`early`), it passes
 /// `max_bytes` or the key budget, or the deadline passes; returns what
 /// happened and the body to send on (the bytes read, then the rest).
-async fn read_body(mut body: Incoming, mut r: BodyRead<'_>) -> Result<(Read, Upload), BodyError> {
+async fn read_body(
+    mut body: Incoming,
+    mut r: BodyRead<'_>,
+) -> Result<(Read, RequestBody), BodyError> {
     let mut buf = BytesMut::new();
     let mut trailers = None;
     // Looked for again each time the bytes read double: a body arriving in
@@ -386,11 +392,11 @@ async fn read_body(mut body: Incoming, mut r: BodyRead<'_>) -> Result<(Read, Upl
     Ok(match outcome {
         Read::Complete(_) => (
             Read::Complete(head.clone()),
-            Upload::replay([head], r.share, None).with_trailers(trailers),
+            RequestBody::replay([head], r.share, None).with_trailers(trailers),
         ),
         unfinished => (
             unfinished,
-            Upload::replay([head].into_iter().chain(unheld), r.share, Some(body)),
+            RequestBody::replay([head].into_iter().chain(unheld), r.share, Some(body)),
         ),
     })
 }

@@ -19,9 +19,9 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::clock::Clock;
-use crate::snapshot::Shared;
-use crate::stats::Stats;
+use super::client_deadlines::Clock;
+use crate::routing::instance::Instance;
+use crate::telemetry::stats::Stats;
 
 /// One connection's resets in the current one-second window.
 #[derive(Debug)]
@@ -79,16 +79,16 @@ impl Resets {
 pub struct Dispatched {
     resets: Arc<Resets>,
     clock: Arc<Clock>,
-    shared: Arc<Shared>,
+    instance: Arc<Instance>,
     done: bool,
 }
 
 impl Dispatched {
-    pub fn new(resets: &Arc<Resets>, clock: &Arc<Clock>, shared: &Arc<Shared>) -> Dispatched {
+    pub fn new(resets: &Arc<Resets>, clock: &Arc<Clock>, instance: &Arc<Instance>) -> Dispatched {
         Dispatched {
             resets: Arc::clone(resets),
             clock: Arc::clone(clock),
-            shared: Arc::clone(shared),
+            instance: Arc::clone(instance),
             done: false,
         }
     }
@@ -104,7 +104,7 @@ impl Drop for Dispatched {
         if self.done || !self.clock.is_h2() {
             return;
         }
-        let stats: &Stats = &self.shared.stats;
+        let stats: &Stats = &self.instance.stats;
         stats.count_h2_reset();
         if self.resets.reset() {
             stats.count_h2_reset_goaway();

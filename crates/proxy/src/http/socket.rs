@@ -3,7 +3,7 @@
 //!
 //! It sits under everything else on a client connection: under TLS when
 //! the listener terminates it, and under the deadlines of
-//! [`super::clock::Timed`]. The socket is shared, so that once hyper (or the
+//! [`super::client_deadlines::Timed`]. The socket is shared, so that once hyper (or the
 //! TLS handshake) is done with it, the connection can still be closed
 //! gently or with a reset.
 
@@ -15,7 +15,7 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 
-use crate::read_ahead::ReadAhead;
+use crate::intake::read_ahead::ReadAhead;
 
 pub struct ClientSocket {
     stream: Arc<TcpStream>,

@@ -29,17 +29,17 @@ use tokio_rustls::server::TlsStream;
 use tracing::debug;
 
 use crate::net::Client;
-use crate::snapshot::Shared;
-use crate::stats::Stats;
-use crate::stats::{Handshake, TlsVersion};
-use crate::throttle::Throttle;
+use crate::routing::instance::Instance;
+use crate::telemetry::stats::Stats;
+use crate::telemetry::stats::{Handshake, TlsVersion};
+use crate::telemetry::throttle::Throttle;
 
 /// ALPN protocols offered, preferred first.
 const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
 
 /// Reads a listener's certificates from the snapshot published now.
 struct SnapshotCertificates {
-    shared: Arc<Shared>,
+    instance: Arc<Instance>,
     /// The listener's position in `listen`.
     listener: usize,
 }
@@ -54,32 +54,32 @@ impl fmt::Debug for SnapshotCertificates {
 
 impl ResolvesServerCert for SnapshotCertificates {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        let snapshot = self.shared.snapshot.load();
+        let snapshot = self.instance.snapshot.load();
         let tls = snapshot.config.tls.get(self.listener)?.as_ref()?;
         tls.choose(hello.server_name()).map(|c| Arc::clone(&c.key))
     }
 }
 
 /// One acceptor per `listen` address, in order: `None` for cleartext.
-pub fn acceptors(shared: &Arc<Shared>) -> Result<Vec<Option<TlsAcceptor>>, rustls::Error> {
-    let config = Arc::clone(&shared.snapshot.load().config);
+pub fn acceptors(instance: &Arc<Instance>) -> Result<Vec<Option<TlsAcceptor>>, rustls::Error> {
+    let config = Arc::clone(&instance.snapshot.load().config);
     let mut out = Vec::with_capacity(config.listen.len());
     for (listener, tls) in config.tls.iter().enumerate() {
         let acceptor = match tls {
             None => None,
-            Some(_) => Some(acceptor(Arc::clone(shared), listener)?),
+            Some(_) => Some(acceptor(Arc::clone(instance), listener)?),
         };
         out.push(acceptor);
     }
     Ok(out)
 }
 
-fn acceptor(shared: Arc<Shared>, listener: usize) -> Result<TlsAcceptor, rustls::Error> {
+fn acceptor(instance: Arc<Instance>, listener: usize) -> Result<TlsAcceptor, rustls::Error> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
         .with_no_client_auth()
-        .with_cert_resolver(Arc::new(SnapshotCertificates { shared, listener }));
+        .with_cert_resolver(Arc::new(SnapshotCertificates { instance, listener }));
     config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
     Ok(TlsAcceptor::from(Arc::new(config)))
 }

@@ -13,7 +13,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
-use crate::backend::Backend;
+use crate::routing::backend::Backend;
 
 /// A connected backend socket, in the clear or over TLS.
 pub enum UpstreamIo {

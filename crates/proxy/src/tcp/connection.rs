@@ -19,15 +19,16 @@ use super::copy::{End, Transfer, copy_both_ways};
 use super::header_key::{HeaderKey, Want, read_header_key};
 use super::logged::Logged;
 use super::sni_key::{HelloWant, read_sni_key};
-use crate::backend::{ActiveGuard, Backend, Side, Spill};
 use crate::config::{Config, KeyConfig};
-use crate::health::passive::{self, Blame};
-use crate::listener::Accepted;
+use crate::intake::listener::Accepted;
+use crate::intake::proxy_protocol::{self, Addresses, Intake, Signature};
 use crate::net::{Client, Peer, reset_on_close};
-use crate::proxy_protocol::{self, Addresses, Intake, Signature};
-use crate::recent::{Decision, How};
-use crate::route::Route;
-use crate::stats::{ClientFailure, Stats};
+use crate::routing::backend::{ActiveGuard, Backend, Side, Spill};
+use crate::routing::health::passive::{self, Blame};
+use crate::routing::recent::Decision;
+use crate::routing::route::How;
+use crate::routing::route::Route;
+use crate::telemetry::stats::{ClientFailure, Stats};
 use magpie_core::key;
 
 /// Serves one accepted connection until it ends. Never panics on anything a
@@ -37,13 +38,13 @@ pub async fn serve(accepted: Accepted) {
         stream,
         peer,
         local,
-        shared,
+        instance,
         stop,
         slot: _slot,
         ..
     } = accepted;
-    let stats = &shared.stats;
-    let snapshot = shared.snapshot.load_full();
+    let stats = &instance.stats;
+    let snapshot = instance.snapshot.load_full();
     let config = Arc::clone(&snapshot.config);
     let addresses = Addresses { peer, local };
     let Some(mut intake) =
@@ -55,8 +56,8 @@ pub async fn serve(accepted: Accepted) {
         return;
     };
     let (key, fallback) = key(&config, &mut intake, stats).await;
-    let mut log = Logged::start(&shared, intake.client, intake.local, key);
-    let spilled_to = shared.recent.spilled_to(key);
+    let mut log = Logged::start(&instance, intake.client, intake.local, key);
+    let spilled_to = instance.recent.spilled_to(key);
     let route =
         Route::plan_remembered(&snapshot, key, spilled_to.as_deref()).for_fallback(fallback);
     drop(snapshot);
@@ -72,7 +73,7 @@ pub async fn serve(accepted: Accepted) {
                 warn!(client = %intake.client, tried = route.targets.len(), "no backend took the connection; closing client");
             }
             stats.count_client_failure(failure);
-            log.failed(&shared, failure.as_str());
+            log.failed(&instance, failure.as_str());
             return;
         }
     };
@@ -83,10 +84,10 @@ pub async fn serve(accepted: Accepted) {
         pin_lost: false,
         group: None,
     };
-    shared.recent.routed(key, &backend, decision);
+    instance.recent.routed(key, &backend, decision);
     let connected = Instant::now();
     if config.proxy_protocol.send_v2 && !send_proxy_header(&intake, &backend, &mut upstream).await {
-        log.failed(&shared, "proxy_header_failed");
+        log.failed(&instance, "proxy_header_failed");
         return;
     }
     let transfer = Transfer {
@@ -97,7 +98,7 @@ pub async fn serve(accepted: Accepted) {
         copy: config.copy,
     };
     let copied = copy_both_ways(&mut intake.stream, &mut upstream, transfer).await;
-    log.copied(&shared, &copied);
+    log.copied(&instance, &copied);
     let ended = Ended {
         backend: &backend,
         downstream: intake.stream.stream(),

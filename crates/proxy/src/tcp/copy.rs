@@ -21,9 +21,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::direction::{Direction, PipeError};
-use crate::backend::{Backend, Side};
 use crate::config::CopyMode;
-use crate::read_ahead::ReadAhead;
+use crate::intake::read_ahead::ReadAhead;
+use crate::routing::backend::{Backend, Side};
 
 /// How a copy ended.
 #[derive(Debug)]
@@ -155,8 +155,8 @@ mod tests {
     use crate::tcp::direction::{COPY_BUFFER, PoolBuffer};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    use crate::backend::Live;
     use crate::config::BackendConfig;
+    use crate::routing::backend::Live;
 
     use crate::net::loopback_pair as pair;
 

@@ -24,10 +24,10 @@ use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::tcp::{ReadHalf, WriteHalf};
 
 use super::pipe::{Fill, PooledPipe};
-use crate::backend::Side;
 use crate::config::CopyMode;
 use crate::config::SPLICE_AFTER;
-use crate::proxy_protocol::{self, Signature};
+use crate::intake::proxy_protocol::{self, Signature};
+use crate::routing::backend::Side;
 
 /// Size of a copy buffer (HAProxy's default `bufsize` too).
 pub const COPY_BUFFER: usize = 16 * 1024;

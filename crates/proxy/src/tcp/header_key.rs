@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use crate::read_ahead::ReadAhead;
+use crate::intake::read_ahead::ReadAhead;
 use magpie_core::key::{FallbackReason, text_key};
 
 /// Header lines parsed without allocating; a head with more is parsed again

@@ -1,4 +1,4 @@
-//! A connection's access-log line ([`crate::access_log`]): begun at accept,
+//! A connection's access-log line ([`crate::telemetry::access_log`]): begun at accept,
 //! written when the connection ends, with how it ended.
 
 use std::time::{Duration, SystemTime};
@@ -6,10 +6,10 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
 use super::copy::{Copied, End};
-use crate::access_log::{Entry, Status};
-use crate::backend::{Backend, Side};
 use crate::net::{Client, Local};
-use crate::snapshot::Shared;
+use crate::routing::backend::{Backend, Side};
+use crate::routing::instance::Instance;
+use crate::telemetry::access_log::{Entry, Status};
 
 /// One connection's line while it is open; nothing when the access log is
 /// off or did not sample it (boxed: a connection's task stays small).
@@ -25,8 +25,8 @@ struct Open {
 impl Logged {
     /// The line of a connection from `client` to `local`, if the access log
     /// samples it.
-    pub fn start(shared: &Shared, client: Client, local: Local, key: u64) -> Logged {
-        Logged(Open::start(shared, client, local, key).map(Box::new))
+    pub fn start(instance: &Instance, client: Client, local: Local, key: u64) -> Logged {
+        Logged(Open::start(instance, client, local, key).map(Box::new))
     }
 
     /// The backend it went to, and why that one.
@@ -38,28 +38,28 @@ impl Logged {
     }
 
     /// It ended before any copy (`no_backend`, `local_resources`, ...).
-    pub fn failed(self, shared: &Shared, why: &'static str) {
+    pub fn failed(self, instance: &Instance, why: &'static str) {
         if let Some(mut open) = self.0 {
             open.entry.status = Status::Ended(why);
-            open.write(shared);
+            open.write(instance);
         }
     }
 
     /// The copy is over.
-    pub fn copied(self, shared: &Shared, copied: &Copied) {
+    pub fn copied(self, instance: &Instance, copied: &Copied) {
         if let Some(mut open) = self.0 {
             open.entry.status = Status::Ended(ended(&copied.end));
             open.entry.bytes_in = copied.bytes_in;
             open.entry.bytes_out = copied.bytes_out;
             open.entry.first_byte = copied.first_byte.map(|t| t - open.accepted);
-            open.write(shared);
+            open.write(instance);
         }
     }
 }
 
 impl Open {
-    fn start(shared: &Shared, client: Client, local: Local, key: u64) -> Option<Open> {
-        shared.access_log.sampled()?;
+    fn start(instance: &Instance, client: Client, local: Local, key: u64) -> Option<Open> {
+        instance.access_log.sampled()?;
         let entry = Entry {
             time: SystemTime::UNIX_EPOCH,
             client: client.0,
@@ -83,11 +83,11 @@ impl Open {
         })
     }
 
-    fn write(self, shared: &Shared) {
+    fn write(self, instance: &Instance) {
         let mut entry = self.entry;
         entry.time = SystemTime::now();
         entry.duration = self.accepted.elapsed();
-        shared.access_log.record(Box::new(entry));
+        instance.access_log.record(Box::new(entry));
     }
 }
 

@@ -25,7 +25,7 @@ pub mod sni_key;
 
 /// Serves one accepted connection of the TCP path. A plain function, not an
 /// `async fn`: its future is the connection's own, not a second one around it.
-pub fn serve_connection(accepted: crate::listener::Accepted) -> impl Future<Output = ()> {
+pub fn serve_connection(accepted: crate::intake::listener::Accepted) -> impl Future<Output = ()> {
     connection::serve(accepted)
 }
 
@@ -38,9 +38,10 @@ mod tests {
     use tokio_util::sync::CancellationToken;
 
     use crate::config::Config;
-    use crate::listener::Accepted;
+    use crate::intake::listener::Accepted;
     use crate::net::{Local, Peer};
-    use crate::snapshot::{Shared, Snapshot};
+    use crate::routing::instance::Instance;
+    use crate::routing::snapshot::Snapshot;
 
     /// An idle connection's memory is mostly its task: keep the future the
     /// accept loop spawns small (1,256 bytes in a release build when this
@@ -51,7 +52,7 @@ mod tests {
         let text = "listen: 127.0.0.1:7000\nkey: {from: header, header: x-session-id}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n";
         let config = Config::parse(std::path::Path::new("t.yaml"), text).unwrap();
         let snapshot = Snapshot::build(Arc::new(config), 1, &Default::default()).unwrap();
-        let shared = Arc::new(Shared::new(snapshot));
+        let instance = Arc::new(Instance::new(snapshot));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (client, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
@@ -61,7 +62,7 @@ mod tests {
             peer: Peer(peer),
             local: Local(addr),
             listener: 0,
-            shared,
+            instance,
             shutdown: CancellationToken::new(),
             stop: CancellationToken::new(),
             slot: Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap(),

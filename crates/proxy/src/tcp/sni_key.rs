@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use crate::read_ahead::ReadAhead;
+use crate::intake::read_ahead::ReadAhead;
 use magpie_core::key::FallbackReason;
 use magpie_core::key::sni::{HelloScan, HelloScanner};
 

@@ -1,6 +1,6 @@
 //! Validation of DNS discovery: `backends[].dns`, `backends[].srv` and the
 //! `discovery` section. The names are resolved later, by
-//! [`crate::discovery`], at start and every `discovery.interval`.
+//! [`crate::routing::discovery`], at start and every `discovery.interval`.
 
 use std::net::SocketAddr;
 

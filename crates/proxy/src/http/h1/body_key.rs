@@ -14,7 +14,7 @@ use super::framing::{BodyEnd, FramingError};
 use super::io::{ClientBuf, ClientIo};
 use super::send::READ_CHUNK;
 use crate::http::request_key::{BodyWants, Read, look_early};
-use crate::key_budget::Held;
+use crate::telemetry::key_budget::Held;
 
 /// Why a body could not be read for its key.
 #[derive(Debug)]

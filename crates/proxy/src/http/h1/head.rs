@@ -20,7 +20,7 @@ use httparse::{Header, Status};
 use super::framing::Framing;
 use crate::http::logged::{Arrival, Logged, RequestLine};
 use crate::http::request_key::{HeadKeys, KeyPlan, head_keys};
-use crate::snapshot::Shared;
+use crate::routing::instance::Instance;
 
 /// The most header fields one request head may have (hyper's limit too).
 pub const MAX_HEADERS: usize = 100;
@@ -65,7 +65,7 @@ pub struct Head<'a> {
 pub struct Context<'a, 's> {
     pub plan: KeyPlan<'a>,
     pub arrival: Arrival,
-    pub shared: &'s Arc<Shared>,
+    pub instance: &'s Arc<Instance>,
 }
 
 /// Parses the request at the start of `buf`.
@@ -101,7 +101,7 @@ pub fn parse<'a>(buf: &[u8], cx: &Context<'a, '_>) -> Parse<'a> {
         protocol: "HTTP/1.1",
         header: &header,
     };
-    let log = Logged::begin(line, cx.arrival, cx.shared);
+    let log = Logged::begin(line, cx.arrival, cx.instance);
     let keys = head_keys(&cx.plan, header, header("content-type"));
     Parse::Ready(Box::new(Head {
         len,

@@ -48,17 +48,17 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use self::io::{ClientBuf, ClientIo};
-use super::clock::Deadlines;
-use super::deadline::passed;
+use super::backend_deadlines::passed;
+use super::client_deadlines::Deadlines;
 use super::logged::Arrival;
 use super::pool::Pool;
 use super::pool::RawConn;
-use crate::snapshot::Shared;
-use crate::stats::QuietClose;
+use crate::routing::instance::Instance;
+use crate::telemetry::stats::QuietClose;
 
 /// What every request on one client connection shares.
 pub struct Client<'c> {
-    pub shared: &'c Arc<Shared>,
+    pub instance: &'c Arc<Instance>,
     pub pool: &'c Arc<Pool<RawConn>>,
     pub arrival: Arrival,
     pub deadlines: Deadlines,
@@ -147,7 +147,7 @@ async fn requests<S: ClientIo>(mut io: S, c: &Client<'_>, idle: &AtomicBool) -> 
             });
             let read = read.await;
             if quiet {
-                c.shared.stats.count_quiet_close(why_quiet);
+                c.instance.stats.count_quiet_close(why_quiet);
             }
             if !matches!(read, Ok(n) if n > 0) || c.shutdown.is_cancelled() {
                 return Ended::Closed(Next::Close);

@@ -10,7 +10,7 @@
 //! answer ends. A client that sends its next requests meanwhile has them
 //! kept for later, up to one buffer; one that closes is noticed at once.
 //!
-//! As in hyper's path ([`crate::http::download`]): the body's data is read
+//! As in hyper's path ([`crate::http::response_body`]): the body's data is read
 //! for its `usage`; a body that pauses for `http.stream_idle_timeout` while
 //! the client waits, or that the backend cuts or garbles, ends in a reset
 //! towards the client, never in a clean end; read to its end, the
@@ -29,13 +29,13 @@ use tracing::{debug, warn};
 use super::framing::{BodyEnd, Framing};
 use super::io::{ClientIo, JOIN_BELOW, poll_read_into, poll_write_from};
 use super::send::{Outbound, READ_CHUNK};
-use crate::backend::TimeoutKind;
-use crate::http::deadline::Progress;
-use crate::http::deadline::passed;
-use crate::http::download::InFlight;
+use crate::http::backend_deadlines::Progress;
+use crate::http::backend_deadlines::passed;
 use crate::http::pool::RawConn;
 use crate::http::pool::UPSTREAM_BUFFER_BYTES;
-use crate::throttle::Throttle;
+use crate::http::response_body::InFlight;
+use crate::routing::backend::TimeoutKind;
+use crate::telemetry::throttle::Throttle;
 use magpie_core::usage::UsageScanner;
 
 /// How a response ended.

@@ -17,18 +17,19 @@ use super::io::{ClientBuf, ClientIo, JOIN_BELOW, write_all};
 use super::relay::{self, Relayed};
 use super::send::{self, Attempt, Outbound, Plan, READ_CHUNK, Received};
 use super::{Client, Next};
-use crate::backend::Spill;
 use crate::config::Config;
-use crate::http::download::{InFlight, Tally};
 use crate::http::forward::{Failure, LocalAnswer, account, claim};
 use crate::http::logged::{Answer, Logged};
 use crate::http::pinning::{self, Opening, Pinned};
 use crate::http::pool::RawConn;
 use crate::http::request_key::{HeadKeys, KeyPlan, RequestKey};
-use crate::key_budget::Held;
-use crate::recent::{Decision, How};
-use crate::route::Keys;
-use crate::stats::ClientFailure;
+use crate::http::response_body::{InFlight, Tally};
+use crate::routing::backend::Spill;
+use crate::routing::recent::Decision;
+use crate::routing::route::How;
+use crate::routing::route::Keys;
+use crate::telemetry::key_budget::Held;
+use crate::telemetry::stats::ClientFailure;
 
 /// The answer to a head that did not arrive in time.
 const TIMEOUT_408: &[u8] = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain\r\ncontent-length: 40\r\nconnection: close\r\n\r\nthe request head did not arrive in time\n";
@@ -42,18 +43,18 @@ pub async fn serve<S: ClientIo>(
     c: &Client<'_>,
     timer: Pin<&mut Sleep>,
 ) -> Next {
-    let snapshot = c.shared.snapshot.load_full();
+    let snapshot = c.instance.snapshot.load_full();
     let config = Arc::clone(&snapshot.config);
     let cx = head::Context {
         plan: KeyPlan {
             key: &config.key,
             group: config.group.as_ref(),
             client: c.arrival.client,
-            budget: &c.shared.stats.key_budget,
+            budget: &c.instance.stats.key_budget,
             budget_max: config.limits.key_buffer_bytes,
         },
         arrival: c.arrival,
-        shared: c.shared,
+        instance: c.instance,
     };
     let mut head = match read_head(io, buf, &cx, &config, c).await {
         Ok(head) => head,
@@ -66,7 +67,7 @@ pub async fn serve<S: ClientIo>(
         Err(why) => return refuse_body(io, why, &mut head.log, c).await,
     };
     let (keys, mut pinned) =
-        pinning::route_found(&keyed.found, c.shared, &snapshot, &mut head.log).await;
+        pinning::route_found(&keyed.found, c.instance, &snapshot, &mut head.log).await;
     drop(snapshot);
     let mut walked = keyed.walked;
     if walked <= JOIN_BELOW {
@@ -116,7 +117,7 @@ async fn read_head<'a, S: ClientIo>(
         }
         let have = buf.unconsumed().len();
         if have >= limit {
-            c.shared
+            c.instance
                 .stats
                 .count_client_failure(ClientFailure::BadRequest);
             return Err(answer_raw(io, TOO_LARGE_431).await);
@@ -126,7 +127,7 @@ async fn read_head<'a, S: ClientIo>(
             Ok(Ok(0) | Err(_)) => return Err(Next::Close),
             Ok(Ok(_)) => {}
             Err(_) => {
-                c.shared
+                c.instance
                     .stats
                     .count_client_failure(ClientFailure::HeadTimeout);
                 return Err(answer_raw(io, TIMEOUT_408).await);
@@ -192,7 +193,7 @@ async fn refuse_body<S: ClientIo>(
     c: &Client<'_>,
 ) -> Next {
     debug!(client = %c.arrival.client, ?why, "request body failed while reading its key");
-    c.shared
+    c.instance
         .stats
         .count_client_failure(ClientFailure::BadRequest);
     let answer = LocalAnswer {
@@ -259,7 +260,7 @@ impl<S: ClientIo> Request<'_, '_, S> {
         let plan = Plan {
             config: self.config,
             pool: c.pool,
-            shared: c.shared,
+            instance: c.instance,
             head_method: self.head_method,
         };
         let mut tried = Vec::new();
@@ -286,7 +287,7 @@ impl<S: ClientIo> Request<'_, '_, S> {
                 sent: answered.sent,
                 lease: answered.lease,
                 tally: Tally {
-                    shared: Arc::clone(c.shared),
+                    instance: Arc::clone(c.instance),
                     key: self.keys.session,
                     moved: None,
                 },
@@ -329,7 +330,7 @@ impl<S: ClientIo> Request<'_, '_, S> {
             group: self.keys.group,
         };
         in_flight.tally.moved = c
-            .shared
+            .instance
             .recent
             .routed(self.keys.session, &backend, decision);
         // An answer that ends before its request's body closes the
@@ -357,7 +358,7 @@ impl<S: ClientIo> Request<'_, '_, S> {
         if let (Some(log), Some(name)) = (self.log.as_mut(), failure.backend()) {
             log.tried(name, &pinned.route.targets);
         }
-        c.shared
+        c.instance
             .stats
             .count_client_failure(failure.client_failure());
         let mut answer = failure.answer();

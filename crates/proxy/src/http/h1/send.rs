@@ -25,15 +25,15 @@ use super::framing::{BodyEnd, FramingError};
 pub use super::io::READ_CHUNK;
 use super::io::{ClientBuf, ClientIo, poll_read_into, write_all};
 use super::response::{self, ResponseHead};
-use crate::backend::{Backend, CodeClass};
 use crate::config::Config;
-use crate::health::passive::{self, Blame};
-use crate::http::deadline::{Progress, passed};
+use crate::http::backend_deadlines::{Progress, passed};
 use crate::http::forward::{Failure, timed_out};
 use crate::http::pool::RawConn;
 use crate::http::pool::{Lease, Limits, Pool, UPSTREAM_BUFFER_BYTES};
 use crate::http::upstream;
-use crate::snapshot::Shared;
+use crate::routing::backend::{Backend, CodeClass};
+use crate::routing::health::passive::{self, Blame};
+use crate::routing::instance::Instance;
 
 /// The most bytes a client may send ahead (its next requests) while it
 /// waits for an answer; past it they wait in the socket.
@@ -54,7 +54,7 @@ pub struct Outbound<'x, S> {
     pub head: &'x [u8],
     /// The key budget's share of the body bytes read for the key, given
     /// back once they are sent.
-    pub held: Option<crate::key_budget::Held>,
+    pub held: Option<crate::telemetry::key_budget::Held>,
     /// The connection's one timer, for every deadline of its requests
     /// ([`passed`]).
     pub timer: Pin<&'x mut Sleep>,
@@ -64,7 +64,7 @@ pub struct Outbound<'x, S> {
 pub struct Plan<'a> {
     pub config: &'a Config,
     pub pool: &'a Arc<Pool<RawConn>>,
-    pub shared: &'a Shared,
+    pub instance: &'a Instance,
     /// The request is a `HEAD`: its answer has no body.
     pub head_method: bool,
 }
@@ -159,14 +159,14 @@ async fn connect(backend: &Arc<Backend>, plan: &Plan<'_>) -> Result<Lease<RawCon
                 &**backend,
                 &e,
                 health,
-                &plan.shared.stats,
+                &plan.instance.stats,
             ))
         }
     }
 }
 
 /// The backend failed once the request was (at least partly) written.
-fn failed_after_send(backend: &Backend, error: crate::http::download::BoxError) -> Attempt {
+fn failed_after_send(backend: &Backend, error: crate::http::response_body::BoxError) -> Attempt {
     backend.live.traffic.count_request(CodeClass::Error);
     warn!(backend = %backend.name, %error, "backend failed after the request was sent");
     Attempt::Failed(Failure::AfterSend {

@@ -1,0 +1,234 @@
+//! The deadlines towards a backend (`mode: http`): its response head must
+//! come within `http.response_timeout` of the last byte of the request sent
+//! to it, and its body may pause at most `http.stream_idle_timeout` between
+//! two frames.
+//!
+//! The request body goes to hyper as an [`Outgoing`], which notes when it
+//! last handed a frame over ([`Progress`]): the head deadline runs from the
+//! request's last byte sent, so a long upload is not cut while it flows, and
+//! a backend that stops reading one is. [`Silence`] times the pauses of a
+//! response body while the client waits for it (not while the client is slow
+//! to read: then the body is not asked for). Both timers are re-armed lazily,
+//! when they fire early, so a streamed answer costs no timer update per
+//! frame.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use hyper::body::{Body, Frame, SizeHint};
+use tokio::time::{Instant, Sleep};
+
+use super::request_body::RequestBody;
+
+/// When a request's latest frame was handed to its backend connection.
+#[derive(Debug)]
+pub struct Progress {
+    epoch: Instant,
+    /// Milliseconds from `epoch` to the latest frame.
+    ms: AtomicU64,
+    /// The body's bytes sent so far (for the access log).
+    bytes: AtomicU64,
+}
+
+impl Progress {
+    /// A request about to be sent: its head counts as its first byte.
+    pub fn new() -> Arc<Progress> {
+        Arc::new(Progress {
+            epoch: Instant::now(),
+            ms: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+        })
+    }
+
+    /// The request body's bytes sent so far.
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// `n` more bytes of the request body went (or only its head, `n == 0`).
+    pub fn sent(&self, n: u64) {
+        self.touch();
+        self.bytes.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn touch(&self) {
+        let ms = self.epoch.elapsed().as_millis() as u64;
+        self.ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// When the latest byte went.
+    pub fn last(&self) -> Instant {
+        self.epoch + Duration::from_millis(self.ms.load(Ordering::Relaxed))
+    }
+}
+
+/// A request body on its way to a backend, noting its progress.
+#[derive(Debug)]
+pub struct Outgoing {
+    body: RequestBody,
+    progress: Arc<Progress>,
+}
+
+impl Outgoing {
+    pub fn new(body: RequestBody, progress: Arc<Progress>) -> Outgoing {
+        Outgoing { body, progress }
+    }
+
+    /// The body again (a request handed back unsent).
+    pub fn into_inner(self) -> RequestBody {
+        self.body
+    }
+}
+
+impl Body for Outgoing {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled {
+            self.progress.touch();
+            if let Some(data) = frame.data_ref() {
+                let n = data.len() as u64;
+                self.progress.bytes.fetch_add(n, Ordering::Relaxed);
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Awaits `head` while less than `timeout` has passed since the request's
+/// latest byte went (`progress`); `None` once it has.
+pub async fn response_head<F: Future>(
+    head: F,
+    progress: &Progress,
+    timeout: Duration,
+) -> Option<F::Output> {
+    tokio::pin!(head);
+    loop {
+        let deadline = progress.last() + timeout;
+        tokio::select! {
+            biased;
+            out = &mut head => return Some(out),
+            _ = tokio::time::sleep_until(deadline) => {
+                // A frame that went meanwhile moved the deadline.
+                if progress.last() + timeout <= Instant::now() {
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+/// The pauses of a response body: how long it has had nothing for a client
+/// that asked for more.
+#[derive(Debug)]
+pub struct Silence {
+    limit: Duration,
+    /// When the body was first found empty since its latest frame.
+    since: Option<Instant>,
+    /// Armed at the first pause, then re-armed only when it fires early.
+    sleep: Option<Pin<Box<Sleep>>>,
+}
+
+impl Silence {
+    pub fn new(limit: Duration) -> Silence {
+        Silence {
+            limit,
+            since: None,
+            sleep: None,
+        }
+    }
+
+    pub fn limit(&self) -> Duration {
+        self.limit
+    }
+
+    /// A frame came: the pause is over.
+    pub fn frame(&mut self) {
+        self.since = None;
+    }
+
+    /// The body has nothing now: whether it has been silent for the limit.
+    /// If not, `cx` is woken when it would be.
+    pub fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        let now = Instant::now();
+        let deadline = *self.since.get_or_insert(now) + self.limit;
+        let sleep = self
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        passed(cx, &mut sleep.as_mut(), deadline)
+    }
+}
+
+/// Whether `deadline` has passed; if not, `cx` is woken when it would. The
+/// timer is set again only when it would fire late, or when it fires early
+/// (it was armed for an earlier deadline, which moved), so one timer can
+/// serve a deadline that moves with every byte at no cost per byte.
+pub fn passed(cx: &mut Context<'_>, sleep: &mut Pin<&mut Sleep>, deadline: Instant) -> bool {
+    if sleep.deadline() > deadline {
+        sleep.as_mut().reset(deadline);
+    }
+    loop {
+        if sleep.as_mut().poll(cx).is_pending() {
+            return false;
+        }
+        if Instant::now() >= deadline {
+            return true;
+        }
+        sleep.as_mut().reset(deadline);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_head_may_take_the_timeout_from_the_latest_byte() {
+        let progress = Progress::new();
+        let timeout = Duration::from_millis(100);
+        // In time.
+        let head = tokio::time::sleep(Duration::from_millis(90));
+        assert_eq!(response_head(head, &progress, timeout).await, Some(()));
+        // A byte at 90 ms moves the deadline to 190 ms.
+        progress.touch();
+        let started = Instant::now();
+        let never = std::future::pending::<()>();
+        assert_eq!(response_head(never, &progress, timeout).await, None);
+        assert_eq!(started.elapsed(), Duration::from_millis(100));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn silence_counts_only_pauses_and_rearms_lazily() {
+        let mut silence = Silence::new(Duration::from_millis(100));
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        assert!(!silence.expired(&mut cx));
+        tokio::time::advance(Duration::from_millis(60)).await;
+        assert!(!silence.expired(&mut cx));
+        // A frame at 60 ms: a new pause from 80 ms may last until 180 ms.
+        silence.frame();
+        tokio::time::advance(Duration::from_millis(20)).await;
+        assert!(!silence.expired(&mut cx));
+        tokio::time::advance(Duration::from_millis(90)).await;
+        assert!(!silence.expired(&mut cx), "fired for the first pause only");
+        tokio::time::advance(Duration::from_millis(10)).await;
+        assert!(silence.expired(&mut cx));
+    }
+}

@@ -1,0 +1,261 @@
+//! A backend's response body on its way to the client, counted and timed.
+//!
+//! It holds the request's in-flight slot (what bounded load counts) and the
+//! lease on the upstream connection until the last frame has passed or the
+//! client has gone: read to the end, the connection goes back to the pool;
+//! abandoned half-way, it closes. A Server-Sent Events stream or a chunked
+//! generation flows through as each frame arrives.
+//!
+//! A body that pauses for `http.stream_idle_timeout` while the client waits
+//! for it ([`Silence`]) is cut: the backend's connection is closed, the slot
+//! given back, the timeout counted against the backend, and the client gets
+//! an error instead of the next frame, so its stream ends in a reset (HTTP/1)
+//! or a reset stream (HTTP/2), never in a clean end that would pass for a
+//! complete answer.
+//!
+//! A JSON or event-stream answer is also read for its `usage` as it passes
+//! ([`magpie_core::usage`], at most [`magpie_core::usage::MAX_BUFFER`] bytes held): at
+//! its end the engine's token counts go to the backend's counters, and the
+//! key's memory ([`crate::routing::recent`]) tells whether the cache was missed, and
+//! why.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use tokio::time::Instant;
+use tracing::warn;
+
+use super::backend_deadlines::Silence;
+use super::logged::Logged;
+use super::pool::{Conn, Lease, Pooled};
+use crate::routing::backend::{ActiveGuard, AwaitingGuard, Backend, TimeoutKind};
+use crate::routing::instance::Instance;
+use crate::routing::recent::{MissCause, Tokens};
+use crate::routing::sessions::homes::AwaitingMark;
+use crate::telemetry::access_log;
+use crate::telemetry::throttle::Throttle;
+use magpie_core::usage::{Usage, UsageScanner};
+
+/// The error type of every body on this path.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A request in flight to a backend, from the moment it was sent, over a
+/// connection of hyper's client ([`Conn`]) or of the pass-through.
+pub struct InFlight<C: Pooled = Conn> {
+    pub backend: Arc<Backend>,
+    /// The backend's in-flight slot (bounded load counts these).
+    pub slot: ActiveGuard,
+    pub sent: Instant,
+    /// The connection it went over, back to the pool at the response's end.
+    pub lease: Lease<C>,
+    /// What the response's usage is counted against.
+    pub tally: Tally,
+    /// `http.stream_idle_timeout`.
+    pub stream_idle: std::time::Duration,
+    /// The request's access-log line, written at the body's end.
+    pub log: Option<Logged>,
+    /// Counts the request as awaiting its first byte of body until that
+    /// byte passes.
+    pub awaiting: Option<FirstByte>,
+}
+
+/// What a request awaiting its answer's first byte of body holds: its count
+/// at the backend ([`crate::routing::backend::load`]), and when it opened a
+/// conversation or placed a new group with a shared store, its mark there
+/// ([`crate::routing::sessions::homes`]).
+#[derive(Debug)]
+pub struct FirstByte {
+    pub count: AwaitingGuard,
+    pub mark: Option<AwaitingMark>,
+}
+
+/// Where a response's usage goes: the key's memory (a cache miss and its
+/// cause) and the backend's token counters.
+pub struct Tally {
+    pub instance: Arc<Instance>,
+    pub key: u64,
+    /// Why the key moved to this backend, if it did ([`Recent::routed`]).
+    ///
+    /// [`Recent::routed`]: crate::routing::recent::Recent::routed
+    pub moved: Option<MissCause>,
+}
+
+impl<C: Pooled> std::fmt::Debug for InFlight<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InFlight")
+            .field("backend", &self.backend.name)
+            .field("sent", &self.sent)
+            .finish()
+    }
+}
+
+/// A backend's response body, counted and timed on its way to the client.
+#[derive(Debug)]
+pub struct ResponseBody {
+    body: Incoming,
+    /// `Some` until the body ended (or failed); then the slot is given back.
+    in_flight: Option<InFlight>,
+    /// Reads the answer's `usage`, for a JSON or event-stream body (boxed:
+    /// most of a scanner is its buffers' bookkeeping).
+    usage: Option<Box<UsageScanner>>,
+    silence: Silence,
+    /// The body's bytes passed to the client (for the access log).
+    bytes_out: u64,
+}
+
+impl ResponseBody {
+    /// `body`, read for its usage when `usage` is given.
+    pub fn new(body: Incoming, in_flight: InFlight, usage: Option<UsageScanner>) -> ResponseBody {
+        ResponseBody {
+            body,
+            silence: Silence::new(in_flight.stream_idle),
+            in_flight: Some(in_flight),
+            usage: usage.map(Box::new),
+            bytes_out: 0,
+        }
+    }
+
+    /// The backend has been silent for `http.stream_idle_timeout`: counted,
+    /// its connection closed, its slot given back; the error for the client.
+    fn cut(&mut self) -> BoxError {
+        static LOG: Throttle = Throttle::new(std::time::Duration::from_secs(1));
+        let limit = humantime::format_duration(self.silence.limit());
+        let name = match &self.in_flight {
+            Some(f) => {
+                f.backend
+                    .live
+                    .traffic
+                    .count_timeout(TimeoutKind::StreamIdle);
+                f.backend.name.clone()
+            }
+            None => String::new(),
+        };
+        if let Some(held_back) = LOG.allow() {
+            warn!(backend = %name, %limit, held_back, "backend sent no byte of its response for http.stream_idle_timeout; the stream is cut");
+        }
+        self.finish(false);
+        BoxError::from(format!(
+            "backend {name} sent no byte of its response for {limit}"
+        ))
+    }
+
+    /// The response ended: see [`InFlight::finish`].
+    fn finish(&mut self, complete: bool) {
+        let Some(f) = self.in_flight.take() else {
+            return;
+        };
+        let usage = self
+            .usage
+            .take()
+            .filter(|_| complete)
+            .and_then(|u| u.finish());
+        f.finish(complete, self.bytes_out, usage);
+    }
+}
+
+impl<C: Pooled> InFlight<C> {
+    /// The response ended, `bytes_out` of its body passed on: time it,
+    /// count its usage, write its log line, and give the connection back
+    /// when the body was read to its end (`complete`), else let it close.
+    pub fn finish(mut self, complete: bool, bytes_out: u64, usage: Option<Usage>) {
+        let traffic = &self.backend.live.traffic;
+        traffic.request_duration.observe(self.sent.elapsed());
+        if let Some(usage) = usage {
+            count_usage(&self, usage);
+        }
+        if let Some(log) = self.log.take() {
+            let tokens = usage.map(|u| access_log::Tokens {
+                prompt: u.prompt_tokens,
+                cached: u.cached_tokens,
+            });
+            log.ended(bytes_out, tokens);
+        }
+        if complete {
+            self.lease.give_back();
+        }
+    }
+}
+
+/// An answer's usage: the backend's token counters, and the key's memory
+/// (a cache miss is counted there, with its cause).
+fn count_usage<C: Pooled>(f: &InFlight<C>, usage: Usage) {
+    f.backend.live.traffic.count_tokens(
+        usage.prompt_tokens,
+        usage.cached_tokens,
+        usage.completion_tokens,
+    );
+    let tokens = Tokens {
+        prompt: usage.prompt_tokens,
+        cached: usage.cached_tokens,
+    };
+    let t = &f.tally;
+    t.instance
+        .recent
+        .served(t.key, &f.backend.name, tokens, t.moved);
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.body).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                this.silence.frame();
+                if let (Some(data), Some(f)) = (frame.data_ref(), &mut this.in_flight) {
+                    let traffic = &f.backend.live.traffic;
+                    traffic.add_bytes_received(data.len() as u64);
+                    this.bytes_out += data.len() as u64;
+                    if !data.is_empty() {
+                        f.awaiting = None;
+                    }
+                    if let Some(usage) = &mut this.usage {
+                        usage.feed(data);
+                    }
+                }
+            }
+            Poll::Ready(None) => self.finish(true),
+            Poll::Ready(Some(Err(_))) => self.finish(false),
+            Poll::Pending => {
+                if self.in_flight.is_some() && self.silence.expired(cx) {
+                    return Poll::Ready(Some(Err(self.cut())));
+                }
+            }
+        }
+        polled.map(|frame| frame.map(|r| r.map_err(BoxError::from)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for ResponseBody {
+    fn drop(&mut self) {
+        if self.in_flight.is_none() {
+            return;
+        }
+        // An empty body (HEAD, 204, 304) is never polled: it ended all the same.
+        if self.body.is_end_stream() {
+            self.finish(true);
+            return;
+        }
+        // Dropped before its end: the client went away mid-response.
+        if let Some(f) = &self.in_flight {
+            f.backend.live.traffic.count_client_abort();
+        }
+        self.finish(false);
+    }
+}

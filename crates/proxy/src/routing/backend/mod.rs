@@ -1,0 +1,218 @@
+//! A backend: its identity (name, address, weight, zone) and its live state.
+//!
+//! Identity comes from the config and never changes within a snapshot. Live
+//! state is atomics (and, for groups, a small lock) shared by the data paths
+//! (which count and take slots), health (which marks up and down) and
+//! metrics/admin (which read), in six named parts:
+//!
+//! | part | owns |
+//! |---|---|
+//! | [`load`] | connections or requests in flight (what bounded load counts), open upstream connections, requests awaiting their first byte of body |
+//! | [`traffic`] | connections, bytes, requests by status, spills, resets, latency histograms |
+//! | [`crate::routing::health::Health`] | up or down, the streaks that move it, transitions |
+//! | [`crate::routing::health::EngineLoad`] | the inference engine's queue and KV cache, as last scraped |
+//! | [`drain`] | when a removed backend's connections must close |
+//! | [`groups`] | `key.group`: distinct groups served lately, placements by candidate rank |
+//!
+//! Live state lives behind its own `Arc`, so a reload can hand the same live
+//! state to the next snapshot when a backend's name and address are
+//! unchanged: its counters, health and open connections carry over.
+
+pub mod drain;
+pub mod groups;
+pub mod load;
+pub mod traffic;
+
+use crate::net::tls_client::BackendTls;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+pub use traffic::{CodeClass, Side, Spill, TimeoutKind};
+
+use self::drain::Drain;
+use self::groups::Groups;
+pub use self::load::Awaiting;
+use self::load::Load;
+use self::traffic::Traffic;
+use crate::config::BackendConfig;
+use crate::routing::health::{self, EngineLoad, Health};
+
+#[derive(Debug)]
+pub struct Backend {
+    pub name: String,
+    pub addr: SocketAddr,
+    pub weight: u32,
+    pub zone: Option<String>,
+    /// Reached over TLS (`tls: true`, mode http).
+    pub tls: Option<BackendTls>,
+    pub live: Arc<Live>,
+}
+
+impl Backend {
+    pub fn new(config: &BackendConfig, live: Arc<Live>) -> Self {
+        Backend {
+            name: config.name.clone(),
+            addr: config.addr,
+            weight: config.weight,
+            zone: config.zone.clone(),
+            tls: config.tls.clone(),
+            live,
+        }
+    }
+}
+
+impl health::Target for Backend {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    fn health(&self) -> &Health {
+        &self.live.health
+    }
+
+    fn engine(&self) -> &EngineLoad {
+        &self.live.engine
+    }
+
+    fn tls(&self) -> Option<&BackendTls> {
+        self.tls.as_ref()
+    }
+}
+
+/// The live state of one backend.
+#[derive(Debug, Default)]
+pub struct Live {
+    pub load: Load,
+    pub traffic: Traffic,
+    pub health: Health,
+    /// The engine's queue and KV cache as last scraped (`health.load`).
+    pub engine: EngineLoad,
+    pub drain: Drain,
+    /// The groups it served (`key.group`).
+    pub groups: Groups,
+}
+
+impl Live {
+    /// Takes one active slot unconditionally.
+    pub fn reserve(self: &Arc<Self>) -> ActiveGuard {
+        self.load.take();
+        ActiveGuard {
+            live: Arc::clone(self),
+        }
+    }
+
+    /// Takes one active slot if fewer than `cap` are taken. The check and the
+    /// increment are one atomic step, so concurrent accepts never push a
+    /// backend past its bounded-load cap.
+    pub fn try_reserve(self: &Arc<Self>, cap: u64) -> Option<ActiveGuard> {
+        self.load.try_take(cap).then(|| ActiveGuard {
+            live: Arc::clone(self),
+        })
+    }
+
+    /// A request of `kind` is on its way to the backend; it counts as
+    /// awaiting its first byte of body until the guard drops.
+    pub fn await_first_byte(self: &Arc<Self>, kind: Awaiting) -> AwaitingGuard {
+        self.load.start_awaiting(kind);
+        AwaitingGuard {
+            live: Arc::clone(self),
+            kind,
+        }
+    }
+
+    /// An upstream connection opened; it is counted until the guard drops.
+    pub fn open_upstream(self: &Arc<Self>) -> UpstreamGuard {
+        self.load.open_upstream();
+        UpstreamGuard {
+            live: Arc::clone(self),
+        }
+    }
+}
+
+/// One active connection (or connection attempt, or request in flight) to a
+/// backend; dropping it gives the slot back.
+#[derive(Debug)]
+pub struct ActiveGuard {
+    live: Arc<Live>,
+}
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.live.load.give_back();
+    }
+}
+
+/// One request awaiting the first byte of its answer's body (`mode: http`);
+/// dropping it (at that byte, or when the request ends first) uncounts it.
+#[derive(Debug)]
+pub struct AwaitingGuard {
+    live: Arc<Live>,
+    kind: Awaiting,
+}
+
+impl Drop for AwaitingGuard {
+    fn drop(&mut self) {
+        self.live.load.stop_awaiting(self.kind);
+    }
+}
+
+/// One open upstream connection (`mode: http`); dropping it uncounts it.
+#[derive(Debug)]
+pub struct UpstreamGuard {
+    live: Arc<Live>,
+}
+
+impl Drop for UpstreamGuard {
+    fn drop(&mut self) {
+        self.live.load.close_upstream();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservations_respect_the_cap() {
+        let live = Arc::new(Live::default());
+        let a = live.try_reserve(2).unwrap();
+        let _b = live.try_reserve(2).unwrap();
+        assert!(live.try_reserve(2).is_none());
+        assert_eq!(live.load.active(), 2);
+        drop(a);
+        assert_eq!(live.load.active(), 1);
+        let _c = live.reserve();
+        assert_eq!(live.load.active(), 2);
+        let upstream = live.open_upstream();
+        assert_eq!(live.load.upstream_connections(), 1);
+        drop(upstream);
+        assert_eq!(live.load.upstream_connections(), 0);
+    }
+
+    #[test]
+    fn awaiting_counts_until_the_guard_drops() {
+        let live = Arc::new(Live::default());
+        let a = live.await_first_byte(Awaiting::Turn);
+        let b = live.await_first_byte(Awaiting::NewGroup);
+        let c = live.await_first_byte(Awaiting::Opening);
+        let counts = |l: &Live| {
+            let load = &l.load;
+            (
+                load.awaiting(),
+                load.awaiting_openings(),
+                load.awaiting_cold(),
+            )
+        };
+        assert_eq!(counts(&live), (3, 2, 1));
+        drop(a);
+        assert_eq!(counts(&live), (2, 2, 1));
+        drop(b);
+        assert_eq!(counts(&live), (1, 1, 0));
+        drop(c);
+        assert_eq!(counts(&live), (0, 0, 0));
+    }
+}

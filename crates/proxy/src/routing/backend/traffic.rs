@@ -1,0 +1,233 @@
+//! What passed through a backend: connections, bytes, requests by status,
+//! spills, resets, and the latency histograms. Every counter only grows;
+//! each bump is one relaxed atomic add.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::telemetry::stats::{FAST_BUCKETS, Histogram};
+use magpie_core::labels;
+
+labels! {
+    /// What became of a request sent to a backend (`mode: http`), by the
+    /// class of its status code; `Error` when no response came.
+    pub enum CodeClass {
+        Informational => "1xx",
+        Success => "2xx",
+        Redirection => "3xx",
+        ClientError => "4xx",
+        ServerError => "5xx",
+        Error => "error",
+    }
+}
+
+impl CodeClass {
+    pub fn of(status: u16) -> CodeClass {
+        match status {
+            100..=199 => CodeClass::Informational,
+            200..=299 => CodeClass::Success,
+            300..=399 => CodeClass::Redirection,
+            400..=499 => CodeClass::ClientError,
+            _ => CodeClass::ServerError,
+        }
+    }
+}
+
+labels! {
+    /// Why a candidate was passed over (a spill to the next one).
+    pub enum Spill {
+        /// Health marked it down.
+        Down => "down",
+        /// It had reached its bounded-load cap.
+        AtCap => "at_cap",
+        /// Its inference engine reported a queue or a KV cache over the
+        /// `health.load` limits (a fresh value).
+        EngineFull => "engine_full",
+    }
+}
+
+labels! {
+    /// One end of a proxied connection, for counting which one aborted it.
+    pub enum Side {
+        Client => "client",
+        Backend => "backend",
+    }
+}
+
+labels! {
+    /// Which deadline a backend missed (`mode: http`).
+    pub enum TimeoutKind {
+        /// No response head within `http.response_timeout` of the request's
+        /// last byte (the client got `504`).
+        Response => "response",
+        /// No byte of the response body for `http.stream_idle_timeout` (the
+        /// client's stream was cut).
+        StreamIdle => "stream_idle",
+    }
+}
+
+/// Prompt, cached prompt and completion tokens, as engines report them.
+#[derive(Debug, Default)]
+struct Tokens {
+    prompt: AtomicU64,
+    cached: AtomicU64,
+    completion: AtomicU64,
+}
+
+#[derive(Debug)]
+pub struct Traffic {
+    connections: AtomicU64,
+    /// Bytes received from the backend (and sent on to clients).
+    bytes_received: AtomicU64,
+    /// Bytes sent to the backend (received from clients).
+    bytes_sent: AtomicU64,
+    spills: [AtomicU64; Spill::COUNT],
+    /// Requests answered (`mode: http`), by code class.
+    requests: [AtomicU64; CodeClass::COUNT],
+    /// Requests whose client went away before the response was complete.
+    client_aborts: AtomicU64,
+    /// Connections aborted (reset) by either side and passed on as a reset to
+    /// the other, by the side that aborted.
+    resets: [AtomicU64; Side::COUNT],
+    /// Connections closed because neither side sent anything for
+    /// `idle_timeout` (`mode: tcp`).
+    idle_closes: AtomicU64,
+    /// Requests whose backend missed a deadline (`mode: http`), by which.
+    timeouts: [AtomicU64; TimeoutKind::COUNT],
+    /// Token counts the backend's engine reported in its responses' `usage`.
+    tokens: Tokens,
+    /// Time to open a data-path connection (mode http: a fresh one).
+    pub connect_time: Histogram,
+    /// From connected to closed (`mode: tcp`).
+    pub connection_duration: Histogram,
+    /// From sending a request to the response head (`mode: http`).
+    pub time_to_first_byte: Histogram,
+    /// From sending a request to the response's last byte (`mode: http`).
+    pub request_duration: Histogram,
+}
+
+impl Default for Traffic {
+    fn default() -> Self {
+        Traffic {
+            connections: AtomicU64::new(0),
+            bytes_received: AtomicU64::new(0),
+            bytes_sent: AtomicU64::new(0),
+            spills: Default::default(),
+            requests: Default::default(),
+            client_aborts: AtomicU64::new(0),
+            resets: Default::default(),
+            idle_closes: AtomicU64::new(0),
+            timeouts: Default::default(),
+            tokens: Tokens::default(),
+            connect_time: Histogram::with_bounds(&FAST_BUCKETS),
+            connection_duration: Histogram::default(),
+            time_to_first_byte: Histogram::default(),
+            request_duration: Histogram::default(),
+        }
+    }
+}
+
+impl Traffic {
+    /// A data-path connection to the backend was opened.
+    pub fn count_connection(&self) {
+        self.connections.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn connections(&self) -> u64 {
+        self.connections.load(Ordering::Relaxed)
+    }
+
+    pub fn add_bytes_sent(&self, n: u64) {
+        self.bytes_sent.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn bytes_sent(&self) -> u64 {
+        self.bytes_sent.load(Ordering::Relaxed)
+    }
+
+    pub fn add_bytes_received(&self, n: u64) {
+        self.bytes_received.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn bytes_received(&self) -> u64 {
+        self.bytes_received.load(Ordering::Relaxed)
+    }
+
+    /// A response's `usage`: its prompt tokens, how many of them the engine
+    /// served from its cache, and its completion tokens.
+    pub fn count_tokens(&self, prompt: u64, cached: u64, completion: u64) {
+        self.tokens.prompt.fetch_add(prompt, Ordering::Relaxed);
+        self.tokens.cached.fetch_add(cached, Ordering::Relaxed);
+        self.tokens
+            .completion
+            .fetch_add(completion, Ordering::Relaxed);
+    }
+
+    pub fn prompt_tokens(&self) -> u64 {
+        self.tokens.prompt.load(Ordering::Relaxed)
+    }
+
+    pub fn cached_prompt_tokens(&self) -> u64 {
+        self.tokens.cached.load(Ordering::Relaxed)
+    }
+
+    pub fn completion_tokens(&self) -> u64 {
+        self.tokens.completion.load(Ordering::Relaxed)
+    }
+
+    pub fn count_spill(&self, why: Spill) {
+        self.spills[why.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Traffic passed over this backend for `why`.
+    pub fn spills(&self, why: Spill) -> u64 {
+        self.spills[why.index()].load(Ordering::Relaxed)
+    }
+
+    /// Spills for any reason.
+    pub fn spills_total(&self) -> u64 {
+        Spill::ALL.iter().map(|&why| self.spills(why)).sum()
+    }
+
+    pub fn count_request(&self, class: CodeClass) {
+        self.requests[class.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn requests(&self, class: CodeClass) -> u64 {
+        self.requests[class.index()].load(Ordering::Relaxed)
+    }
+
+    pub fn count_client_abort(&self) {
+        self.client_aborts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn client_aborts(&self) -> u64 {
+        self.client_aborts.load(Ordering::Relaxed)
+    }
+
+    /// A connection through this backend was aborted by `by`.
+    pub fn count_reset(&self, by: Side) {
+        self.resets[by.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn resets(&self, by: Side) -> u64 {
+        self.resets[by.index()].load(Ordering::Relaxed)
+    }
+
+    /// A connection was closed for idling.
+    pub fn count_idle_close(&self) {
+        self.idle_closes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn idle_closes(&self) -> u64 {
+        self.idle_closes.load(Ordering::Relaxed)
+    }
+
+    /// A request to this backend missed the deadline `kind`.
+    pub fn count_timeout(&self, kind: TimeoutKind) {
+        self.timeouts[kind.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn timeouts(&self, kind: TimeoutKind) -> u64 {
+        self.timeouts[kind.index()].load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,135 @@
+use super::*;
+use crate::config::Config;
+use crate::routing::snapshot::Snapshot;
+
+fn snapshot() -> Snapshot {
+    let text = "listen: 127.0.0.1:7000\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n  - {name: b, addr: 127.0.0.1:8002}\n";
+    let config = Config::parse(std::path::Path::new("t.yaml"), text).unwrap();
+    Snapshot::build(Arc::new(config), 1, &Default::default()).unwrap()
+}
+
+fn decision(how: How) -> Decision {
+    Decision {
+        how,
+        pin_lost: false,
+        group: None,
+    }
+}
+
+fn tokens(prompt: u64, cached: u64) -> Tokens {
+    Tokens { prompt, cached }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_load_spill_is_remembered_until_its_ttl_and_pinned_use_keeps_it() {
+    let s = snapshot();
+    let (a, b) = (s.backend("a").unwrap(), s.backend("b").unwrap());
+    let recent = Recent::new(100, Duration::from_secs(60));
+    assert_eq!(recent.routed(1, a, decision(How::Primary)), None);
+    assert_eq!(recent.spilled_to(1), None);
+    assert_eq!(
+        recent.routed(1, b, decision(How::SpilledAtCap)),
+        Some(MissCause::Spill)
+    );
+    assert_eq!(recent.spilled_to(1).as_deref(), Some("b"));
+    tokio::time::advance(Duration::from_secs(50)).await;
+    assert_eq!(recent.routed(1, b, decision(How::Pinned)), None);
+    tokio::time::advance(Duration::from_secs(50)).await;
+    assert_eq!(recent.spilled_to(1).as_deref(), Some("b"));
+    tokio::time::advance(Duration::from_secs(11)).await;
+    assert_eq!(recent.spilled_to(1), None);
+    assert_eq!(recent.routed_total(How::Primary), 1);
+    assert_eq!(recent.routed_total(How::SpilledAtCap), 1);
+    assert_eq!(recent.routed_total(How::Pinned), 1);
+}
+
+#[test]
+fn going_home_clears_the_spill_and_a_down_spill_is_not_sticky() {
+    let s = snapshot();
+    let (a, b) = (s.backend("a").unwrap(), s.backend("b").unwrap());
+    let recent = Recent::new(100, Duration::from_secs(60));
+    recent.routed(1, b, decision(How::SpilledEngineFull));
+    assert_eq!(
+        recent.routed(1, a, decision(How::Primary)),
+        Some(MissCause::Spill)
+    );
+    assert_eq!(recent.spilled_to(1), None);
+    recent.routed(2, a, decision(How::Primary));
+    assert_eq!(
+        recent.routed(2, b, decision(How::SpilledDown)),
+        Some(MissCause::BackendDown)
+    );
+    assert_eq!(recent.spilled_to(2), None);
+}
+
+#[test]
+fn a_move_is_blamed_on_its_cause() {
+    let s = snapshot();
+    let (a, b) = (s.backend("a").unwrap(), s.backend("b").unwrap());
+    let recent = Recent::new(100, Duration::from_secs(60));
+    recent.routed(1, a, decision(How::Primary));
+    let lost = Decision {
+        how: How::Primary,
+        pin_lost: true,
+        group: None,
+    };
+    assert_eq!(recent.routed(1, b, lost), Some(MissCause::PinExpired));
+    assert_eq!(
+        recent.routed(1, a, decision(How::Primary)),
+        Some(MissCause::TableChanged)
+    );
+    // The previous backend is down now: whatever the route says, that is why.
+    b.live.health.set_up(false);
+    recent.routed(2, b, decision(How::Primary));
+    assert_eq!(
+        recent.routed(2, a, decision(How::Primary)),
+        Some(MissCause::BackendDown)
+    );
+}
+
+#[test]
+fn a_miss_is_fewer_cached_tokens_than_the_previous_prompt() {
+    let s = snapshot();
+    let (a, b) = (s.backend("a").unwrap(), s.backend("b").unwrap());
+    let recent = Recent::new(100, Duration::from_secs(60));
+    // Without a previous prompt nothing is a miss.
+    assert_eq!(recent.served(1, "a", tokens(1000, 0), None), None);
+    recent.routed(1, a, decision(How::Primary));
+    assert_eq!(recent.served(1, "a", tokens(1000, 0), None), None);
+    // The next turn found the whole previous prompt, less a partial block.
+    assert_eq!(
+        recent.served(1, "a", tokens(2000, 1000 - MISS_SLACK_TOKENS), None),
+        None
+    );
+    // Same backend, a cache gone: the engine evicted it.
+    assert_eq!(
+        recent.served(1, "a", tokens(3000, 1000), None),
+        Some(MissCause::Evicted)
+    );
+    // Another backend: the cause the move was given.
+    let moved = recent.routed(1, b, decision(How::SpilledAtCap));
+    assert_eq!(
+        recent.served(1, "b", tokens(4000, 500), moved),
+        Some(MissCause::Spill)
+    );
+    assert_eq!(recent.misses_total(MissCause::Evicted), 1);
+    assert_eq!(recent.misses_total(MissCause::Spill), 1);
+    let last = recent.last(1).unwrap();
+    assert_eq!((last.backend.as_str(), last.how), ("b", How::SpilledAtCap));
+    assert_eq!(last.prompt_tokens, Some(4000));
+}
+
+#[test]
+fn the_memory_is_bounded() {
+    let s = snapshot();
+    let a = s.backend("a").unwrap();
+    let recent = Recent::new(SHARDS, Duration::from_secs(60));
+    // Keys 1 and 2 share a shard of one slot.
+    recent.routed(1, a, decision(How::Primary));
+    recent.routed(2, a, decision(How::Primary));
+    assert!(recent.last(1).is_none());
+    assert!(recent.last(2).is_some());
+    recent.configure(SHARDS * 2, Duration::from_secs(60));
+    recent.routed(1, a, decision(How::Primary));
+    assert!(recent.last(1).is_some() && recent.last(2).is_some());
+}

@@ -1,0 +1,586 @@
+//! Which backends one connection or request will try, in order: the key's
+//! candidates from the table, filtered by an accept policy.
+//!
+//! `key ─▶ snapshot.candidates(key) ─▶ accept? ─▶ Route { targets }`. The
+//! selector (the table's candidate walk) knows nothing of health or load; the
+//! policy here decides, for each candidate in turn, whether it may take the
+//! key: a backend marked down is skipped, and so is one at its bounded-load
+//! cap, or whose engine reports itself full (`health.load`: its queue or KV
+//! cache over the limits; a pinned key stays unless it is far over). At most
+//! `connect.attempts` targets are kept. When health leaves nobody, `health.when_all_down` decides: try the candidates anyway, primary
+//! first (fail open), or refuse.
+//!
+//! Both data paths and the admin endpoint's `/route` ask this module, so a
+//! question about a key gets the answer traffic gets. Only the data paths
+//! count skipped candidates as spills ([`Route::plan`]); a question does not
+//! ([`Route::preview`]).
+//!
+//! A backend's load can change between planning and connecting, so taking a
+//! slot re-checks the cap atomically ([`Route::reserve`]): concurrent
+//! connections never push a backend past it.
+//!
+//! The cap is two thresholds ([`bounded::spill_cap`]): a candidate is full
+//! only when it is at `bounded_load` times its share *and* at least
+//! `placement.spill_min_excess` above its mean, so an ordinary burst spills
+//! nothing. A key that did spill stays where it spilled while it keeps being
+//! used, and goes back to its primary only once that one is below its mean
+//! ([`Route::plan_remembered`], with the key's [`crate::routing::recent`] record).
+//!
+//! Every route says why its first target was chosen ([`How`]), which traffic
+//! counts in `magpie_requests_routed_total{how}`.
+
+use std::sync::Arc;
+
+use crate::config::AllDown;
+use crate::routing::backend::{ActiveGuard, Backend, Spill};
+use crate::routing::snapshot::Snapshot;
+use magpie_core::labels;
+use magpie_core::placement::{MAX_CANDIDATES, bounded};
+
+labels! {
+    /// Why a request (or connection) went to the backend it went to.
+    pub enum How {
+        /// The key's first candidate in the table.
+        Primary => "primary",
+        /// Its pin: a session pin, or where it spilled before.
+        Pinned => "pinned",
+        /// Its group's home (`key.group_choices`), which is not the table's
+        /// first that takes it.
+        GroupHome => "group_home",
+        /// Its first candidate was at its bounded-load cap.
+        SpilledAtCap => "spilled_at_cap",
+        /// Its first candidate was down (or refused the connection).
+        SpilledDown => "spilled_down",
+        /// Its first candidate's engine reported itself full.
+        SpilledEngineFull => "spilled_engine_full",
+        /// No key was found: the configured fallback key was routed.
+        FallbackKey => "fallback_key",
+    }
+}
+
+impl How {
+    /// The reason a route passed over its first candidate.
+    pub fn of_spill(why: Spill) -> How {
+        match why {
+            Spill::Down => How::SpilledDown,
+            Spill::AtCap => How::SpilledAtCap,
+            Spill::EngineFull => How::SpilledEngineFull,
+        }
+    }
+
+    /// The reason once the target this one named was passed over for `why`
+    /// while connecting: a primary or pinned choice becomes that spill; a
+    /// spill or a fallback key keeps its reason.
+    pub fn passed_over(self, why: Spill) -> How {
+        match self {
+            How::Primary | How::Pinned | How::GroupHome => How::of_spill(why),
+            other => other,
+        }
+    }
+
+    /// Whether the key left its first candidate because that one was loaded
+    /// (not down): such a key stays where it spilled.
+    pub fn is_load_spill(self) -> bool {
+        matches!(self, How::SpilledAtCap | How::SpilledEngineFull)
+    }
+}
+
+/// The keys of one request: the session key names the conversation (its
+/// pin, its memory in [`crate::routing::recent`]); the table is looked up by its
+/// group (`key.group`) when it has one, else by the session key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keys {
+    pub session: u64,
+    pub group: Option<u64>,
+}
+
+impl Keys {
+    /// One key for both (no group).
+    pub fn single(key: u64) -> Keys {
+        Keys {
+            session: key,
+            group: None,
+        }
+    }
+
+    /// The key the table is looked up by.
+    pub fn table(&self) -> u64 {
+        self.group.unwrap_or(self.session)
+    }
+}
+
+/// The bounded-load caps in force when a route was planned.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Caps {
+    factor: f64,
+    min_excess: u64,
+    /// Active connections (or requests) across the pool, before this one.
+    total_load: u64,
+    total_weight: u64,
+}
+
+/// A key pinned by `sessions` keeps its backend until that one holds this
+/// many times its bounded-load cap: a pin's backend at its cap is loaded,
+/// not failing, and moving the key would throw its cache away for a share
+/// of load that new keys rebalance. (A key that spilled and stays, without
+/// sessions, stays only while its backend is under the cap itself.)
+pub const PIN_CAP_FACTOR: u64 = 2;
+
+impl Caps {
+    /// The bound a pinned key's backend keeps it under.
+    fn pinned(backend: &Backend, caps: Option<Caps>) -> u64 {
+        Caps::of(backend, caps).saturating_mul(PIN_CAP_FACTOR)
+    }
+
+    fn of(backend: &Backend, caps: Option<Caps>) -> u64 {
+        match caps {
+            Some(c) => bounded::spill_cap(
+                c.factor,
+                c.min_excess,
+                c.total_load,
+                backend.weight,
+                c.total_weight,
+            ),
+            None => u64::MAX,
+        }
+    }
+}
+
+/// The backends one connection or request will try, in order.
+#[derive(Debug)]
+pub struct Route {
+    pub targets: Vec<Arc<Backend>>,
+    /// Why the first target is first.
+    pub how: How,
+    /// `None` when no cap applies (no bounded load, or a fail-open route).
+    caps: Option<Caps>,
+    /// The first target is the session's pin, which keeps its key up to
+    /// [`PIN_CAP_FACTOR`] times its cap.
+    session_pin: bool,
+}
+
+impl Route {
+    /// The route for traffic: skipped candidates are counted as spills.
+    pub fn plan(snapshot: &Snapshot, key: u64) -> Route {
+        select(snapshot, key, |backend, why| {
+            backend.live.traffic.count_spill(why)
+        })
+    }
+
+    /// The route for traffic, with the key's memory: a key that spilled
+    /// because its primary was loaded stays on the backend it spilled to
+    /// (while that one is up and has room) until the primary is below its
+    /// mean share again; then it goes home.
+    /// `spilled_to` is where the key spilled, from [`crate::routing::recent`].
+    pub fn plan_remembered(snapshot: &Snapshot, key: u64, spilled_to: Option<&str>) -> Route {
+        let route = Route::plan(snapshot, key);
+        let Some(spilled_to) = spilled_to else {
+            return route;
+        };
+        if route.how == How::Primary && Route::home_has_room(snapshot, key) {
+            return route;
+        }
+        match snapshot.backend(spilled_to) {
+            Some(pin) => route.stay_first(snapshot, pin),
+            None => route,
+        }
+    }
+
+    /// Whether the key's first candidate is up, below its mean share and
+    /// its engine not full: a key that spilled from it may go back.
+    pub fn home_has_room(snapshot: &Snapshot, key: u64) -> bool {
+        let Some(home) = snapshot.candidates(key).next() else {
+            return false;
+        };
+        let mean = bounded::mean(snapshot.total_active(), home.weight, snapshot.total_weight);
+        let engine_full = (snapshot.config.load_limits()).is_some_and(|l| {
+            home.live
+                .engine
+                .full_for_new_keys(l, tokio::time::Instant::now())
+        });
+        home.live.health.is_up() && (home.live.load.active() as f64) < mean && !engine_full
+    }
+
+    /// The route for traffic whose key is pinned to `pin` (session pins):
+    /// the pinned backend first while it is up and under its cap, then the
+    /// key's other candidates. A pin that cannot take the request is passed
+    /// over like any candidate, and the route is the table's.
+    pub fn plan_pinned(snapshot: &Snapshot, key: u64, pin: &Arc<Backend>) -> Route {
+        // A pin at its cap or with its engine full, but not far over either,
+        // keeps its key: passing it over in the table's walk is then no spill.
+        let kept = |caps: Option<Caps>| {
+            !far_over(snapshot, pin) && pin.live.load.active() < Caps::pinned(pin, caps)
+        };
+        let mut keeps = None;
+        let route = select(snapshot, key, |backend, why| {
+            let is_pin = std::ptr::eq(backend, &**pin);
+            let pin_keeps = is_pin
+                && matches!(why, Spill::EngineFull | Spill::AtCap)
+                && *keeps.get_or_insert_with(|| kept(caps_of(snapshot)));
+            if !pin_keeps {
+                backend.live.traffic.count_spill(why)
+            }
+        });
+        route.pin_first(snapshot, pin)
+    }
+
+    /// This route with the session's `pin` tried first, if it is up, under
+    /// [`PIN_CAP_FACTOR`] times its cap and its engine not far over its
+    /// load limits.
+    pub fn pin_first(self, snapshot: &Snapshot, pin: &Arc<Backend>) -> Route {
+        let limit = Caps::pinned(pin, self.caps);
+        self.put_first(snapshot, pin, limit, true)
+    }
+
+    /// This route with `home`, its group's home (`key.group`), tried first
+    /// if it is up, under its cap and its engine not far over; unchanged
+    /// when `home` is first already.
+    pub fn home_first(self, snapshot: &Snapshot, home: &Arc<Backend>) -> Route {
+        if self.first().is_some_and(|b| Arc::ptr_eq(b, home)) {
+            return self;
+        }
+        let mut route = self.stay_first(snapshot, home);
+        // A route planned by the table is never `Pinned` before.
+        if route.how == How::Pinned {
+            route.how = How::GroupHome;
+        }
+        route
+    }
+
+    /// The least busy of this route's first `n` targets: the one with the
+    /// fewest new groups' requests awaiting their first byte of body, then
+    /// the fewest groups served lately (the heads its cache holds), then
+    /// the fewest conversations' first requests awaiting (a new prompt may
+    /// bring its head to prefill again), then the fewest requests awaiting,
+    /// then the earlier.
+    /// Where a group without a pin goes (`key.group_choices`).
+    pub fn least_awaiting(&self, n: usize) -> Option<&Arc<Backend>> {
+        let busy = |b: &&Arc<Backend>| {
+            let live = &b.live;
+            (
+                live.load.awaiting_cold(),
+                live.groups.seen(),
+                live.load.awaiting_openings(),
+                live.load.awaiting(),
+            )
+        };
+        self.targets.iter().take(n).min_by_key(busy)
+    }
+
+    /// This route with `to`, where the key spilled and stays, tried first
+    /// if it is up, under its cap and its engine not far over: a key's
+    /// memory of a spill never takes a backend past its bound.
+    fn stay_first(self, snapshot: &Snapshot, to: &Arc<Backend>) -> Route {
+        let limit = Caps::of(to, self.caps);
+        self.put_first(snapshot, to, limit, false)
+    }
+
+    fn put_first(
+        mut self,
+        snapshot: &Snapshot,
+        pin: &Arc<Backend>,
+        limit: u64,
+        session: bool,
+    ) -> Route {
+        let takes =
+            pin.live.health.is_up() && pin.live.load.active() < limit && !far_over(snapshot, pin);
+        if takes {
+            self.targets.retain(|b| !Arc::ptr_eq(b, pin));
+            self.targets.insert(0, Arc::clone(pin));
+            self.targets
+                .truncate(snapshot.config.connect.attempts as usize);
+            self.how = How::Pinned;
+            self.session_pin = session;
+        }
+        self
+    }
+
+    /// This route, counted as one for a fallback key (no key was found).
+    pub fn for_fallback(mut self, fallback: bool) -> Route {
+        if fallback {
+            self.how = How::FallbackKey;
+        }
+        self
+    }
+
+    /// The route a key would take now, counting nothing (admin `/route`).
+    pub fn preview(snapshot: &Snapshot, key: u64) -> Route {
+        select(snapshot, key, |_, _| {})
+    }
+
+    /// The backend traffic would go to first, if any.
+    pub fn first(&self) -> Option<&Arc<Backend>> {
+        self.targets.first()
+    }
+
+    /// Takes one active slot on `backend` if it is still under its cap (the
+    /// check and the increment are one atomic step). A backend that filled up
+    /// since the route was planned is counted as a spill and gives `None`.
+    pub fn reserve(&self, backend: &Arc<Backend>) -> Option<ActiveGuard> {
+        if self.caps.is_none() {
+            return Some(backend.live.reserve());
+        }
+        let pinned = self.session_pin && self.first().is_some_and(|b| Arc::ptr_eq(b, backend));
+        let cap = if pinned {
+            Caps::pinned(backend, self.caps)
+        } else {
+            Caps::of(backend, self.caps)
+        };
+        let guard = backend.live.try_reserve(cap);
+        if guard.is_none() {
+            backend.live.traffic.count_spill(Spill::AtCap);
+        }
+        guard
+    }
+}
+
+/// Whether `backend`'s engine is far over its load limits (`health.load`):
+/// then even the keys pinned to it move.
+fn far_over(snapshot: &Snapshot, backend: &Backend) -> bool {
+    (snapshot.config.load_limits())
+        .is_some_and(|l| backend.live.engine.far_over(l, tokio::time::Instant::now()))
+}
+
+/// The bounded-load caps in force now, if any.
+fn caps_of(snapshot: &Snapshot) -> Option<Caps> {
+    let placement = &snapshot.config.placement;
+    placement.bounded_load.map(|factor| Caps {
+        factor,
+        min_excess: placement.spill_min_excess,
+        total_load: snapshot.total_active(),
+        total_weight: snapshot.total_weight,
+    })
+}
+
+/// Walks `key`'s candidates and keeps those the policy accepts, calling
+/// `on_skip` for each one passed over.
+fn select(snapshot: &Snapshot, key: u64, mut on_skip: impl FnMut(&Backend, Spill)) -> Route {
+    let config = &snapshot.config;
+    let attempts = config.connect.attempts as usize;
+    let caps = caps_of(snapshot);
+    let engine = config
+        .load_limits()
+        .map(|l| (l, tokio::time::Instant::now()));
+    let mut targets = Vec::with_capacity(attempts);
+    let mut skipped_down = false;
+    let mut how = How::Primary;
+    for backend in snapshot.candidates(key) {
+        let skip = if !backend.live.health.is_up() {
+            Some(Spill::Down)
+        } else if backend.live.load.active() >= Caps::of(backend, caps) {
+            Some(Spill::AtCap)
+        } else if engine.is_some_and(|(l, now)| backend.live.engine.full_for_new_keys(l, now)) {
+            Some(Spill::EngineFull)
+        } else {
+            None
+        };
+        match skip {
+            Some(why) => {
+                skipped_down |= why == Spill::Down;
+                if targets.is_empty() && how == How::Primary {
+                    how = How::of_spill(why);
+                }
+                on_skip(backend, why);
+            }
+            None => {
+                targets.push(Arc::clone(backend));
+                if targets.len() == attempts {
+                    break;
+                }
+            }
+        }
+    }
+    if targets.is_empty() {
+        let when_all_down = config
+            .health
+            .as_ref()
+            .map(|h| h.when_all_down)
+            .unwrap_or(AllDown::TryAnyway);
+        // Everyone was down (or full, which a factor >= 1 only allows in a
+        // pool larger than MAX_CANDIDATES): fail open, primary first, unless
+        // told to refuse.
+        if !(skipped_down && when_all_down == AllDown::Refuse) {
+            targets.extend(snapshot.candidates(key).take(attempts).cloned());
+            return Route {
+                targets,
+                how: How::Primary,
+                caps: None,
+                session_pin: false,
+            };
+        }
+    }
+    debug_assert!(targets.len() <= MAX_CANDIDATES);
+    Route {
+        targets,
+        how,
+        caps,
+        session_pin: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn snapshot(extra: &str) -> Snapshot {
+        let text = format!(
+            "listen: 127.0.0.1:7000\n{extra}backends:\n  - {{name: a, addr: 127.0.0.1:8001}}\n  - {{name: b, addr: 127.0.0.1:8002}}\n  - {{name: c, addr: 127.0.0.1:8003}}\n"
+        );
+        let config = Config::parse(std::path::Path::new("t.yaml"), &text).unwrap();
+        Snapshot::build(Arc::new(config), 1, &Default::default()).unwrap()
+    }
+
+    fn names(route: &Route) -> Vec<&str> {
+        route.targets.iter().map(|b| b.name.as_str()).collect()
+    }
+
+    #[test]
+    fn down_backends_are_skipped_and_counted_only_for_traffic() {
+        let s = snapshot("");
+        let order: Vec<String> = s.candidates(42).map(|b| b.name.clone()).collect();
+        let primary = s.backend(&order[0]).unwrap();
+        primary.live.health.set_up(false);
+        assert_eq!(names(&Route::preview(&s, 42)), [&order[1], &order[2]]);
+        assert_eq!(primary.live.traffic.spills_total(), 0);
+        assert_eq!(names(&Route::plan(&s, 42)), [&order[1], &order[2]]);
+        assert_eq!(primary.live.traffic.spills_total(), 1);
+    }
+
+    #[test]
+    fn all_down_fails_open_or_refuses() {
+        let s = snapshot("");
+        for b in &s.backends {
+            b.live.health.set_up(false);
+        }
+        let order: Vec<String> = s.candidates(7).map(|b| b.name.clone()).collect();
+        assert_eq!(names(&Route::preview(&s, 7)), order);
+        let s = snapshot("health: {when_all_down: refuse}\n");
+        for b in &s.backends {
+            b.live.health.set_up(false);
+        }
+        assert!(Route::preview(&s, 7).targets.is_empty());
+    }
+
+    #[test]
+    fn attempts_bound_the_targets() {
+        let s = snapshot("connect: {attempts: 2}\n");
+        assert_eq!(Route::plan(&s, 9).targets.len(), 2);
+    }
+
+    #[test]
+    fn a_backend_at_its_cap_is_skipped_and_reserve_rechecks() {
+        let s = snapshot("placement: {bounded_load: 1.0, spill_min_excess: 0}\n");
+        let order: Vec<String> = s.candidates(5).map(|b| b.name.clone()).collect();
+        let primary = Arc::clone(s.backend(&order[0]).unwrap());
+        // One active connection in a pool of three: cap = ceil(1 · 2 / 3) = 1.
+        let _held = primary.live.reserve();
+        let route = Route::plan(&s, 5);
+        assert_eq!(route.first().unwrap().name, order[1]);
+        assert_eq!(primary.live.traffic.spills_total(), 1);
+        // Reserving on a full backend fails and counts another spill.
+        assert!(route.reserve(&primary).is_none());
+        assert_eq!(primary.live.traffic.spills_total(), 2);
+        assert!(route.reserve(route.first().unwrap()).is_some());
+        assert_eq!(route.how, How::SpilledAtCap);
+    }
+
+    /// Holds `n` active slots on `backend`.
+    fn hold(backend: &Backend, n: usize) -> Vec<ActiveGuard> {
+        (0..n).map(|_| backend.live.reserve()).collect()
+    }
+
+    #[test]
+    fn a_key_spills_only_when_over_the_cap_and_the_absolute_excess() {
+        let s = snapshot("placement: {bounded_load: 1.25}\n");
+        assert_eq!(s.config.placement.spill_min_excess, 8);
+        let order: Vec<String> = s.candidates(5).map(|b| b.name.clone()).collect();
+        let primary = s.backend(&order[0]).unwrap();
+        // 8 of 9 active on the primary: mean 10/3, cap 5, but 8 < 3.33 + 8.
+        let _burst = hold(primary, 8);
+        let _others = hold(s.backend(&order[1]).unwrap(), 1);
+        let route = Route::plan(&s, 5);
+        assert_eq!(
+            (route.first().unwrap().name.as_str(), route.how),
+            (order[0].as_str(), How::Primary)
+        );
+        // 12 of 13: mean 14/3 = 4.67, 12 >= ceil(12.67)? no: 12 < 13 still takes it.
+        let _more = hold(primary, 4);
+        assert_eq!(Route::plan(&s, 5).how, How::Primary);
+        // 13 of 14: mean 5, spill_cap = max(7, 13) = 13: full.
+        let _one = hold(primary, 1);
+        let route = Route::plan(&s, 5);
+        assert_eq!(route.how, How::SpilledAtCap);
+        assert_ne!(route.first().unwrap().name, order[0]);
+        // The atomic re-check uses the same bound.
+        assert!(route.reserve(primary).is_none());
+    }
+
+    #[test]
+    fn a_spilled_key_stays_until_its_primary_is_below_its_mean() {
+        let s = snapshot("placement: {bounded_load: 2.0, spill_min_excess: 0}\n");
+        let order: Vec<String> = s.candidates(5).map(|b| b.name.clone()).collect();
+        let (primary, other) = (s.backend(&order[0]).unwrap(), s.backend(&order[2]).unwrap());
+        let spilled = Some(order[2].as_str());
+        // Without a record, the table's order.
+        assert_eq!(Route::plan_remembered(&s, 5, None).how, How::Primary);
+        // The primary has room (cap 2) but is at its mean (1): the key stays.
+        let held = hold(primary, 1);
+        let _o = hold(other, 1);
+        let stay = Route::plan_remembered(&s, 5, spilled);
+        assert_eq!(
+            (stay.first().unwrap().name.as_str(), stay.how),
+            (order[2].as_str(), How::Pinned)
+        );
+        // Below its mean again (0 active, mean 2/3): home.
+        drop(held);
+        let home = Route::plan_remembered(&s, 5, spilled);
+        assert_eq!(
+            (home.first().unwrap().name.as_str(), home.how),
+            (order[0].as_str(), How::Primary)
+        );
+        // Where it spilled to is down: the table decides.
+        let _h = hold(primary, 1);
+        other.live.health.set_up(false);
+        assert_ne!(
+            Route::plan_remembered(&s, 5, spilled).first().unwrap().name,
+            order[2]
+        );
+    }
+
+    #[test]
+    fn a_pin_at_its_cap_keeps_its_key_until_twice_the_cap() {
+        let s = snapshot("placement: {bounded_load: 1.0, spill_min_excess: 0}\n");
+        let order: Vec<String> = s.candidates(5).map(|b| b.name.clone()).collect();
+        let pin = Arc::clone(s.backend(&order[1]).unwrap());
+        // 2 of 3 active on the pin: mean 1, cap 1; the pin is at its cap
+        // but under twice it, so the key stays and no spill is counted.
+        let held = hold(&pin, 2);
+        let _other = hold(s.backend(&order[2]).unwrap(), 1);
+        let route = Route::plan_pinned(&s, 5, &pin);
+        assert_eq!(
+            (route.first().unwrap().name.as_str(), route.how),
+            (order[1].as_str(), How::Pinned)
+        );
+        assert_eq!(pin.live.traffic.spills_total(), 0);
+        assert!(route.reserve(&pin).is_some());
+        // 4 of 5: mean 5/3, cap 2, twice the cap 4: the key moves.
+        let _more = hold(&pin, 2);
+        let route = Route::plan_pinned(&s, 5, &pin);
+        assert_ne!(route.first().unwrap().name, order[1]);
+        assert_ne!(route.how, How::Pinned);
+        assert!(pin.live.traffic.spills_total() >= 1);
+        drop(held);
+    }
+
+    #[test]
+    fn passing_over_a_target_names_the_spill() {
+        assert_eq!(How::Primary.passed_over(Spill::Down), How::SpilledDown);
+        assert_eq!(How::Pinned.passed_over(Spill::AtCap), How::SpilledAtCap);
+        assert_eq!(How::FallbackKey.passed_over(Spill::Down), How::FallbackKey);
+        assert_eq!(
+            How::SpilledAtCap.passed_over(Spill::Down),
+            How::SpilledAtCap
+        );
+    }
+}

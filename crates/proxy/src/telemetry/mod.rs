@@ -1,0 +1,19 @@
+//! What the data paths report, and what keeps them observable: counters and
+//! latency histograms, access log lines, rate-limited log lines, supervised
+//! tasks, and the memory budget of bodies read for keys. It sits below
+//! routing and the data paths, which all write here; the Prometheus export
+//! and the admin endpoint ([`crate::ops`]) read it.
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`stats`] | the global counters the data paths bump, latency histograms, TLS handshake labels |
+//! | [`access_log`] | one line per request (mode http) or connection (mode tcp): sampling, a bounded queue that drops rather than waits, JSON or text lines, the writer task (batches, reopens on SIGUSR1) |
+//! | [`key_budget`] | the bytes all requests together hold while reading bodies for keys (`limits.key_buffer_bytes`) |
+//! | [`throttle`] | rate-limited log lines for conditions that can repeat thousands of times a second |
+//! | [`supervise`] | long-lived tasks restarted (and counted) if they panic; the panic hook |
+
+pub mod access_log;
+pub mod key_budget;
+pub mod stats;
+pub mod supervise;
+pub mod throttle;
