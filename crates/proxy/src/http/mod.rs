@@ -22,7 +22,9 @@
 //! | [`request_key`] | a request's key: header, JSON body field, conversation, or address |
 //! | [`pinning`] | session pins: the route by a key's pin, and binding or using it once served |
 //! | [`normalize`] | requests refused before any backend: `CONNECT`, two `Host`s, unknown transfer codings |
-//! | [`forward`] | one request in phases: choose, connect, send, account, respond |
+//! | [`journey`] | one request's journey, written once for both wire formats: choose, connect, send, account, respond, finish; why requests fail |
+//! | [`fields`] | header-field rules both wire formats apply: hop-by-hop fields, the backend's name, which answers are read for usage |
+//! | [`hyper_wire`] | hyper's wire format: requests prepared for HTTP/1.1 backends, sent by hyper's client; answers as hyper responses |
 //! | [`pool`] | keep-alive connections to backends (hyper's, and the pass-through's), lent to one request at a time |
 //! | [`upstream`] | a connection to a backend below HTTP: TCP, then TLS for a `tls: true` backend |
 //! | [`request_body`] | a request body: the bytes read for the key, then the rest |
@@ -37,8 +39,10 @@
 
 pub mod backend_deadlines;
 pub mod client_deadlines;
-pub mod forward;
+pub mod fields;
 pub mod h1;
+pub mod hyper_wire;
+pub mod journey;
 pub mod logged;
 pub mod normalize;
 pub mod pinning;
@@ -71,9 +75,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use self::client_deadlines::{Clock, Deadlines, Timed};
-use self::forward::{Forward, local};
 use self::h1::io::{ClientIo, Replay};
 use self::h1::{Ended, Next};
+use self::hyper_wire::{HyperWire, local};
+use self::journey::{BODY_UNREADABLE, Failure, Forwarded, Journey};
 use self::logged::{Arrival, Logged};
 use self::pool::Pool;
 use self::pool::RawConn;
@@ -363,38 +368,27 @@ impl HttpPath {
                 instance
                     .stats
                     .count_client_failure(ClientFailure::BadRequest);
-                return local(
-                    StatusCode::BAD_REQUEST,
-                    "magpie: the request body could not be read\n",
-                );
+                return local(StatusCode::BAD_REQUEST, BODY_UNREADABLE);
             }
         };
-        let (keys, mut pinned) = pinning::route_found(&found, instance, &snapshot, log).await;
+        let (keys, pinned) = pinning::route_found(&found, instance, &snapshot, log).await;
         drop(snapshot);
-        let forward = Forward {
-            route: &pinned.route,
+        let mut journey = Journey {
+            pinned,
             keys,
-            pin_lost: pinned.pin_lost(),
             config: &config,
-            pool: &self.pool,
             instance,
             log,
-            opening: pinned.opening.take(),
         };
-        match forward::forward(request, forward).await {
-            Ok(served) => {
-                pinned.served(&served.backend);
-                served.response
+        let mut wire = HyperWire::new(request, &self.pool);
+        match journey.forward(&mut wire).await {
+            Forwarded::Answered(answered) => {
+                hyper_wire::respond(answered.head, answered.in_flight, &config)
             }
-            Err(failure) => {
-                if let (Some(log), Some(name)) = (log.as_mut(), failure.backend()) {
-                    log.tried(name, &pinned.route.targets);
-                }
-                instance
-                    .stats
-                    .count_client_failure(failure.client_failure());
-                failure.reply()
-            }
+            Forwarded::Failed(failure) => hyper_wire::answer(failure.answer()),
+            // hyper's client never reports this: a client that goes away
+            // drops the request's future instead.
+            Forwarded::ClientGone => hyper_wire::answer(Failure::LocalResources.answer()),
         }
     }
 }

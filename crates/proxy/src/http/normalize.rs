@@ -17,7 +17,7 @@ use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use tracing::debug;
 
-use super::forward::local;
+use super::hyper_wire::local;
 use super::reply::Reply;
 use crate::net::Client;
 use crate::telemetry::stats::{ClientFailure, Stats};

@@ -341,23 +341,9 @@ impl<C: Pooled> Sweeper<C> {
     }
 }
 
-/// Opens a new connection to `backend` for `pool` and starts hyper's client
-/// on it.
-pub async fn connect(
-    pool: &Arc<Pool>,
-    backend: &Arc<Backend>,
-    timeout: Duration,
-    limits: Limits,
-) -> io::Result<Lease> {
-    let stream = super::upstream::open(backend, timeout).await?;
-    let (sender, task) = start(stream, backend).await?;
-    let conn = Conn { sender, task };
-    Ok(Lease::fresh(conn, backend.addr, limits, pool))
-}
-
 /// Starts hyper's HTTP/1.1 client on a connected `stream` (plain or TLS):
 /// its sender, and its connection task.
-async fn start(stream: UpstreamIo, backend: &Arc<Backend>) -> io::Result<(Sender, AbortHandle)> {
+pub async fn start(stream: UpstreamIo, backend: &Arc<Backend>) -> io::Result<Conn> {
     let (sender, connection) = http1::Builder::new()
         // What one upstream connection may buffer: a response head (as
         // HAProxy's default 16 KiB buffers allow), and of a body no more
@@ -376,7 +362,10 @@ async fn start(stream: UpstreamIo, backend: &Arc<Backend>) -> io::Result<(Sender
             debug!(backend = %name, error = %e, "upstream connection ended with an error");
         }
     });
-    Ok((sender, task.abort_handle()))
+    Ok(Conn {
+        sender,
+        task: task.abort_handle(),
+    })
 }
 
 /// A poisoned lock only means another thread panicked while holding it; the

@@ -121,22 +121,16 @@ impl ResponseBody {
     /// The backend has been silent for `http.stream_idle_timeout`: counted,
     /// its connection closed, its slot given back; the error for the client.
     fn cut(&mut self) -> BoxError {
-        static LOG: Throttle = Throttle::new(std::time::Duration::from_secs(1));
-        let limit = humantime::format_duration(self.silence.limit());
+        let limit = self.silence.limit();
         let name = match &self.in_flight {
             Some(f) => {
-                f.backend
-                    .live
-                    .traffic
-                    .count_timeout(TimeoutKind::StreamIdle);
+                f.fell_silent();
                 f.backend.name.clone()
             }
             None => String::new(),
         };
-        if let Some(held_back) = LOG.allow() {
-            warn!(backend = %name, %limit, held_back, "backend sent no byte of its response for http.stream_idle_timeout; the stream is cut");
-        }
         self.finish(false);
+        let limit = humantime::format_duration(limit);
         BoxError::from(format!(
             "backend {name} sent no byte of its response for {limit}"
         ))
@@ -157,6 +151,19 @@ impl ResponseBody {
 }
 
 impl<C: Pooled> InFlight<C> {
+    /// The backend sent no byte of its response for
+    /// `http.stream_idle_timeout` while the client waited: counted against
+    /// it, and logged (at most once a second); the caller cuts the stream.
+    pub fn fell_silent(&self) {
+        static LOG: Throttle = Throttle::new(std::time::Duration::from_secs(1));
+        let backend = &self.backend;
+        backend.live.traffic.count_timeout(TimeoutKind::StreamIdle);
+        if let Some(held_back) = LOG.allow() {
+            let limit = humantime::format_duration(self.stream_idle);
+            warn!(backend = %backend.name, %limit, held_back, "backend sent no byte of its response for http.stream_idle_timeout; the stream is cut");
+        }
+    }
+
     /// The response ended, `bytes_out` of its body passed on: time it,
     /// count its usage, write its log line, and give the connection back
     /// when the body was read to its end (`complete`), else let it close.

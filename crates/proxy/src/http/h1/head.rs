@@ -18,6 +18,7 @@ use std::sync::Arc;
 use httparse::{Header, Status};
 
 use super::framing::Framing;
+use crate::http::fields::HOP_BY_HOP_BUT_FRAMING;
 use crate::http::logged::{Arrival, Logged, RequestLine};
 use crate::http::request_key::{HeadKeys, KeyPlan, head_keys};
 use crate::routing::instance::Instance;
@@ -25,24 +26,36 @@ use crate::routing::instance::Instance;
 /// The most header fields one request head may have (hyper's limit too).
 pub const MAX_HEADERS: usize = 100;
 
-/// Headers that describe one hop (RFC 9110 §7.6.1), never passed on.
-/// `Transfer-Encoding` is one too, but the body is passed on in the coding
-/// it came in, so it stays.
-const HOP_BY_HOP: [&str; 5] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-];
-
 /// What a buffer holding the start of a request came to.
 pub enum Parse<'a> {
     /// The head is not complete yet.
     Partial,
     /// Not for the pass-through: hyper serves the connection from here.
-    Handover,
+    Handover(Handover),
     Ready(Box<Head<'a>>),
+}
+
+/// Why a request is handed over to hyper, which serves its connection from
+/// then on. The list is short on purpose: each case is rare from the
+/// clients magpie serves, and for each hyper's path already keeps the rule
+/// (its parser's, or [`crate::http::normalize`]'s), so no rule of RFC 9112
+/// is written twice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handover {
+    /// `httparse` refused the head (HTTP/2's preface among them): hyper
+    /// answers `400`, or speaks HTTP/2.
+    Unparsed,
+    /// HTTP/1.0: its keep-alive and framing rules are hyper's.
+    Http10,
+    /// `CONNECT` (refused with `405`) or a target that is not origin-form
+    /// (an authority-form one is refused, an absolute-form one rewritten).
+    Target,
+    /// Framing to refuse or normalise: no `Host` or several, several
+    /// `Content-Length`s or one beside `Transfer-Encoding`, a coding other
+    /// than `chunked`, or a `Connection` that names a framing field.
+    Framing,
+    /// `Expect` or `Upgrade`: an exchange the pass-through does not hold.
+    ExpectOrUpgrade,
 }
 
 /// A request head, checked and written again for the backend.
@@ -75,18 +88,23 @@ pub fn parse<'a>(buf: &[u8], cx: &Context<'a, '_>) -> Parse<'a> {
     let len = match request.parse_with_uninit_headers(buf, &mut slots) {
         Ok(Status::Complete(len)) => len,
         Ok(Status::Partial) => return Parse::Partial,
-        Err(_) => return Parse::Handover,
+        Err(_) => return Parse::Handover(Handover::Unparsed),
     };
-    let (Some(method), Some(target), Some(1)) = (request.method, request.path, request.version)
+    let (Some(method), Some(target), Some(version)) =
+        (request.method, request.path, request.version)
     else {
-        return Parse::Handover;
+        return Parse::Handover(Handover::Unparsed);
     };
+    if version != 1 {
+        return Parse::Handover(Handover::Http10);
+    }
     if method == "CONNECT" || !target.starts_with('/') {
-        return Parse::Handover;
+        return Parse::Handover(Handover::Target);
     }
     let headers = &*request.headers;
-    let Some(checked) = Checked::of(headers) else {
-        return Parse::Handover;
+    let checked = match Checked::of(headers) {
+        Ok(checked) => checked,
+        Err(why) => return Parse::Handover(why),
     };
     let header = |name: &str| {
         headers
@@ -123,8 +141,8 @@ struct Checked<'h> {
 }
 
 impl<'h> Checked<'h> {
-    /// `None` when the request is not for the pass-through.
-    fn of(headers: &[Header<'h>]) -> Option<Checked<'h>> {
+    /// Why the request is not for the pass-through, when it is not.
+    fn of(headers: &[Header<'h>]) -> Result<Checked<'h>, Handover> {
         let mut hosts = 0;
         let mut length = None;
         let mut chunked = false;
@@ -136,16 +154,17 @@ impl<'h> Checked<'h> {
                 hosts += 1;
             } else if name.eq_ignore_ascii_case("content-length") {
                 if length.is_some() {
-                    return None;
+                    return Err(Handover::Framing);
                 }
-                length = Some(content_length(h.value)?);
+                length = Some(content_length(h.value).ok_or(Handover::Framing)?);
             } else if name.eq_ignore_ascii_case("transfer-encoding") {
                 if chunked || !h.value.trim_ascii().eq_ignore_ascii_case(b"chunked") {
-                    return None;
+                    return Err(Handover::Framing);
                 }
                 chunked = true;
             } else if name.eq_ignore_ascii_case("connection") {
-                for token in std::str::from_utf8(h.value).ok()?.split(',') {
+                let tokens = std::str::from_utf8(h.value).map_err(|_| Handover::Framing)?;
+                for token in tokens.split(',') {
                     match token.trim() {
                         t if t.eq_ignore_ascii_case("close") => close = true,
                         t if t.eq_ignore_ascii_case("keep-alive") || t.is_empty() => {}
@@ -155,22 +174,25 @@ impl<'h> Checked<'h> {
                             .iter()
                             .any(|n| t.eq_ignore_ascii_case(n)) =>
                         {
-                            return None;
+                            return Err(Handover::Framing);
                         }
                         t => named.push(t),
                     }
                 }
             } else if name.eq_ignore_ascii_case("expect") || name.eq_ignore_ascii_case("upgrade") {
-                return None;
+                return Err(Handover::ExpectOrUpgrade);
             }
         }
         let framing = match (length, chunked) {
-            (Some(_), true) => return None,
+            (Some(_), true) => return Err(Handover::Framing),
             (Some(n), false) => Framing::Length(n),
             (None, true) => Framing::Chunked,
             (None, false) => Framing::Empty,
         };
-        (hosts == 1).then_some(Checked {
+        if hosts != 1 {
+            return Err(Handover::Framing);
+        }
+        Ok(Checked {
             framing,
             close,
             named,
@@ -202,7 +224,8 @@ fn upstream_head(
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
     for h in headers {
-        let hop = HOP_BY_HOP
+        // `Transfer-Encoding` passes with the body it frames.
+        let hop = HOP_BY_HOP_BUT_FRAMING
             .iter()
             .chain(named)
             .any(|n| h.name.eq_ignore_ascii_case(n));
@@ -221,7 +244,7 @@ fn upstream_head(
 mod tests {
     use super::*;
 
-    fn checked(head: &str) -> Option<(Framing, bool, Vec<String>)> {
+    fn checked(head: &str) -> Result<(Framing, bool, Vec<String>), Handover> {
         let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut request = httparse::Request::new(&mut headers);
         request.parse(head.as_bytes()).expect("a head");
@@ -236,12 +259,12 @@ mod tests {
         let h = "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 12\r\nConnection: close, X-Private\r\n\r\n";
         assert_eq!(
             checked(h),
-            Some((Framing::Length(12), true, vec!["X-Private".to_string()]))
+            Ok((Framing::Length(12), true, vec!["X-Private".to_string()]))
         );
         let h = "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: Chunked\r\n\r\n";
-        assert_eq!(checked(h), Some((Framing::Chunked, false, vec![])));
+        assert_eq!(checked(h), Ok((Framing::Chunked, false, vec![])));
         let h = "GET / HTTP/1.1\r\nHost: a\r\nConnection: keep-alive\r\n\r\n";
-        assert_eq!(checked(h), Some((Framing::Empty, false, vec![])));
+        assert_eq!(checked(h), Ok((Framing::Empty, false, vec![])));
     }
 
     #[test]
@@ -259,9 +282,14 @@ mod tests {
             // What must not be dropped, tunnels and interim answers.
             "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nConnection: content-length\r\n\r\n",
             "GET / HTTP/1.1\r\nHost: a\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
+        ] {
+            assert_eq!(checked(h), Err(Handover::Framing), "{h:?}");
+        }
+        for h in [
+            "GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\n\r\n",
             "POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n",
         ] {
-            assert!(checked(h).is_none(), "{h:?}");
+            assert_eq!(checked(h), Err(Handover::ExpectOrUpgrade), "{h:?}");
         }
     }
 

@@ -22,8 +22,8 @@
 //! | [`head`] | a request head: parsed, checked, keyed, written again for the backend; what is handed over |
 //! | [`framing`] | where a body ends: a length, or the chunked coding walked strictly |
 //! | [`body_key`] | a request body read for its key, as far as the key needs |
-//! | [`request`] | one request in phases: head, keys, route, forward, answer |
-//! | [`send`] | one request to one backend: connect (pooled or new), write, the rest of the body, the response head |
+//! | [`request`] | one request: its head, its keys, its route, the journey ([`crate::http::journey`]), the answer relayed or magpie's own |
+//! | [`send`] | the pass-through's wire format for the journey: the request written, the rest of its body pumped, the response head read |
 //! | [`response`] | a response head: parsed, framed, written again for the client |
 //! | [`relay`] | a response body to the client, one buffer at a time: usage, silence, cuts |
 //! | [`io`] | the client's unconsumed bytes, reads into spare room, vectored writes, idle waits without a buffer |

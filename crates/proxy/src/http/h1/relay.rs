@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use tokio::io::AsyncWrite;
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::debug;
 
 use super::framing::{BodyEnd, Framing};
 use super::io::{ClientIo, JOIN_BELOW, poll_read_into, poll_write_from};
@@ -34,8 +34,6 @@ use crate::http::backend_deadlines::passed;
 use crate::http::pool::RawConn;
 use crate::http::pool::UPSTREAM_BUFFER_BYTES;
 use crate::http::response_body::InFlight;
-use crate::routing::backend::TimeoutKind;
-use crate::telemetry::throttle::Throttle;
 use magpie_core::usage::UsageScanner;
 
 /// How a response ended.
@@ -174,7 +172,7 @@ impl Relay {
             let waiting = self.written >= self.head.len() && self.pending.is_empty();
             if waiting && passed(cx, &mut out.timer, self.last + self.limit) {
                 if let Some(in_flight) = &self.in_flight {
-                    silent(in_flight, self.limit);
+                    in_flight.fell_silent();
                 }
                 return Poll::Ready(Relayed::Cut);
             }
@@ -352,17 +350,6 @@ impl Relay {
         let reuse = how == Relayed::Complete && body.reusable && body.end.is_done();
         in_flight.lease.conn.spent |= !reuse;
         in_flight.finish(complete, body.bytes_out, usage);
-    }
-}
-
-/// The backend sent nothing for `http.stream_idle_timeout`: counted.
-fn silent(in_flight: &InFlight<RawConn>, limit: Duration) {
-    static LOG: Throttle = Throttle::new(Duration::from_secs(1));
-    let backend = &in_flight.backend;
-    backend.live.traffic.count_timeout(TimeoutKind::StreamIdle);
-    if let Some(held_back) = LOG.allow() {
-        let limit = humantime::format_duration(limit);
-        warn!(backend = %backend.name, %limit, held_back, "backend sent no byte of its response for http.stream_idle_timeout; the stream is cut");
     }
 }
 

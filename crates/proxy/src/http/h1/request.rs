@@ -1,8 +1,9 @@
 //! One request through the pass-through, in phases: its head (within the
 //! head deadline, at most `limits.max_head_bytes`), its keys (from the head,
 //! or read from the body), its route and pin ([`crate::http::pinning`], as
-//! on hyper's path), the first backend that takes it ([`super::send`]), and
-//! the answer relayed back ([`super::relay`]) or magpie's own.
+//! on hyper's path), the journey to the first backend that takes it
+//! ([`crate::http::journey`] over [`super::send::RawWire`]), and the answer
+//! relayed back ([`super::relay`]) or magpie's own.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -15,19 +16,13 @@ use super::framing::{BodyEnd, Framing};
 use super::head::{self, Head, Parse};
 use super::io::{ClientBuf, ClientIo, JOIN_BELOW, write_all};
 use super::relay::{self, Relayed};
-use super::send::{self, Attempt, Outbound, Plan, READ_CHUNK, Received};
+use super::send::{Outbound, READ_CHUNK, RawWire, Received};
 use super::{Client, Next};
 use crate::config::Config;
-use crate::http::forward::{Failure, LocalAnswer, account, claim};
-use crate::http::logged::{Answer, Logged};
-use crate::http::pinning::{self, Opening, Pinned};
-use crate::http::pool::RawConn;
+use crate::http::journey::{Answered, Failure, Forwarded, Journey, LocalAnswer};
+use crate::http::logged::Logged;
+use crate::http::pinning;
 use crate::http::request_key::{HeadKeys, KeyPlan, RequestKey};
-use crate::http::response_body::{InFlight, Tally};
-use crate::routing::backend::Spill;
-use crate::routing::recent::Decision;
-use crate::routing::route::How;
-use crate::routing::route::Keys;
 use crate::telemetry::key_budget::Held;
 use crate::telemetry::stats::ClientFailure;
 
@@ -66,7 +61,7 @@ pub async fn serve<S: ClientIo>(
         Ok(keyed) => keyed,
         Err(why) => return refuse_body(io, why, &mut head.log, c).await,
     };
-    let (keys, mut pinned) =
+    let (keys, pinned) =
         pinning::route_found(&keyed.found, c.instance, &snapshot, &mut head.log).await;
     drop(snapshot);
     let mut walked = keyed.walked;
@@ -84,17 +79,24 @@ pub async fn serve<S: ClientIo>(
         held: keyed.held,
         timer,
     };
-    let mut request = Request {
+    let mut wire = RawWire {
         out,
-        config: &config,
-        keys,
-        pin_lost: pinned.pin_lost(),
-        log: head.log.take(),
-        opening: pinned.opening.take(),
-        close: head.close,
+        pool: c.pool,
         head_method: head.head_method,
     };
-    request.forward(&mut pinned, c).await
+    let mut journey = Journey {
+        pinned,
+        keys,
+        config: &config,
+        instance: c.instance,
+        log: &mut head.log,
+    };
+    let close = head.close;
+    match journey.forward(&mut wire).await {
+        Forwarded::Answered(answered) => respond(*answered, &mut wire.out, close, c).await,
+        Forwarded::Failed(failure) => failed(&failure, &mut wire.out, close, &mut head.log).await,
+        Forwarded::ClientGone => Next::Close,
+    }
 }
 
 /// Reads until `buf` starts with a whole head: the head, or what the
@@ -112,7 +114,10 @@ async fn read_head<'a, S: ClientIo>(
     loop {
         match head::parse(buf.unconsumed(), cx) {
             Parse::Ready(head) => return Ok(head),
-            Parse::Handover => return Err(Next::Handover),
+            Parse::Handover(why) => {
+                debug!(client = %c.arrival.client, ?why, "request handed over to hyper");
+                return Err(Next::Handover);
+            }
             Parse::Partial => {}
         }
         let have = buf.unconsumed().len();
@@ -196,12 +201,7 @@ async fn refuse_body<S: ClientIo>(
     c.instance
         .stats
         .count_client_failure(ClientFailure::BadRequest);
-    let answer = LocalAnswer {
-        status: hyper::StatusCode::BAD_REQUEST,
-        text: "magpie: the request body could not be read\n".to_string(),
-        close: true,
-    };
-    local(io, &answer, log).await
+    local(io, &LocalAnswer::body_unreadable(), log).await
 }
 
 /// Writes magpie's own short answer (and its log line); what the
@@ -240,130 +240,48 @@ fn encode(answer: &LocalAnswer) -> Vec<u8> {
     out
 }
 
-/// A routed request on its way.
-struct Request<'x, 'c, S> {
-    out: Outbound<'x, S>,
-    config: &'c Config,
-    keys: Keys,
-    pin_lost: bool,
-    log: Option<Logged>,
-    opening: Option<Opening>,
-    /// The client asked to close after this request.
-    close: bool,
-    head_method: bool,
+/// Relays a backend's answer; what the connection does next.
+async fn respond<S: ClientIo>(
+    answered: Answered<RawWire<'_, '_, S>>,
+    out: &mut Outbound<'_, S>,
+    close_asked: bool,
+    c: &Client<'_>,
+) -> Next {
+    let Answered {
+        head: Received { head, rbuf },
+        in_flight,
+        progress,
+        ..
+    } = answered;
+    // An answer that ends before its request's body closes the
+    // connection too, unannounced, as it cannot be known yet.
+    let close = close_asked || head.framing == Framing::Close || c.shutdown.is_cancelled();
+    let response = relay::Response {
+        client_head: head.client,
+        body_start: head.len,
+        rbuf,
+        framing: head.framing,
+        usage: head.usage,
+        close,
+        reusable: !head.close,
+    };
+    match relay::relay(response, in_flight, out, progress).await {
+        Relayed::Complete if close => Next::Close,
+        Relayed::Complete => Next::KeepAlive,
+        Relayed::Early | Relayed::ClientGone => Next::Close,
+        Relayed::Cut => Next::Reset,
+    }
 }
 
-impl<S: ClientIo> Request<'_, '_, S> {
-    /// Sends the request to the first target of the route that takes it,
-    /// and relays its answer; or answers itself when none does.
-    async fn forward(&mut self, pinned: &mut Pinned, c: &Client<'_>) -> Next {
-        let plan = Plan {
-            config: self.config,
-            pool: c.pool,
-            instance: c.instance,
-            head_method: self.head_method,
-        };
-        let mut tried = Vec::new();
-        let mut how = pinned.route.how;
-        for backend in &pinned.route.targets {
-            let Some((slot, awaiting)) = claim(&pinned.route, backend, &mut self.opening) else {
-                how = how.passed_over(Spill::AtCap);
-                continue;
-            };
-            tried.push(backend.name.clone());
-            let answered = match send::send(backend, &mut self.out, &plan).await {
-                Attempt::Answered(answered) => answered,
-                Attempt::Unsent => {
-                    how = how.passed_over(Spill::Down);
-                    continue;
-                }
-                Attempt::Failed(failure) => return self.failed(failure, pinned, c).await,
-                Attempt::ClientGone => return Next::Close,
-            };
-            pinned.served(backend);
-            let in_flight = InFlight {
-                backend: Arc::clone(backend),
-                slot,
-                sent: answered.sent,
-                lease: answered.lease,
-                tally: Tally {
-                    instance: Arc::clone(c.instance),
-                    key: self.keys.session,
-                    moved: None,
-                },
-                stream_idle: self.config.http.stream_idle_timeout,
-                log: None,
-                awaiting: Some(awaiting),
-            };
-            return self.respond(answered.received, in_flight, how, c).await;
-        }
-        self.failed(Failure::NoBackend { tried }, pinned, c).await
-    }
-
-    /// Relays a backend's answer.
-    async fn respond(
-        &mut self,
-        received: Received,
-        mut in_flight: InFlight<RawConn>,
-        how: How,
-        c: &Client<'_>,
-    ) -> Next {
-        let Received {
-            head,
-            rbuf,
-            progress,
-        } = received;
-        let backend = Arc::clone(&in_flight.backend);
-        account(&backend, head.status, in_flight.sent, self.config);
-        if let Some(log) = &mut self.log {
-            log.answered(Answer {
-                backend: &backend,
-                how: how.as_str(),
-                status: head.status,
-                progress: &progress,
-            });
-        }
-        in_flight.log = self.log.take();
-        let decision = Decision {
-            how,
-            pin_lost: self.pin_lost,
-            group: self.keys.group,
-        };
-        in_flight.tally.moved = c
-            .instance
-            .recent
-            .routed(self.keys.session, &backend, decision);
-        // An answer that ends before its request's body closes the
-        // connection too, unannounced, as it cannot be known yet.
-        let close = self.close || head.framing == Framing::Close || c.shutdown.is_cancelled();
-        let response = relay::Response {
-            client_head: head.client,
-            body_start: head.len,
-            rbuf,
-            framing: head.framing,
-            usage: head.usage,
-            close,
-            reusable: !head.close,
-        };
-        match relay::relay(response, in_flight, &mut self.out, progress).await {
-            Relayed::Complete if close => Next::Close,
-            Relayed::Complete => Next::KeepAlive,
-            Relayed::Early | Relayed::ClientGone => Next::Close,
-            Relayed::Cut => Next::Reset,
-        }
-    }
-
-    /// No backend answered: magpie's own answer, counted.
-    async fn failed(&mut self, failure: Failure, pinned: &Pinned, c: &Client<'_>) -> Next {
-        if let (Some(log), Some(name)) = (self.log.as_mut(), failure.backend()) {
-            log.tried(name, &pinned.route.targets);
-        }
-        c.instance
-            .stats
-            .count_client_failure(failure.client_failure());
-        let mut answer = failure.answer();
-        // A body not read to its end cannot be followed by a request.
-        answer.close |= !(self.out.end.is_done() && self.out.walked == 0) || self.close;
-        local(self.out.client, &answer, &mut self.log).await
-    }
+/// No backend answered: magpie's own answer (the journey counted it).
+async fn failed<S: ClientIo>(
+    failure: &Failure,
+    out: &mut Outbound<'_, S>,
+    close_asked: bool,
+    log: &mut Option<Logged>,
+) -> Next {
+    let mut answer = failure.answer();
+    // A body not read to its end cannot be followed by a request.
+    answer.close |= !(out.end.is_done() && out.walked == 0) || close_asked;
+    local(out.client, &answer, log).await
 }

@@ -7,21 +7,11 @@ use std::mem::MaybeUninit;
 use httparse::{Header, ParserConfig, Status};
 
 use super::framing::Framing;
+use crate::http::fields::{BACKEND_HEADER, HOP_BY_HOP_BUT_FRAMING, usage_reader};
 use magpie_core::usage::UsageScanner;
 
 /// The most header fields one response head may have.
 const MAX_HEADERS: usize = 100;
-
-/// Hop-by-hop headers (RFC 9110 §7.6.1). `Transfer-Encoding` passes with
-/// the body it frames; `Content-Length` is left out beside it.
-const HOP_BY_HOP: [&str; 6] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "upgrade",
-];
 
 /// What the bytes at the start of a backend's answer came to.
 pub enum Parsed {
@@ -87,9 +77,7 @@ pub fn parse(buf: &[u8], request: &Request<'_>) -> Parsed {
     } else {
         fields.framing
     };
-    let usage = ((200..300).contains(&status) && !fields.encoded)
-        .then(|| UsageScanner::for_content_type(fields.content_type))
-        .flatten();
+    let usage = usage_reader(status, fields.encoded, fields.content_type);
     let line = StatusLine {
         status,
         reason: response.reason.unwrap_or(""),
@@ -194,14 +182,14 @@ fn client_head(
     out.extend_from_slice(line.reason.as_bytes());
     out.extend_from_slice(b"\r\n");
     for h in headers {
-        let dropped = HOP_BY_HOP
+        // `Transfer-Encoding` passes with the body it frames; a
+        // `Content-Length` beside it is left out.
+        let dropped = HOP_BY_HOP_BUT_FRAMING
             .iter()
             .chain(&fields.named)
             .any(|n| h.name.eq_ignore_ascii_case(n))
             || (fields.chunked_or_coded && h.name.eq_ignore_ascii_case("content-length"))
-            || (expose.is_some()
-                && h.name
-                    .eq_ignore_ascii_case(crate::http::forward::BACKEND_HEADER));
+            || (expose.is_some() && h.name.eq_ignore_ascii_case(BACKEND_HEADER));
         if !dropped {
             out.extend_from_slice(h.name.as_bytes());
             out.extend_from_slice(b": ");
@@ -210,7 +198,7 @@ fn client_head(
         }
     }
     if let Some(name) = expose {
-        out.extend_from_slice(crate::http::forward::BACKEND_HEADER.as_bytes());
+        out.extend_from_slice(BACKEND_HEADER.as_bytes());
         out.extend_from_slice(b": ");
         out.extend_from_slice(name.as_bytes());
         out.extend_from_slice(b"\r\n");

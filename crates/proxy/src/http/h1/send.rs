@@ -1,25 +1,26 @@
-//! One request to the first backend of its route that takes it, in the
-//! pass-through: the same phases as hyper's path ([`crate::http::forward`]:
-//! choose, connect, send, account), over [`RawConn`]s.
+//! The pass-through's wire format ([`RawWire`]): a request written to its
+//! backend by magpie itself, the answer's head read back; the journey
+//! ([`crate::http::journey`]) runs everything else.
 //!
-//! The head and the body bytes already read go in one write. A pooled
-//! connection that fails that write before any byte went is dropped and
-//! another tried; a new one that does, or a failed connect, moves on to the
-//! next target. Once a byte went, the request goes nowhere else. The rest
-//! of the body is then passed on as the client sends it
-//! (`Exchange::pump`), while the backend is watched: an answer that comes
+//! The head and the body bytes already read go in one write. A connection
+//! that fails that write before any byte went hands the request back (the
+//! journey tries the next pooled connection, or the next target). Once a
+//! byte went, the rest of the body is passed on as the client sends it
+//! (`Flight::pump`), while the backend is watched: an answer that comes
 //! before the body's end is relayed while the rest of the body still flows
 //! ([`super::relay`]). The response head must come within
-//! `http.response_timeout` of the request's latest byte.
+//! `http.response_timeout` of the request's latest byte; `1xx` answers
+//! before it are skipped.
 
 use std::future::poll_fn;
+use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tokio::io::AsyncWrite;
 use tokio::time::{Instant, Sleep};
-use tracing::{debug, warn};
+use tracing::debug;
 
 use super::framing::{BodyEnd, FramingError};
 pub use super::io::READ_CHUNK;
@@ -27,13 +28,10 @@ use super::io::{ClientBuf, ClientIo, poll_read_into, write_all};
 use super::response::{self, ResponseHead};
 use crate::config::Config;
 use crate::http::backend_deadlines::{Progress, passed};
-use crate::http::forward::{Failure, timed_out};
-use crate::http::pool::RawConn;
-use crate::http::pool::{Lease, Limits, Pool, UPSTREAM_BUFFER_BYTES};
-use crate::http::upstream;
-use crate::routing::backend::{Backend, CodeClass};
-use crate::routing::health::passive::{self, Blame};
-use crate::routing::instance::Instance;
+use crate::http::journey::{Exchange, Failure, Wire};
+use crate::http::pool::{Lease, Pool, RawConn, UPSTREAM_BUFFER_BYTES};
+use crate::http::upstream::UpstreamIo;
+use crate::routing::backend::Backend;
 
 /// The most bytes a client may send ahead (its next requests) while it
 /// waits for an answer; past it they wait in the socket.
@@ -60,54 +58,46 @@ pub struct Outbound<'x, S> {
     pub timer: Pin<&'x mut Sleep>,
 }
 
-/// Where a request goes, and what it is counted with.
-pub struct Plan<'a> {
-    pub config: &'a Config,
-    pub pool: &'a Arc<Pool<RawConn>>,
-    pub instance: &'a Instance,
+/// The pass-through's request on its way to a backend, over the pool's
+/// connections.
+pub struct RawWire<'x, 'p, S> {
+    pub out: Outbound<'x, S>,
+    pub pool: &'p Arc<Pool<RawConn>>,
     /// The request is a `HEAD`: its answer has no body.
     pub head_method: bool,
 }
 
-/// A backend's answer, its head read.
-pub struct Answered {
-    pub lease: Lease<RawConn>,
-    pub sent: Instant,
-    pub received: Received,
-}
-
-/// What came back, and how the request went.
+/// An answer's head, and the backend's bytes read so far: the head, then
+/// what came of the body.
 pub struct Received {
     pub head: ResponseHead,
-    /// The backend's bytes: the head, then what came of the body.
     pub rbuf: Vec<u8>,
-    /// How far the request body got (for the access log).
-    pub progress: Arc<Progress>,
 }
 
-/// What sending a request to one backend came to.
-pub enum Attempt {
-    Answered(Box<Answered>),
-    /// Not a byte of it went: it may go to the next target.
-    Unsent,
-    /// It must go nowhere else.
-    Failed(Failure),
-    /// The client went away first.
-    ClientGone,
-}
+impl<S: ClientIo> Wire for RawWire<'_, '_, S> {
+    type Conn = RawConn;
+    type Head = Received;
 
-/// Sends the request to `backend` over a pooled connection, or a new one.
-pub async fn send<S: ClientIo>(
-    backend: &Arc<Backend>,
-    out: &mut Outbound<'_, S>,
-    plan: &Plan<'_>,
-) -> Attempt {
-    loop {
-        let mut lease = match connect(backend, plan).await {
-            Ok(lease) => lease,
-            Err(Blame::Backend) => return Attempt::Unsent,
-            Err(Blame::Local) => return Attempt::Failed(Failure::LocalResources),
-        };
+    fn pool(&self) -> &Arc<Pool<RawConn>> {
+        self.pool
+    }
+
+    async fn start(io: UpstreamIo, backend: &Arc<Backend>) -> io::Result<RawConn> {
+        Ok(RawConn::new(io, backend))
+    }
+
+    /// The pool lends only connections that stayed quiet while idle.
+    async fn ready(_conn: &mut RawConn) -> bool {
+        true
+    }
+
+    async fn exchange(
+        &mut self,
+        backend: &Arc<Backend>,
+        mut lease: Lease<RawConn>,
+        config: &Config,
+    ) -> Exchange<Self> {
+        let out = &mut self.out;
         let sent = Instant::now();
         let progress = Progress::new();
         let body = &out.buf.unconsumed()[..out.walked];
@@ -115,68 +105,30 @@ pub async fn send<S: ClientIo>(
             Ok(()) => {}
             Err(e) if !e.wrote_any => {
                 debug!(backend = %backend.name, fresh = lease.fresh, error = %e.error, "connection closed before the request was sent");
-                if lease.fresh {
-                    return Attempt::Unsent;
-                }
-                continue;
+                return Exchange::NotSent { fresh: lease.fresh };
             }
-            Err(e) => return failed_after_send(backend, e.error.into()),
+            Err(e) => return Exchange::Failed(Failure::after_send(backend, e.error.into())),
         }
         progress.sent(body.len() as u64);
         out.held = None;
         out.buf.consume(out.walked);
         out.walked = 0;
-        let exchange = Exchange {
+        let flight = Flight {
             lease,
             sent,
             progress,
             rbuf: Vec::new(),
         };
-        return exchange.run(backend, out, plan).await;
+        flight.run(backend, out, config, self.head_method).await
     }
-}
 
-/// A connection to `backend`: the most recently pooled one still open,
-/// else a new one (counted like a TCP-path connect).
-async fn connect(backend: &Arc<Backend>, plan: &Plan<'_>) -> Result<Lease<RawConn>, Blame> {
-    let limits = Limits::of(&plan.config.http);
-    if let Some(lease) = plan.pool.checkout(backend.addr, limits) {
-        return Ok(lease);
+    fn status(head: &Received) -> u16 {
+        head.head.status
     }
-    let started = Instant::now();
-    match upstream::open(backend, plan.config.connect.timeout).await {
-        Ok(io) => {
-            let traffic = &backend.live.traffic;
-            traffic.connect_time.observe(started.elapsed());
-            traffic.count_connection();
-            passive::succeeded(&**backend);
-            let conn = RawConn::new(io, backend);
-            Ok(Lease::fresh(conn, backend.addr, limits, plan.pool))
-        }
-        Err(e) => {
-            let health = plan.config.health.as_ref();
-            Err(passive::connect_failed(
-                &**backend,
-                &e,
-                health,
-                &plan.instance.stats,
-            ))
-        }
-    }
-}
-
-/// The backend failed once the request was (at least partly) written.
-fn failed_after_send(backend: &Backend, error: crate::http::response_body::BoxError) -> Attempt {
-    backend.live.traffic.count_request(CodeClass::Error);
-    warn!(backend = %backend.name, %error, "backend failed after the request was sent");
-    Attempt::Failed(Failure::AfterSend {
-        backend: backend.name.clone(),
-        error,
-    })
 }
 
 /// A request whose head went to its backend.
-struct Exchange {
+struct Flight {
     lease: Lease<RawConn>,
     sent: Instant,
     progress: Arc<Progress>,
@@ -198,102 +150,86 @@ enum Event {
     TimedOut,
 }
 
-impl Exchange {
-    async fn run<S: ClientIo>(
+/// The outcome of an event that ends an exchange.
+fn failed<W: Wire>(backend: &Backend, event: Event, config: &Config) -> Exchange<W> {
+    match event {
+        Event::TimedOut => Exchange::Failed(Failure::timed_out(backend, config)),
+        Event::ClientGone => {
+            backend.live.traffic.count_client_abort();
+            Exchange::ClientGone
+        }
+        Event::ClientBody(e) => {
+            debug!(backend = %backend.name, error = %e, "the request body failed while it was sent");
+            Exchange::Failed(Failure::ClientBody { error: e.into() })
+        }
+        Event::BackendFailed(e) => Exchange::Failed(Failure::after_send(backend, e.into())),
+        _ => after_send(backend, "the connection closed before a response head"),
+    }
+}
+
+/// The backend failed once the request was (at least partly) written.
+fn after_send<W: Wire>(backend: &Backend, why: &str) -> Exchange<W> {
+    Exchange::Failed(Failure::after_send(backend, why.into()))
+}
+
+impl Flight {
+    /// Passes the rest of the body on, then waits for the answer's head
+    /// (`1xx` answers skipped).
+    async fn run<S: ClientIo, W: Wire<Conn = RawConn, Head = Received>>(
         mut self,
         backend: &Arc<Backend>,
         out: &mut Outbound<'_, S>,
-        plan: &Plan<'_>,
-    ) -> Attempt {
-        let timeout = plan.config.http.response_timeout;
+        config: &Config,
+        head_method: bool,
+    ) -> Exchange<W> {
+        let timeout = config.http.response_timeout;
         let mut request_done = true;
         if !out.end.is_done() {
             match self.pump(out, timeout).await {
                 Ok(done) => request_done = done,
-                Err(attempt) => return self.failed(backend, attempt, plan),
+                Err(event) => return failed(backend, event, config),
             }
         }
+        let request = response::Request {
+            head_method,
+            expose: config.http.expose_backend.then_some(backend.name.as_str()),
+        };
         loop {
-            let parsed = response::parse(
-                &self.rbuf,
-                &response::Request {
-                    head_method: plan.head_method,
-                    expose: plan
-                        .config
-                        .http
-                        .expose_backend
-                        .then_some(backend.name.as_str()),
-                },
-            );
-            match parsed {
+            match response::parse(&self.rbuf, &request) {
                 response::Parsed::Ready(head) => {
-                    return Attempt::Answered(Box::new(Answered {
-                        lease: self.lease,
-                        sent: self.sent,
-                        received: Received {
+                    return Exchange::Answered {
+                        head: Received {
                             head,
                             rbuf: self.rbuf,
-                            progress: self.progress,
                         },
-                    }));
+                        lease: self.lease,
+                        sent: self.sent,
+                        progress: self.progress,
+                    };
                 }
                 response::Parsed::Interim(len) => {
                     self.rbuf.drain(..len);
                     continue;
                 }
                 response::Parsed::Switched => {
-                    backend.live.traffic.count_request(CodeClass::Error);
-                    warn!(backend = %backend.name, "backend answered 101 Switching Protocols unasked; the client gets 502");
-                    return Attempt::Failed(Failure::Switched {
-                        backend: backend.name.clone(),
-                    });
+                    return Exchange::Failed(Failure::switched(backend));
                 }
                 response::Parsed::Invalid => {
-                    return failed_after_send(backend, "the response head is malformed".into());
+                    return after_send(backend, "the response head is malformed");
                 }
                 response::Parsed::Partial if self.rbuf.len() >= UPSTREAM_BUFFER_BYTES => {
-                    return failed_after_send(backend, "the response head is too large".into());
+                    return after_send(backend, "the response head is too large");
                 }
                 response::Parsed::Partial => {}
             }
             let watch = request_done;
-            let event = poll_fn(|cx| self.poll_head(cx, out, watch, timeout)).await;
-            match event {
+            match poll_fn(|cx| self.poll_head(cx, out, watch, timeout)).await {
                 Event::Backend(0) => {
-                    return failed_after_send(
-                        backend,
-                        "the connection closed before a response head".into(),
-                    );
+                    return after_send(backend, "the connection closed before a response head");
                 }
                 Event::Backend(_) | Event::ClientRead | Event::Wrote(_) => {}
-                other => return self.failed(backend, other, plan),
+                other => return failed(backend, other, config),
             }
-        }
-    }
-
-    /// The outcome of an event that ends the exchange.
-    fn failed(self, backend: &Arc<Backend>, event: Event, plan: &Plan<'_>) -> Attempt {
-        match event {
-            Event::TimedOut => {
-                timed_out(backend, plan.config);
-                Attempt::Failed(Failure::ResponseTimeout {
-                    backend: backend.name.clone(),
-                    after: plan.config.http.response_timeout,
-                })
-            }
-            Event::ClientGone => {
-                backend.live.traffic.count_client_abort();
-                Attempt::ClientGone
-            }
-            Event::ClientBody(e) => {
-                debug!(backend = %backend.name, error = %e, "the request body failed while it was sent");
-                Attempt::Failed(Failure::ClientBody { error: e.into() })
-            }
-            Event::BackendFailed(e) => failed_after_send(backend, e.into()),
-            _ => failed_after_send(
-                backend,
-                "the connection closed before a response head".into(),
-            ),
         }
     }
 

@@ -1,0 +1,499 @@
+//! One request's journey to a backend and back, written once for both wire
+//! formats: `choose (the next target with room) ─▶ connect (pooled, or new)
+//! ─▶ send ─▶ the answer's head ─▶ account (status, latency, passive health,
+//! the key's memory, the pin, the log line) ─▶ respond ─▶ finish (usage,
+//! log, the connection pooled or closed)`.
+//!
+//! Before the journey, the request was keyed and routed ([`super::pinning`]);
+//! after it, the wire format relays the answer and ends it through
+//! [`InFlight::finish`]. Only what differs between the wire formats sits
+//! behind [`Wire`]: how a connection is started, whether a pooled one is
+//! ready, and how a request is written and its answer's head read (the
+//! pass-through's own HTTP/1.1 in [`super::h1::send`], hyper's client in
+//! [`super::hyper_wire`]). So every rule below holds for both:
+//!
+//! * A target at its cap is passed over; each one taken holds a slot (what
+//!   bounded load counts) and counts as awaiting its first byte.
+//! * A failed connect counts against its backend (unless magpie itself ran
+//!   out of file descriptors or memory: `503`) and moves on to the next
+//!   target. A pooled connection found closed before a byte of the request
+//!   went is dropped and the next pooled one (or a new one) tried; a new one
+//!   that fails so moves on to the next target.
+//! * Once any byte of the request was written it is never sent again: LLM
+//!   requests are not idempotent. A failure then is the backend's (`502`),
+//!   unless the client's own body broke (`400`).
+//! * A backend that sends no response head within `http.response_timeout`
+//!   of the request's latest byte gets its connection closed and the client
+//!   `504` (counted against it as a timeout; a failed answer for passive
+//!   health only with `health.passive_status`, like a 504 of its own).
+//! * A `101 Switching Protocols` nobody asked for (magpie passes no
+//!   `Upgrade` on) is a failed answer: `502`.
+//! * When no target takes the request, the client gets `502` with a
+//!   one-line reason.
+
+use std::future::Future;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::StatusCode;
+use tokio::time::Instant;
+use tracing::warn;
+
+use super::backend_deadlines::Progress;
+use super::logged::{Answer, Logged};
+use super::pinning::{Opening, Pinned};
+use super::pool::{Lease, Limits, Pool, Pooled};
+use super::response_body::{BoxError, FirstByte, InFlight, Tally};
+use super::upstream::{self, UpstreamIo};
+use crate::config::Config;
+use crate::routing::backend::{ActiveGuard, Awaiting, Backend, CodeClass, Spill, TimeoutKind};
+use crate::routing::health::passive::{self, Blame};
+use crate::routing::instance::Instance;
+use crate::routing::recent::Decision;
+use crate::routing::route::{How, Keys, Route};
+use crate::telemetry::stats::ClientFailure;
+
+/// A wire format: what differs in sending a request to a backend and
+/// reading its answer's head.
+pub trait Wire {
+    /// An upstream connection, as the pool keeps it.
+    type Conn: Pooled;
+    /// An answer's head, as this wire format reads it.
+    type Head;
+
+    /// The pool of this wire format's connections.
+    fn pool(&self) -> &Arc<Pool<Self::Conn>>;
+
+    /// Starts this wire format on a new connection to `backend`.
+    fn start(
+        io: UpstreamIo,
+        backend: &Arc<Backend>,
+    ) -> impl Future<Output = io::Result<Self::Conn>> + Send;
+
+    /// Whether a connection taken from the pool can carry a request now.
+    fn ready(conn: &mut Self::Conn) -> impl Future<Output = bool> + Send;
+
+    /// Writes the request on `lease` and reads its answer's head, within
+    /// `http.response_timeout` of the request's latest byte.
+    fn exchange(
+        &mut self,
+        backend: &Arc<Backend>,
+        lease: Lease<Self::Conn>,
+        config: &Config,
+    ) -> impl Future<Output = Exchange<Self>>;
+
+    /// The answer's status code.
+    fn status(head: &Self::Head) -> u16;
+}
+
+/// What sending a request over one connection came to.
+pub enum Exchange<W: Wire + ?Sized> {
+    /// An answer's head, the connection it came over, when the request was
+    /// sent, and how far its body got.
+    Answered {
+        head: W::Head,
+        lease: Lease<W::Conn>,
+        sent: Instant,
+        progress: Arc<Progress>,
+    },
+    /// Not a byte of it went out; `fresh` when the connection was new (a
+    /// pooled one is followed by the next pooled one, a new one by the next
+    /// target).
+    NotSent { fresh: bool },
+    /// It must go nowhere else.
+    Failed(Failure),
+    /// The client went away first.
+    ClientGone,
+}
+
+/// What a journey came to.
+pub enum Forwarded<W: Wire> {
+    Answered(Box<Answered<W>>),
+    /// Counted, and noted in the log line; the client gets
+    /// [`Failure::answer`].
+    Failed(Failure),
+    ClientGone,
+}
+
+/// A backend's answer, its head read and accounted: the wire format relays
+/// it and ends the request through `in_flight`, which carries the log line.
+pub struct Answered<W: Wire> {
+    pub head: W::Head,
+    pub in_flight: InFlight<W::Conn>,
+    pub progress: Arc<Progress>,
+    /// Why this backend took the request (for the log line, done already).
+    pub how: How,
+}
+
+/// A request on its way: its route and pin, its keys, the config it was
+/// routed with and its log line.
+pub struct Journey<'a> {
+    pub pinned: Pinned,
+    pub keys: Keys,
+    pub config: &'a Config,
+    pub instance: &'a Arc<Instance>,
+    /// The request's access-log line, if it is sampled: it moves into the
+    /// answer's [`InFlight`], or stays for magpie's own answer.
+    pub log: &'a mut Option<Logged>,
+}
+
+impl Journey<'_> {
+    /// Sends the request to the first target of the route that takes it.
+    pub async fn forward<W: Wire>(&mut self, wire: &mut W) -> Forwarded<W> {
+        let mut opening = self.pinned.opening.take();
+        let mut tried = Vec::new();
+        let mut how = self.pinned.route.how;
+        let targets = self.pinned.route.targets.clone();
+        for backend in &targets {
+            let Some((slot, awaiting)) = claim(&self.pinned.route, backend, &mut opening) else {
+                how = how.passed_over(Spill::AtCap);
+                continue;
+            };
+            tried.push(backend.name.clone());
+            match self.send(backend, wire).await {
+                Exchange::Answered {
+                    head,
+                    lease,
+                    sent,
+                    progress,
+                } => {
+                    let taken = Taken {
+                        backend,
+                        slot,
+                        awaiting,
+                        lease,
+                        sent,
+                    };
+                    return Forwarded::Answered(Box::new(
+                        self.answered::<W>(taken, head, progress, how),
+                    ));
+                }
+                Exchange::NotSent { .. } => how = how.passed_over(Spill::Down),
+                Exchange::Failed(failure) => return Forwarded::Failed(self.failed(failure)),
+                Exchange::ClientGone => return Forwarded::ClientGone,
+            }
+        }
+        Forwarded::Failed(self.failed(Failure::NoBackend { tried }))
+    }
+
+    /// Sends the request to `backend` over a pooled connection, or a new
+    /// one: a pooled connection found closed before a byte went is followed
+    /// by the next.
+    async fn send<W: Wire>(&self, backend: &Arc<Backend>, wire: &mut W) -> Exchange<W> {
+        loop {
+            let lease = match connect::<W>(backend, wire.pool(), self.config, self.instance).await {
+                Ok(lease) => lease,
+                Err(Blame::Backend) => return Exchange::NotSent { fresh: true },
+                Err(Blame::Local) => return Exchange::Failed(Failure::LocalResources),
+            };
+            match wire.exchange(backend, lease, self.config).await {
+                Exchange::NotSent { fresh: false } => {}
+                other => return other,
+            }
+        }
+    }
+
+    /// An answer's head came: counted (status, latency, passive health),
+    /// noted (the log line, the key's memory, the pin), and its request
+    /// made an [`InFlight`] for the wire format to finish.
+    fn answered<W: Wire>(
+        &mut self,
+        taken: Taken<'_, W::Conn>,
+        head: W::Head,
+        progress: Arc<Progress>,
+        how: How,
+    ) -> Answered<W> {
+        let Taken {
+            backend,
+            slot,
+            awaiting,
+            lease,
+            sent,
+        } = taken;
+        let status = W::status(&head);
+        account(backend, status, sent, self.config);
+        let mut log = self.log.take();
+        if let Some(log) = &mut log {
+            log.answered(Answer {
+                backend,
+                how: how.as_str(),
+                status,
+                progress: &progress,
+            });
+        }
+        let decision = Decision {
+            how,
+            pin_lost: self.pinned.pin_lost(),
+            group: self.keys.group,
+        };
+        let session = self.keys.session;
+        let moved = self.instance.recent.routed(session, backend, decision);
+        self.pinned.served(backend);
+        let in_flight = InFlight {
+            backend: Arc::clone(backend),
+            slot,
+            sent,
+            lease,
+            tally: Tally {
+                instance: Arc::clone(self.instance),
+                key: session,
+                moved,
+            },
+            stream_idle: self.config.http.stream_idle_timeout,
+            log,
+            awaiting: Some(awaiting),
+        };
+        Answered {
+            head,
+            in_flight,
+            progress,
+            how,
+        }
+    }
+
+    /// No backend answered: counted, and the backend it failed at noted in
+    /// the log line.
+    fn failed(&mut self, failure: Failure) -> Failure {
+        if let (Some(log), Some(name)) = (self.log.as_mut(), failure.backend()) {
+            log.tried(name, &self.pinned.route.targets);
+        }
+        (self.instance.stats).count_client_failure(failure.client_failure());
+        failure
+    }
+}
+
+/// A target taken for a request, and the connection it was sent on.
+struct Taken<'b, C: Pooled> {
+    backend: &'b Arc<Backend>,
+    slot: ActiveGuard,
+    awaiting: FirstByte,
+    lease: Lease<C>,
+    sent: Instant,
+}
+
+/// `backend`'s in-flight slot if it has room for the request, and the
+/// request's place among those awaiting a first byte there (a
+/// conversation's opening at the first backend that takes it, a new
+/// group's at its home only); `None` when it is at its cap.
+fn claim(
+    route: &Route,
+    backend: &Arc<Backend>,
+    opening: &mut Option<Opening>,
+) -> Option<(ActiveGuard, FirstByte)> {
+    let slot = route.reserve(backend)?;
+    let (kind, mark) = match opening.take() {
+        Some(opening) => opening.claimed_at(&backend.name),
+        None => (Awaiting::Turn, None),
+    };
+    let awaiting = FirstByte {
+        count: backend.live.await_first_byte(kind),
+        mark,
+    };
+    Some((slot, awaiting))
+}
+
+/// A connection to `backend`: the most recently pooled one that is ready,
+/// else a new one (counted like a TCP-path connect; a failure counts
+/// against the backend unless magpie itself is out of resources).
+async fn connect<W: Wire>(
+    backend: &Arc<Backend>,
+    pool: &Arc<Pool<W::Conn>>,
+    config: &Config,
+    instance: &Instance,
+) -> Result<Lease<W::Conn>, Blame> {
+    let limits = Limits::of(&config.http);
+    while let Some(mut lease) = pool.checkout(backend.addr, limits) {
+        if W::ready(&mut lease.conn).await {
+            return Ok(lease);
+        }
+    }
+    let started = Instant::now();
+    let opened = match upstream::open(backend, config.connect.timeout).await {
+        Ok(io) => W::start(io, backend).await,
+        Err(e) => Err(e),
+    };
+    match opened {
+        Ok(conn) => {
+            let traffic = &backend.live.traffic;
+            traffic.connect_time.observe(started.elapsed());
+            traffic.count_connection();
+            passive::succeeded(&**backend);
+            Ok(Lease::fresh(conn, backend.addr, limits, pool))
+        }
+        Err(e) => {
+            let health = config.health.as_ref();
+            Err(passive::connect_failed(
+                &**backend,
+                &e,
+                health,
+                &instance.stats,
+            ))
+        }
+    }
+}
+
+/// Counts an answer: its time to first byte and status class, and with
+/// `health.passive_status` a 502/503/504 towards passive health (any other
+/// answer ends the backend's failure streak).
+fn account(backend: &Backend, status: u16, sent: Instant, config: &Config) {
+    let traffic = &backend.live.traffic;
+    traffic.time_to_first_byte.observe(sent.elapsed());
+    traffic.count_request(CodeClass::of(status));
+    match &config.health {
+        Some(health) if health.passive_status && matches!(status, 502..=504) => {
+            passive::answer_failed(backend, status, health);
+        }
+        _ => passive::succeeded(backend),
+    }
+}
+
+/// Why a request reached no backend.
+#[derive(Debug)]
+pub enum Failure {
+    /// Every target was down, full or refused the connection.
+    NoBackend { tried: Vec<String> },
+    /// magpie itself ran out of file descriptors or memory connecting.
+    LocalResources,
+    /// The backend failed after the request was (at least partly) written.
+    AfterSend { backend: String, error: BoxError },
+    /// The backend sent no response head within `http.response_timeout`.
+    ResponseTimeout { backend: String, after: Duration },
+    /// The client's body failed (a malformed chunk, a cut) while it was
+    /// sent on: the client's fault, not the backend's.
+    ClientBody { error: BoxError },
+    /// The backend answered `101 Switching Protocols`, which magpie never
+    /// asks for (it passes no `Upgrade` on).
+    Switched { backend: String },
+}
+
+impl Failure {
+    /// The backend failed after the request was (at least partly) written:
+    /// a failed request, counted against it.
+    pub fn after_send(backend: &Backend, error: BoxError) -> Failure {
+        backend.live.traffic.count_request(CodeClass::Error);
+        warn!(backend = %backend.name, %error, "backend failed after the request was sent");
+        Failure::AfterSend {
+            backend: backend.name.clone(),
+            error,
+        }
+    }
+
+    /// The backend answered `101` unasked: a failed request, counted
+    /// against it.
+    pub fn switched(backend: &Backend) -> Failure {
+        backend.live.traffic.count_request(CodeClass::Error);
+        warn!(backend = %backend.name, "backend answered 101 Switching Protocols unasked; the client gets 502");
+        Failure::Switched {
+            backend: backend.name.clone(),
+        }
+    }
+
+    /// The backend sent no response head in time: a timeout and a failed
+    /// request for it, and with `health.passive_status` a failed answer
+    /// towards passive health, as a `504` from the backend itself would be.
+    pub fn timed_out(backend: &Backend, config: &Config) -> Failure {
+        let traffic = &backend.live.traffic;
+        traffic.count_timeout(TimeoutKind::Response);
+        traffic.count_request(CodeClass::Error);
+        let after = config.http.response_timeout;
+        warn!(backend = %backend.name, timeout = ?after, "backend sent no response head within http.response_timeout; the client gets 504");
+        if let Some(health) = config.health.as_ref().filter(|h| h.passive_status) {
+            passive::answer_failed(backend, 504, health);
+        }
+        Failure::ResponseTimeout {
+            backend: backend.name.clone(),
+            after,
+        }
+    }
+
+    /// How it is counted in `magpie_client_failures_total`.
+    pub fn client_failure(&self) -> ClientFailure {
+        match self {
+            Failure::LocalResources => ClientFailure::LocalResources,
+            Failure::ClientBody { .. } => ClientFailure::BadRequest,
+            Failure::NoBackend { .. } => ClientFailure::NoBackend,
+            Failure::AfterSend { .. } | Failure::Switched { .. } => ClientFailure::BackendFailed,
+            Failure::ResponseTimeout { .. } => ClientFailure::ResponseTimeout,
+        }
+    }
+
+    /// The backend the request failed at, if it reached one.
+    pub fn backend(&self) -> Option<&str> {
+        match self {
+            Failure::AfterSend { backend, .. }
+            | Failure::ResponseTimeout { backend, .. }
+            | Failure::Switched { backend } => Some(backend),
+            _ => None,
+        }
+    }
+
+    /// What the client is told: `400` when the client's body failed (and the
+    /// connection closes), `503` when magpie is out of resources, `504` when
+    /// the backend did not answer in time, else `502`.
+    pub fn answer(&self) -> LocalAnswer {
+        let (status, text) = match self {
+            Failure::NoBackend { tried } if tried.is_empty() => (
+                StatusCode::BAD_GATEWAY,
+                "magpie: no backend is available for this request\n".to_string(),
+            ),
+            Failure::NoBackend { tried } => (
+                StatusCode::BAD_GATEWAY,
+                format!(
+                    "magpie: no backend took the request (tried {})\n",
+                    tried.join(", ")
+                ),
+            ),
+            Failure::LocalResources => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "magpie: out of local resources (file descriptors or memory); try again\n"
+                    .to_string(),
+            ),
+            Failure::AfterSend { backend, error } => (
+                StatusCode::BAD_GATEWAY,
+                format!("magpie: backend {backend} failed after the request was sent: {error}\n"),
+            ),
+            Failure::ClientBody { .. } => (StatusCode::BAD_REQUEST, BODY_UNREADABLE.to_string()),
+            Failure::Switched { backend } => (
+                StatusCode::BAD_GATEWAY,
+                format!("magpie: backend {backend} switched protocols (101) unasked\n"),
+            ),
+            Failure::ResponseTimeout { backend, after } => (
+                StatusCode::GATEWAY_TIMEOUT,
+                format!(
+                    "magpie: backend {backend} sent no response head within {} of the request\n",
+                    humantime::format_duration(*after)
+                ),
+            ),
+        };
+        LocalAnswer {
+            status,
+            text,
+            close: matches!(self, Failure::ClientBody { .. }),
+        }
+    }
+}
+
+/// The answer to a request whose body could not be read (for its key, or
+/// while it was sent on).
+pub const BODY_UNREADABLE: &str = "magpie: the request body could not be read\n";
+
+/// A short answer of magpie's own: its status, its one line of text, and
+/// whether the connection closes after it.
+pub struct LocalAnswer {
+    pub status: StatusCode,
+    pub text: String,
+    pub close: bool,
+}
+
+impl LocalAnswer {
+    /// `400`: the request body could not be read for its key; the
+    /// connection closes.
+    pub fn body_unreadable() -> LocalAnswer {
+        LocalAnswer {
+            status: StatusCode::BAD_REQUEST,
+            text: BODY_UNREADABLE.to_string(),
+            close: true,
+        }
+    }
+}
