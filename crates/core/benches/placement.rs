@@ -2,7 +2,7 @@
 //! and bounded-load lookups, and the candidate walks the proxy takes. Keys and their hashes are made before timing
 //! starts; every lookup goes through `black_box` so nothing is folded away.
 //!
-//! Run with `cargo bench --bench placement`; README records the medians.
+//! Run with `cargo bench --bench placement`; docs/performance.md records the medians.
 
 use std::hint::black_box;
 use std::time::Duration;

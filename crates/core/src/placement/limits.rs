@@ -1,6 +1,6 @@
 //! The limits on what placement builds, in one place: config validation checks
 //! a file against these same constants, so a config that passes `magpie check`
-//! always builds, and the numbers in messages, README and code agree.
+//! always builds, and the numbers in messages, the docs and code agree.
 //!
 //! Each bounds the time and memory of one table build. A build happens at
 //! start and on every reload, and a limit hit there should be an error with a

@@ -8,7 +8,7 @@
 //! questions: weights, hot keys, salting, replicas across zones.
 //!
 //! The conventions are fixed so results compare with other implementations of
-//! the same experiment (README lists them): key hash = `h64(key text)`;
+//! the same experiment (docs/labs.md lists them): key hash = `h64(key text)`;
 //! mod N and jump number the nodes `0 … N−1` numerically; rendezvous takes the
 //! largest `h64("{n}|{key}")`, ties to the earlier node. Where the library
 //! scheme is the convention (ring points, Maglev, jump, mod N, bounded caps),

@@ -1,10 +1,10 @@
-//! Every default and every bound a config value has, named once so README,
+//! Every default and every bound a config value has, named once so the reference (docs/configuration.md),
 //! the example configs, validation and the code agree.
 
 use std::ops::RangeInclusive;
 use std::time::Duration;
 
-// Defaults, named once so README, the example config and the code agree.
+// Defaults, named once so the reference, the example config and the code agree.
 pub const DEFAULT_POINTS_PER_WEIGHT: u32 = 160;
 /// With `bounded_load`, a key spills only when its candidate is this many
 /// above its mean share as well as at its cap.

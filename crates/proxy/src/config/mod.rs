@@ -6,7 +6,7 @@
 //! an invalid `Config` cannot be built, and `resolve.rs` looks up host names in
 //! `backends[].addr`, once per load; nothing on the data path resolves names.
 //! This file holds what the rest of magpie uses: the validated types, the
-//! errors, and every default and limit as a named constant, so README, the
+//! errors, and every default and limit as a named constant, so the reference (docs/configuration.md), the
 //! example configs and the code agree. Every problem is reported with the
 //! file, line and column it comes from, and validation collects all problems
 //! instead of stopping at the first.
@@ -106,7 +106,7 @@ impl Mode {
 ///
 /// `buffered` is the default: on loopback, splice cuts the proxy's CPU per
 /// Gbit/s to 0.62× with 8 streams but moves a single stream 0.84× as fast
-/// (README, Performance), so it is a choice for hosts where the proxy's CPU
+/// (docs/performance.md), so it is a choice for hosts where the proxy's CPU
 /// is the limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]

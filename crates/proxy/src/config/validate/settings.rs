@@ -5,7 +5,7 @@
 //! calls these for the sections that tune how a connection is connected and
 //! watched. Each
 //! fills in its defaults and checks its bounds with the parent's helpers, so a
-//! `Config` never holds a value outside what README documents.
+//! `Config` never holds a value outside what docs/configuration.md documents.
 
 use std::net::IpAddr;
 

@@ -4,7 +4,7 @@
 //! [`families`] is what the exporter walks: the families read once per
 //! backend ([`super::backend_families`], whose `backend` and `addr` labels
 //! are filled in for each) and those read once per scrape, declared here.
-//! The README's metrics reference lists the same families, and tests check
+//! docs/metrics.md lists the same families, and tests check
 //! that each one is rendered and documented.
 
 use prometheus::proto::MetricType;
@@ -23,7 +23,7 @@ use magpie_core::key::group::GroupMiss;
 
 use MetricType::{COUNTER, GAUGE, HISTOGRAM};
 
-/// Every exported family, backends' first. README lists the same.
+/// Every exported family, backends' first. docs/metrics.md lists the same.
 pub fn families() -> impl Iterator<Item = &'static Family> {
     super::backend_families::BACKEND.iter().chain(GLOBAL)
 }
