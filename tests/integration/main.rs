@@ -25,6 +25,7 @@ mod http_mode;
 mod http_timeouts;
 mod key_buffers;
 mod pass_through;
+mod pool_safety;
 mod probe;
 mod proxy_protocol;
 mod reload;

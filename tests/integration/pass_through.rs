@@ -154,6 +154,9 @@ async fn an_answer_before_the_body_ended_is_passed_on_and_the_connection_closes(
             .requests(magpie_proxy::routing::backend::CodeClass::Error),
         0
     );
+    // Its connection is not kept: counted as an early answer.
+    let early = magpie_proxy::routing::backend::Discard::EarlyAnswer;
+    assert_eq!(a.live.traffic.discards(early), 1);
     magpie.stop().await;
 }
 

@@ -225,3 +225,119 @@ async fn serve_scripted(mut stream: TcpStream, conn: u64, tx: mpsc::UnboundedSen
         }
     }
 }
+
+/// The answer a rogue backend slips in for another request: a whole
+/// response, so that whoever reads it takes it for theirs.
+pub const INJECTED: &str = "HTTP/1.1 200 OK\r\ncontent-length: 8\r\n\r\ninjected";
+
+/// A raw HTTP/1.1 backend that misbehaves on purpose, by path, to try to
+/// answer another client's request:
+///
+/// * `/extra`: answers `first`, then writes [`INJECTED`] as well;
+/// * `HEAD /head-body`, `/no-content` (`204`), `/not-modified` (`304`): a
+///   head that allows no body, then [`INJECTED`] as if it were one;
+/// * `/early`: `413` at once, without reading the request's body, and the
+///   body (itself a request for `/smuggled`) is then read as a request,
+///   answered with [`INJECTED`];
+/// * anything else: `mine`, the honest answer.
+///
+/// The injected bytes follow the honest answer after `delay`; each write of
+/// them is reported on `injected`.
+pub struct Rogue {
+    pub addr: SocketAddr,
+    pub injected: mpsc::UnboundedReceiver<()>,
+    /// Connections accepted so far.
+    pub accepted: Arc<AtomicU64>,
+}
+
+impl Rogue {
+    pub async fn start(delay: std::time::Duration) -> Rogue {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("an address");
+        let (tx, injected) = mpsc::unbounded_channel();
+        let accepted = Arc::new(AtomicU64::new(0));
+        let count = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::Relaxed);
+                tokio::spawn(serve_rogue(stream, delay, tx.clone()));
+            }
+        });
+        Rogue {
+            addr,
+            injected,
+            accepted,
+        }
+    }
+
+    pub fn pairs(&self) -> Vec<(String, SocketAddr)> {
+        vec![("rogue".to_string(), self.addr)]
+    }
+
+    /// Waits until the injected bytes went out.
+    pub async fn wait_injected(&mut self) {
+        within("the rogue backend to inject", self.injected.recv())
+            .await
+            .expect("the rogue backend runs");
+    }
+}
+
+/// Serves one connection of a [`Rogue`].
+async fn serve_rogue(
+    mut stream: TcpStream,
+    delay: std::time::Duration,
+    injected: mpsc::UnboundedSender<()>,
+) {
+    let mut buf = Vec::new();
+    loop {
+        let Some(head_end) = read_until(&mut stream, &mut buf, |b| {
+            find(b, b"\r\n\r\n").map(|at| at + 4)
+        })
+        .await
+        else {
+            return;
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+        let path = head.split_whitespace().nth(1).unwrap_or("").to_string();
+        buf.drain(..head_end);
+        let honest = match path.as_str() {
+            "/extra" => "HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nfirst",
+            "/head-body" => "HTTP/1.1 200 OK\r\ncontent-length: 8\r\n\r\n",
+            "/no-content" => "HTTP/1.1 204 No Content\r\n\r\n",
+            "/not-modified" => "HTTP/1.1 304 Not Modified\r\n\r\n",
+            "/early" => "HTTP/1.1 413 Content Too Large\r\ncontent-length: 9\r\n\r\ntoo large",
+            "/smuggled" => INJECTED,
+            _ => "HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nmine",
+        };
+        if path != "/early" {
+            // Read the body (if any) before answering, as an honest server does.
+            let length = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .and_then(|n| n.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            if read_until(&mut stream, &mut buf, |b| {
+                (b.len() >= length).then_some(length)
+            })
+            .await
+            .is_none()
+            {
+                return;
+            }
+            buf.drain(..length);
+        }
+        if stream.write_all(honest.as_bytes()).await.is_err() {
+            return;
+        }
+        if path == "/smuggled" {
+            let _ = injected.send(());
+        }
+        if ["/extra", "/head-body", "/no-content", "/not-modified"].contains(&path.as_str()) {
+            tokio::time::sleep(delay).await;
+            if stream.write_all(INJECTED.as_bytes()).await.is_err() {
+                return;
+            }
+            let _ = injected.send(());
+        }
+    }
+}

@@ -263,10 +263,40 @@ impl Default for HealthConfig {
     }
 }
 
+/// Which idle upstream connection a request may take (`http.reuse`): a
+/// backend's connection is shared by every client, and a backend that
+/// misbehaves (bytes after its answer, an answer that races the next
+/// request) could answer whoever takes it next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reuse {
+    /// A client connection's first request takes a connection another
+    /// client used only when its method is idempotent; later requests take
+    /// their own connection first, then any.
+    #[default]
+    Safe,
+    /// Any request takes any idle connection, its own first.
+    Always,
+    /// A request takes only a connection its own client connection used.
+    Never,
+}
+
+impl Reuse {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reuse::Safe => "safe",
+            Reuse::Always => "always",
+            Reuse::Never => "never",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpConfig {
     /// Add `x-magpie-backend: NAME` to responses.
     pub expose_backend: bool,
+    /// Which idle upstream connection a request may take.
+    pub reuse: Reuse,
     /// From a request's last byte sent to its response head; past it, `504`.
     pub response_timeout: Duration,
     /// The longest gap between the bytes of a response body; past it the
@@ -289,6 +319,7 @@ impl Default for HttpConfig {
     fn default() -> Self {
         HttpConfig {
             expose_backend: false,
+            reuse: Reuse::Safe,
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
             stream_idle_timeout: DEFAULT_STREAM_IDLE_TIMEOUT,
             keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT,

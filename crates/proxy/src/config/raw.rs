@@ -15,7 +15,7 @@ use serde_saphyr::Spanned;
 
 use super::access_log::RawAccessLog;
 use super::raw_listen::Listen;
-use super::{Algorithm, AllDown, ConfigError, CopyMode, LoadPreset, Mode, PerBackend};
+use super::{Algorithm, AllDown, ConfigError, CopyMode, LoadPreset, Mode, PerBackend, Reuse};
 use magpie_core::key::Fallback;
 
 #[derive(Debug, Deserialize)]
@@ -308,6 +308,8 @@ pub(super) struct RawHttp {
     pub(super) pool_idle_timeout: Option<Spanned<HumanDuration>>,
     #[serde(default)]
     pub(super) pool_max_idle_per_backend: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub(super) reuse: Option<Reuse>,
 }
 
 #[derive(Debug, Deserialize)]

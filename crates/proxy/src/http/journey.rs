@@ -45,6 +45,7 @@ use super::logged::{Answer, Logged};
 use super::pinning::{Opening, Pinned};
 use super::pool::{Lease, Limits, Pool, Pooled};
 use super::response_body::{BoxError, FirstByte, InFlight, Tally};
+use super::reuse::Claim;
 use super::upstream::{self, UpstreamIo};
 use crate::config::Config;
 use crate::routing::backend::{ActiveGuard, Awaiting, Backend, CodeClass, Spill, TimeoutKind};
@@ -131,6 +132,8 @@ pub struct Answered<W: Wire> {
 pub struct Journey<'a> {
     pub pinned: Pinned,
     pub keys: Keys,
+    /// Which idle connections it may take (`http.reuse`).
+    pub claim: Claim,
     pub config: &'a Config,
     pub instance: &'a Arc<Instance>,
     /// The request's access-log line, if it is sampled: it moves into the
@@ -182,7 +185,12 @@ impl Journey<'_> {
     /// by the next.
     async fn send<W: Wire>(&self, backend: &Arc<Backend>, wire: &mut W) -> Exchange<W> {
         loop {
-            let lease = match connect::<W>(backend, wire.pool(), self.config, self.instance).await {
+            let to = Upstream {
+                backend,
+                pool: wire.pool(),
+                claim: self.claim,
+            };
+            let lease = match connect::<W>(to, self.config, self.instance).await {
                 Ok(lease) => lease,
                 Err(Blame::Backend) => return Exchange::NotSent { fresh: true },
                 Err(Blame::Local) => return Exchange::Failed(Failure::LocalResources),
@@ -293,17 +301,28 @@ fn claim(
     Some((slot, awaiting))
 }
 
-/// A connection to `backend`: the most recently pooled one that is ready,
+/// Where a request's connection comes from.
+struct Upstream<'u, C> {
+    backend: &'u Arc<Backend>,
+    pool: &'u Arc<Pool<C>>,
+    claim: Claim,
+}
+
+/// A connection to `backend`: a pooled one the claim allows that is ready,
 /// else a new one (counted like a TCP-path connect; a failure counts
 /// against the backend unless magpie itself is out of resources).
 async fn connect<W: Wire>(
-    backend: &Arc<Backend>,
-    pool: &Arc<Pool<W::Conn>>,
+    to: Upstream<'_, W::Conn>,
     config: &Config,
     instance: &Instance,
 ) -> Result<Lease<W::Conn>, Blame> {
+    let Upstream {
+        backend,
+        pool,
+        claim,
+    } = to;
     let limits = Limits::of(&config.http);
-    while let Some(mut lease) = pool.checkout(backend.addr, limits) {
+    while let Some(mut lease) = pool.checkout(backend.addr, limits, claim) {
         if W::ready(&mut lease.conn).await {
             return Ok(lease);
         }
@@ -319,7 +338,7 @@ async fn connect<W: Wire>(
             traffic.connect_time.observe(started.elapsed());
             traffic.count_connection();
             passive::succeeded(&**backend);
-            Ok(Lease::fresh(conn, backend.addr, limits, pool))
+            Ok(Lease::fresh(conn, backend.addr, limits, pool, claim.client))
         }
         Err(e) => {
             let health = config.health.as_ref();

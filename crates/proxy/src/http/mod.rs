@@ -31,6 +31,7 @@
 //! | [`response_body`] | a response body: counted, timed, its connection given back at the end |
 //! | [`logged`] | a request's access-log line: begun on arrival, completed as it is routed and answered, written at its end |
 //! | [`reply`] | what the client gets: a backend's response body, or magpie's own short answer |
+//! | [`reuse`] | which idle upstream connection a request may take (`http.reuse`), and what keeps one out of the pool |
 //! | [`resets`] | HTTP/2 streams reset by the client after dispatch, and the budget past which a connection gets GOAWAY |
 //! | [`socket`] | the client's socket under everything: the bytes the intake read, then the socket |
 //! | [`tls`] | TLS termination: the handshake under the first byte's deadline, the certificate chosen by SNI from the snapshot |
@@ -52,6 +53,7 @@ pub mod request_body;
 pub mod request_key;
 pub mod resets;
 pub mod response_body;
+pub mod reuse;
 pub mod socket;
 pub mod tls;
 pub mod upstream;
@@ -85,6 +87,7 @@ use self::pool::RawConn;
 use self::reply::Reply;
 use self::request_key::KeyPlan;
 use self::resets::{Dispatched, Resets};
+use self::reuse::{ClientConn, idempotent};
 use self::socket::ClientSocket;
 use crate::config::{DEFAULT_HTTP_READ_TIMEOUT, KeyConfig};
 use crate::intake::listener::Accepted;
@@ -121,6 +124,17 @@ struct Connection {
     deadlines: Deadlines,
     /// The socket, for closing after hyper is done with the stream.
     socket: Arc<TcpStream>,
+    /// Tells its requests from other clients' for the upstream pool.
+    conn: Arc<ClientConn>,
+}
+
+/// What hyper's service for one client connection holds.
+struct Served {
+    instance: Arc<Instance>,
+    clock: Arc<Clock>,
+    resets: Arc<Resets>,
+    arrival: Arrival,
+    conn: Arc<ClientConn>,
 }
 
 /// Which HTTP versions a connection may speak.
@@ -177,6 +191,7 @@ impl HttpPath {
             },
             clock,
             deadlines,
+            conn: ClientConn::new(),
         };
         let acceptor = self.tls.get(listener).and_then(Option::as_ref).cloned();
         let Some(acceptor) = acceptor else {
@@ -225,6 +240,7 @@ impl HttpPath {
             accepted: c.clock.started(),
             shutdown: &c.shutdown,
             stop: &c.stop,
+            conn: &c.conn,
         };
         match h1::serve(stream, &client).await {
             Ended::Handover(stream, read) => {
@@ -250,12 +266,13 @@ impl HttpPath {
         let resets = Resets::new(config.limits.h2_resets_per_second);
         let builder = builder(config.limits.max_head_bytes, versions);
         drop(config);
-        let service = self.service(
-            Arc::clone(&c.instance),
-            Arc::clone(&c.clock),
-            Arc::clone(&resets),
-            c.arrival,
-        );
+        let service = self.service(Served {
+            instance: Arc::clone(&c.instance),
+            clock: Arc::clone(&c.clock),
+            resets: Arc::clone(&resets),
+            arrival: c.arrival,
+            conn: Arc::clone(&c.conn),
+        });
         let connection = builder.serve_connection(TokioIo::new(io), service);
         tokio::pin!(connection);
         let ended = tokio::select! {
@@ -304,10 +321,7 @@ impl HttpPath {
     /// The per-request service of one client connection.
     fn service(
         self,
-        instance: Arc<Instance>,
-        clock: Arc<Clock>,
-        resets: Arc<Resets>,
-        arrival: Arrival,
+        served: Served,
     ) -> impl hyper::service::Service<
         Request<Incoming>,
         Response = Response<Reply>,
@@ -315,10 +329,18 @@ impl HttpPath {
         Future = RequestFuture,
     > + Clone
     + use<> {
+        let Served {
+            instance,
+            clock,
+            resets,
+            arrival,
+            conn,
+        } = served;
         service_fn(move |request: Request<Incoming>| {
             let path = self.clone();
             let clock = Arc::clone(&clock);
             let instance = Arc::clone(&instance);
+            let conn = Arc::clone(&conn);
             let dispatched = Dispatched::new(&resets, &clock, &instance);
             // Boxed: hyper keeps a slot the size of this future for every
             // connection, idle or not, so an unboxed one (kilobytes: the
@@ -328,7 +350,7 @@ impl HttpPath {
                 let busy = clock.serving();
                 let mut log = Logged::start(&request, arrival, &instance);
                 let response = path
-                    .request(request, &instance, arrival.client, &mut log)
+                    .request(request, &instance, (arrival.client, &conn), &mut log)
                     .await;
                 if let Some(log) = log {
                     // Not handed to a response body: magpie answered itself.
@@ -346,7 +368,7 @@ impl HttpPath {
         &self,
         request: Request<Incoming>,
         instance: &Arc<Instance>,
-        client: Client,
+        (client, conn): (Client, &ClientConn),
         log: &mut Option<Logged>,
     ) -> Response<Reply> {
         if let Some(refused) = normalize::refuse(&request, &instance.stats, client) {
@@ -354,6 +376,7 @@ impl HttpPath {
         }
         let snapshot = instance.snapshot.load_full();
         let config = Arc::clone(&snapshot.config);
+        let claim = conn.claim(config.http.reuse, idempotent(request.method().as_str()));
         let plan = KeyPlan {
             key: &config.key,
             group: config.group.as_ref(),
@@ -376,6 +399,7 @@ impl HttpPath {
         let mut journey = Journey {
             pinned,
             keys,
+            claim,
             config: &config,
             instance,
             log,

@@ -38,14 +38,15 @@ use hyper_util::rt::TokioIo;
 use tokio::sync::{Notify, watch};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::backend_deadlines::Outgoing;
+use super::reuse::Claim;
 use super::upstream::UpstreamIo;
 use crate::config::HttpConfig;
-use crate::routing::backend::Backend;
-use crate::routing::backend::UpstreamGuard;
+use crate::routing::backend::{Backend, Discard, Live, UpstreamGuard};
 use crate::routing::instance::Instance;
+use crate::telemetry::throttle::Throttle;
 
 /// The most one upstream connection's reader and writer each hold (hyper's
 /// least is 8 KiB).
@@ -72,8 +73,12 @@ impl Limits {
 
 /// What a pool keeps: one upstream connection between two requests.
 pub trait Pooled: Send + 'static {
-    /// Closed by its backend (or otherwise unfit for another request).
-    fn is_closed(&self) -> bool;
+    /// Whether it can carry another request: when it cannot, why, if its
+    /// backend made it so (bytes it sent unasked, a close) and that was not
+    /// counted yet.
+    fn fit(&self) -> Result<(), Option<Discard>>;
+    /// Counts `why` against its backend.
+    fn count_discard(&self, why: Discard);
 }
 
 /// One upstream connection spoken to by hyper's client: the sender for its
@@ -82,6 +87,8 @@ pub trait Pooled: Send + 'static {
 pub struct Conn {
     pub sender: Sender,
     task: AbortHandle,
+    /// The backend's live state, to count a discard against.
+    live: Arc<Live>,
 }
 
 impl Drop for Conn {
@@ -91,8 +98,17 @@ impl Drop for Conn {
 }
 
 impl Pooled for Conn {
-    fn is_closed(&self) -> bool {
-        self.sender.is_closed()
+    /// hyper's client closes a connection whose backend closed it or sent
+    /// bytes it did not expect.
+    fn fit(&self) -> Result<(), Option<Discard>> {
+        if self.sender.is_closed() {
+            return Err(Some(Discard::Closed));
+        }
+        Ok(())
+    }
+
+    fn count_discard(&self, why: Discard) {
+        self.live.traffic.count_discard(why);
     }
 }
 
@@ -101,10 +117,11 @@ impl Pooled for Conn {
 pub struct RawConn {
     pub io: UpstreamIo,
     /// Set when what was read or written leaves it unfit for another
-    /// request (a response not read to its end, a request not sent whole).
+    /// request (a response not read to its end, a request not sent whole);
+    /// a reason its backend gave was counted then.
     pub spent: bool,
     /// Counts it among the backend's open upstream connections.
-    _open: UpstreamGuard,
+    open: UpstreamGuard,
 }
 
 impl RawConn {
@@ -112,20 +129,46 @@ impl RawConn {
         RawConn {
             io,
             spent: false,
-            _open: backend.live.open_upstream(),
+            open: backend.live.open_upstream(),
         }
     }
 }
 
 impl Pooled for RawConn {
-    fn is_closed(&self) -> bool {
-        self.spent || self.io.closed_while_idle()
+    fn fit(&self) -> Result<(), Option<Discard>> {
+        if self.spent {
+            return Err(None);
+        }
+        self.io.idle_state().map_err(Some)
+    }
+
+    fn count_discard(&self, why: Discard) {
+        self.open.count_discard(why);
     }
 }
 
 struct Idle<C> {
     conn: C,
     until: Instant,
+    /// The client connection that used it last.
+    owner: u64,
+}
+
+/// Whether an idle connection can be lent before `now`; one that cannot is
+/// dropped (closing it), its backend's part counted.
+fn usable<C: Pooled>(idle: &Idle<C>, now: Instant) -> bool {
+    if idle.until <= now {
+        return false;
+    }
+    match idle.conn.fit() {
+        Ok(()) => true,
+        Err(why) => {
+            if let Some(why) = why {
+                discarded(&idle.conn, why);
+            }
+            false
+        }
+    }
 }
 
 struct Lists<C> {
@@ -144,6 +187,21 @@ impl<C> Default for Lists<C> {
             current: None,
             wake_at: None,
         }
+    }
+}
+
+/// Counts and logs (at most once a second) a connection closed instead of
+/// pooled because of what its backend did.
+pub fn discarded<C: Pooled>(conn: &C, why: Discard) {
+    static LOG: Throttle = Throttle::new(Duration::from_secs(1));
+    conn.count_discard(why);
+    if why == Discard::Unsolicited
+        && let Some(held_back) = LOG.allow()
+    {
+        warn!(
+            held_back,
+            "a backend sent bytes nobody asked for on a kept-alive connection; the connection is closed, never lent (magpie_backend_pool_discards_total says which backend)"
+        );
     }
 }
 
@@ -178,55 +236,84 @@ pub struct Lease<C: Pooled = Conn> {
     addr: SocketAddr,
     limits: Limits,
     pool: Arc<Pool<C>>,
+    /// The client connection it serves.
+    owner: u64,
 }
 
 impl<C: Pooled> Lease<C> {
-    /// A lease on `conn`, just opened to `addr`, given back to `pool`.
-    pub fn fresh(conn: C, addr: SocketAddr, limits: Limits, pool: &Arc<Pool<C>>) -> Lease<C> {
+    /// A lease on `conn`, just opened to `addr` for the client connection
+    /// `owner`, given back to `pool`.
+    pub fn fresh(
+        conn: C,
+        addr: SocketAddr,
+        limits: Limits,
+        pool: &Arc<Pool<C>>,
+        owner: u64,
+    ) -> Lease<C> {
         Lease {
             conn,
             fresh: true,
             addr,
             limits,
             pool: Arc::clone(pool),
+            owner,
         }
     }
 
     /// The response was read to its end: the connection goes back to the pool.
     pub fn give_back(self) {
-        self.pool.checkin(self.addr, self.conn, self.limits);
+        self.pool
+            .checkin(self.addr, self.conn, self.limits, self.owner);
     }
 }
 
 impl<C: Pooled> Pool<C> {
-    /// The most recently used idle connection to `addr` that is still open
-    /// and within its deadline, if any; closed ones met on the way are
-    /// dropped. Its last response was read to the end, so it is ready for a
-    /// request as soon as its connection task has noticed
-    /// (`SendRequest::ready`).
-    pub fn checkout(self: &Arc<Self>, addr: SocketAddr, limits: Limits) -> Option<Lease<C>> {
+    /// An idle connection to `addr` that `claim` may take and that is still
+    /// fit and within its deadline: the one its client connection used
+    /// last, else (when the claim allows) the most recently used. Those
+    /// found unfit on the way are dropped. Its last response was read to
+    /// the end, so it is ready for a request as soon as its connection task
+    /// has noticed (`SendRequest::ready`).
+    pub fn checkout(
+        self: &Arc<Self>,
+        addr: SocketAddr,
+        limits: Limits,
+        claim: Claim,
+    ) -> Option<Lease<C>> {
         let mut lists = lock(&self.lists);
         let list = lists.by_addr.get_mut(&addr)?;
         let now = Instant::now();
-        while let Some(idle) = list.pop_back() {
-            if idle.until > now && !idle.conn.is_closed() {
-                return Some(Lease {
-                    conn: idle.conn,
-                    fresh: false,
-                    addr,
-                    limits,
-                    pool: Arc::clone(self),
-                });
+        let idle = loop {
+            let own = list.iter().rposition(|idle| idle.owner == claim.client);
+            let at = own.or_else(|| claim.others.then(|| list.len().checked_sub(1)).flatten())?;
+            let idle = list.remove(at)?;
+            // Only the one taken is looked at: the rest wait for the sweeper.
+            if usable(&idle, now) {
+                break idle;
             }
-        }
-        None
+        };
+        Some(Lease {
+            conn: idle.conn,
+            fresh: false,
+            addr,
+            limits,
+            pool: Arc::clone(self),
+            owner: claim.client,
+        })
     }
 
-    /// Keeps `conn` once the response it carried has been read to the end,
-    /// unless its address left the pool or `limits` keep nothing; the
-    /// oldest idle connection makes room when the list is full.
-    fn checkin(&self, addr: SocketAddr, conn: C, limits: Limits) {
-        if conn.is_closed() || limits.max_idle == 0 {
+    /// Keeps `conn`, last used by the client connection `owner`, once the
+    /// response it carried has been read to the end, unless it is unfit,
+    /// its address left the pool or `limits` keep nothing; the oldest idle
+    /// connection makes room when the list is full.
+    fn checkin(&self, addr: SocketAddr, conn: C, limits: Limits, owner: u64) {
+        if let Err(why) = conn.fit() {
+            if let Some(why) = why {
+                discarded(&conn, why);
+            }
+            return;
+        }
+        if limits.max_idle == 0 {
             return;
         }
         let until = Instant::now() + limits.idle_timeout;
@@ -238,7 +325,7 @@ impl<C: Pooled> Pool<C> {
         while list.len() >= limits.max_idle {
             list.pop_front();
         }
-        list.push_back(Idle { conn, until });
+        list.push_back(Idle { conn, until, owner });
         if lists.wake_at.is_none_or(|at| until < at) {
             lists.wake_at = Some(until);
             self.news.notify_one();
@@ -251,7 +338,7 @@ impl<C: Pooled> Pool<C> {
         let mut lists = lock(&self.lists);
         let mut earliest: Option<Instant> = None;
         lists.by_addr.retain(|_, list| {
-            list.retain(|idle| idle.until > now && !idle.conn.is_closed());
+            list.retain(|idle| usable(idle, now));
             for idle in list.iter() {
                 earliest = Some(earliest.map_or(idle.until, |e| e.min(idle.until)));
             }
@@ -365,6 +452,7 @@ pub async fn start(stream: UpstreamIo, backend: &Arc<Backend>) -> io::Result<Con
     Ok(Conn {
         sender,
         task: task.abort_handle(),
+        live: Arc::clone(&backend.live),
     })
 }
 
@@ -395,9 +483,16 @@ mod tests {
         let conn = Conn {
             sender,
             task: task.abort_handle(),
+            live: Arc::default(),
         };
         (conn, peer)
     }
+
+    /// Client connection 1's claim on any idle connection.
+    const ANY: Claim = Claim {
+        client: 1,
+        others: true,
+    };
 
     fn limits(ms: u64, max_idle: usize) -> Limits {
         Limits {
@@ -421,7 +516,7 @@ mod tests {
         let mut peers = Vec::new();
         for _ in 0..3 {
             let (conn, peer) = conn_to(&listener).await;
-            pool.checkin(addr, conn, limits(60_000, 2));
+            pool.checkin(addr, conn, limits(60_000, 2), 1);
             peers.push(peer);
         }
         // The oldest made room.
@@ -434,10 +529,10 @@ mod tests {
         assert_eq!(idle_count(&pool, addr), 2);
         assert_eq!(pool.close_expired(now + Duration::from_secs(61)), None);
         assert_eq!(idle_count(&pool, addr), 0);
-        assert!(pool.checkout(addr, limits(1, 2)).is_none());
+        assert!(pool.checkout(addr, limits(1, 2), ANY).is_none());
         // Keeping none is allowed.
         let (conn, _peer) = conn_to(&listener).await;
-        pool.checkin(addr, conn, limits(60_000, 0));
+        pool.checkin(addr, conn, limits(60_000, 0), 1);
         assert_eq!(idle_count(&pool, addr), 0);
     }
 
@@ -447,17 +542,54 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let pool = Arc::new(Pool::<Conn>::default());
         let (conn, _peer) = conn_to(&listener).await;
-        pool.checkin(addr, conn, limits(60_000, 4));
+        pool.checkin(addr, conn, limits(60_000, 4), 1);
         assert_eq!(idle_count(&pool, addr), 1);
         pool.follow(HashSet::new());
         assert_eq!(idle_count(&pool, addr), 0);
         let (conn, _peer) = conn_to(&listener).await;
-        pool.checkin(addr, conn, limits(60_000, 4));
+        pool.checkin(addr, conn, limits(60_000, 4), 1);
         assert_eq!(idle_count(&pool, addr), 0);
         pool.follow(HashSet::from([addr]));
         let (conn, _peer) = conn_to(&listener).await;
-        pool.checkin(addr, conn, limits(60_000, 4));
-        let lease = pool.checkout(addr, limits(60_000, 4)).expect("kept");
+        pool.checkin(addr, conn, limits(60_000, 4), 1);
+        let lease = pool.checkout(addr, limits(60_000, 4), ANY).expect("kept");
         assert!(!lease.fresh);
+    }
+
+    /// A request takes the connection its client used last, then (if its
+    /// claim allows) the most recent of another client's; never another's
+    /// otherwise.
+    #[tokio::test]
+    async fn a_claim_takes_its_own_connection_first_and_others_only_if_allowed() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let pool = Arc::new(Pool::<Conn>::default());
+        let mut peers = Vec::new();
+        for owner in [7, 8] {
+            let (conn, peer) = conn_to(&listener).await;
+            pool.checkin(addr, conn, limits(60_000, 4), owner);
+            peers.push(peer);
+        }
+        let own = |client| Claim {
+            client,
+            others: false,
+        };
+        // Client 9 may take none of them; client 7 takes its own, not the
+        // more recent one of 8.
+        assert!(pool.checkout(addr, limits(60_000, 4), own(9)).is_none());
+        let lease = pool
+            .checkout(addr, limits(60_000, 4), own(7))
+            .expect("7's own");
+        assert_eq!(lease.owner, 7);
+        lease.give_back();
+        assert_eq!(idle_count(&pool, addr), 2);
+        // Allowed others, client 9 takes the most recent: 7's, given back last.
+        let any = Claim {
+            client: 9,
+            others: true,
+        };
+        let lease = pool.checkout(addr, limits(60_000, 4), any).expect("any");
+        assert_eq!(lease.owner, 9);
+        assert_eq!(idle_count(&pool, addr), 1);
     }
 }

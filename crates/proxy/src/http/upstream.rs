@@ -13,7 +13,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
-use crate::routing::backend::Backend;
+use crate::routing::backend::{Backend, Discard};
 
 /// A connected backend socket, in the clear or over TLS.
 pub enum UpstreamIo {
@@ -42,15 +42,16 @@ impl UpstreamIo {
         }
     }
 
-    /// Whether an idle connection was closed by its backend, or sent bytes
-    /// nobody asked for (either way it cannot carry a request). Costs no
-    /// system call unless the socket was reported readable since its last
-    /// read: an idle connection that stays quiet never is.
-    pub fn closed_while_idle(&self) -> bool {
+    /// Whether an idle connection can still carry a request: not when its
+    /// backend closed it, or sent bytes nobody asked for. Costs no system
+    /// call unless the socket was reported readable since its last read: an
+    /// idle connection that stays quiet never is.
+    pub fn idle_state(&self) -> Result<(), Discard> {
         let mut byte = [0u8; 1];
         match self.socket().try_read(&mut byte) {
-            Err(e) => e.kind() != io::ErrorKind::WouldBlock,
-            Ok(_) => true,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
+            Ok(n) if n > 0 => Err(Discard::Unsolicited),
+            Ok(_) | Err(_) => Err(Discard::Closed),
         }
     }
 }

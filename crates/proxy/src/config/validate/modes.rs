@@ -98,6 +98,7 @@ impl Validator<'_> {
         );
         HttpConfig {
             expose_backend: raw.expose_backend.unwrap_or(false),
+            reuse: raw.reuse.unwrap_or_default(),
             response_timeout,
             stream_idle_timeout,
             keepalive_timeout,

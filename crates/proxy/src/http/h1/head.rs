@@ -21,6 +21,7 @@ use super::framing::Framing;
 use crate::http::fields::HOP_BY_HOP_BUT_FRAMING;
 use crate::http::logged::{Arrival, Logged, RequestLine};
 use crate::http::request_key::{HeadKeys, KeyPlan, head_keys};
+use crate::http::reuse::idempotent;
 use crate::routing::instance::Instance;
 
 /// The most header fields one request head may have (hyper's limit too).
@@ -65,6 +66,8 @@ pub struct Head<'a> {
     pub framing: Framing,
     /// A `HEAD` request: its answer has no body, whatever its headers say.
     pub head_method: bool,
+    /// Its method is idempotent (for the upstream pool's reuse policy).
+    pub idempotent: bool,
     /// The client asked to close the connection after this request.
     pub close: bool,
     /// The head as the backend gets it.
@@ -125,6 +128,7 @@ pub fn parse<'a>(buf: &[u8], cx: &Context<'a, '_>) -> Parse<'a> {
         len,
         framing: checked.framing,
         head_method: method == "HEAD",
+        idempotent: idempotent(method),
         close: checked.close,
         upstream: upstream_head(method, target, headers, &checked.named, len),
         keys,

@@ -53,6 +53,7 @@ use super::client_deadlines::Deadlines;
 use super::logged::Arrival;
 use super::pool::Pool;
 use super::pool::RawConn;
+use super::reuse::ClientConn;
 use crate::routing::instance::Instance;
 use crate::telemetry::stats::QuietClose;
 
@@ -69,6 +70,8 @@ pub struct Client<'c> {
     pub shutdown: &'c CancellationToken,
     /// Fired when the shutdown grace is over: close now.
     pub stop: &'c CancellationToken,
+    /// Tells its requests from other clients' for the upstream pool.
+    pub conn: &'c ClientConn,
 }
 
 /// What a connection does after a request.

@@ -31,9 +31,10 @@ use super::io::{ClientIo, JOIN_BELOW, poll_read_into, poll_write_from};
 use super::send::{Outbound, READ_CHUNK};
 use crate::http::backend_deadlines::Progress;
 use crate::http::backend_deadlines::passed;
-use crate::http::pool::RawConn;
 use crate::http::pool::UPSTREAM_BUFFER_BYTES;
+use crate::http::pool::{RawConn, discarded};
 use crate::http::response_body::InFlight;
+use crate::routing::backend::Discard;
 use magpie_core::usage::UsageScanner;
 
 /// How a response ended.
@@ -62,8 +63,8 @@ pub struct Response {
     pub usage: Option<UsageScanner>,
     /// The client connection closes after it (`connection: close` is added).
     pub close: bool,
-    /// The backend keeps the connection open after it.
-    pub reusable: bool,
+    /// The backend said it closes the connection after it.
+    pub backend_closes: bool,
 }
 
 /// Relays `response`, whose request is `in_flight` and came from `out`.
@@ -89,7 +90,7 @@ pub async fn relay<S: ClientIo>(
             end: BodyEnd::new(response.framing),
             usage: response.usage.map(Box::new),
             bytes_out: 0,
-            reusable: response.reusable,
+            unfit: response.backend_closes.then_some(Discard::Closed),
         },
         in_flight: Some(in_flight),
         settled: None,
@@ -347,8 +348,17 @@ impl Relay {
             .take()
             .filter(|_| complete)
             .and_then(|u| u.finish());
-        let reuse = how == Relayed::Complete && body.reusable && body.end.is_done();
+        let reuse = how == Relayed::Complete && body.unfit.is_none() && body.end.is_done();
         in_flight.lease.conn.spent |= !reuse;
+        // What the backend did that keeps its connection out of the pool.
+        let why = match how {
+            Relayed::Early => Some(Discard::EarlyAnswer),
+            Relayed::Complete => body.unfit,
+            Relayed::ClientGone | Relayed::Cut => None,
+        };
+        if let Some(why) = why {
+            discarded(&in_flight.lease.conn, why);
+        }
         in_flight.finish(complete, body.bytes_out, usage);
     }
 }
@@ -358,7 +368,9 @@ struct Body {
     end: BodyEnd,
     usage: Option<Box<UsageScanner>>,
     bytes_out: u64,
-    reusable: bool,
+    /// Why the connection cannot carry another request, if the backend
+    /// made it so: it said it closes, or sent bytes past the answer's end.
+    unfit: Option<Discard>,
 }
 
 impl Body {
@@ -381,7 +393,7 @@ impl Body {
             in_flight.awaiting = None;
         }
         if n < bytes.len() {
-            self.reusable = false;
+            self.unfit = Some(Discard::Unsolicited);
         }
         self.bytes_out += n as u64;
         in_flight.backend.live.traffic.add_bytes_received(n as u64);

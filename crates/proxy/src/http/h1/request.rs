@@ -87,6 +87,7 @@ pub async fn serve<S: ClientIo>(
     let mut journey = Journey {
         pinned,
         keys,
+        claim: c.conn.claim(config.http.reuse, head.idempotent),
         config: &config,
         instance: c.instance,
         log: &mut head.log,
@@ -263,7 +264,7 @@ async fn respond<S: ClientIo>(
         framing: head.framing,
         usage: head.usage,
         close,
-        reusable: !head.close,
+        backend_closes: head.close,
     };
     match relay::relay(response, in_flight, out, progress).await {
         Relayed::Complete if close => Next::Close,

@@ -6,7 +6,7 @@ use prometheus::proto::MetricType;
 
 use super::series::{Family, Read};
 use crate::routing::backend::groups::Rank;
-use crate::routing::backend::{CodeClass, Side, Spill, TimeoutKind};
+use crate::routing::backend::{CodeClass, Discard, Side, Spill, TimeoutKind};
 use crate::routing::health::{CheckOutcome, ConnectFailure, ScrapeResult};
 
 use MetricType::{COUNTER, GAUGE, HISTOGRAM};
@@ -169,6 +169,13 @@ pub const BACKEND: &[Family] = &[
         labels: &["backend", "addr", "kind"],
         help: "mode http: requests whose backend missed a deadline, by kind: response (no response head within http.response_timeout of the request's last byte; the client got 504) or stream_idle (no body byte for http.stream_idle_timeout; the client's stream was cut with a reset).",
         read: Read::Backend(|b, s| s.by(|kind: TimeoutKind| b.live().traffic.timeouts(kind))),
+    },
+    Family {
+        name: "magpie_backend_pool_discards_total",
+        kind: COUNTER,
+        labels: &["backend", "addr", "reason"],
+        help: "mode http: connections to the backend closed instead of kept for another request, by reason: unsolicited_bytes (bytes past an answer's end, or sent while the connection idled), early_answer (an answer that ended before its request's body was sent), closed (the backend closed it while idle, or said it would).",
+        read: Read::Backend(|b, s| s.by(|why: Discard| b.live().traffic.discards(why))),
     },
     Family {
         name: "magpie_backend_time_to_first_byte_seconds",

@@ -27,7 +27,7 @@ use crate::net::tls_client::BackendTls;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-pub use traffic::{CodeClass, Side, Spill, TimeoutKind};
+pub use traffic::{CodeClass, Discard, Side, Spill, TimeoutKind};
 
 use self::drain::Drain;
 use self::groups::Groups;
@@ -164,6 +164,13 @@ impl Drop for AwaitingGuard {
 #[derive(Debug)]
 pub struct UpstreamGuard {
     live: Arc<Live>,
+}
+
+impl UpstreamGuard {
+    /// The connection it counts was closed instead of pooled, for `why`.
+    pub fn count_discard(&self, why: Discard) {
+        self.live.traffic.count_discard(why);
+    }
 }
 
 impl Drop for UpstreamGuard {

@@ -65,6 +65,22 @@ labels! {
     }
 }
 
+labels! {
+    /// Why a connection to a backend was closed instead of kept for another
+    /// request (`mode: http`): what the backend did that makes it unfit to
+    /// lend.
+    pub enum Discard {
+        /// Bytes nobody asked for: past an answer's end, or while the
+        /// connection idled in the pool.
+        Unsolicited => "unsolicited_bytes",
+        /// An answer that ended before its request's body was sent whole.
+        EarlyAnswer => "early_answer",
+        /// The backend closed the connection while it idled, or said it
+        /// would after its answer.
+        Closed => "closed",
+    }
+}
+
 /// Prompt, cached prompt and completion tokens, as engines report them.
 #[derive(Debug, Default)]
 struct Tokens {
@@ -93,6 +109,8 @@ pub struct Traffic {
     idle_closes: AtomicU64,
     /// Requests whose backend missed a deadline (`mode: http`), by which.
     timeouts: [AtomicU64; TimeoutKind::COUNT],
+    /// Connections closed instead of pooled (`mode: http`), by why.
+    discards: [AtomicU64; Discard::COUNT],
     /// Token counts the backend's engine reported in its responses' `usage`.
     tokens: Tokens,
     /// Time to open a data-path connection (mode http: a fresh one).
@@ -117,6 +135,7 @@ impl Default for Traffic {
             resets: Default::default(),
             idle_closes: AtomicU64::new(0),
             timeouts: Default::default(),
+            discards: Default::default(),
             tokens: Tokens::default(),
             connect_time: Histogram::with_bounds(&FAST_BUCKETS),
             connection_duration: Histogram::default(),
@@ -229,5 +248,14 @@ impl Traffic {
 
     pub fn timeouts(&self, kind: TimeoutKind) -> u64 {
         self.timeouts[kind.index()].load(Ordering::Relaxed)
+    }
+
+    /// A connection to this backend was closed instead of pooled, for `why`.
+    pub fn count_discard(&self, why: Discard) {
+        self.discards[why.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn discards(&self, why: Discard) -> u64 {
+        self.discards[why.index()].load(Ordering::Relaxed)
     }
 }

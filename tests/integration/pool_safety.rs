@@ -1,0 +1,203 @@
+//! A misbehaving backend never answers another client's request: a rogue
+//! backend ([`Rogue`]) tries to slip a whole response in after its honest
+//! one (late, after a `HEAD`, `204` or `304` that allow no body, or as the
+//! answer to a request smuggled in a body it answered early), and the next
+//! client with the same key, on a fresh connection, gets its own answer or
+//! a clean `502`, never the injected one. Connections lent across clients
+//! follow `http.reuse`.
+
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+
+use magpie_proxy::routing::backend::Discard;
+
+use crate::support::*;
+
+fn settings(reuse: &str) -> String {
+    format!("mode: http\nkey:\n  from: header\n  header: x-session-id\nhttp:\n  reuse: {reuse}\n")
+}
+
+/// Sends `request` on a fresh connection and reads one answer: its status
+/// and body (none after a `HEAD`, a `204` or a `304`).
+async fn exchange(magpie: &Magpie, request: &str) -> (u16, String) {
+    let mut stream = connect(magpie.addr).await;
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .expect("send the request");
+    let mut buf = Vec::new();
+    let head_end = within(
+        "an answer's head",
+        read_until(&mut stream, &mut buf, |b| {
+            find(b, b"\r\n\r\n").map(|at| at + 4)
+        }),
+    )
+    .await
+    .expect("a head");
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+    let status: u16 = head[9..12].parse().expect("a status");
+    let bodiless = request.starts_with("HEAD") || status == 204 || status == 304;
+    let length = if bodiless {
+        0
+    } else {
+        head.lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .and_then(|n| n.trim().parse::<usize>().ok())
+            .unwrap_or(0)
+    };
+    let end = head_end + length;
+    within(
+        "an answer's body",
+        read_until(&mut stream, &mut buf, |b| (b.len() >= end).then_some(end)),
+    )
+    .await
+    .expect("a body");
+    let body = String::from_utf8_lossy(&buf[head_end..end]).into_owned();
+    (status, body)
+}
+
+/// What the attacker sends, keyed like the victim's request.
+fn attack(kind: &str) -> String {
+    let key = "x-session-id: k\r\nhost: t\r\n";
+    match kind {
+        "head-body" => format!("HEAD /head-body HTTP/1.1\r\n{key}\r\n"),
+        "early" => {
+            let smuggled = "GET /smuggled HTTP/1.1\r\nhost: t\r\n\r\n";
+            format!(
+                "POST /early HTTP/1.1\r\n{key}content-length: {}\r\n\r\n{smuggled}",
+                smuggled.len()
+            )
+        }
+        path => format!("GET /{path} HTTP/1.1\r\n{key}\r\n"),
+    }
+}
+
+const VICTIM_GET: &str = "GET /mine HTTP/1.1\r\nx-session-id: k\r\nhost: t\r\n\r\n";
+const VICTIM_POST: &str = "POST /mine HTTP/1.1\r\nx-session-id: k\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
+
+const KINDS: [&str; 5] = ["extra", "head-body", "no-content", "not-modified", "early"];
+
+/// The victim's answer is its own, or magpie's `502`: never the rogue's.
+fn own_or_502(kind: &str, (status, body): (u16, String)) {
+    assert!(
+        (status == 200 && body == "mine") || status == 502,
+        "{kind}: the victim got {status} {body:?}"
+    );
+}
+
+/// The injected bytes reach magpie's idle connection before the victim's
+/// request: whatever the reuse policy, that connection is never lent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_on_an_idle_connection_are_never_anyones_answer() {
+    for reuse in ["always", "safe"] {
+        for kind in KINDS {
+            let mut rogue = Rogue::start(Duration::ZERO).await;
+            let magpie = Magpie::with(&settings(reuse), &rogue.pairs()).await;
+            exchange(&magpie, &attack(kind)).await;
+            rogue.wait_injected().await;
+            own_or_502(kind, exchange(&magpie, VICTIM_GET).await);
+            own_or_502(kind, exchange(&magpie, VICTIM_POST).await);
+            // The operator sees which backend did it, and what.
+            let discards = |why| {
+                let snapshot = magpie.instance.snapshot.load();
+                snapshot.backends[0].live.traffic.discards(why)
+            };
+            assert!(
+                discards(Discard::Unsolicited) >= 1,
+                "{reuse}, {kind}: no discard counted"
+            );
+            magpie.stop().await;
+        }
+    }
+}
+
+/// The injected bytes come while the victim's request is on its way: by
+/// default a client's first request that is not idempotent (an LLM chat
+/// POST) never takes a connection another client used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_post_never_takes_another_clients_connection_by_default() {
+    for kind in KINDS {
+        let rogue = Rogue::start(Duration::from_millis(300)).await;
+        let magpie = Magpie::with(&settings("safe"), &rogue.pairs()).await;
+        exchange(&magpie, &attack(kind)).await;
+        own_or_502(kind, exchange(&magpie, VICTIM_POST).await);
+        magpie.stop().await;
+    }
+}
+
+/// With `reuse: never` no request takes a connection another client used,
+/// whatever its method.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reuse_never_keeps_every_client_on_its_own_connections() {
+    for kind in KINDS {
+        let rogue = Rogue::start(Duration::from_millis(300)).await;
+        let magpie = Magpie::with(&settings("never"), &rogue.pairs()).await;
+        exchange(&magpie, &attack(kind)).await;
+        own_or_502(kind, exchange(&magpie, VICTIM_GET).await);
+        magpie.stop().await;
+    }
+}
+
+/// Sends `request` on `stream` and reads its answer (100 bytes of body, or
+/// none after a `HEAD`): the number of the backend connection it came on.
+async fn conn_of(stream: &mut tokio::net::TcpStream, request: &str) -> String {
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .expect("send the request");
+    let mut buf = Vec::new();
+    let head_end = within(
+        "an answer's head",
+        read_until(stream, &mut buf, |b| find(b, b"\r\n\r\n").map(|at| at + 4)),
+    )
+    .await
+    .expect("a head");
+    let end = head_end + 100;
+    within(
+        "an answer's body",
+        read_until(stream, &mut buf, |b| (b.len() >= end).then_some(end)),
+    )
+    .await
+    .expect("a body");
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+    head.lines()
+        .find_map(|l| l.strip_prefix("x-conn: "))
+        .expect("x-conn")
+        .trim()
+        .to_string()
+}
+
+const GET: &str = "GET / HTTP/1.1\r\nx-session-id: k\r\nhost: t\r\n\r\n";
+const POST: &str = "POST / HTTP/1.1\r\nx-session-id: k\r\nhost: t\r\ncontent-length: 2\r\n\r\n{}";
+
+/// Whose idle connection a request takes, policy by policy: a client's
+/// first request takes another client's only as `http.reuse` allows, and a
+/// client's later requests take its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_reuse_decides_whose_connection_a_request_takes() {
+    // (policy, a first POST shares, a first GET shares)
+    for (reuse, post_shares, get_shares) in [
+        ("safe", false, true),
+        ("always", true, true),
+        ("never", false, false),
+    ] {
+        for (first, shares) in [(POST, post_shares), (GET, get_shares)] {
+            let backend = ScriptedBackend::start().await;
+            let magpie = Magpie::with(&settings(reuse), &backend.pairs()).await;
+            let mut a = connect(magpie.addr).await;
+            let a_conn = conn_of(&mut a, GET).await;
+            let mut b = connect(magpie.addr).await;
+            let b_conn = conn_of(&mut b, first).await;
+            assert_eq!(
+                b_conn == a_conn,
+                shares,
+                "reuse: {reuse}, a client's first {}",
+                &first[..4]
+            );
+            // Its second request takes its own connection again.
+            assert_eq!(conn_of(&mut b, POST).await, b_conn, "reuse: {reuse}");
+            magpie.stop().await;
+        }
+    }
+}
