@@ -114,28 +114,18 @@ async fn bytes_on_an_idle_connection_are_never_anyones_answer() {
 
 /// The injected bytes come while the victim's request is on its way: by
 /// default a client's first request that is not idempotent (an LLM chat
-/// POST) never takes a connection another client used.
+/// POST) never takes a connection another client used, and with `reuse:
+/// never` no request does, whatever its method.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_first_post_never_takes_another_clients_connection_by_default() {
-    for kind in KINDS {
-        let rogue = Rogue::start(Duration::from_millis(300)).await;
-        let magpie = Magpie::with(&settings("safe"), &rogue.pairs()).await;
-        exchange(&magpie, &attack(kind)).await;
-        own_or_502(kind, exchange(&magpie, VICTIM_POST).await);
-        magpie.stop().await;
-    }
-}
-
-/// With `reuse: never` no request takes a connection another client used,
-/// whatever its method.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reuse_never_keeps_every_client_on_its_own_connections() {
-    for kind in KINDS {
-        let rogue = Rogue::start(Duration::from_millis(300)).await;
-        let magpie = Magpie::with(&settings("never"), &rogue.pairs()).await;
-        exchange(&magpie, &attack(kind)).await;
-        own_or_502(kind, exchange(&magpie, VICTIM_GET).await);
-        magpie.stop().await;
+async fn a_first_post_by_default_and_any_request_with_never_keep_their_own_connection() {
+    for (reuse, victim) in [("safe", VICTIM_POST), ("never", VICTIM_GET)] {
+        for kind in KINDS {
+            let rogue = Rogue::start(Duration::from_millis(300)).await;
+            let magpie = Magpie::with(&settings(reuse), &rogue.pairs()).await;
+            exchange(&magpie, &attack(kind)).await;
+            own_or_502(kind, exchange(&magpie, victim).await);
+            magpie.stop().await;
+        }
     }
 }
 

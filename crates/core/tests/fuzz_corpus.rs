@@ -3,8 +3,6 @@
 //! stable Rust: an input that once found new code paths must still pass the
 //! target's checks.
 
-use std::path::{Path, PathBuf};
-
 use magpie_core::key::group::{GroupBy, body_group_key};
 use magpie_core::key::json::{FieldPath, json_field_key};
 
@@ -24,24 +22,10 @@ mod sni {
 }
 
 /// Every file in `fuzz/corpus/<target>/`, with its bytes; never empty.
-fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fuzz/corpus")
-        .join(target);
-    let entries =
-        std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()));
-    let mut inputs = Vec::new();
-    for entry in entries {
-        let path = entry.expect("a directory entry").path();
-        if path.is_file() {
-            let bytes = std::fs::read(&path)
-                .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-            inputs.push((path, bytes));
-        }
-    }
-    assert!(!inputs.is_empty(), "{} has no inputs", dir.display());
-    inputs
+mod files {
+    include!("../fuzz/corpus_files.rs");
 }
+use files::corpus;
 
 #[test]
 fn json_field_corpus_is_keyed_or_falls_back() {

@@ -3,8 +3,6 @@
 //! stable Rust: an input that once found new code paths must still pass the
 //! target's checks. No network: config text is parsed offline.
 
-use std::path::{Path, PathBuf};
-
 use magpie_proxy::config::LoadPreset;
 use magpie_proxy::intake::proxy_protocol::{parse, signature};
 use magpie_proxy::routing::health::exposition;
@@ -19,25 +17,12 @@ mod config {
     include!("../fuzz/config_check.rs");
 }
 
-/// Every file in `fuzz/corpus/<target>/`, with its bytes; never empty.
-fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fuzz/corpus")
-        .join(target);
-    let entries =
-        std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()));
-    let mut inputs = Vec::new();
-    for entry in entries {
-        let path = entry.expect("a directory entry").path();
-        if path.is_file() {
-            let bytes = std::fs::read(&path)
-                .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-            inputs.push((path, bytes));
-        }
-    }
-    assert!(!inputs.is_empty(), "{} has no inputs", dir.display());
-    inputs
+/// Every file in `fuzz/corpus/<target>/`, with its bytes; never empty (the
+/// reader the core crate's replay test uses too).
+mod files {
+    include!("../../core/fuzz/corpus_files.rs");
 }
+use files::corpus;
 
 #[test]
 fn config_corpus_is_placed_or_accepted_alike() {

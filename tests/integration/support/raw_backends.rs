@@ -3,14 +3,51 @@
 //! answer depends on the request's path.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 use super::{find, read_until, within};
+
+/// A backend on `127.0.0.1:0` that serves each connection it accepts with
+/// `serve`, given the connection's number (from 0): its address.
+async fn serve_each<F, Fut>(serve: F) -> SocketAddr
+where
+    F: Fn(TcpStream, u64) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("an address");
+    tokio::spawn(async move {
+        let mut n = 0;
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(serve(stream, n));
+            n += 1;
+        }
+    });
+    addr
+}
+
+/// A raw backend that reports what it sees as `T`s.
+pub struct Reporting<T> {
+    pub addr: SocketAddr,
+    seen: mpsc::UnboundedReceiver<T>,
+}
+
+impl<T> Reporting<T> {
+    /// The backend, named `a`, as a config lists it.
+    pub fn pairs(&self) -> Vec<(String, SocketAddr)> {
+        vec![("a".to_string(), self.addr)]
+    }
+
+    /// What it saw next.
+    pub async fn next(&mut self) -> T {
+        within("the backend to see something", self.seen.recv())
+            .await
+            .expect("the backend runs")
+    }
+}
 
 /// What the raw backend saw on one connection.
 #[derive(Debug)]
@@ -25,32 +62,13 @@ pub enum Recorded {
 
 /// A raw HTTP/1.1 backend: it reports every head, request and close, and
 /// answers each whole request with `answer`.
-pub struct Recorder {
-    pub addr: SocketAddr,
-    seen: mpsc::UnboundedReceiver<Recorded>,
-}
+pub type Recorder = Reporting<Recorded>;
 
 impl Recorder {
     pub async fn start(answer: &'static str) -> Recorder {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("an address");
         let (tx, seen) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                tokio::spawn(record(stream, answer, tx.clone()));
-            }
-        });
-        Recorder { addr, seen }
-    }
-
-    pub fn pairs(&self) -> Vec<(String, SocketAddr)> {
-        vec![("a".to_string(), self.addr)]
-    }
-
-    pub async fn next(&mut self) -> Recorded {
-        within("the backend to see something", self.seen.recv())
-            .await
-            .expect("the backend runs")
+        let addr = serve_each(move |stream, _| record(stream, answer, tx.clone())).await;
+        Reporting { addr, seen }
     }
 
     /// The next whole request (heads before it are skipped).
@@ -131,34 +149,13 @@ pub struct Received {
 /// * `/early`: `413` as soon as the head is in, the body unread, then close;
 /// * anything else (`HEAD` too): `content-length: 100` of `x`, or none
 ///   for `HEAD`; the connection's number in `x-conn`.
-pub struct ScriptedBackend {
-    pub addr: SocketAddr,
-    seen: mpsc::UnboundedReceiver<Received>,
-}
+pub type ScriptedBackend = Reporting<Received>;
 
 impl ScriptedBackend {
     pub async fn start() -> ScriptedBackend {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("an address");
         let (tx, seen) = mpsc::unbounded_channel();
-        let conns = Arc::new(AtomicU64::new(0));
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let conn = conns.fetch_add(1, Ordering::Relaxed);
-                tokio::spawn(serve_scripted(stream, conn, tx.clone()));
-            }
-        });
-        ScriptedBackend { addr, seen }
-    }
-
-    pub fn pairs(&self) -> Vec<(String, SocketAddr)> {
-        vec![("a".to_string(), self.addr)]
-    }
-
-    pub async fn next(&mut self) -> Received {
-        within("the backend to get a request", self.seen.recv())
-            .await
-            .expect("the backend runs")
+        let addr = serve_each(move |stream, conn| serve_scripted(stream, conn, tx.clone())).await;
+        Reporting { addr, seen }
     }
 }
 
@@ -242,43 +239,22 @@ pub const INJECTED: &str = "HTTP/1.1 200 OK\r\ncontent-length: 8\r\n\r\ninjected
 /// * anything else: `mine`, the honest answer.
 ///
 /// The injected bytes follow the honest answer after `delay`; each write of
-/// them is reported on `injected`.
-pub struct Rogue {
-    pub addr: SocketAddr,
-    pub injected: mpsc::UnboundedReceiver<()>,
-    /// Connections accepted so far.
-    pub accepted: Arc<AtomicU64>,
-}
+/// them is reported.
+pub type Rogue = Reporting<()>;
 
 impl Rogue {
     pub async fn start(delay: std::time::Duration) -> Rogue {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("an address");
         let (tx, injected) = mpsc::unbounded_channel();
-        let accepted = Arc::new(AtomicU64::new(0));
-        let count = Arc::clone(&accepted);
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                count.fetch_add(1, Ordering::Relaxed);
-                tokio::spawn(serve_rogue(stream, delay, tx.clone()));
-            }
-        });
-        Rogue {
+        let addr = serve_each(move |stream, _| serve_rogue(stream, delay, tx.clone())).await;
+        Reporting {
             addr,
-            injected,
-            accepted,
+            seen: injected,
         }
-    }
-
-    pub fn pairs(&self) -> Vec<(String, SocketAddr)> {
-        vec![("rogue".to_string(), self.addr)]
     }
 
     /// Waits until the injected bytes went out.
     pub async fn wait_injected(&mut self) {
-        within("the rogue backend to inject", self.injected.recv())
-            .await
-            .expect("the rogue backend runs");
+        self.next().await;
     }
 }
 
