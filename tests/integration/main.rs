@@ -28,6 +28,7 @@ mod pass_through;
 mod pool_safety;
 mod probe;
 mod proxy_protocol;
+mod queue;
 mod reload;
 mod scrapes;
 mod shared_pins;

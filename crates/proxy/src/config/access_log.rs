@@ -39,6 +39,8 @@ labels! {
         BytesOut => "bytes_out",
         /// Milliseconds from the start to the backend's first byte.
         FirstByteMs => "first_byte_ms",
+        /// Milliseconds it waited in the queue (`queue`), when it waited.
+        QueueMs => "queue_ms",
         DurationMs => "duration_ms",
         Method => "method",
         Path => "path",

@@ -29,6 +29,7 @@ pub mod file;
 mod key;
 mod limits;
 mod metrics;
+mod queue;
 pub use access_log::{
     AccessLogConfig, DEFAULT_ACCESS_LOG_QUEUE, LogField, LogFormat, LogTarget, MAX_ACCESS_LOG_QUEUE,
 };
@@ -38,6 +39,7 @@ pub use error::{ConfigError, ConfigErrors, Place, Places};
 pub use key::{KeyConfig, KeyRead, KeySources};
 pub use limits::*;
 pub use metrics::{MetricsConfig, PER_BACKEND_AUTO_MAX, PerBackend};
+pub use queue::*;
 pub use tls::{Certificate, ListenerTls};
 pub(crate) use validate::reaches;
 mod raw;
@@ -193,6 +195,9 @@ pub struct Config {
     /// One line per request (mode http) or connection (mode tcp); `None`
     /// is off. Not in the fingerprint.
     pub access_log: Option<AccessLogConfig>,
+    /// Per-backend limits and the queue in front of them; `None`: requests
+    /// (or connections) go out as they come.
+    pub queue: Option<QueueConfig>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -411,6 +416,9 @@ pub struct BackendConfig {
     /// `tls: true` (mode http): requests go over TLS, checked against
     /// `upstream_tls`.
     pub tls: Option<crate::net::tls_client::BackendTls>,
+    /// `max_inflight` written for this backend (with `queue`), else
+    /// `queue.max_inflight`.
+    pub max_inflight: Option<u64>,
 }
 
 /// Backends found through DNS (`backends[].dns`, `backends[].srv`).
@@ -430,6 +438,8 @@ pub struct SourceConfig {
     /// `dns`: every address's weight; `srv` takes the records' weights.
     pub weight: u32,
     pub zone: Option<String>,
+    /// `max_inflight` of each backend found.
+    pub max_inflight: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

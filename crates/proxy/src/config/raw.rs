@@ -14,6 +14,7 @@ use serde::Deserialize;
 use serde_saphyr::Spanned;
 
 use super::access_log::RawAccessLog;
+use super::queue::RawQueue;
 use super::raw_listen::Listen;
 use super::{Algorithm, AllDown, ConfigError, CopyMode, LoadPreset, Mode, PerBackend, Reuse};
 use magpie_core::key::Fallback;
@@ -63,6 +64,8 @@ pub struct RawConfig {
     pub(super) metrics: Option<RawMetrics>,
     #[serde(default)]
     pub(super) access_log: Option<RawAccessLog>,
+    #[serde(default)]
+    pub(super) queue: Option<Spanned<RawQueue>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -387,6 +390,9 @@ pub(super) struct RawBackend {
     /// mode http: TLS to this backend.
     #[serde(default)]
     pub(super) tls: Option<Spanned<bool>>,
+    /// With `queue`: this backend's own `queue.max_inflight`.
+    #[serde(default)]
+    pub(super) max_inflight: Option<Spanned<u64>>,
 }
 
 /// `upstream_tls`: how TLS backends are checked.

@@ -48,6 +48,12 @@ impl<'p> HyperWire<'p> {
 }
 
 impl Wire for HyperWire<'_> {
+    /// hyper drops a request's future when its client goes away, and the
+    /// queue's ticket with it.
+    async fn client_gone(&mut self) {
+        std::future::pending().await
+    }
+
     type Conn = Conn;
     type Head = Response<Incoming>;
 
@@ -220,6 +226,10 @@ pub fn answer(answer: LocalAnswer) -> Response<Reply> {
     if answer.close {
         r.headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    if let Some(seconds) = answer.retry_after {
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
     }
     r
 }

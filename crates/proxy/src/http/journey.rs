@@ -48,11 +48,13 @@ use super::response_body::{BoxError, FirstByte, InFlight, Tally};
 use super::reuse::Claim;
 use super::upstream::{self, UpstreamIo};
 use crate::config::Config;
+use crate::config::TenantBy;
+use crate::routing::admission::{Admit, Ask, Refusal, Standing};
 use crate::routing::backend::{ActiveGuard, Awaiting, Backend, CodeClass, Spill, TimeoutKind};
 use crate::routing::health::passive::{self, Blame};
 use crate::routing::instance::Instance;
 use crate::routing::recent::Decision;
-use crate::routing::route::{How, Keys, Route};
+use crate::routing::route::{How, Keys};
 use crate::telemetry::stats::ClientFailure;
 
 /// A wire format: what differs in sending a request to a backend and
@@ -86,6 +88,10 @@ pub trait Wire {
 
     /// The answer's status code.
     fn status(head: &Self::Head) -> u16;
+
+    /// Resolves if the client goes away while the request waits for a
+    /// backend's room (`queue`); never where the format cannot tell.
+    fn client_gone(&mut self) -> impl Future<Output = ()> + Send;
 }
 
 /// What sending a request over one connection came to.
@@ -134,6 +140,10 @@ pub struct Journey<'a> {
     pub keys: Keys,
     /// Which idle connections it may take (`http.reuse`).
     pub claim: Claim,
+    /// Its class and tenant (`queue`).
+    pub standing: Standing,
+    /// Body bytes it holds, read for its key: counted while it waits.
+    pub held: u64,
     pub config: &'a Config,
     pub instance: &'a Arc<Instance>,
     /// The request's access-log line, if it is sampled: it moves into the
@@ -142,19 +152,26 @@ pub struct Journey<'a> {
 }
 
 impl Journey<'_> {
-    /// Sends the request to the first target of the route that takes it.
+    /// Sends the request to the first target of the route that takes it
+    /// (with `queue`, the first that has room, after waiting for it).
     pub async fn forward<W: Wire>(&mut self, wire: &mut W) -> Forwarded<W> {
         let mut opening = self.pinned.opening.take();
         let mut tried = Vec::new();
         let mut how = self.pinned.route.how;
-        let targets = self.pinned.route.targets.clone();
-        for backend in &targets {
-            let Some((slot, awaiting)) = claim(&self.pinned.route, backend, &mut opening) else {
-                how = how.passed_over(Spill::AtCap);
-                continue;
+        let mut rest = self.pinned.route.targets.clone();
+        // Its cache is at its home, unless it opens a conversation.
+        let mut sticky = !self.pinned.pin_lost() && opening.is_none();
+        while !rest.is_empty() {
+            let (backend, slot) = match self.take_slot(&mut rest, &mut how, sticky, wire).await {
+                Slot::Taken(backend, slot) => (backend, slot),
+                Slot::Passed => continue,
+                Slot::Refused(Refusal::ClientGone) => return Forwarded::ClientGone,
+                Slot::Refused(why) => return Forwarded::Failed(self.failed(Failure::Refused(why))),
             };
+            sticky = false;
+            let awaiting = awaiting_at(&backend, &mut opening);
             tried.push(backend.name.clone());
-            match self.send(backend, wire).await {
+            match self.send(&backend, wire).await {
                 Exchange::Answered {
                     head,
                     lease,
@@ -162,7 +179,7 @@ impl Journey<'_> {
                     progress,
                 } => {
                     let taken = Taken {
-                        backend,
+                        backend: &backend,
                         slot,
                         awaiting,
                         lease,
@@ -178,6 +195,55 @@ impl Journey<'_> {
             }
         }
         Forwarded::Failed(self.failed(Failure::NoBackend { tried }))
+    }
+
+    /// A slot at the next of `rest` that takes the request, which leaves
+    /// `rest`: without `queue`, the first if it is under its bounded-load
+    /// cap; with it, the one admission gives (the home, or after
+    /// `queue.affinity_wait` the next with room), waiting if need be.
+    async fn take_slot<W: Wire>(
+        &mut self,
+        rest: &mut Vec<Arc<Backend>>,
+        how: &mut How,
+        sticky: bool,
+        wire: &mut W,
+    ) -> Slot {
+        let Some(queue) = &self.config.queue else {
+            let backend = rest.remove(0);
+            return match self.pinned.route.reserve(&backend) {
+                Some(slot) => Slot::Taken(backend, slot),
+                None => {
+                    *how = how.passed_over(Spill::AtCap);
+                    Slot::Passed
+                }
+            };
+        };
+        let ask = Ask {
+            targets: rest,
+            sticky,
+            pinned: self.pinned.route.how == How::Pinned,
+            class: self.standing.class,
+            tenant: match queue.tenant {
+                Some(TenantBy::Group) => self.keys.group.unwrap_or(0),
+                _ => self.standing.tenant,
+            },
+            bytes: self.held,
+            key: self.keys.table(),
+            queue,
+            load: self.config.load_limits(),
+        };
+        let admitted = match self.instance.admission.admit(ask, wire.client_gone()).await {
+            Ok(admitted) => admitted,
+            Err(why) => return Slot::Refused(why),
+        };
+        if let Some(log) = self.log.as_mut() {
+            log.queued(admitted.waited);
+        }
+        if admitted.how == Admit::Spilled {
+            *how = how.passed_over(Spill::AtCap);
+        }
+        rest.retain(|b| !Arc::ptr_eq(b, &admitted.backend));
+        Slot::Taken(admitted.backend, admitted.slot)
     }
 
     /// Sends the request to `backend` over a pooled connection, or a new
@@ -280,25 +346,26 @@ struct Taken<'b, C: Pooled> {
     sent: Instant,
 }
 
-/// `backend`'s in-flight slot if it has room for the request, and the
-/// request's place among those awaiting a first byte there (a
-/// conversation's opening at the first backend that takes it, a new
-/// group's at its home only); `None` when it is at its cap.
-fn claim(
-    route: &Route,
-    backend: &Arc<Backend>,
-    opening: &mut Option<Opening>,
-) -> Option<(ActiveGuard, FirstByte)> {
-    let slot = route.reserve(backend)?;
+/// What taking a slot for a request came to.
+enum Slot {
+    Taken(Arc<Backend>, ActiveGuard),
+    /// The target was at its cap: the next one.
+    Passed,
+    Refused(Refusal),
+}
+
+/// The request's place among those awaiting a first byte at `backend`, the
+/// one that took it (a conversation's opening at the first backend that
+/// takes it, a new group's at its home only).
+fn awaiting_at(backend: &Arc<Backend>, opening: &mut Option<Opening>) -> FirstByte {
     let (kind, mark) = match opening.take() {
         Some(opening) => opening.claimed_at(&backend.name),
         None => (Awaiting::Turn, None),
     };
-    let awaiting = FirstByte {
+    FirstByte {
         count: backend.live.await_first_byte(kind),
         mark,
-    };
-    Some((slot, awaiting))
+    }
 }
 
 /// Where a request's connection comes from.
@@ -384,6 +451,8 @@ pub enum Failure {
     /// The backend answered `101 Switching Protocols`, which magpie never
     /// asks for (it passes no `Upgrade` on).
     Switched { backend: String },
+    /// The queue refused it (`queue`): full, or it waited too long.
+    Refused(Refusal),
 }
 
 impl Failure {
@@ -434,6 +503,8 @@ impl Failure {
             Failure::NoBackend { .. } => ClientFailure::NoBackend,
             Failure::AfterSend { .. } | Failure::Switched { .. } => ClientFailure::BackendFailed,
             Failure::ResponseTimeout { .. } => ClientFailure::ResponseTimeout,
+            Failure::Refused(Refusal::TimedOut) => ClientFailure::QueueTimeout,
+            Failure::Refused(_) => ClientFailure::QueueFull,
         }
     }
 
@@ -484,11 +555,24 @@ impl Failure {
                     humantime::format_duration(*after)
                 ),
             ),
+            Failure::Refused(Refusal::TimedOut) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "magpie: no backend had room for the request within queue.timeout\n".to_string(),
+            ),
+            Failure::Refused(Refusal::TenantFull) => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "magpie: too many of this tenant's requests are waiting\n".to_string(),
+            ),
+            Failure::Refused(_) => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "magpie: every backend is at its limit and the queue is full\n".to_string(),
+            ),
         };
         LocalAnswer {
             status,
             text,
             close: matches!(self, Failure::ClientBody { .. }),
+            retry_after: matches!(self, Failure::Refused(_)).then_some(RETRY_AFTER_SECONDS),
         }
     }
 }
@@ -497,12 +581,18 @@ impl Failure {
 /// while it was sent on).
 pub const BODY_UNREADABLE: &str = "magpie: the request body could not be read\n";
 
-/// A short answer of magpie's own: its status, its one line of text, and
-/// whether the connection closes after it.
+/// What a refusal of the queue's tells the client to wait before it tries
+/// again (`Retry-After`, in seconds): long enough for the requests in
+/// flight to move on, short enough not to idle a pool that drained.
+pub const RETRY_AFTER_SECONDS: u32 = 1;
+
+/// A short answer of magpie's own: its status, its one line of text,
+/// whether the connection closes after it, and a `Retry-After` if any.
 pub struct LocalAnswer {
     pub status: StatusCode,
     pub text: String,
     pub close: bool,
+    pub retry_after: Option<u32>,
 }
 
 impl LocalAnswer {
@@ -513,6 +603,7 @@ impl LocalAnswer {
             status: StatusCode::BAD_REQUEST,
             text: BODY_UNREADABLE.to_string(),
             close: true,
+            retry_after: None,
         }
     }
 }

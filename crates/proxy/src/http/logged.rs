@@ -79,6 +79,7 @@ impl Logged {
             bytes_in: 0,
             bytes_out: 0,
             first_byte: None,
+            queued: None,
             duration: Duration::ZERO,
             http: Some(http),
             tokens: None,
@@ -100,6 +101,13 @@ impl Logged {
     pub fn tried(&mut self, name: &str, targets: &[Arc<Backend>]) {
         if let Some(b) = targets.iter().find(|b| b.name == name) {
             self.entry.backend = Some((b.name.clone(), b.addr));
+        }
+    }
+
+    /// It waited `waited` in the queue for a backend's room.
+    pub fn queued(&mut self, waited: Duration) {
+        if !waited.is_zero() {
+            self.entry.queued = Some(waited);
         }
     }
 

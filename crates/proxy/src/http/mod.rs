@@ -93,6 +93,7 @@ use crate::config::{DEFAULT_HTTP_READ_TIMEOUT, KeyConfig};
 use crate::intake::listener::Accepted;
 use crate::intake::proxy_protocol::{self, Addresses};
 use crate::net::{Client, reset_on_close};
+use crate::routing::admission::Standing;
 use crate::routing::instance::Instance;
 use crate::telemetry::stats::{ClientFailure, Stats};
 
@@ -377,6 +378,12 @@ impl HttpPath {
         let snapshot = instance.snapshot.load_full();
         let config = Arc::clone(&snapshot.config);
         let claim = conn.claim(config.http.reuse, idempotent(request.method().as_str()));
+        let headers = request.headers();
+        let standing = Standing::of(
+            config.queue.as_ref(),
+            |name| headers.get(name).map(|v| v.as_bytes()),
+            None,
+        );
         let plan = KeyPlan {
             key: &config.key,
             group: config.group.as_ref(),
@@ -396,10 +403,13 @@ impl HttpPath {
         };
         let (keys, pinned) = pinning::route_found(&found, instance, &snapshot, log).await;
         drop(snapshot);
+        let held = request.body().held();
         let mut journey = Journey {
             pinned,
             keys,
             claim,
+            standing,
+            held,
             config: &config,
             instance,
             log,

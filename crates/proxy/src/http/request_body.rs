@@ -51,6 +51,11 @@ impl RequestBody {
         }
     }
 
+    /// Bytes read already and held until they are sent on.
+    pub fn held(&self) -> u64 {
+        self.head.iter().map(|b| b.len() as u64).sum()
+    }
+
     /// Sends `trailers` after the head (for a body read to its end).
     pub fn with_trailers(mut self, trailers: Option<HeaderMap>) -> RequestBody {
         self.trailers = trailers;

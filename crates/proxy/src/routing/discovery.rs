@@ -286,5 +286,6 @@ fn found(name: String, addr: SocketAddr, weight: u32, source: &SourceConfig) -> 
         zone: source.zone.clone(),
         discovered: true,
         tls: None,
+        max_inflight: source.max_inflight,
     }
 }

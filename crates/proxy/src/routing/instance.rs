@@ -12,6 +12,7 @@
 //! | sessions | publish (kept or replaced) | mode http's routing |
 //! | `recent` | the data paths | routing, admin `/route`, metrics |
 //! | `access_log` | publish (settings), the data paths (lines) | its writer task |
+//! | `admission` | the data paths (wait, admit), publish (rebind) | metrics, admin |
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -22,7 +23,8 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use tokio::sync::{Semaphore, watch};
 
 use crate::config::Config;
-use crate::routing::backend::{Backend, Live};
+use crate::routing::admission::Admission;
+use crate::routing::backend::{Backend, Live, SlotFreed};
 use crate::routing::discovery::Discovery;
 use crate::routing::health;
 use crate::routing::recent::{self, Recent};
@@ -54,6 +56,8 @@ pub struct Instance {
     draining: std::sync::atomic::AtomicBool,
     /// `access_log`: its settings, queue and counters.
     pub access_log: AccessLog,
+    /// `queue`: the requests (or connections) waiting for a backend's room.
+    pub admission: Arc<Admission>,
 }
 
 impl Instance {
@@ -70,6 +74,8 @@ impl Instance {
         let (max, ttl) = recent_size(&snapshot.config);
         let recent = Recent::new(max, ttl);
         let access_log = AccessLog::new(snapshot.config.access_log.as_ref());
+        let admission = Arc::new(Admission::default());
+        wait_on(&snapshot, &admission);
         Instance {
             snapshot: ArcSwap::from_pointee(snapshot),
             stats: Stats::default(),
@@ -81,6 +87,7 @@ impl Instance {
             recent,
             draining: std::sync::atomic::AtomicBool::new(false),
             access_log,
+            admission,
         }
     }
 
@@ -130,8 +137,11 @@ impl Instance {
         if next.config.access_log != self.snapshot.load().config.access_log {
             self.access_log.configure(next.config.access_log.as_ref());
         }
+        wait_on(&next, &self.admission);
         let next = Arc::new(next);
         let old = self.snapshot.swap(Arc::clone(&next));
+        // Waiting requests leave the queue by the new table.
+        self.admission.rebind(&next);
         self.resize_limit(old_limit, new_limit);
         let removed: Vec<Arc<Backend>> = old
             .backends
@@ -179,6 +189,17 @@ impl Instance {
                 }
             });
         }
+    }
+}
+
+/// Tells `admission` whenever a backend of `snapshot` gives a slot back
+/// (a backend kept from an earlier snapshot tells it already).
+fn wait_on(snapshot: &Snapshot, admission: &Arc<Admission>) {
+    for b in &snapshot.backends {
+        b.live.waiters.get_or_init(|| {
+            let hook: Arc<dyn SlotFreed> = Arc::clone(admission) as Arc<dyn SlotFreed>;
+            hook
+        });
     }
 }
 

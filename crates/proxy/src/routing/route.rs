@@ -358,8 +358,10 @@ fn select(snapshot: &Snapshot, key: u64, mut on_skip: impl FnMut(&Backend, Spill
     let config = &snapshot.config;
     let attempts = config.connect.attempts as usize;
     let caps = caps_of(snapshot);
-    let engine = config
-        .load_limits()
+    // With `queue`, a full engine counts as at its limit: the request
+    // waits for it (crate::routing::admission) rather than passing it over.
+    let engine = (config.load_limits())
+        .filter(|_| config.queue.is_none())
         .map(|l| (l, tokio::time::Instant::now()));
     let mut targets = Vec::with_capacity(attempts);
     let mut skipped_down = false;

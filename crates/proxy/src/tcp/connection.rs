@@ -22,9 +22,12 @@ use super::sni_key::{HelloWant, read_sni_key};
 use crate::config::{Config, KeyConfig};
 use crate::intake::listener::Accepted;
 use crate::intake::proxy_protocol::{self, Addresses, Intake, Signature};
+use crate::intake::read_ahead::ReadAhead;
 use crate::net::{Client, Peer, reset_on_close};
+use crate::routing::admission::{Admit, Ask, Refusal};
 use crate::routing::backend::{ActiveGuard, Backend, Side, Spill};
 use crate::routing::health::passive::{self, Blame};
+use crate::routing::instance::Instance;
 use crate::routing::recent::Decision;
 use crate::routing::route::How;
 use crate::routing::route::Route;
@@ -66,7 +69,7 @@ pub async fn serve(accepted: Accepted) {
         mut upstream,
         slot: _active,
         how,
-    } = match connect_first(&route, &config, stats).await {
+    } = match connect_first(&route, &config, &instance, &mut intake, key).await {
         Ok(connected) => connected,
         Err(failure) => {
             if failure == ClientFailure::NoBackend {
@@ -199,14 +202,55 @@ struct Connected {
 async fn connect_first(
     route: &Route,
     config: &Config,
-    stats: &Stats,
+    instance: &Arc<Instance>,
+    intake: &mut Intake,
+    key: u64,
 ) -> Result<Connected, ClientFailure> {
+    let stats = &instance.stats;
     let mut how = route.how;
-    for backend in &route.targets {
-        let Some(slot) = route.reserve(backend) else {
-            how = how.passed_over(Spill::AtCap);
-            continue;
+    let mut rest = route.targets.clone();
+    let mut sticky = true;
+    while !rest.is_empty() {
+        let (backend, slot) = match &config.queue {
+            None => {
+                let backend = rest.remove(0);
+                let Some(slot) = route.reserve(&backend) else {
+                    how = how.passed_over(Spill::AtCap);
+                    continue;
+                };
+                (backend, slot)
+            }
+            Some(queue) => {
+                let ask = Ask {
+                    targets: &rest,
+                    sticky,
+                    pinned: false,
+                    class: queue.priority.default,
+                    tenant: 0,
+                    bytes: intake.stream.bytes().len() as u64,
+                    key,
+                    queue,
+                    load: config.load_limits(),
+                };
+                let gone = client_gone(&mut intake.stream);
+                let admitted =
+                    instance
+                        .admission
+                        .admit(ask, gone)
+                        .await
+                        .map_err(|why| match why {
+                            Refusal::TimedOut => ClientFailure::QueueTimeout,
+                            _ => ClientFailure::QueueFull,
+                        })?;
+                if admitted.how == Admit::Spilled {
+                    how = how.passed_over(Spill::AtCap);
+                }
+                rest.retain(|b| !Arc::ptr_eq(b, &admitted.backend));
+                (admitted.backend, admitted.slot)
+            }
         };
+        sticky = false;
+        let backend = &backend;
         let started = Instant::now();
         match crate::net::connect(backend.addr, config.connect.timeout).await {
             Ok(upstream) => {
@@ -230,6 +274,24 @@ async fn connect_first(
         }
     }
     Err(ClientFailure::NoBackend)
+}
+
+/// The most a connection waiting in the queue reads ahead of its client
+/// (to see it leave); the rest waits in the socket.
+const QUEUED_READ_AHEAD: usize = 16 << 10;
+
+/// Resolves when the client closes (or breaks) its side while its
+/// connection waits in the queue; what it sends meanwhile is kept, up to
+/// [`QUEUED_READ_AHEAD`], for the backend.
+async fn client_gone(stream: &mut ReadAhead) {
+    loop {
+        if stream.bytes().len() >= QUEUED_READ_AHEAD {
+            return std::future::pending().await;
+        }
+        if matches!(stream.read_more(QUEUED_READ_AHEAD).await, Ok(0) | Err(_)) {
+            return;
+        }
+    }
 }
 
 /// A copied connection at its end.

@@ -169,6 +169,7 @@ mod tests {
             zone: None,
             discovered: false,
             tls: None,
+            max_inflight: None,
         };
         Backend::new(&config, Arc::new(Live::default()))
     }

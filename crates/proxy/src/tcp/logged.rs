@@ -73,6 +73,7 @@ impl Open {
             bytes_in: 0,
             bytes_out: 0,
             first_byte: None,
+            queued: None,
             duration: Duration::ZERO,
             http: None,
             tokens: None,

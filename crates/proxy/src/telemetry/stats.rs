@@ -62,6 +62,11 @@ labels! {
         /// `mode: http`: the backend sent no response head within
         /// `http.response_timeout` (the client got `504`).
         ResponseTimeout => "response_timeout",
+        /// `queue`: every target was at its limit and the queue was full
+        /// (the client got `429`).
+        QueueFull => "queue_full",
+        /// `queue`: no target had room within `queue.timeout` (`503`).
+        QueueTimeout => "queue_timeout",
     }
 }
 

@@ -110,6 +110,7 @@ impl Validator<'_> {
             Some(z) => Some(z.value.trim().to_string()),
             None => None,
         };
+        let max_inflight = self.backend_max_inflight(b.max_inflight);
         Some(BackendConfig {
             name,
             addr_text: b_addr.value.trim().to_string(),
@@ -118,6 +119,7 @@ impl Validator<'_> {
             zone,
             discovered: false,
             tls: None,
+            max_inflight,
         })
     }
 

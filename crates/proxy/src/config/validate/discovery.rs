@@ -88,10 +88,12 @@ impl Validator<'_> {
             .zone
             .map(|z| z.value.trim().to_string())
             .filter(|z| !z.is_empty());
+        let max_inflight = self.backend_max_inflight(b.max_inflight);
         Some(SourceConfig {
             source,
             weight,
             zone,
+            max_inflight,
         })
     }
 

@@ -51,6 +51,7 @@ mod engine_load;
 mod key;
 mod metrics;
 mod modes;
+mod queue;
 mod settings;
 mod tls;
 mod upstream_tls;
@@ -59,6 +60,8 @@ pub(super) struct Validator<'a> {
     file: &'a Path,
     names: resolve::Names,
     errors: Vec<ConfigError>,
+    /// Where a backend's `max_inflight` was first written: it needs `queue`.
+    inflight_written: Option<Location>,
 }
 
 impl<'a> Validator<'a> {
@@ -67,6 +70,7 @@ impl<'a> Validator<'a> {
             file,
             names,
             errors: Vec::new(),
+            inflight_written: None,
         }
     }
 
@@ -191,6 +195,7 @@ impl<'a> Validator<'a> {
         let group = self.group(raw_group, &key, mode, sessions.is_some());
         let group_choices = self.group_choices(raw_choices, group.is_some(), connect.attempts);
         let access_log = self.access_log(raw.access_log);
+        let queue = self.queue(raw.queue, mode, group.is_some());
 
         if self.errors.is_empty() {
             Ok(Config {
@@ -222,6 +227,7 @@ impl<'a> Validator<'a> {
                 discovery,
                 metrics: Validator::metrics(raw.metrics),
                 access_log,
+                queue,
             })
         } else {
             self.errors.sort_by_key(|e| (e.line, e.column));

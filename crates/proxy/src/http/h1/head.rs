@@ -18,10 +18,12 @@ use std::sync::Arc;
 use httparse::{Header, Status};
 
 use super::framing::Framing;
+use crate::config::QueueConfig;
 use crate::http::fields::HOP_BY_HOP_BUT_FRAMING;
 use crate::http::logged::{Arrival, Logged, RequestLine};
 use crate::http::request_key::{HeadKeys, KeyPlan, head_keys};
 use crate::http::reuse::idempotent;
+use crate::routing::admission::Standing;
 use crate::routing::instance::Instance;
 
 /// The most header fields one request head may have (hyper's limit too).
@@ -75,11 +77,14 @@ pub struct Head<'a> {
     pub keys: HeadKeys<'a>,
     /// The access-log line, when the log samples the request.
     pub log: Option<Logged>,
+    /// Its class and tenant (with a header's tenant), for the queue.
+    pub standing: Standing,
 }
 
 /// What a head is read with.
 pub struct Context<'a, 's> {
     pub plan: KeyPlan<'a>,
+    pub queue: Option<&'a QueueConfig>,
     pub arrival: Arrival,
     pub instance: &'s Arc<Instance>,
 }
@@ -124,6 +129,7 @@ pub fn parse<'a>(buf: &[u8], cx: &Context<'a, '_>) -> Parse<'a> {
     };
     let log = Logged::begin(line, cx.arrival, cx.instance);
     let keys = head_keys(&cx.plan, header, header("content-type"));
+    let standing = Standing::of(cx.queue, header, None);
     Parse::Ready(Box::new(Head {
         len,
         framing: checked.framing,
@@ -133,6 +139,7 @@ pub fn parse<'a>(buf: &[u8], cx: &Context<'a, '_>) -> Parse<'a> {
         upstream: upstream_head(method, target, headers, &checked.named, len),
         keys,
         log,
+        standing,
     }))
 }
 

@@ -48,6 +48,7 @@ pub async fn serve<S: ClientIo>(
             budget: &c.instance.stats.key_budget,
             budget_max: config.limits.key_buffer_bytes,
         },
+        queue: config.queue.as_ref(),
         arrival: c.arrival,
         instance: c.instance,
     };
@@ -64,6 +65,7 @@ pub async fn serve<S: ClientIo>(
     let (keys, pinned) =
         pinning::route_found(&keyed.found, c.instance, &snapshot, &mut head.log).await;
     drop(snapshot);
+    let keyed_bytes = keyed.walked as u64;
     let mut walked = keyed.walked;
     if walked <= JOIN_BELOW {
         head.upstream.extend_from_slice(&buf.unconsumed()[..walked]);
@@ -88,6 +90,8 @@ pub async fn serve<S: ClientIo>(
         pinned,
         keys,
         claim: c.conn.claim(config.http.reuse, head.idempotent),
+        standing: head.standing,
+        held: keyed_bytes,
         config: &config,
         instance: c.instance,
         log: &mut head.log,
@@ -231,8 +235,12 @@ fn encode(answer: &LocalAnswer) -> Vec<u8> {
     } else {
         ""
     };
+    let retry = match answer.retry_after {
+        Some(seconds) => format!("retry-after: {seconds}\r\n"),
+        None => String::new(),
+    };
     let mut out = format!(
-        "HTTP/1.1 {} {reason}\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: {}\r\n{close}\r\n",
+        "HTTP/1.1 {} {reason}\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: {}\r\n{retry}{close}\r\n",
         answer.status.as_u16(),
         answer.text.len()
     )

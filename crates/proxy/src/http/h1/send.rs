@@ -125,6 +125,22 @@ impl<S: ClientIo> Wire for RawWire<'_, '_, S> {
     fn status(head: &Received) -> u16 {
         head.head.status
     }
+
+    /// Watched only once the body is all read (what comes next is the
+    /// client's next request, read ahead as while an answer streams): a
+    /// queued request's body is not read beyond what its key needed.
+    async fn client_gone(&mut self) {
+        let out = &mut self.out;
+        if !out.end.is_done() {
+            return std::future::pending().await;
+        }
+        loop {
+            let read = poll_fn(|cx| out.buf.poll_read_ahead(out.client, cx, MAX_AHEAD)).await;
+            if matches!(read, Ok(0) | Err(_)) {
+                return;
+            }
+        }
+    }
 }
 
 /// A request whose head went to its backend.

@@ -14,6 +14,13 @@ use MetricType::{COUNTER, GAUGE, HISTOGRAM};
 /// The families read once per backend.
 pub const BACKEND: &[Family] = &[
     Family {
+        name: "magpie_backend_inflight_limit",
+        kind: GAUGE,
+        labels: &["backend", "addr"],
+        help: "With queue: the most requests (mode tcp: connections) the backend takes at once, its own max_inflight or queue.max_inflight; 0 without a queue. Compare with magpie_backend_active_requests (mode tcp: magpie_backend_active_connections).",
+        read: Read::Backend(|b, s| s.value(&[], b.inflight_limit.unwrap_or(0) as f64)),
+    },
+    Family {
         name: "magpie_backend_active_connections",
         kind: GAUGE,
         labels: &["backend", "addr"],

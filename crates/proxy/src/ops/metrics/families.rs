@@ -25,7 +25,9 @@ use MetricType::{COUNTER, GAUGE, HISTOGRAM};
 
 /// Every exported family, backends' first. docs/metrics.md lists the same.
 pub fn families() -> impl Iterator<Item = &'static Family> {
-    super::backend_families::BACKEND.iter().chain(GLOBAL)
+    (super::backend_families::BACKEND.iter())
+        .chain(GLOBAL)
+        .chain(super::queue_families::QUEUE)
 }
 
 /// The families read once per scrape.

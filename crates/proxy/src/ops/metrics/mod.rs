@@ -17,6 +17,7 @@
 
 pub mod backend_families;
 pub mod families;
+pub mod queue_families;
 pub mod series;
 pub mod tls;
 
@@ -154,6 +155,7 @@ impl Collector for Exporter {
             recent: &self.instance.recent,
             access_log: self.instance.access_log.counters(),
             renders: &self.renders,
+            admission: &self.instance.admission,
         };
         // The current backends with their shares, then the draining ones;
         // each with its address as text, for its labels.
@@ -178,6 +180,7 @@ impl Collector for Exporter {
             per_backend,
             requests: snapshot.config.mode == Mode::Http,
             engine_max_age: snapshot.config.load_limits().map(|l| l.max_age),
+            max_inflight: snapshot.config.queue.as_ref().map(|q| q.max_inflight),
         };
         families()
             .map(|family| {
@@ -206,6 +209,8 @@ struct Pool<'a> {
     /// `mode: http`: the active count is requests in flight.
     requests: bool,
     engine_max_age: Option<Duration>,
+    /// `queue.max_inflight`, when the queue is on.
+    max_inflight: Option<u64>,
 }
 
 impl Pool<'_> {
@@ -229,6 +234,7 @@ impl Pool<'_> {
                 share: *share,
                 requests: self.requests,
                 engine_max_age: self.engine_max_age,
+                inflight_limit: self.max_inflight.map(|m| backend.max_inflight.unwrap_or(m)),
             };
             if self.per_backend {
                 let fixed = [backend.name.as_str(), addr.as_str()];

@@ -9,6 +9,7 @@
 //! without those two labels, which adds each value to the series with the
 //! same labels (or keeps the largest, see [`Merge`]).
 
+use crate::routing::admission::Admission;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -57,6 +58,19 @@ pub struct Scrape<'a> {
     pub access_log: &'a Counters,
     /// The exporter's renderings (the admin endpoint's families).
     pub renders: &'a Renders,
+    /// `queue`: what waits, and what was admitted and refused.
+    pub admission: &'a Admission,
+}
+
+impl Scrape<'_> {
+    /// The queue's class names, the highest first (one, `default`, when
+    /// the queue has no classes or is off).
+    pub fn classes(&self) -> Vec<String> {
+        match &self.snapshot.config.queue {
+            Some(q) => q.priority.classes.clone(),
+            None => vec!["default".to_string()],
+        }
+    }
 }
 
 impl Scrape<'_> {
@@ -107,6 +121,8 @@ pub struct BackendView<'a> {
     pub requests: bool,
     /// `health.load.max_age`, when engine load is on.
     pub engine_max_age: Option<std::time::Duration>,
+    /// With `queue`: the most requests (or connections) it takes at once.
+    pub inflight_limit: Option<u64>,
 }
 
 impl BackendView<'_> {

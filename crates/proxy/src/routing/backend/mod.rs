@@ -25,7 +25,7 @@ pub mod traffic;
 
 use crate::net::tls_client::BackendTls;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 pub use traffic::{CodeClass, Discard, Side, Spill, TimeoutKind};
 
@@ -45,6 +45,8 @@ pub struct Backend {
     pub zone: Option<String>,
     /// Reached over TLS (`tls: true`, mode http).
     pub tls: Option<BackendTls>,
+    /// Its own `max_inflight` (with `queue`), else the queue's.
+    pub max_inflight: Option<u64>,
     pub live: Arc<Live>,
 }
 
@@ -56,6 +58,7 @@ impl Backend {
             weight: config.weight,
             zone: config.zone.clone(),
             tls: config.tls.clone(),
+            max_inflight: config.max_inflight,
             live,
         }
     }
@@ -94,6 +97,14 @@ pub struct Live {
     pub drain: Drain,
     /// The groups it served (`key.group`).
     pub groups: Groups,
+    /// Told whenever a slot is given back, so a request waiting for this
+    /// backend can take it (`queue`); set once by the instance.
+    pub waiters: OnceLock<Arc<dyn SlotFreed>>,
+}
+
+/// Whoever waits for a backend's slots: told each time one is given back.
+pub trait SlotFreed: Send + Sync + std::fmt::Debug {
+    fn slot_freed(&self, live: &Arc<Live>);
 }
 
 impl Live {
@@ -143,6 +154,9 @@ pub struct ActiveGuard {
 impl Drop for ActiveGuard {
     fn drop(&mut self) {
         self.live.load.give_back();
+        if let Some(waiters) = self.live.waiters.get() {
+            waiters.slot_freed(&self.live);
+        }
     }
 }
 

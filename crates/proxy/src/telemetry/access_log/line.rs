@@ -164,6 +164,7 @@ fn value(entry: &Entry, field: LogField) -> Option<Value<'_>> {
         LogField::BytesIn => Value::Number(entry.bytes_in),
         LogField::BytesOut => Value::Number(entry.bytes_out),
         LogField::FirstByteMs => Value::Millis(entry.first_byte?),
+        LogField::QueueMs => Value::Millis(entry.queued?),
         LogField::DurationMs => Value::Millis(entry.duration),
         LogField::Method => Value::Text(&http?.method),
         LogField::Path => Value::Text(&http?.path),
@@ -193,6 +194,7 @@ mod tests {
             bytes_in: 120,
             bytes_out: 3400,
             first_byte: Some(Duration::from_micros(1500)),
+            queued: Some(Duration::from_millis(20)),
             duration: Duration::from_millis(20),
             http: Some(HttpRequest {
                 method: "POST".into(),

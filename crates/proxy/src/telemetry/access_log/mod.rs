@@ -62,6 +62,8 @@ pub struct Entry {
     /// To the client.
     pub bytes_out: u64,
     pub first_byte: Option<Duration>,
+    /// How long it waited in the queue (`queue`), if it waited.
+    pub queued: Option<Duration>,
     pub duration: Duration,
     /// Mode http only.
     pub http: Option<HttpRequest>,

@@ -1,0 +1,509 @@
+//! Admission (`queue`): each backend takes at most `max_inflight` requests
+//! (mode http) or connections (mode tcp) at once; what finds no room waits
+//! in one bounded queue, and leaves it by priority, by tenant in turn, and
+//! for the backend that holds its cache.
+//!
+//! ```text
+//! admit(targets) ─ room at its home? ──yes──▶ Admitted (at once)
+//!        │ no: queue full? ──yes──▶ Refusal::Full (429)
+//!        ▼
+//!     waiting ◀── a slot given back at a backend (ActiveGuard drops):
+//!        │        the next eligible waiter, in order::Waiting's order, takes it
+//!        ├─ affinity_wait passed: its next candidate with room, in the table's order
+//!        ├─ queue.timeout passed ─▶ Refusal::TimedOut (503)
+//!        └─ the client went away ─▶ out of the queue at once
+//! ```
+//!
+//! A request's home is its first target: its session pin, or the table's
+//! owner of its key. It waits for its home up to `queue.affinity_wait` and
+//! only then takes any of its targets; a new conversation (sessions on, no
+//! pin yet) has no cache anywhere and takes the first target with room at
+//! once. A backend whose engine reports itself full (`health.load`) counts
+//! as at its limit. Every magpie with the same config orders the targets
+//! the same way, so a spill goes to the same place on each.
+//!
+//! Nothing waits without three bounds: `queue.size` requests,
+//! `queue.max_body_bytes` of their bodies (only what was read for the key
+//! is held; the rest waits in the client's socket), and `queue.timeout`.
+//! The queue lives as long as the instance: a reload rebinds every waiting
+//! request to the new table ([`Admission::rebind`]).
+
+pub mod order;
+pub mod stats;
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use self::order::Waiting;
+pub use self::stats::{Admit, QueueStats, Refusal};
+use crate::config::{Config, DEFAULT_AGING, LoadLimits, MAX_CLASSES, QueueConfig, TenantBy};
+use crate::routing::backend::{ActiveGuard, Backend, Live, SlotFreed};
+use crate::routing::route::Route;
+use crate::routing::snapshot::Snapshot;
+
+/// The queue of one magpie, and the limits it enforces.
+#[derive(Debug)]
+pub struct Admission {
+    state: Mutex<State>,
+    /// Requests waiting, read without the lock when a slot is given back.
+    len: AtomicUsize,
+    pub stats: QueueStats,
+}
+
+/// The queue and the settings it hands slots out by (the latest
+/// published config's).
+#[derive(Debug)]
+struct State {
+    waiting: Waiting<Waiter>,
+    max_inflight: u64,
+    load: Option<LoadLimits>,
+    aging: Duration,
+}
+
+/// A request's place in the queue's order: its class (an index into
+/// `queue.priority.classes`) and its tenant.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Standing {
+    pub class: usize,
+    pub tenant: u64,
+}
+
+impl Standing {
+    /// A request's standing from its header fields (`header` gives a
+    /// field's value by lower-case name); a tenant told by its group is
+    /// `group` (or none when it has none).
+    pub fn of<'h>(
+        queue: Option<&QueueConfig>,
+        header: impl Fn(&str) -> Option<&'h [u8]>,
+        group: Option<u64>,
+    ) -> Standing {
+        let Some(q) = queue else {
+            return Standing::default();
+        };
+        let class = q
+            .priority
+            .class_of(q.priority.header.as_deref().and_then(&header));
+        let tenant = match &q.tenant {
+            Some(TenantBy::Header(name)) => header(name).map_or(0, magpie_core::hash::h64),
+            Some(TenantBy::Group) => group.unwrap_or(0),
+            None => 0,
+        };
+        Standing { class, tenant }
+    }
+}
+
+/// What a request asks to be admitted with.
+pub struct Ask<'a> {
+    /// Its targets, its home first.
+    pub targets: &'a [Arc<Backend>],
+    /// Whether it waits for its home (its cache is there) before it spills.
+    pub sticky: bool,
+    /// Whether its home is its session pin (kept across a reload).
+    pub pinned: bool,
+    /// Its class (an index into `queue.priority.classes`) and tenant.
+    pub class: usize,
+    pub tenant: u64,
+    /// Body bytes it holds while it waits.
+    pub bytes: u64,
+    /// Its table key, to bind it again after a reload.
+    pub key: u64,
+    pub queue: &'a QueueConfig,
+    pub load: Option<&'a LoadLimits>,
+}
+
+/// A request admitted: the backend it goes to and the slot it holds there.
+#[derive(Debug)]
+pub struct Admitted {
+    pub backend: Arc<Backend>,
+    pub slot: ActiveGuard,
+    pub how: Admit,
+    pub waited: Duration,
+}
+
+/// A slot handed to a waiting request: which of its targets, and the slot.
+type Grant = (Arc<Backend>, ActiveGuard);
+
+/// One request in the queue.
+#[derive(Debug)]
+struct Waiter {
+    targets: Vec<Arc<Backend>>,
+    /// Until then only its home will do.
+    home_until: Instant,
+    pinned: bool,
+    key: u64,
+    bytes: u64,
+    grant: oneshot::Sender<Grant>,
+}
+
+impl Waiter {
+    /// The target whose live state is `live`, if the request may take it
+    /// now (only its home before `home_until`).
+    fn takes(&self, live: &Arc<Live>, now: Instant) -> Option<&Arc<Backend>> {
+        let may = if now < self.home_until {
+            1
+        } else {
+            self.targets.len()
+        };
+        (self.targets.iter().take(may)).find(|b| Arc::ptr_eq(&b.live, live))
+    }
+}
+
+impl Default for Admission {
+    fn default() -> Self {
+        Admission {
+            state: Mutex::new(State {
+                waiting: Waiting::new(MAX_CLASSES),
+                max_inflight: crate::config::DEFAULT_MAX_INFLIGHT,
+                load: None,
+                aging: DEFAULT_AGING,
+            }),
+            len: AtomicUsize::new(0),
+            stats: QueueStats::default(),
+        }
+    }
+}
+
+/// A slot at `backend` if it has room: fewer than its limit in flight
+/// (its own `max_inflight`, else `max_inflight`), and its engine (with
+/// `health.load`) not full.
+pub fn room(
+    backend: &Arc<Backend>,
+    max_inflight: u64,
+    load: Option<&LoadLimits>,
+) -> Option<ActiveGuard> {
+    let limit = backend.max_inflight.unwrap_or(max_inflight);
+    if load.is_some_and(|l| backend.live.engine.full_for_new_keys(l, Instant::now())) {
+        return None;
+    }
+    backend.live.try_reserve(limit)
+}
+
+/// The first of `targets` with room, and its slot.
+fn first_with_room(
+    targets: &[Arc<Backend>],
+    max_inflight: u64,
+    load: Option<&LoadLimits>,
+) -> Option<(usize, ActiveGuard)> {
+    (targets.iter().enumerate()).find_map(|(i, b)| room(b, max_inflight, load).map(|s| (i, s)))
+}
+
+impl Admission {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every change to the queue is one step under the lock, so a lock
+        // poisoned by a panic elsewhere still guards a consistent queue.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Requests waiting now.
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Requests waiting in each class, in the classes' order.
+    pub fn depths(&self, classes: usize) -> Vec<usize> {
+        let state = self.lock();
+        (0..classes).map(|c| state.waiting.depth(c)).collect()
+    }
+
+    /// Takes the settings of a config being published, and hands out the
+    /// room a raised limit made.
+    pub fn configure(&self, config: &Config, snapshot: &Snapshot) {
+        {
+            let mut state = self.lock();
+            if let Some(q) = &config.queue {
+                state.max_inflight = q.max_inflight;
+                state.aging = q.priority.aging;
+            }
+            state.load = config.load_limits().copied();
+        }
+        for b in &snapshot.backends {
+            self.hand_out(&b.live);
+        }
+    }
+
+    /// Binds every waiting request to `snapshot` (a reload published it):
+    /// its pin first if it had one and the backend is still there, then its
+    /// key's targets in the new table. Then hands out what has room.
+    pub fn rebind(&self, snapshot: &Snapshot) {
+        {
+            let mut state = self.lock();
+            for w in state.waiting.waiters_mut() {
+                let route = Route::preview(snapshot, w.key);
+                let pin = (w.targets.first())
+                    .filter(|_| w.pinned)
+                    .and_then(|home| snapshot.backend(&home.name))
+                    .cloned();
+                w.targets = match pin {
+                    Some(pin) => route.pin_first(snapshot, &pin).targets,
+                    None => route.targets,
+                };
+            }
+        }
+        self.configure(&snapshot.config, snapshot);
+    }
+
+    /// Admits the request `ask` describes: at once if its home (or, for a
+    /// request that is not sticky, any target) has room, else after
+    /// waiting in the queue. `gone` resolves when the client goes away.
+    pub async fn admit(
+        self: &Arc<Self>,
+        ask: Ask<'_>,
+        gone: impl Future<Output = ()>,
+    ) -> Result<Admitted, Refusal> {
+        let started = Instant::now();
+        let q = ask.queue;
+        let waits_for_home = ask.sticky && !q.affinity_wait.is_zero() && ask.targets.len() > 1;
+        let (rx, id) = {
+            let mut state = self.lock();
+            // The settings of the config this request was routed with: the
+            // latest published, but for a request routed just before a reload.
+            state.max_inflight = q.max_inflight;
+            state.aging = q.priority.aging;
+            state.load = ask.load.copied();
+            let may = if waits_for_home { 1 } else { ask.targets.len() };
+            let found = first_with_room(&ask.targets[..may], q.max_inflight, ask.load);
+            if let Some((i, slot)) = found {
+                drop(state);
+                let how = if i == 0 {
+                    Admit::AtOnce
+                } else {
+                    Admit::Spilled
+                };
+                return Ok(self.admitted(&ask, &ask.targets[i], slot, how, started));
+            }
+            if let Err(why) = fits(&state.waiting, &ask, self.stats.bytes()) {
+                drop(state);
+                self.stats.refused(ask.class, why);
+                return Err(why);
+            }
+            let (tx, rx) = oneshot::channel();
+            let waiter = Waiter {
+                targets: ask.targets.to_vec(),
+                home_until: if waits_for_home {
+                    started + q.affinity_wait
+                } else {
+                    started
+                },
+                pinned: ask.pinned,
+                key: ask.key,
+                bytes: ask.bytes,
+                grant: tx,
+            };
+            let id = state.waiting.push(ask.class, ask.tenant, started, waiter);
+            self.len.store(state.waiting.len(), Ordering::Relaxed);
+            self.stats.hold_bytes(ask.bytes, true);
+            (rx, id)
+        };
+        let ticket = Ticket {
+            admission: self,
+            id,
+            home_until: started
+                + if waits_for_home {
+                    q.affinity_wait
+                } else {
+                    Duration::ZERO
+                },
+            deadline: started + q.timeout,
+        };
+        let outcome = ticket.wait(rx, &ask, gone).await;
+        match outcome {
+            Ok((backend, slot, how)) => Ok(self.admitted(&ask, &backend, slot, how, started)),
+            Err(why) => {
+                self.stats.refused(ask.class, why);
+                Err(why)
+            }
+        }
+    }
+
+    fn admitted(
+        &self,
+        ask: &Ask<'_>,
+        backend: &Arc<Backend>,
+        slot: ActiveGuard,
+        how: Admit,
+        started: Instant,
+    ) -> Admitted {
+        let waited = started.elapsed();
+        self.stats.admitted(ask.class, how, waited);
+        Admitted {
+            backend: Arc::clone(backend),
+            slot,
+            how,
+            waited,
+        }
+    }
+
+    /// Takes request `id` off the queue if it is still there; `false` when
+    /// a slot was handed to it first.
+    fn leave(&self, id: u64) -> bool {
+        let mut state = self.lock();
+        let left = state.waiting.remove(id);
+        self.len.store(state.waiting.len(), Ordering::Relaxed);
+        drop(state);
+        left.inspect(|w| self.stats.hold_bytes(w.bytes, false))
+            .is_some()
+    }
+
+    /// Request `id`, whose home wait is over, takes the first of its
+    /// targets with room, if any (and leaves the queue).
+    fn spill(&self, id: u64) -> Option<Grant> {
+        let mut state = self.lock();
+        let (max_inflight, load) = (state.max_inflight, state.load);
+        let targets = state.waiting.get(id)?.targets.clone();
+        let (i, slot) = first_with_room(&targets, max_inflight, load.as_ref())?;
+        // Still there: the lock was held since `get`.
+        let left = state.waiting.remove(id);
+        self.len.store(state.waiting.len(), Ordering::Relaxed);
+        drop(state);
+        let w = left?;
+        self.stats.hold_bytes(w.bytes, false);
+        Some((Arc::clone(&targets[i]), slot))
+    }
+
+    /// Hands slots at `live` to waiting requests while it has room, in the
+    /// queue's order.
+    fn hand_out(&self, live: &Arc<Live>) {
+        if self.is_empty() {
+            return;
+        }
+        let mut unclaimed = Vec::new();
+        let mut state = self.lock();
+        let State {
+            waiting,
+            max_inflight,
+            load,
+            aging,
+        } = &mut *state;
+        loop {
+            let now = Instant::now();
+            // Room first (the backend as any eligible waiter knows it), then
+            // the request that goes next: the queue is unchanged between.
+            let Some(backend) = waiting.find(|w| w.takes(live, now).cloned()) else {
+                break;
+            };
+            let Some(slot) = room(&backend, *max_inflight, load.as_ref()) else {
+                break;
+            };
+            let Some(picked) = waiting.pick(now, *aging, |w| w.takes(live, now).is_some()) else {
+                unclaimed.push(slot);
+                break;
+            };
+            let w = picked.waiter;
+            self.stats.hold_bytes(w.bytes, false);
+            let target = w.takes(live, now).cloned().unwrap_or(backend);
+            if let Err((_, slot)) = w.grant.send((target, slot)) {
+                // Its request went away as the slot came.
+                unclaimed.push(slot);
+            }
+        }
+        self.len.store(waiting.len(), Ordering::Relaxed);
+        drop(state);
+        // Given back outside the lock: each may wake the next waiter.
+        drop(unclaimed);
+    }
+}
+
+impl SlotFreed for Admission {
+    fn slot_freed(&self, live: &Arc<Live>) {
+        self.hand_out(live);
+    }
+}
+
+/// Whether one more request fits the queue's bounds; the refusal if not.
+fn fits(waiting: &Waiting<Waiter>, ask: &Ask<'_>, held: u64) -> Result<(), Refusal> {
+    let q = ask.queue;
+    if waiting.len() >= q.size || held.saturating_add(ask.bytes) > q.max_body_bytes {
+        return Err(Refusal::Full);
+    }
+    if q.tenant_max_queued
+        .is_some_and(|m| waiting.of_tenant(ask.tenant) >= m)
+    {
+        return Err(Refusal::TenantFull);
+    }
+    Ok(())
+}
+
+/// A request's place in the queue; dropping it (the client went away, the
+/// request was cancelled) leaves the queue.
+struct Ticket<'a> {
+    admission: &'a Admission,
+    id: u64,
+    home_until: Instant,
+    deadline: Instant,
+}
+
+impl Ticket<'_> {
+    /// Waits for a slot: handed out, or taken at a spill once the home
+    /// wait is over; refused at the deadline or when the client goes.
+    async fn wait(
+        self,
+        mut rx: oneshot::Receiver<Grant>,
+        ask: &Ask<'_>,
+        gone: impl Future<Output = ()>,
+    ) -> Result<(Arc<Backend>, ActiveGuard, Admit), Refusal> {
+        let home = ask.targets.first().map(|b| Arc::clone(&b.live));
+        let how = |b: &Arc<Backend>| match &home {
+            Some(home) if Arc::ptr_eq(home, &b.live) => Admit::Waited,
+            _ => Admit::Spilled,
+        };
+        tokio::pin!(gone);
+        let mut home_wait = Instant::now() < self.home_until;
+        loop {
+            tokio::select! {
+                granted = &mut rx => {
+                    return match granted {
+                        Ok((b, slot)) => Ok((Arc::clone(&b), slot, how(&b))),
+                        // The sender went without a grant: only at exit.
+                        Err(_) => Err(Refusal::TimedOut),
+                    };
+                }
+                () = tokio::time::sleep_until(self.home_until), if home_wait => {
+                    home_wait = false;
+                    if let Some((b, slot)) = self.admission.spill(self.id) {
+                        return Ok((Arc::clone(&b), slot, how(&b)));
+                    }
+                }
+                () = tokio::time::sleep_until(self.deadline) => {
+                    return self.settle(&mut rx, how, Refusal::TimedOut);
+                }
+                () = &mut gone => {
+                    return self.settle(&mut rx, how, Refusal::ClientGone);
+                }
+            }
+        }
+    }
+
+    /// Leaves the queue for `why`, unless a slot came first.
+    fn settle(
+        &self,
+        rx: &mut oneshot::Receiver<Grant>,
+        how: impl Fn(&Arc<Backend>) -> Admit,
+        why: Refusal,
+    ) -> Result<(Arc<Backend>, ActiveGuard, Admit), Refusal> {
+        if self.admission.leave(self.id) {
+            return Err(why);
+        }
+        match rx.try_recv() {
+            Ok((b, slot)) if why != Refusal::ClientGone => Ok((Arc::clone(&b), slot, how(&b))),
+            _ => Err(why),
+        }
+    }
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        self.admission.leave(self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,188 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use crate::config::{BackendConfig, Priority};
+
+fn backend(name: &str, port: u16, admission: &Arc<Admission>) -> Arc<Backend> {
+    let config = BackendConfig {
+        name: name.into(),
+        addr_text: format!("127.0.0.1:{port}"),
+        addr: format!("127.0.0.1:{port}").parse().unwrap(),
+        weight: 1,
+        zone: None,
+        discovered: false,
+        tls: None,
+        max_inflight: None,
+    };
+    let live = Arc::new(Live::default());
+    let hook: Arc<dyn SlotFreed> = admission.clone();
+    live.waiters.set(hook).unwrap();
+    Arc::new(Backend::new(&config, live))
+}
+
+fn queue(max_inflight: u64) -> QueueConfig {
+    QueueConfig {
+        max_inflight,
+        size: 4,
+        max_body_bytes: 1000,
+        timeout: Duration::from_secs(30),
+        affinity_wait: Duration::from_secs(1),
+        priority: Priority {
+            header: Some("x-priority".into()),
+            classes: vec!["interactive".into(), "default".into(), "batch".into()],
+            default: 1,
+            aging: Duration::from_secs(10),
+        },
+        tenant: None,
+        tenant_max_queued: None,
+    }
+}
+
+fn ask<'a>(targets: &'a [Arc<Backend>], q: &'a QueueConfig, class: usize) -> Ask<'a> {
+    Ask {
+        targets,
+        sticky: true,
+        pinned: false,
+        class,
+        tenant: 0,
+        bytes: 10,
+        key: 1,
+        queue: q,
+        load: None,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn waits_for_its_home_then_spills_in_order() {
+    let admission = Arc::new(Admission::default());
+    let a = backend("a", 1, &admission);
+    let b = backend("b", 2, &admission);
+    let q = queue(1);
+    let targets = [Arc::clone(&a), Arc::clone(&b)];
+    let first = admission
+        .admit(ask(&targets, &q, 1), std::future::pending())
+        .await
+        .unwrap();
+    assert_eq!(
+        (first.backend.name.as_str(), first.how),
+        ("a", Admit::AtOnce)
+    );
+    // a is full: the next request waits for it, then takes b.
+    let started = Instant::now();
+    let second = admission
+        .admit(ask(&targets, &q, 1), std::future::pending())
+        .await
+        .unwrap();
+    assert_eq!(
+        (second.backend.name.as_str(), second.how),
+        ("b", Admit::Spilled)
+    );
+    assert_eq!(started.elapsed(), q.affinity_wait);
+    // Both are full: a request that is not sticky waits, and the first slot
+    // given back (at a) goes to it.
+    let admission2 = Arc::clone(&admission);
+    let waiting = tokio::spawn(async move {
+        let targets = targets;
+        let q = queue(1);
+        let mut a = ask(&targets, &q, 1);
+        a.sticky = false;
+        admission2
+            .admit(a, std::future::pending())
+            .await
+            .map(|x| x.backend.name.clone())
+    });
+    tokio::task::yield_now().await;
+    assert_eq!(admission.len(), 1);
+    drop(first);
+    assert_eq!(waiting.await.unwrap().unwrap(), "a");
+    assert_eq!(admission.stats.admitted_count(1, Admit::Spilled), 1);
+    drop(second);
+}
+
+#[tokio::test(start_paused = true)]
+async fn slots_go_by_class_and_the_queue_is_bounded() {
+    let admission = Arc::new(Admission::default());
+    let a = backend("a", 1, &admission);
+    let q = Arc::new(queue(1));
+    let targets: Arc<[Arc<Backend>]> = Arc::from(vec![Arc::clone(&a)]);
+    let held = admission
+        .admit(ask(&targets, &q, 1), std::future::pending())
+        .await
+        .unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut tasks = Vec::new();
+    for (name, class) in [
+        ("batch", 2),
+        ("default", 1),
+        ("interactive", 0),
+        ("batch-2", 2),
+    ] {
+        let (admission, q, targets, tx) = (
+            Arc::clone(&admission),
+            Arc::clone(&q),
+            Arc::clone(&targets),
+            tx.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let got = admission
+                .admit(ask(&targets, &q, class), std::future::pending())
+                .await;
+            // Hold the slot until the test has seen who got it.
+            tx.send(name).unwrap();
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            drop(got);
+        }));
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(admission.len(), 4);
+    // Full: the fifth is refused at once.
+    let refused = admission
+        .admit(ask(&targets, &q, 0), std::future::pending())
+        .await;
+    assert_eq!(refused.err(), Some(Refusal::Full));
+    drop(held);
+    let mut order = Vec::new();
+    for _ in 0..4 {
+        order.push(rx.recv().await.unwrap());
+    }
+    assert_eq!(order, ["interactive", "default", "batch", "batch-2"]);
+    assert_eq!(admission.stats.refused_count(0, Refusal::Full), 1);
+    assert_eq!(admission.stats.bytes(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timeout_or_a_client_gone_leaves_the_queue() {
+    let admission = Arc::new(Admission::default());
+    let a = backend("a", 1, &admission);
+    let q = queue(1);
+    let targets = [Arc::clone(&a)];
+    let _held = admission
+        .admit(ask(&targets, &q, 1), std::future::pending())
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let timed_out = admission
+        .admit(ask(&targets, &q, 1), std::future::pending())
+        .await;
+    assert_eq!(timed_out.err(), Some(Refusal::TimedOut));
+    assert_eq!(started.elapsed(), q.timeout);
+    assert!(admission.is_empty());
+    let gone = admission
+        .admit(
+            ask(&targets, &q, 1),
+            tokio::time::sleep(Duration::from_millis(5)),
+        )
+        .await;
+    assert_eq!(gone.err(), Some(Refusal::ClientGone));
+    assert!(admission.is_empty());
+    assert_eq!(admission.stats.bytes(), 0);
+    // A dropped request leaves too.
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(5),
+        admission.admit(ask(&targets, &q, 1), std::future::pending()),
+    )
+    .await;
+    assert!(dropped.is_err());
+    assert!(admission.is_empty());
+}

@@ -1,0 +1,256 @@
+//! `queue`: a backend at its `max_inflight` makes requests (mode http) and
+//! connections (mode tcp) wait in a bounded queue; they leave it by class,
+//! tenants in turn, for the backend that holds their cache; a full queue
+//! answers 429, a wait past `queue.timeout` 503, both with `Retry-After`;
+//! a client that goes away leaves the queue at once.
+
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full};
+use hyper::Response;
+use hyper::body::Incoming;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+use magpie_proxy::routing::admission::{Admit, Refusal};
+
+use crate::support::*;
+
+const QUEUE: &str = "mode: http\nqueue:\n  max_inflight: 1\n  timeout: 30s\n  priority:\n    header: x-priority\n    classes: [interactive, default, batch]\n";
+
+/// Holds one `/slow` request at magpie's one backend: its slot is taken
+/// until the backend is released.
+async fn hold(magpie: &Magpie) -> (KeepAlive, Response<Incoming>) {
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    let request = get("/slow").body(Full::default()).expect("a request");
+    let mut response = client.start(request).await;
+    within("the first chunk", response.body_mut().frame())
+        .await
+        .expect("a frame")
+        .expect("a good frame");
+    (client, response)
+}
+
+/// Waits until `n` requests wait in magpie's queue.
+async fn queued(magpie: &Magpie, n: usize) {
+    within(&format!("{n} requests queued"), async {
+        while magpie.instance.admission.len() != n {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+}
+
+/// Sends `GET /` with `headers` on a connection of its own, in the
+/// background; its name and status go to `done` when answered.
+fn send(
+    magpie: &Magpie,
+    name: &'static str,
+    headers: &[(&'static str, &'static str)],
+    done: &mpsc::UnboundedSender<(&'static str, u16, Option<String>)>,
+) {
+    let (addr, done) = (magpie.addr, done.clone());
+    let mut request = get("/");
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    let request = request.body(Full::default()).expect("a request");
+    tokio::spawn(async move {
+        let mut client = KeepAlive::connect(addr).await;
+        let (response, _) = client.send(request).await;
+        let retry =
+            (response.headers().get("retry-after")).map(|v| v.to_str().unwrap_or("").to_string());
+        done.send((name, response.status().as_u16(), retry)).ok();
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_its_limit_requests_wait_and_leave_by_class() {
+    let backends = HyperBackends::start(&["a"]).await;
+    let magpie = Magpie::with(QUEUE, &backends.pairs()).await;
+    let (_client, held) = hold(&magpie).await;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    // One at a time, so each is queued behind the one before.
+    let order = [
+        ("batch", "batch"),
+        ("none", ""),
+        ("interactive", "interactive"),
+        ("unknown", "urgent"),
+    ];
+    for (n, (name, class)) in order.into_iter().enumerate() {
+        send(&magpie, name, &[("x-priority", class)], &tx);
+        queued(&magpie, n + 1).await;
+    }
+    assert_eq!(magpie.instance.admission.depths(3), [1, 2, 1]);
+    backends.release(1);
+    drop(held);
+    let mut answered = Vec::new();
+    for _ in 0..4 {
+        let (name, status, _) = within("an answer", rx.recv()).await.expect("one");
+        assert_eq!(status, 200, "{name}");
+        answered.push(name);
+    }
+    // No class header and an unknown class are the default class, first in first out.
+    assert_eq!(answered, ["interactive", "none", "unknown", "batch"]);
+    let stats = &magpie.instance.admission.stats;
+    assert_eq!(stats.admitted_count(1, Admit::Waited), 2);
+    assert_eq!(stats.admitted_count(0, Admit::Waited), 1);
+    assert!(stats.wait.count() >= 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_answers_429_and_a_long_wait_503() {
+    let backends = HyperBackends::start(&["a"]).await;
+    let settings = "mode: http\nqueue:\n  max_inflight: 1\n  size: 1\n  timeout: 300ms\n";
+    let magpie = Magpie::with(settings, &backends.pairs()).await;
+    let (_client, _held) = hold(&magpie).await;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    send(&magpie, "waits", &[], &tx);
+    queued(&magpie, 1).await;
+    send(&magpie, "refused", &[], &tx);
+    let (name, status, retry) = within("the refusal", rx.recv()).await.expect("one");
+    assert_eq!(
+        (name, status, retry.as_deref()),
+        ("refused", 429, Some("1"))
+    );
+    let (name, status, retry) = within("the timeout", rx.recv()).await.expect("one");
+    assert_eq!((name, status, retry.as_deref()), ("waits", 503, Some("1")));
+    let stats = &magpie.instance.admission.stats;
+    assert_eq!(stats.refused_count(0, Refusal::Full), 1);
+    assert_eq!(stats.refused_count(0, Refusal::TimedOut), 1);
+    assert!(magpie.instance.admission.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_leaves_the_queue() {
+    let backends = HyperBackends::start(&["a"]).await;
+    let magpie = Magpie::with(QUEUE, &backends.pairs()).await;
+    let (_client, _held) = hold(&magpie).await;
+    let mut raw = TcpStream::connect(magpie.addr).await.expect("a connection");
+    raw.write_all(b"GET / HTTP/1.1\r\nhost: m\r\n\r\n")
+        .await
+        .expect("sent");
+    queued(&magpie, 1).await;
+    drop(raw);
+    queued(&magpie, 0).await;
+    let stats = &magpie.instance.admission.stats;
+    within("the refusal counted", async {
+        while stats.refused_count(1, Refusal::ClientGone) != 1 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_take_turns_so_a_burst_does_not_starve_a_trickle() {
+    let backends = HyperBackends::start(&["a"]).await;
+    let settings = "mode: http\nqueue:\n  max_inflight: 1\n  tenant:\n    header: x-tenant\n";
+    let magpie = Magpie::with(settings, &backends.pairs()).await;
+    let (_client, held) = hold(&magpie).await;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let sends = [
+        ("noisy-1", "noisy"),
+        ("noisy-2", "noisy"),
+        ("noisy-3", "noisy"),
+        ("quiet-1", "quiet"),
+    ];
+    for (n, (name, tenant)) in sends.into_iter().enumerate() {
+        send(&magpie, name, &[("x-tenant", tenant)], &tx);
+        queued(&magpie, n + 1).await;
+    }
+    backends.release(1);
+    drop(held);
+    let mut answered = Vec::new();
+    for _ in 0..4 {
+        answered.push(within("an answer", rx.recv()).await.expect("one").0);
+    }
+    assert_eq!(answered, ["noisy-1", "quiet-1", "noisy-2", "noisy-3"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_waits_for_its_home_then_spills_in_the_tables_order() {
+    let backends = HyperBackends::start(&["a", "b", "c"]).await;
+    let settings =
+        format!("mode: http\nqueue:\n  max_inflight: 1\n  affinity_wait: 200ms\n{SESSION_KEY}");
+    let magpie = Magpie::with(&settings, &backends.pairs()).await;
+    let candidates = magpie.candidates(magpie_core::key::text_key(b"s"));
+    // Fill the key's home.
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    let request = get("/slow")
+        .header("x-session-id", "s")
+        .body(Full::default())
+        .expect("a request");
+    let mut held = client.start(request).await;
+    within("the first chunk", held.body_mut().frame())
+        .await
+        .expect("a frame")
+        .expect("good");
+    let mut other = KeepAlive::connect(magpie.addr).await;
+    let got = within("the spill", other.get_session("s")).await;
+    assert_eq!(
+        got, candidates[1],
+        "after the home wait, the next in the table's order"
+    );
+    let stats = &magpie.instance.admission.stats;
+    assert_eq!(stats.admitted_count(0, Admit::Spilled), 1);
+    assert!(stats.wait.sum_seconds() >= 0.2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_keeps_waiting_requests_and_binds_them_to_the_new_table() {
+    let backends = HyperBackends::start(&["a", "b"]).await;
+    let pairs = backends.pairs();
+    let settings = format!("{QUEUE}reload:\n  watch: false\n");
+    let file = TempFile::new(
+        "magpie.yaml",
+        &config_yaml("127.0.0.1:0", &settings, &pairs[..1]),
+    );
+    let magpie = Magpie::start_file(&file.path).await;
+    let (_client, _held) = hold(&magpie).await;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    send(&magpie, "waits", &[], &tx);
+    queued(&magpie, 1).await;
+    // b joins: the waiting request is bound again, and b has room.
+    std::fs::write(&file.path, config_yaml("127.0.0.1:0", &settings, &pairs)).expect("written");
+    let mut reloader = magpie_proxy::ops::reload::Reloader::new(
+        file.path.clone(),
+        std::sync::Arc::clone(&magpie.instance),
+    );
+    within("the reload", reloader.reload(true))
+        .await
+        .expect("the reload applies");
+    let (name, status, _) = within("the answer", rx.recv()).await.expect("one");
+    assert_eq!((name, status), ("waits", 200));
+    assert!(magpie.instance.admission.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mode_tcp_connections_wait_for_room() {
+    let backends = RawBackends::start(&["a"], Behaviour::GreetEcho).await;
+    let settings = "mode: tcp\nqueue:\n  max_inflight: 1\n";
+    let magpie = Magpie::with(settings, &backends.list).await;
+    let mut first = TcpStream::connect(magpie.addr).await.expect("connected");
+    first.write_all(b"one\n").await.expect("sent");
+    let mut buf = [0u8; 64];
+    let n = within("the echo", first.read(&mut buf))
+        .await
+        .expect("read");
+    assert!(n > 0);
+    let mut second = TcpStream::connect(magpie.addr).await.expect("connected");
+    second.write_all(b"two\n").await.expect("sent");
+    queued(&magpie, 1).await;
+    drop(first);
+    let n = within("the second's echo", second.read(&mut buf))
+        .await
+        .expect("read");
+    assert!(n > 0, "the waiting connection was served");
+    assert!(magpie.instance.admission.is_empty());
+    // A waiting connection whose client closes leaves the queue.
+    let mut third = TcpStream::connect(magpie.addr).await.expect("connected");
+    third.write_all(b"three\n").await.expect("sent");
+    queued(&magpie, 1).await;
+    drop(third);
+    queued(&magpie, 0).await;
+}
