@@ -68,7 +68,12 @@ fn send(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_its_limit_requests_wait_and_leave_by_class() {
     let backends = HyperBackends::start(&["a"]).await;
-    let magpie = Magpie::with(QUEUE, &backends.pairs()).await;
+    let magpie = Magpie::start(&config_yaml_with_admin(
+        "127.0.0.1:0",
+        QUEUE,
+        &backends.pairs(),
+    ))
+    .await;
     let (_client, held) = hold(&magpie).await;
     let (tx, mut rx) = mpsc::unbounded_channel();
     // One at a time, so each is queued behind the one before.
@@ -83,6 +88,13 @@ async fn at_its_limit_requests_wait_and_leave_by_class() {
         queued(&magpie, n + 1).await;
     }
     assert_eq!(magpie.instance.admission.depths(3), [1, 2, 1]);
+    let (status, queue) = admin_get(magpie.admin.expect("admin is on"), "/queue").await;
+    assert_eq!(status, 200);
+    let queue: serde_json::Value = serde_json::from_str(&queue).expect("JSON");
+    assert_eq!(queue["waiting"], 4);
+    assert_eq!(queue["classes"][1]["waiting"], 2, "{queue}");
+    assert_eq!(queue["backends"][0]["in_flight"], 1);
+    assert_eq!(queue["backends"][0]["limit"], 1);
     backends.release(1);
     drop(held);
     let mut answered = Vec::new();

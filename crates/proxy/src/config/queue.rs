@@ -3,16 +3,12 @@
 //! how long a request may wait, how long it waits for its key's home before
 //! it spills, priority classes and fairness between tenants).
 //!
-//! Validation ([`super::validate`]) fills in [`QueueConfig`];
+//! Validation ([`super::validate`]) fills in [`QueueConfig`] from the YAML
+//! types in [`super::raw`];
 //! [`crate::routing::admission`] works from it, and takes a new one at every
 //! reload.
 
 use std::time::Duration;
-
-use serde::Deserialize;
-use serde_saphyr::Spanned;
-
-use super::raw::HumanDuration;
 
 /// `queue.max_inflight`: requests (mode http) or connections (mode tcp) in
 /// flight to one backend, unless the backend says otherwise.
@@ -43,47 +39,6 @@ pub const MAX_AGING: Duration = Duration::from_secs(3600);
 pub const MAX_CLASSES: usize = 16;
 /// `queue.tenant.max_queued`: off unless written.
 pub const MAX_TENANT_QUEUED: u64 = MAX_QUEUE_SIZE;
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawQueue {
-    #[serde(default)]
-    pub(super) max_inflight: Option<Spanned<u64>>,
-    #[serde(default)]
-    pub(super) size: Option<Spanned<u64>>,
-    #[serde(default)]
-    pub(super) max_body_bytes: Option<Spanned<u64>>,
-    #[serde(default)]
-    pub(super) timeout: Option<Spanned<HumanDuration>>,
-    #[serde(default)]
-    pub(super) affinity_wait: Option<Spanned<HumanDuration>>,
-    #[serde(default)]
-    pub(super) priority: Option<Spanned<RawPriority>>,
-    #[serde(default)]
-    pub(super) tenant: Option<Spanned<RawTenant>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawPriority {
-    pub(super) header: Spanned<String>,
-    pub(super) classes: Spanned<Vec<Spanned<String>>>,
-    #[serde(default)]
-    pub(super) default: Option<Spanned<String>>,
-    #[serde(default)]
-    pub(super) aging: Option<Spanned<HumanDuration>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawTenant {
-    #[serde(default)]
-    pub(super) header: Option<Spanned<String>>,
-    #[serde(default)]
-    pub(super) group: Option<Spanned<bool>>,
-    #[serde(default)]
-    pub(super) max_queued: Option<Spanned<u64>>,
-}
 
 /// The validated `queue` section.
 #[derive(Debug, Clone, PartialEq)]

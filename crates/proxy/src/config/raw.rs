@@ -14,7 +14,6 @@ use serde::Deserialize;
 use serde_saphyr::Spanned;
 
 use super::access_log::RawAccessLog;
-use super::queue::RawQueue;
 use super::raw_listen::Listen;
 use super::{Algorithm, AllDown, ConfigError, CopyMode, LoadPreset, Mode, PerBackend, Reuse};
 use magpie_core::key::Fallback;
@@ -66,6 +65,48 @@ pub struct RawConfig {
     pub(super) access_log: Option<RawAccessLog>,
     #[serde(default)]
     pub(super) queue: Option<Spanned<RawQueue>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+/// `queue`: limits, and the queue in front of them.
+pub(super) struct RawQueue {
+    #[serde(default)]
+    pub(super) max_inflight: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub(super) size: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub(super) max_body_bytes: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub(super) timeout: Option<Spanned<HumanDuration>>,
+    #[serde(default)]
+    pub(super) affinity_wait: Option<Spanned<HumanDuration>>,
+    #[serde(default)]
+    pub(super) priority: Option<Spanned<RawPriority>>,
+    #[serde(default)]
+    pub(super) tenant: Option<Spanned<RawTenant>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPriority {
+    pub(super) header: Spanned<String>,
+    pub(super) classes: Spanned<Vec<Spanned<String>>>,
+    #[serde(default)]
+    pub(super) default: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(super) aging: Option<Spanned<HumanDuration>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTenant {
+    #[serde(default)]
+    pub(super) header: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(super) group: Option<Spanned<bool>>,
+    #[serde(default)]
+    pub(super) max_queued: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -13,7 +13,11 @@
 //! [`super::hyper_wire`]). So every rule below holds for both:
 //!
 //! * A target at its cap is passed over; each one taken holds a slot (what
-//!   bounded load counts) and counts as awaiting its first byte.
+//!   bounded load counts) and counts as awaiting its first byte. With
+//!   `queue`, the slot is the one [`crate::routing::admission`] gives: the
+//!   key's home, or after `queue.affinity_wait` the next target with room,
+//!   waiting in the queue if need be (`429` when it is full, `503` past
+//!   `queue.timeout`, both with `Retry-After`).
 //! * A failed connect counts against its backend (unless magpie itself ran
 //!   out of file descriptors or memory: `503`) and moves on to the next
 //!   target. A pooled connection found closed before a byte of the request
@@ -34,28 +38,25 @@
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
-use std::time::Duration;
 
-use hyper::StatusCode;
 use tokio::time::Instant;
-use tracing::warn;
 
 use super::backend_deadlines::Progress;
+pub use super::failure::{BODY_UNREADABLE, Failure, LocalAnswer, RETRY_AFTER_SECONDS};
 use super::logged::{Answer, Logged};
 use super::pinning::{Opening, Pinned};
 use super::pool::{Lease, Limits, Pool, Pooled};
-use super::response_body::{BoxError, FirstByte, InFlight, Tally};
+use super::response_body::{FirstByte, InFlight, Tally};
 use super::reuse::Claim;
 use super::upstream::{self, UpstreamIo};
 use crate::config::Config;
 use crate::config::TenantBy;
 use crate::routing::admission::{Admit, Ask, Refusal, Standing};
-use crate::routing::backend::{ActiveGuard, Awaiting, Backend, CodeClass, Spill, TimeoutKind};
+use crate::routing::backend::{ActiveGuard, Awaiting, Backend, CodeClass, Spill};
 use crate::routing::health::passive::{self, Blame};
 use crate::routing::instance::Instance;
 use crate::routing::recent::Decision;
 use crate::routing::route::{How, Keys};
-use crate::telemetry::stats::ClientFailure;
 
 /// A wire format: what differs in sending a request to a backend and
 /// reading its answer's head.
@@ -431,179 +432,5 @@ fn account(backend: &Backend, status: u16, sent: Instant, config: &Config) {
             passive::answer_failed(backend, status, health);
         }
         _ => passive::succeeded(backend),
-    }
-}
-
-/// Why a request reached no backend.
-#[derive(Debug)]
-pub enum Failure {
-    /// Every target was down, full or refused the connection.
-    NoBackend { tried: Vec<String> },
-    /// magpie itself ran out of file descriptors or memory connecting.
-    LocalResources,
-    /// The backend failed after the request was (at least partly) written.
-    AfterSend { backend: String, error: BoxError },
-    /// The backend sent no response head within `http.response_timeout`.
-    ResponseTimeout { backend: String, after: Duration },
-    /// The client's body failed (a malformed chunk, a cut) while it was
-    /// sent on: the client's fault, not the backend's.
-    ClientBody { error: BoxError },
-    /// The backend answered `101 Switching Protocols`, which magpie never
-    /// asks for (it passes no `Upgrade` on).
-    Switched { backend: String },
-    /// The queue refused it (`queue`): full, or it waited too long.
-    Refused(Refusal),
-}
-
-impl Failure {
-    /// The backend failed after the request was (at least partly) written:
-    /// a failed request, counted against it.
-    pub fn after_send(backend: &Backend, error: BoxError) -> Failure {
-        backend.live.traffic.count_request(CodeClass::Error);
-        warn!(backend = %backend.name, %error, "backend failed after the request was sent");
-        Failure::AfterSend {
-            backend: backend.name.clone(),
-            error,
-        }
-    }
-
-    /// The backend answered `101` unasked: a failed request, counted
-    /// against it.
-    pub fn switched(backend: &Backend) -> Failure {
-        backend.live.traffic.count_request(CodeClass::Error);
-        warn!(backend = %backend.name, "backend answered 101 Switching Protocols unasked; the client gets 502");
-        Failure::Switched {
-            backend: backend.name.clone(),
-        }
-    }
-
-    /// The backend sent no response head in time: a timeout and a failed
-    /// request for it, and with `health.passive_status` a failed answer
-    /// towards passive health, as a `504` from the backend itself would be.
-    pub fn timed_out(backend: &Backend, config: &Config) -> Failure {
-        let traffic = &backend.live.traffic;
-        traffic.count_timeout(TimeoutKind::Response);
-        traffic.count_request(CodeClass::Error);
-        let after = config.http.response_timeout;
-        warn!(backend = %backend.name, timeout = ?after, "backend sent no response head within http.response_timeout; the client gets 504");
-        if let Some(health) = config.health.as_ref().filter(|h| h.passive_status) {
-            passive::answer_failed(backend, 504, health);
-        }
-        Failure::ResponseTimeout {
-            backend: backend.name.clone(),
-            after,
-        }
-    }
-
-    /// How it is counted in `magpie_client_failures_total`.
-    pub fn client_failure(&self) -> ClientFailure {
-        match self {
-            Failure::LocalResources => ClientFailure::LocalResources,
-            Failure::ClientBody { .. } => ClientFailure::BadRequest,
-            Failure::NoBackend { .. } => ClientFailure::NoBackend,
-            Failure::AfterSend { .. } | Failure::Switched { .. } => ClientFailure::BackendFailed,
-            Failure::ResponseTimeout { .. } => ClientFailure::ResponseTimeout,
-            Failure::Refused(Refusal::TimedOut) => ClientFailure::QueueTimeout,
-            Failure::Refused(_) => ClientFailure::QueueFull,
-        }
-    }
-
-    /// The backend the request failed at, if it reached one.
-    pub fn backend(&self) -> Option<&str> {
-        match self {
-            Failure::AfterSend { backend, .. }
-            | Failure::ResponseTimeout { backend, .. }
-            | Failure::Switched { backend } => Some(backend),
-            _ => None,
-        }
-    }
-
-    /// What the client is told: `400` when the client's body failed (and the
-    /// connection closes), `503` when magpie is out of resources, `504` when
-    /// the backend did not answer in time, else `502`.
-    pub fn answer(&self) -> LocalAnswer {
-        let (status, text) = match self {
-            Failure::NoBackend { tried } if tried.is_empty() => (
-                StatusCode::BAD_GATEWAY,
-                "magpie: no backend is available for this request\n".to_string(),
-            ),
-            Failure::NoBackend { tried } => (
-                StatusCode::BAD_GATEWAY,
-                format!(
-                    "magpie: no backend took the request (tried {})\n",
-                    tried.join(", ")
-                ),
-            ),
-            Failure::LocalResources => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "magpie: out of local resources (file descriptors or memory); try again\n"
-                    .to_string(),
-            ),
-            Failure::AfterSend { backend, error } => (
-                StatusCode::BAD_GATEWAY,
-                format!("magpie: backend {backend} failed after the request was sent: {error}\n"),
-            ),
-            Failure::ClientBody { .. } => (StatusCode::BAD_REQUEST, BODY_UNREADABLE.to_string()),
-            Failure::Switched { backend } => (
-                StatusCode::BAD_GATEWAY,
-                format!("magpie: backend {backend} switched protocols (101) unasked\n"),
-            ),
-            Failure::ResponseTimeout { backend, after } => (
-                StatusCode::GATEWAY_TIMEOUT,
-                format!(
-                    "magpie: backend {backend} sent no response head within {} of the request\n",
-                    humantime::format_duration(*after)
-                ),
-            ),
-            Failure::Refused(Refusal::TimedOut) => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "magpie: no backend had room for the request within queue.timeout\n".to_string(),
-            ),
-            Failure::Refused(Refusal::TenantFull) => (
-                StatusCode::TOO_MANY_REQUESTS,
-                "magpie: too many of this tenant's requests are waiting\n".to_string(),
-            ),
-            Failure::Refused(_) => (
-                StatusCode::TOO_MANY_REQUESTS,
-                "magpie: every backend is at its limit and the queue is full\n".to_string(),
-            ),
-        };
-        LocalAnswer {
-            status,
-            text,
-            close: matches!(self, Failure::ClientBody { .. }),
-            retry_after: matches!(self, Failure::Refused(_)).then_some(RETRY_AFTER_SECONDS),
-        }
-    }
-}
-
-/// The answer to a request whose body could not be read (for its key, or
-/// while it was sent on).
-pub const BODY_UNREADABLE: &str = "magpie: the request body could not be read\n";
-
-/// What a refusal of the queue's tells the client to wait before it tries
-/// again (`Retry-After`, in seconds): long enough for the requests in
-/// flight to move on, short enough not to idle a pool that drained.
-pub const RETRY_AFTER_SECONDS: u32 = 1;
-
-/// A short answer of magpie's own: its status, its one line of text,
-/// whether the connection closes after it, and a `Retry-After` if any.
-pub struct LocalAnswer {
-    pub status: StatusCode,
-    pub text: String,
-    pub close: bool,
-    pub retry_after: Option<u32>,
-}
-
-impl LocalAnswer {
-    /// `400`: the request body could not be read for its key; the
-    /// connection closes.
-    pub fn body_unreadable() -> LocalAnswer {
-        LocalAnswer {
-            status: StatusCode::BAD_REQUEST,
-            text: BODY_UNREADABLE.to_string(),
-            close: true,
-            retry_after: None,
-        }
     }
 }

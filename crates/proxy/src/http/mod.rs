@@ -18,6 +18,7 @@
 //!
 //! | module | owns |
 //! |---|---|
+//! | [`failure`] | why a request reached no backend, and magpie's own short answers (status, text, `Retry-After`) |
 //! | [`h1`] | the HTTP/1.1 pass-through: heads, framing, keys from bodies, forwarding and relaying without hyper |
 //! | [`request_key`] | a request's key: header, JSON body field, conversation, or address |
 //! | [`pinning`] | session pins: the route by a key's pin, and binding or using it once served |
@@ -40,6 +41,7 @@
 
 pub mod backend_deadlines;
 pub mod client_deadlines;
+pub mod failure;
 pub mod fields;
 pub mod h1;
 pub mod hyper_wire;

@@ -110,6 +110,10 @@ where
     tracker.close();
     // Read now, not at start: a reload may have changed it.
     let grace = instance.snapshot.load().config.shutdown_grace;
+    // Queued requests are served or refused (503) a little before the
+    // grace ends, so their answers go out before connections are cut.
+    let margin = (grace / 10).min(std::time::Duration::from_secs(1));
+    (instance.admission).close_by(tokio::time::Instant::now() + grace - margin);
     let open = tracker.len();
     info!(open, grace = ?grace, "shutting down: no new connections; waiting for open ones");
     let mut cut = 0;

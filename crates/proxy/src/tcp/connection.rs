@@ -233,15 +233,14 @@ async fn connect_first(
                     load: config.load_limits(),
                 };
                 let gone = client_gone(&mut intake.stream);
-                let admitted =
-                    instance
-                        .admission
-                        .admit(ask, gone)
-                        .await
-                        .map_err(|why| match why {
-                            Refusal::TimedOut => ClientFailure::QueueTimeout,
-                            _ => ClientFailure::QueueFull,
-                        })?;
+                // Boxed: a connection that never waits does not carry the
+                // wait's state in its task.
+                let admitted = Box::pin(instance.admission.admit(ask, gone))
+                    .await
+                    .map_err(|why| match why {
+                        Refusal::TimedOut => ClientFailure::QueueTimeout,
+                        _ => ClientFailure::QueueFull,
+                    })?;
                 if admitted.how == Admit::Spilled {
                     how = how.passed_over(Spill::AtCap);
                 }

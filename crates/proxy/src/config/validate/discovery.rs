@@ -84,16 +84,12 @@ impl Validator<'_> {
             Some(w) => w.value,
             None => 1,
         };
-        let zone = b
-            .zone
-            .map(|z| z.value.trim().to_string())
-            .filter(|z| !z.is_empty());
-        let max_inflight = self.backend_max_inflight(b.max_inflight);
+        let zone = (b.zone.map(|z| z.value.trim().to_string())).filter(|z| !z.is_empty());
         Some(SourceConfig {
             source,
             weight,
             zone,
-            max_inflight,
+            max_inflight: self.backend_max_inflight(b.max_inflight),
         })
     }
 

@@ -178,11 +178,7 @@ impl<'a> Validator<'a> {
             DEFAULT_MAX_CONNECTIONS,
             1..=MAX_MAX_CONNECTIONS,
         );
-        // Zero grace is allowed: it means "close open connections at once".
-        let shutdown_grace = raw
-            .shutdown_grace
-            .and_then(|d| self.at_most(&d, "shutdown_grace", MAX_SHUTDOWN_GRACE))
-            .unwrap_or(DEFAULT_SHUTDOWN_GRACE);
+        let shutdown_grace = self.shutdown_grace(raw.shutdown_grace);
         let drain_timeout = self.drain_timeout(raw.drain_timeout);
         self.send_needs_tcp(raw.proxy_protocol.as_ref(), mode);
         let copy = self.copy(raw.copy, mode);
@@ -233,6 +229,12 @@ impl<'a> Validator<'a> {
             self.errors.sort_by_key(|e| (e.line, e.column));
             Err(ConfigErrors(self.errors))
         }
+    }
+
+    /// `shutdown_grace`: zero is allowed, and closes open connections at once.
+    fn shutdown_grace(&mut self, raw: Option<Spanned<HumanDuration>>) -> Duration {
+        raw.and_then(|d| self.at_most(&d, "shutdown_grace", MAX_SHUTDOWN_GRACE))
+            .unwrap_or(DEFAULT_SHUTDOWN_GRACE)
     }
 
     /// `drain_timeout`: off unless written; never zero.

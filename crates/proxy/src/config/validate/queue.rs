@@ -9,11 +9,12 @@
 use serde_saphyr::Spanned;
 
 use super::Validator;
+use crate::config::raw::{RawPriority, RawQueue, RawTenant};
 use crate::config::{
     DEFAULT_AFFINITY_WAIT, DEFAULT_AGING, DEFAULT_MAX_INFLIGHT, DEFAULT_QUEUE_BODY_BYTES,
     DEFAULT_QUEUE_SIZE, DEFAULT_QUEUE_TIMEOUT, MAX_AGING, MAX_CLASSES, MAX_MAX_INFLIGHT,
     MAX_QUEUE_BODY_BYTES, MAX_QUEUE_SIZE, MAX_QUEUE_TIMEOUT, MAX_TENANT_QUEUED, Mode, Priority,
-    QueueConfig, RawPriority, RawQueue, RawTenant, TenantBy,
+    QueueConfig, TenantBy,
 };
 
 impl Validator<'_> {

@@ -14,6 +14,36 @@ use crate::routing::sessions::group_pin;
 use crate::routing::snapshot::Snapshot;
 use magpie_core::key::group::GroupBy;
 
+/// `/queue`: whether the queue is on, what waits in each class, and each
+/// backend's requests in flight against its limit.
+pub fn queue_json(snapshot: &Snapshot, instance: &Instance) -> serde_json::Value {
+    let Some(q) = &snapshot.config.queue else {
+        return json!({"enabled": false});
+    };
+    let admission = &instance.admission;
+    let depths = admission.depths(q.priority.classes.len());
+    let classes: Vec<_> = (q.priority.classes.iter().zip(depths))
+        .map(|(name, waiting)| json!({"class": name, "waiting": waiting}))
+        .collect();
+    let backends: Vec<_> = (snapshot.backends.iter())
+        .map(|b| {
+            json!({
+                "name": b.name,
+                "in_flight": b.live.load.active(),
+                "limit": b.max_inflight.unwrap_or(q.max_inflight),
+            })
+        })
+        .collect();
+    json!({
+        "enabled": true,
+        "waiting": admission.len(),
+        "size": q.size,
+        "body_bytes": admission.stats.bytes(),
+        "classes": classes,
+        "backends": backends,
+    })
+}
+
 pub fn table_json(snapshot: &Snapshot) -> serde_json::Value {
     let backends: Vec<_> = snapshot
         .backends

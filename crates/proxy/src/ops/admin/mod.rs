@@ -48,7 +48,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use self::body::Body;
-use self::json::{json_response, route_answer, table_json};
+use self::json::{json_response, queue_json, route_answer, table_json};
 use self::scrape::Scrapes;
 use crate::ops::metrics::Renderer;
 use crate::routing::instance::Instance;
@@ -250,9 +250,10 @@ pub fn answer<B>(req: &Request<B>, instance: &Instance) -> Response<Body> {
         }
         "/table" => json_response(StatusCode::OK, table_json(&snapshot)),
         "/route" => route_answer(req.uri().query().unwrap_or(""), &snapshot, instance),
+        "/queue" => json_response(StatusCode::OK, queue_json(&snapshot, instance)),
         _ => text(
             StatusCode::NOT_FOUND,
-            "not found; try /metrics, /healthz, /readyz, /table or /route?key=K\n",
+            "not found; try /metrics, /healthz, /readyz, /table, /queue or /route?key=K\n",
         ),
     }
 }

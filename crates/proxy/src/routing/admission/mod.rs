@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use self::order::Waiting;
@@ -52,6 +52,8 @@ pub struct Admission {
     state: Mutex<State>,
     /// Requests waiting, read without the lock when a slot is given back.
     len: AtomicUsize,
+    /// Set at shutdown: by then every waiting request is served or refused.
+    closing: watch::Sender<Option<Instant>>,
     pub stats: QueueStats,
 }
 
@@ -163,6 +165,7 @@ impl Default for Admission {
                 aging: DEFAULT_AGING,
             }),
             len: AtomicUsize::new(0),
+            closing: watch::Sender::new(None),
             stats: QueueStats::default(),
         }
     }
@@ -206,6 +209,12 @@ impl Admission {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// magpie is shutting down: every request waiting (or that comes to
+    /// wait) is served or refused with `503` by `at`.
+    pub fn close_by(&self, at: Instant) {
+        self.closing.send_replace(Some(at));
     }
 
     /// Requests waiting in each class, in the classes' order.
@@ -457,7 +466,12 @@ impl Ticket<'_> {
         };
         tokio::pin!(gone);
         let mut home_wait = Instant::now() < self.home_until;
+        let mut closing = self.admission.closing.subscribe();
         loop {
+            let deadline = match *closing.borrow_and_update() {
+                Some(at) => at.min(self.deadline),
+                None => self.deadline,
+            };
             tokio::select! {
                 granted = &mut rx => {
                     return match granted {
@@ -472,9 +486,10 @@ impl Ticket<'_> {
                         return Ok((Arc::clone(&b), slot, how(&b)));
                     }
                 }
-                () = tokio::time::sleep_until(self.deadline) => {
+                () = tokio::time::sleep_until(deadline) => {
                     return self.settle(&mut rx, how, Refusal::TimedOut);
                 }
+                Ok(()) = closing.changed() => {}
                 () = &mut gone => {
                     return self.settle(&mut rx, how, Refusal::ClientGone);
                 }

@@ -186,3 +186,32 @@ async fn a_timeout_or_a_client_gone_leaves_the_queue() {
     assert!(dropped.is_err());
     assert!(admission.is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn at_shutdown_every_waiting_request_is_refused_by_the_close() {
+    let admission = Arc::new(Admission::default());
+    let a = backend("a", 1, &admission);
+    let q = queue(1);
+    let targets = [Arc::clone(&a)];
+    let _held = admission
+        .admit(ask(&targets, &q, 1), std::future::pending())
+        .await
+        .unwrap();
+    let close = Instant::now() + Duration::from_secs(2);
+    let waiting = admission.admit(ask(&targets, &q, 1), std::future::pending());
+    let closer = async {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        admission.close_by(close);
+        std::future::pending::<()>().await;
+    };
+    let refused = tokio::select! {
+        r = waiting => r,
+        () = closer => unreachable!(),
+    };
+    assert_eq!(refused.err(), Some(Refusal::TimedOut));
+    assert_eq!(
+        Instant::now(),
+        close,
+        "refused at the close, not at queue.timeout"
+    );
+}
