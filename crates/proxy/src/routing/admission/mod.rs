@@ -32,7 +32,7 @@ pub mod order;
 pub mod stats;
 
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering, fence};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -279,15 +279,10 @@ impl Admission {
             state.aging = q.priority.aging;
             state.load = ask.load.copied();
             let may = if waits_for_home { 1 } else { ask.targets.len() };
-            let found = first_with_room(&ask.targets[..may], q.max_inflight, ask.load);
-            if let Some((i, slot)) = found {
+            let room_now = || first_with_room(&ask.targets[..may], q.max_inflight, ask.load);
+            if let Some(found) = room_now() {
                 drop(state);
-                let how = if i == 0 {
-                    Admit::AtOnce
-                } else {
-                    Admit::Spilled
-                };
-                return Ok(self.admitted(&ask, &ask.targets[i], slot, how, started));
+                return Ok(self.without_waiting(&ask, found, started));
             }
             if let Err(why) = fits(&state.waiting, &ask, self.stats.bytes()) {
                 drop(state);
@@ -308,7 +303,18 @@ impl Admission {
                 grant: tx,
             };
             let id = state.waiting.push(ask.class, ask.tenant, started, waiter);
-            self.len.store(state.waiting.len(), Ordering::Relaxed);
+            self.len.store(state.waiting.len(), Ordering::SeqCst);
+            // A slot given back after the look above and before the push
+            // found the queue empty and was handed to nobody: look once
+            // more. The fences pair with the one in `hand_out`, so one of
+            // the two sees the other.
+            fence(Ordering::SeqCst);
+            if let Some(found) = room_now() {
+                state.waiting.remove(id);
+                self.len.store(state.waiting.len(), Ordering::Relaxed);
+                drop(state);
+                return Ok(self.without_waiting(&ask, found, started));
+            }
             self.stats.hold_bytes(ask.bytes, true);
             (rx, id)
         };
@@ -331,6 +337,21 @@ impl Admission {
                 Err(why)
             }
         }
+    }
+
+    /// Admitted at once: at its home, or (not sticky) at another target.
+    fn without_waiting(
+        &self,
+        ask: &Ask<'_>,
+        (i, slot): (usize, ActiveGuard),
+        started: Instant,
+    ) -> Admitted {
+        let how = if i == 0 {
+            Admit::AtOnce
+        } else {
+            Admit::Spilled
+        };
+        self.admitted(ask, &ask.targets[i], slot, how, started)
     }
 
     fn admitted(
@@ -381,6 +402,9 @@ impl Admission {
     /// Hands slots at `live` to waiting requests while it has room, in the
     /// queue's order.
     fn hand_out(&self, live: &Arc<Live>) {
+        // Pairs with the fence in `admit`: a slot given back just before
+        // is seen there, or the request pushed just before is seen here.
+        fence(Ordering::SeqCst);
         if self.is_empty() {
             return;
         }
