@@ -266,3 +266,47 @@ async fn mode_tcp_connections_wait_for_room() {
     drop(third);
     queued(&magpie, 0).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_awaiting_prefill_holds_the_next_request_until_a_first_byte() {
+    let backends = HyperBackends::start(&["a"]).await;
+    let settings = "mode: http\nqueue:\n  max_inflight: 8\n  max_prefill_tokens: 100\n";
+    let magpie = Magpie::start(&config_yaml_with_admin(
+        "127.0.0.1:0",
+        settings,
+        &backends.pairs(),
+    ))
+    .await;
+    // 4,000 bytes at four a token: 1,000 tokens awaiting their first byte.
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    let long = hyper::Request::post("/quiet")
+        .header("host", "magpie")
+        .body(Full::new(bytes::Bytes::from(vec![b'x'; 4000])))
+        .expect("a request");
+    let mut quiet = client.start(long).await;
+    assert_eq!(quiet.status(), 200);
+    let live = &magpie.instance.snapshot.load().backends[0].live;
+    assert_eq!(live.load.prefill_tokens(), 1000);
+    let (_, metrics) = admin_get(magpie.admin.expect("an admin address"), "/metrics").await;
+    assert!(
+        metrics.contains("magpie_backend_prefill_tokens{backend=\"a\",addr=")
+            && metrics.contains("} 1000\n"),
+        "{metrics}"
+    );
+    // Seven slots free, no work to spare: the next request waits.
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    send(&magpie, "next", &[], &tx);
+    queued(&magpie, 1).await;
+    assert_eq!(live.load.active(), 1);
+    // The first byte of the long one's answer: its prefill is done.
+    backends.release(1);
+    within("the long one's first byte", quiet.body_mut().frame())
+        .await
+        .expect("a frame")
+        .expect("a good frame");
+    let (name, status, _) = within("the next one's answer", rx.recv())
+        .await
+        .expect("one");
+    assert_eq!((name, status), ("next", 200));
+    assert_eq!(live.load.prefill_tokens(), 0);
+}

@@ -41,6 +41,10 @@ labels! {
         FirstByteMs => "first_byte_ms",
         /// Milliseconds it waited in the queue (`queue`), when it waited.
         QueueMs => "queue_ms",
+        /// How it left the queue (`queue`, mode http): `at_once`, `waited`,
+        /// `spilled`, `placed`, or refused: `full`, `tenant_full`,
+        /// `timeout`, `client_gone`.
+        Queue => "queue",
         DurationMs => "duration_ms",
         Method => "method",
         Path => "path",

@@ -14,6 +14,9 @@ use std::time::Duration;
 /// flight to one backend, unless the backend says otherwise.
 pub const DEFAULT_MAX_INFLIGHT: u64 = 64;
 pub const MAX_MAX_INFLIGHT: u64 = 1_000_000;
+/// `queue.max_prefill_tokens`: off unless written (mode http). The most
+/// is some minutes of an engine's prefill.
+pub const MAX_MAX_PREFILL_TOKENS: u64 = 100_000_000;
 /// `queue.size`: requests (or connections) waiting, all classes together.
 pub const DEFAULT_QUEUE_SIZE: u64 = 1024;
 pub const MAX_QUEUE_SIZE: u64 = 1_000_000;
@@ -44,6 +47,10 @@ pub const MAX_TENANT_QUEUED: u64 = MAX_QUEUE_SIZE;
 #[derive(Debug, Clone, PartialEq)]
 pub struct QueueConfig {
     pub max_inflight: u64,
+    /// A backend whose requests awaiting their first byte are estimated to
+    /// hold this many prompt tokens still to prefill takes no more (one
+    /// always goes to a backend with none); `None`: work is not limited.
+    pub max_prefill_tokens: Option<u64>,
     pub size: usize,
     pub max_body_bytes: u64,
     pub timeout: Duration,

@@ -74,6 +74,8 @@ pub(super) struct RawQueue {
     #[serde(default)]
     pub(super) max_inflight: Option<Spanned<u64>>,
     #[serde(default)]
+    pub(super) max_prefill_tokens: Option<Spanned<u64>>,
+    #[serde(default)]
     pub(super) size: Option<Spanned<u64>>,
     #[serde(default)]
     pub(super) max_body_bytes: Option<Spanned<u64>>,

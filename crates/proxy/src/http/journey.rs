@@ -38,6 +38,7 @@
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -51,7 +52,7 @@ use super::reuse::Claim;
 use super::upstream::{self, UpstreamIo};
 use crate::config::Config;
 use crate::config::TenantBy;
-use crate::routing::admission::{Admit, Ask, Refusal, Standing};
+use crate::routing::admission::{Admit, Ask, Refusal, SlotLimits, Standing};
 use crate::routing::backend::{ActiveGuard, Awaiting, Backend, CodeClass, Spill};
 use crate::routing::health::passive::{self, Blame};
 use crate::routing::instance::Instance;
@@ -145,6 +146,9 @@ pub struct Journey<'a> {
     pub standing: Standing,
     /// Body bytes it holds, read for its key: counted while it waits.
     pub held: u64,
+    /// Its body's length (what was read of it, when no length was given):
+    /// its work is estimated from it (`queue`).
+    pub prompt_bytes: u64,
     pub config: &'a Config,
     pub instance: &'a Arc<Instance>,
     /// The request's access-log line, if it is sampled: it moves into the
@@ -167,10 +171,16 @@ impl Journey<'_> {
                 Slot::Taken(backend, slot) => (backend, slot),
                 Slot::Passed => continue,
                 Slot::Refused(Refusal::ClientGone) => return Forwarded::ClientGone,
-                Slot::Refused(why) => return Forwarded::Failed(self.failed(Failure::Refused(why))),
+                Slot::Refused(why) => {
+                    if let Some(log) = self.log.as_mut() {
+                        log.queued(Duration::ZERO, why.as_str());
+                    }
+                    return Forwarded::Failed(self.failed(Failure::Refused(why)));
+                }
             };
             sticky = false;
-            let awaiting = awaiting_at(&backend, &mut opening);
+            let tokens = self.work_at(&backend);
+            let awaiting = awaiting_at(&backend, &mut opening, tokens);
             tried.push(backend.name.clone());
             match self.send(&backend, wire).await {
                 Exchange::Answered {
@@ -223,6 +233,7 @@ impl Journey<'_> {
             targets: rest,
             sticky,
             pinned: self.pinned.route.how == How::Pinned,
+            spread: self.pinned.pin_lost() && self.keys.group.is_none(),
             class: self.standing.class,
             tenant: match queue.tenant {
                 Some(TenantBy::Group) => self.keys.group.unwrap_or(0),
@@ -231,20 +242,29 @@ impl Journey<'_> {
             bytes: self.held,
             key: self.keys.table(),
             queue,
-            load: self.config.load_limits(),
+            limits: SlotLimits::of(queue, self.config.load_limits()),
         };
         let admitted = match self.instance.admission.admit(ask, wire.client_gone()).await {
             Ok(admitted) => admitted,
             Err(why) => return Slot::Refused(why),
         };
         if let Some(log) = self.log.as_mut() {
-            log.queued(admitted.waited);
+            log.queued(admitted.waited, admitted.how.as_str());
         }
         if admitted.how == Admit::Spilled {
             *how = how.passed_over(Spill::AtCap);
         }
         rest.retain(|b| !Arc::ptr_eq(b, &admitted.backend));
         Slot::Taken(admitted.backend, admitted.slot)
+    }
+
+    /// The prompt tokens the request is estimated to have to prefill at
+    /// `backend` (with `queue`; 0 without, where nothing weighs work).
+    fn work_at(&self, backend: &Backend) -> u64 {
+        if self.config.queue.is_none() {
+            return 0;
+        }
+        (self.instance.recent).uncached_tokens(self.keys.session, &backend.name, self.prompt_bytes)
     }
 
     /// Sends the request to `backend` over a pooled connection, or a new
@@ -301,6 +321,7 @@ impl Journey<'_> {
             how,
             pin_lost: self.pinned.pin_lost(),
             group: self.keys.group,
+            prompt_bytes: self.prompt_bytes,
         };
         let session = self.keys.session;
         let moved = self.instance.recent.routed(session, backend, decision);
@@ -357,14 +378,14 @@ enum Slot {
 
 /// The request's place among those awaiting a first byte at `backend`, the
 /// one that took it (a conversation's opening at the first backend that
-/// takes it, a new group's at its home only).
-fn awaiting_at(backend: &Arc<Backend>, opening: &mut Option<Opening>) -> FirstByte {
+/// takes it, a new group's at its home only), with its `tokens` of work.
+fn awaiting_at(backend: &Arc<Backend>, opening: &mut Option<Opening>, tokens: u64) -> FirstByte {
     let (kind, mark) = match opening.take() {
         Some(opening) => opening.claimed_at(&backend.name),
         None => (Awaiting::Turn, None),
     };
     FirstByte {
-        count: backend.live.await_first_byte(kind),
+        count: backend.live.await_first_byte(kind, tokens),
         mark,
     }
 }

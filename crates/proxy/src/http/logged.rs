@@ -80,6 +80,7 @@ impl Logged {
             bytes_out: 0,
             first_byte: None,
             queued: None,
+            queue: None,
             duration: Duration::ZERO,
             http: Some(http),
             tokens: None,
@@ -104,11 +105,13 @@ impl Logged {
         }
     }
 
-    /// It waited `waited` in the queue for a backend's room.
-    pub fn queued(&mut self, waited: Duration) {
+    /// It left the queue as `how` says (admitted, or refused) after
+    /// waiting `waited` for a backend's room.
+    pub fn queued(&mut self, waited: Duration, how: &'static str) {
         if !waited.is_zero() {
             self.entry.queued = Some(waited);
         }
+        self.entry.queue = Some(how);
     }
 
     /// The backend answered with a response head.

@@ -406,8 +406,12 @@ impl HttpPath {
         let (keys, pinned) = pinning::route_found(&found, instance, &snapshot, log).await;
         drop(snapshot);
         let held = request.body().held();
+        let prompt_bytes = hyper::body::Body::size_hint(request.body())
+            .exact()
+            .unwrap_or(held);
         let mut journey = Journey {
             pinned,
+            prompt_bytes,
             keys,
             claim,
             standing,

@@ -26,6 +26,7 @@ use lru::LruCache;
 use tokio::time::Instant;
 
 use crate::routing::backend::Backend;
+use crate::routing::backend::load::BYTES_PER_TOKEN;
 use crate::routing::route::How;
 use magpie_core::labels;
 
@@ -70,6 +71,8 @@ struct Record {
     group: Option<u64>,
     /// The backend and prompt tokens of its last request whose usage was read.
     served: Option<(Arc<str>, u64)>,
+    /// The body bytes of its last request (mode http; 0 when unknown).
+    prompt_bytes: u64,
 }
 
 /// The key's last routing decision, for admin `/route`.
@@ -92,6 +95,8 @@ pub struct Decision {
     pub pin_lost: bool,
     /// The request's group (`key.group`); the memory stays the session key's.
     pub group: Option<u64>,
+    /// Its body's bytes (mode http; 0 when unknown or mode tcp).
+    pub prompt_bytes: u64,
 }
 
 /// A request's usage as the engine reported it.
@@ -187,6 +192,7 @@ impl Recent {
                     spilled: decision.how.is_load_spill(),
                     served: None,
                     group: decision.group,
+                    prompt_bytes: decision.prompt_bytes,
                 },
             );
             return None;
@@ -204,6 +210,7 @@ impl Recent {
         record.how = decision.how;
         record.at = now;
         record.group = decision.group;
+        record.prompt_bytes = decision.prompt_bytes;
         moved
     }
 
@@ -239,6 +246,30 @@ impl Recent {
         };
         self.misses[cause.index()].fetch_add(1, Ordering::Relaxed);
         Some(cause)
+    }
+
+    /// The prompt tokens a request of `key` with a body of `bytes` is
+    /// estimated to have to prefill at `backend`: all of them, less the
+    /// prefix its key's previous request (when it went to `backend`) left
+    /// in that engine's cache. Tokens are told from bytes by the previous
+    /// request's own ratio when its usage was read there, else at
+    /// [`BYTES_PER_TOKEN`].
+    pub fn uncached_tokens(&self, key: u64, backend: &str, bytes: u64) -> u64 {
+        let shard = self.shard(key);
+        let previous =
+            (shard.peek(&key)).filter(|r| r.backend.name == backend && r.prompt_bytes > 0);
+        let Some(r) = previous else {
+            return bytes / BYTES_PER_TOKEN;
+        };
+        let new_bytes = bytes.saturating_sub(r.prompt_bytes);
+        match &r.served {
+            Some((b, tokens)) if **b == *backend => {
+                let scaled =
+                    u128::from(new_bytes) * u128::from(*tokens) / u128::from(r.prompt_bytes);
+                u64::try_from(scaled).unwrap_or(u64::MAX)
+            }
+            _ => new_bytes / BYTES_PER_TOKEN,
+        }
     }
 
     /// `key`'s last decision, without touching its recency.

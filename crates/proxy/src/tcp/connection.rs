@@ -24,7 +24,7 @@ use crate::intake::listener::Accepted;
 use crate::intake::proxy_protocol::{self, Addresses, Intake, Signature};
 use crate::intake::read_ahead::ReadAhead;
 use crate::net::{Client, Peer, reset_on_close};
-use crate::routing::admission::{Admit, Ask, Refusal};
+use crate::routing::admission::{Admit, Ask, Refusal, SlotLimits};
 use crate::routing::backend::{ActiveGuard, Backend, Side, Spill};
 use crate::routing::health::passive::{self, Blame};
 use crate::routing::instance::Instance;
@@ -86,6 +86,7 @@ pub async fn serve(accepted: Accepted) {
         how,
         pin_lost: false,
         group: None,
+        prompt_bytes: 0,
     };
     instance.recent.routed(key, &backend, decision);
     let connected = Instant::now();
@@ -225,12 +226,13 @@ async fn connect_first(
                     targets: &rest,
                     sticky,
                     pinned: false,
+                    spread: false,
                     class: queue.priority.default,
                     tenant: 0,
                     bytes: intake.stream.bytes().len() as u64,
                     key,
                     queue,
-                    load: config.load_limits(),
+                    limits: SlotLimits::of(queue, config.load_limits()),
                 };
                 let gone = client_gone(&mut intake.stream);
                 // Boxed: a connection that never waits does not carry the

@@ -74,6 +74,7 @@ impl Open {
             bytes_out: 0,
             first_byte: None,
             queued: None,
+            queue: None,
             duration: Duration::ZERO,
             http: None,
             tokens: None,

@@ -13,8 +13,8 @@ use crate::config::raw::{RawPriority, RawQueue, RawTenant};
 use crate::config::{
     DEFAULT_AFFINITY_WAIT, DEFAULT_AGING, DEFAULT_MAX_INFLIGHT, DEFAULT_QUEUE_BODY_BYTES,
     DEFAULT_QUEUE_SIZE, DEFAULT_QUEUE_TIMEOUT, MAX_AGING, MAX_CLASSES, MAX_MAX_INFLIGHT,
-    MAX_QUEUE_BODY_BYTES, MAX_QUEUE_SIZE, MAX_QUEUE_TIMEOUT, MAX_TENANT_QUEUED, Mode, Priority,
-    QueueConfig, TenantBy,
+    MAX_MAX_PREFILL_TOKENS, MAX_QUEUE_BODY_BYTES, MAX_QUEUE_SIZE, MAX_QUEUE_TIMEOUT,
+    MAX_TENANT_QUEUED, Mode, Priority, QueueConfig, TenantBy,
 };
 
 impl Validator<'_> {
@@ -50,6 +50,7 @@ impl Validator<'_> {
             DEFAULT_MAX_INFLIGHT,
             1..=MAX_MAX_INFLIGHT,
         );
+        let max_prefill_tokens = self.max_prefill_tokens(raw.max_prefill_tokens, mode);
         let size = self.count(
             raw.size,
             "queue.size",
@@ -83,6 +84,7 @@ impl Validator<'_> {
         };
         Some(QueueConfig {
             max_inflight,
+            max_prefill_tokens,
             // At most MAX_QUEUE_SIZE, so this fits any usize.
             size: size as usize,
             max_body_bytes,
@@ -92,6 +94,25 @@ impl Validator<'_> {
             tenant,
             tenant_max_queued,
         })
+    }
+
+    /// `queue.max_prefill_tokens`: 1 to [`MAX_MAX_PREFILL_TOKENS`], mode
+    /// http only (work is told from request bodies).
+    fn max_prefill_tokens(&mut self, raw: Option<Spanned<u64>>, mode: Mode) -> Option<u64> {
+        let raw = raw?;
+        if mode != Mode::Http {
+            self.err(
+                &raw.referenced,
+                "queue.max_prefill_tokens needs mode: http (work is told from request bodies)",
+            );
+        }
+        let n = self.count(
+            Some(raw),
+            "queue.max_prefill_tokens",
+            0,
+            1..=MAX_MAX_PREFILL_TOKENS,
+        );
+        (n > 0).then_some(n)
     }
 
     /// `queue.priority`: a header, classes from the highest (each once), a

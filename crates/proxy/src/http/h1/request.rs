@@ -92,6 +92,10 @@ pub async fn serve<S: ClientIo>(
         claim: c.conn.claim(config.http.reuse, head.idempotent),
         standing: head.standing,
         held: keyed_bytes,
+        prompt_bytes: match head.framing {
+            Framing::Length(n) => n,
+            _ => keyed_bytes,
+        },
         config: &config,
         instance: c.instance,
         log: &mut head.log,

@@ -164,6 +164,13 @@ pub const BACKEND: &[Family] = &[
         read: Read::Backend(|b, s| s.value(&[], b.live().load.awaiting() as f64)),
     },
     Family {
+        name: "magpie_backend_prefill_tokens",
+        kind: GAUGE,
+        labels: &["backend", "addr"],
+        help: "mode http with queue: the prompt tokens the requests awaiting their first byte are estimated to still have to prefill (each body's size less what its key's previous request left in this backend's cache); queue.max_prefill_tokens limits it.",
+        read: Read::Backend(|b, s| s.value(&[], b.live().load.prefill_tokens() as f64)),
+    },
+    Family {
         name: "magpie_backend_client_aborts_total",
         kind: COUNTER,
         labels: &["backend", "addr"],

@@ -17,10 +17,16 @@
 //! A request's home is its first target: its session pin, or the table's
 //! owner of its key. It waits for its home up to `queue.affinity_wait` and
 //! only then takes any of its targets; a new conversation (sessions on, no
-//! pin yet) has no cache anywhere and takes the first target with room at
-//! once. A backend whose engine reports itself full (`health.load`) counts
-//! as at its limit. Every magpie with the same config orders the targets
-//! the same way, so a spill goes to the same place on each.
+//! pin yet) has no cache anywhere and takes, at once, the target with room
+//! that has the least work (ties in the table's order; a grouped one, whose
+//! head is cached at its group's candidates, the first with room). A
+//! backend whose engine reports itself full (`health.load`), or whose
+//! requests awaiting their first byte hold `queue.max_prefill_tokens` of
+//! prefill, counts as at its limit. Work is the prompt tokens a backend
+//! still has to prefill, estimated per request
+//! ([`crate::routing::backend::load`]). Every magpie with the same config
+//! orders the targets the same way, so a spill goes to the same place on
+//! each.
 //!
 //! Nothing waits without three bounds: `queue.size` requests,
 //! `queue.max_body_bytes` of their bodies (only what was read for the key
@@ -41,6 +47,7 @@ use tokio::time::Instant;
 
 use self::order::Waiting;
 pub use self::stats::{Admit, QueueStats, Refusal};
+use crate::config::DEFAULT_MAX_INFLIGHT;
 use crate::config::{Config, DEFAULT_AGING, LoadLimits, MAX_CLASSES, QueueConfig, TenantBy};
 use crate::routing::backend::{ActiveGuard, Backend, Live, SlotFreed};
 use crate::routing::route::Route;
@@ -62,9 +69,27 @@ pub struct Admission {
 #[derive(Debug)]
 struct State {
     waiting: Waiting<Waiter>,
-    max_inflight: u64,
-    load: Option<LoadLimits>,
+    limits: SlotLimits,
     aging: Duration,
+}
+
+/// What a backend with room is under: in flight, work, its engine's load.
+#[derive(Debug, Clone, Copy)]
+pub struct SlotLimits {
+    /// A backend's own `max_inflight` goes first.
+    pub max_inflight: u64,
+    pub max_prefill_tokens: Option<u64>,
+    pub load: Option<LoadLimits>,
+}
+
+impl SlotLimits {
+    pub fn of(queue: &QueueConfig, load: Option<&LoadLimits>) -> SlotLimits {
+        SlotLimits {
+            max_inflight: queue.max_inflight,
+            max_prefill_tokens: queue.max_prefill_tokens,
+            load: load.copied(),
+        }
+    }
 }
 
 /// A request's place in the queue's order: its class (an index into
@@ -107,6 +132,9 @@ pub struct Ask<'a> {
     pub sticky: bool,
     /// Whether its home is its session pin (kept across a reload).
     pub pinned: bool,
+    /// A conversation's first request without a group: of the targets with
+    /// room, the one with the least work takes it (not sticky only).
+    pub spread: bool,
     /// Its class (an index into `queue.priority.classes`) and tenant.
     pub class: usize,
     pub tenant: u64,
@@ -115,7 +143,7 @@ pub struct Ask<'a> {
     /// Its table key, to bind it again after a reload.
     pub key: u64,
     pub queue: &'a QueueConfig,
-    pub load: Option<&'a LoadLimits>,
+    pub limits: SlotLimits,
 }
 
 /// A request admitted: the backend it goes to and the slot it holds there.
@@ -160,8 +188,11 @@ impl Default for Admission {
         Admission {
             state: Mutex::new(State {
                 waiting: Waiting::new(MAX_CLASSES),
-                max_inflight: crate::config::DEFAULT_MAX_INFLIGHT,
-                load: None,
+                limits: SlotLimits {
+                    max_inflight: DEFAULT_MAX_INFLIGHT,
+                    max_prefill_tokens: None,
+                    load: None,
+                },
                 aging: DEFAULT_AGING,
             }),
             len: AtomicUsize::new(0),
@@ -172,27 +203,36 @@ impl Default for Admission {
 }
 
 /// A slot at `backend` if it has room: fewer than its limit in flight
-/// (its own `max_inflight`, else `max_inflight`), and its engine (with
-/// `health.load`) not full.
-pub fn room(
-    backend: &Arc<Backend>,
-    max_inflight: u64,
-    load: Option<&LoadLimits>,
-) -> Option<ActiveGuard> {
-    let limit = backend.max_inflight.unwrap_or(max_inflight);
-    if load.is_some_and(|l| backend.live.engine.full_for_new_keys(l, Instant::now())) {
+/// (its own `max_inflight`, else the queue's), less than
+/// `max_prefill_tokens` of work awaiting its first byte (any, if it has
+/// none), and its engine (with `health.load`) not full.
+pub fn room(backend: &Arc<Backend>, limits: &SlotLimits) -> Option<ActiveGuard> {
+    let limit = backend.max_inflight.unwrap_or(limits.max_inflight);
+    let load = &backend.live.load;
+    if (limits.max_prefill_tokens).is_some_and(|m| load.prefill_tokens() >= m) {
+        return None;
+    }
+    let engine = &backend.live.engine;
+    if (limits.load.as_ref()).is_some_and(|l| engine.full_for_new_keys(l, Instant::now())) {
         return None;
     }
     backend.live.try_reserve(limit)
 }
 
-/// The first of `targets` with room, and its slot.
+/// The first of `targets` with room, and its slot; with `spread`, the one
+/// with room and the least work (ties to the earlier).
 fn first_with_room(
     targets: &[Arc<Backend>],
-    max_inflight: u64,
-    load: Option<&LoadLimits>,
+    limits: &SlotLimits,
+    spread: bool,
 ) -> Option<(usize, ActiveGuard)> {
-    (targets.iter().enumerate()).find_map(|(i, b)| room(b, max_inflight, load).map(|s| (i, s)))
+    if !spread {
+        return (targets.iter().enumerate()).find_map(|(i, b)| room(b, limits).map(|s| (i, s)));
+    }
+    let mut order: Vec<usize> = (0..targets.len()).collect();
+    // Stable: equal work keeps the table's order.
+    order.sort_by_key(|&i| targets[i].live.load.prefill_tokens());
+    (order.into_iter()).find_map(|i| room(&targets[i], limits).map(|s| (i, s)))
 }
 
 impl Admission {
@@ -229,10 +269,9 @@ impl Admission {
         {
             let mut state = self.lock();
             if let Some(q) = &config.queue {
-                state.max_inflight = q.max_inflight;
+                state.limits = SlotLimits::of(q, config.load_limits());
                 state.aging = q.priority.aging;
             }
-            state.load = config.load_limits().copied();
         }
         for b in &snapshot.backends {
             self.hand_out(&b.live);
@@ -275,11 +314,11 @@ impl Admission {
             let mut state = self.lock();
             // The settings of the config this request was routed with: the
             // latest published, but for a request routed just before a reload.
-            state.max_inflight = q.max_inflight;
+            state.limits = ask.limits;
             state.aging = q.priority.aging;
-            state.load = ask.load.copied();
             let may = if waits_for_home { 1 } else { ask.targets.len() };
-            let room_now = || first_with_room(&ask.targets[..may], q.max_inflight, ask.load);
+            let spread = ask.spread && !waits_for_home;
+            let room_now = || first_with_room(&ask.targets[..may], &ask.limits, spread);
             if let Some(found) = room_now() {
                 drop(state);
                 return Ok(self.without_waiting(&ask, found, started));
@@ -346,10 +385,10 @@ impl Admission {
         (i, slot): (usize, ActiveGuard),
         started: Instant,
     ) -> Admitted {
-        let how = if i == 0 {
-            Admit::AtOnce
-        } else {
-            Admit::Spilled
+        let how = match i {
+            0 => Admit::AtOnce,
+            _ if ask.spread && !ask.sticky => Admit::Placed,
+            _ => Admit::Spilled,
         };
         self.admitted(ask, &ask.targets[i], slot, how, started)
     }
@@ -387,9 +426,9 @@ impl Admission {
     /// targets with room, if any (and leaves the queue).
     fn spill(&self, id: u64) -> Option<Grant> {
         let mut state = self.lock();
-        let (max_inflight, load) = (state.max_inflight, state.load);
+        let limits = state.limits;
         let targets = state.waiting.get(id)?.targets.clone();
-        let (i, slot) = first_with_room(&targets, max_inflight, load.as_ref())?;
+        let (i, slot) = first_with_room(&targets, &limits, false)?;
         // Still there: the lock was held since `get`.
         let left = state.waiting.remove(id);
         self.len.store(state.waiting.len(), Ordering::Relaxed);
@@ -412,8 +451,7 @@ impl Admission {
         let mut state = self.lock();
         let State {
             waiting,
-            max_inflight,
-            load,
+            limits,
             aging,
         } = &mut *state;
         loop {
@@ -423,7 +461,7 @@ impl Admission {
             let Some(backend) = waiting.find(|w| w.takes(live, now).cloned()) else {
                 break;
             };
-            let Some(slot) = room(&backend, *max_inflight, load.as_ref()) else {
+            let Some(slot) = room(&backend, limits) else {
                 break;
             };
             let Some(picked) = waiting.pick(now, *aging, |w| w.takes(live, now).is_some()) else {

@@ -20,6 +20,9 @@ labels! {
         /// Another of its targets took it: its home had no room (for a
         /// request with a home, within `queue.affinity_wait`).
         Spilled => "spilled",
+        /// A conversation's first request: the target with room and the
+        /// least work took it, not its table owner.
+        Placed => "placed",
     }
 }
 

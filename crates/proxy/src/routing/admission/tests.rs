@@ -3,6 +3,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::config::{BackendConfig, Priority};
+use crate::routing::backend::Awaiting;
 
 fn backend(name: &str, port: u16, admission: &Arc<Admission>) -> Arc<Backend> {
     let config = BackendConfig {
@@ -24,6 +25,7 @@ fn backend(name: &str, port: u16, admission: &Arc<Admission>) -> Arc<Backend> {
 fn queue(max_inflight: u64) -> QueueConfig {
     QueueConfig {
         max_inflight,
+        max_prefill_tokens: None,
         size: 4,
         max_body_bytes: 1000,
         timeout: Duration::from_secs(30),
@@ -44,12 +46,13 @@ fn ask<'a>(targets: &'a [Arc<Backend>], q: &'a QueueConfig, class: usize) -> Ask
         targets,
         sticky: true,
         pinned: false,
+        spread: false,
         class,
         tenant: 0,
         bytes: 10,
         key: 1,
         queue: q,
-        load: None,
+        limits: SlotLimits::of(q, None),
     }
 }
 
@@ -214,4 +217,63 @@ async fn at_shutdown_every_waiting_request_is_refused_by_the_close() {
         close,
         "refused at the close, not at queue.timeout"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn work_at_its_limit_holds_a_request_until_a_prefill_ends() {
+    let admission = Arc::new(Admission::default());
+    let a = backend("a", 1, &admission);
+    let targets = vec![Arc::clone(&a)];
+    let mut q = queue(8);
+    q.max_prefill_tokens = Some(1000);
+    // A backend with no work takes any request, however large.
+    let first = admission
+        .admit(ask(&targets, &q, 1), std::future::pending())
+        .await
+        .unwrap();
+    let prefill = a.live.await_first_byte(Awaiting::Turn, 5000);
+    let waiting = tokio::spawn({
+        let (admission, targets, q) = (Arc::clone(&admission), targets.clone(), q.clone());
+        async move {
+            let admitted = admission
+                .admit(ask(&targets, &q, 1), std::future::pending())
+                .await;
+            admitted.map(|a| a.how)
+        }
+    });
+    while admission.is_empty() {
+        tokio::task::yield_now().await;
+    }
+    // Its slots are free (one of eight taken), its work is not.
+    assert_eq!(a.live.load.active(), 1);
+    drop(prefill);
+    assert_eq!(waiting.await.unwrap(), Ok(Admit::Waited));
+    drop(first);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_conversation_goes_where_there_is_least_work() {
+    let admission = Arc::new(Admission::default());
+    let targets: Vec<_> = (1..=3)
+        .map(|i| backend(&format!("b{i}"), i, &admission))
+        .collect();
+    let q = queue(8);
+    let _busy = targets[0].live.await_first_byte(Awaiting::Turn, 900);
+    let _less = targets[1].live.await_first_byte(Awaiting::Turn, 300);
+    let mut opening = ask(&targets, &q, 1);
+    opening.sticky = false;
+    opening.spread = true;
+    let admitted = admission
+        .admit(opening, std::future::pending())
+        .await
+        .unwrap();
+    assert_eq!(admitted.backend.name, "b3");
+    // Equal work keeps the table's order; without spread, the first with room.
+    let mut later = ask(&targets, &q, 1);
+    later.sticky = false;
+    let admitted = admission
+        .admit(later, std::future::pending())
+        .await
+        .unwrap();
+    assert_eq!(admitted.backend.name, "b1");
 }

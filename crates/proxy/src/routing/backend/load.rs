@@ -11,7 +11,11 @@
 //! those, `awaiting_openings` opened a conversation (with
 //! `key.group_choices` above 1: a new prompt, whose head the engine may
 //! have to prefill again), and of these `awaiting_cold` placed a new group,
-//! the long prefills of heads the engine has not seen.
+//! the long prefills of heads the engine has not seen. `prefill_tokens`
+//! is their work (with `queue`): the prompt tokens they are estimated to
+//! still have to prefill, each request's size less the prefix its key's
+//! previous request left in that backend's cache
+//! ([`crate::routing::recent::Recent::uncached_tokens`]).
 //! Taking a slot under a cap is
 //! one atomic step, so concurrent accepts never push a backend past its
 //! bounded-load cap.
@@ -25,7 +29,12 @@ pub struct Load {
     awaiting: AtomicU64,
     awaiting_openings: AtomicU64,
     awaiting_cold: AtomicU64,
+    prefill_tokens: AtomicU64,
 }
+
+/// What a request's work is estimated from when nothing better is known:
+/// JSON chat bodies run about four bytes to a token.
+pub const BYTES_PER_TOKEN: u64 = 4;
 
 /// What a request awaiting its first byte of body is, for the counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +73,12 @@ impl Load {
         self.awaiting_cold.load(Ordering::Relaxed)
     }
 
+    /// The prompt tokens the requests awaiting their first byte are
+    /// estimated to still have to prefill (with `queue`).
+    pub fn prefill_tokens(&self) -> u64 {
+        self.prefill_tokens.load(Ordering::Relaxed)
+    }
+
     /// The counters a request of `kind` counts in.
     fn counters(&self, kind: Awaiting) -> impl Iterator<Item = &AtomicU64> {
         let depth = match kind {
@@ -76,16 +91,18 @@ impl Load {
             .take(depth)
     }
 
-    pub(super) fn start_awaiting(&self, kind: Awaiting) {
+    pub(super) fn start_awaiting(&self, kind: Awaiting, tokens: u64) {
         for counter in self.counters(kind) {
             counter.fetch_add(1, Ordering::Relaxed);
         }
+        self.prefill_tokens.fetch_add(tokens, Ordering::Relaxed);
     }
 
-    pub(super) fn stop_awaiting(&self, kind: Awaiting) {
+    pub(super) fn stop_awaiting(&self, kind: Awaiting, tokens: u64) {
         for counter in self.counters(kind) {
             counter.fetch_sub(1, Ordering::Relaxed);
         }
+        self.prefill_tokens.fetch_sub(tokens, Ordering::Relaxed);
     }
 
     /// Takes one slot unconditionally.

@@ -125,13 +125,15 @@ impl Live {
         })
     }
 
-    /// A request of `kind` is on its way to the backend; it counts as
-    /// awaiting its first byte of body until the guard drops.
-    pub fn await_first_byte(self: &Arc<Self>, kind: Awaiting) -> AwaitingGuard {
-        self.load.start_awaiting(kind);
+    /// A request of `kind` with `tokens` of prompt to prefill is on its way
+    /// to the backend; it counts as awaiting its first byte of body (and
+    /// its tokens as work to do) until the guard drops.
+    pub fn await_first_byte(self: &Arc<Self>, kind: Awaiting, tokens: u64) -> AwaitingGuard {
+        self.load.start_awaiting(kind, tokens);
         AwaitingGuard {
             live: Arc::clone(self),
             kind,
+            tokens,
         }
     }
 
@@ -162,15 +164,23 @@ impl Drop for ActiveGuard {
 
 /// One request awaiting the first byte of its answer's body (`mode: http`);
 /// dropping it (at that byte, or when the request ends first) uncounts it.
+/// Its prefill done, its work is too: a request waiting for that backend's
+/// work to fall (`queue.max_prefill_tokens`) is told.
 #[derive(Debug)]
 pub struct AwaitingGuard {
     live: Arc<Live>,
     kind: Awaiting,
+    tokens: u64,
 }
 
 impl Drop for AwaitingGuard {
     fn drop(&mut self) {
-        self.live.load.stop_awaiting(self.kind);
+        self.live.load.stop_awaiting(self.kind, self.tokens);
+        if self.tokens > 0
+            && let Some(waiters) = self.live.waiters.get()
+        {
+            waiters.slot_freed(&self.live);
+        }
     }
 }
 
@@ -217,23 +227,24 @@ mod tests {
     #[test]
     fn awaiting_counts_until_the_guard_drops() {
         let live = Arc::new(Live::default());
-        let a = live.await_first_byte(Awaiting::Turn);
-        let b = live.await_first_byte(Awaiting::NewGroup);
-        let c = live.await_first_byte(Awaiting::Opening);
+        let a = live.await_first_byte(Awaiting::Turn, 100);
+        let b = live.await_first_byte(Awaiting::NewGroup, 20);
+        let c = live.await_first_byte(Awaiting::Opening, 3);
         let counts = |l: &Live| {
             let load = &l.load;
             (
                 load.awaiting(),
                 load.awaiting_openings(),
                 load.awaiting_cold(),
+                load.prefill_tokens(),
             )
         };
-        assert_eq!(counts(&live), (3, 2, 1));
+        assert_eq!(counts(&live), (3, 2, 1, 123));
         drop(a);
-        assert_eq!(counts(&live), (2, 2, 1));
+        assert_eq!(counts(&live), (2, 2, 1, 23));
         drop(b);
-        assert_eq!(counts(&live), (1, 1, 0));
+        assert_eq!(counts(&live), (1, 1, 0, 3));
         drop(c);
-        assert_eq!(counts(&live), (0, 0, 0));
+        assert_eq!(counts(&live), (0, 0, 0, 0));
     }
 }

@@ -13,6 +13,7 @@ fn decision(how: How) -> Decision {
         how,
         pin_lost: false,
         group: None,
+        prompt_bytes: 0,
     }
 }
 
@@ -72,6 +73,7 @@ fn a_move_is_blamed_on_its_cause() {
         how: How::Primary,
         pin_lost: true,
         group: None,
+        prompt_bytes: 0,
     };
     assert_eq!(recent.routed(1, b, lost), Some(MissCause::PinExpired));
     assert_eq!(
@@ -132,4 +134,30 @@ fn the_memory_is_bounded() {
     recent.configure(SHARDS * 2, Duration::from_secs(60));
     recent.routed(1, a, decision(How::Primary));
     assert!(recent.last(1).is_some() && recent.last(2).is_some());
+}
+
+#[test]
+fn uncached_tokens_subtract_what_the_previous_request_left_at_that_backend() {
+    let s = snapshot();
+    let (a, b) = (s.backend("a").unwrap(), s.backend("b").unwrap());
+    let recent = Recent::new(100, Duration::from_secs(60));
+    // Unknown key: all of it, at four bytes a token.
+    assert_eq!(recent.uncached_tokens(1, "a", 4000), 1000);
+    let turn = Decision {
+        prompt_bytes: 3000,
+        ..decision(How::Primary)
+    };
+    recent.routed(1, a, turn);
+    // Routed, usage not read yet: the new bytes at four a token.
+    assert_eq!(recent.uncached_tokens(1, "a", 4000), 250);
+    // Its usage says 3000 bytes were 1000 tokens: three bytes a token.
+    recent.served(1, "a", tokens(1000, 0), None);
+    assert_eq!(recent.uncached_tokens(1, "a", 4200), 400);
+    // Elsewhere nothing is cached.
+    assert_eq!(recent.uncached_tokens(1, "b", 4200), 1050);
+    // A shorter body (a new conversation under an old key) costs nothing
+    // it can be charged for; never a negative estimate.
+    assert_eq!(recent.uncached_tokens(1, "a", 100), 0);
+    recent.routed(1, b, turn);
+    assert_eq!(recent.uncached_tokens(1, "a", 4000), 1000);
 }

@@ -165,6 +165,7 @@ fn value(entry: &Entry, field: LogField) -> Option<Value<'_>> {
         LogField::BytesOut => Value::Number(entry.bytes_out),
         LogField::FirstByteMs => Value::Millis(entry.first_byte?),
         LogField::QueueMs => Value::Millis(entry.queued?),
+        LogField::Queue => Value::Word(entry.queue?),
         LogField::DurationMs => Value::Millis(entry.duration),
         LogField::Method => Value::Text(&http?.method),
         LogField::Path => Value::Text(&http?.path),
@@ -195,6 +196,7 @@ mod tests {
             bytes_out: 3400,
             first_byte: Some(Duration::from_micros(1500)),
             queued: Some(Duration::from_millis(20)),
+            queue: Some("waited"),
             duration: Duration::from_millis(20),
             http: Some(HttpRequest {
                 method: "POST".into(),

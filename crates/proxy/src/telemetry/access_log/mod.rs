@@ -64,6 +64,10 @@ pub struct Entry {
     pub first_byte: Option<Duration>,
     /// How long it waited in the queue (`queue`), if it waited.
     pub queued: Option<Duration>,
+    /// How it left the queue (`queue`, mode http): admitted (`at_once`,
+    /// `waited`, `spilled`, `placed`) or refused (`full`, `tenant_full`,
+    /// `timeout`, `client_gone`).
+    pub queue: Option<&'static str>,
     pub duration: Duration,
     /// Mode http only.
     pub http: Option<HttpRequest>,
