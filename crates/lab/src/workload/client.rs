@@ -121,7 +121,7 @@ impl Pool {
     pub async fn post(
         &self,
         path: &str,
-        headers: &[(&'static str, String)],
+        headers: &[(&str, String)],
         body: Bytes,
         stream: bool,
     ) -> Result<Answer, Failure> {

@@ -16,6 +16,7 @@ use tokio::time::{Instant, sleep_until};
 
 use super::chat::{self, Conversation};
 use super::client::{Pool, Target};
+use super::mix;
 use super::report::{Outcome, Record, ScaleUp};
 use super::{KeyMode, WorkloadArgs, WorkloadError};
 use crate::engine::prompt::{block_hashes, render_chat, token_count};
@@ -66,7 +67,12 @@ pub async fn run(args: &WorkloadArgs) -> Result<Outcome, WorkloadError> {
         args.think_ms,
     );
     for conversation in all {
-        tasks.spawn(converse(Arc::clone(&shared), conversation));
+        let who = Who::of(args, conversation.id);
+        let only = args.only_tenant.as_deref();
+        if only.is_some_and(|t| who.tenant.as_ref().is_none_or(|mine| mine != t)) {
+            continue;
+        }
+        tasks.spawn(converse(Arc::clone(&shared), conversation, who));
     }
     let scale_up = match (args.scale_up_at, &args.scale_up_cmd) {
         (Some(at), Some(cmd)) => Some(tokio::spawn(scale_up(start, at, cmd.clone()))),
@@ -128,8 +134,27 @@ async fn scale_up(start: Instant, at: f64, cmd: String) -> ScaleUp {
     }
 }
 
+/// Who sends a conversation, and at which priority ([`mix`]).
+#[derive(Debug, Clone, Default)]
+struct Who {
+    tenant: Option<String>,
+    class: Option<String>,
+}
+
+impl Who {
+    fn of(args: &WorkloadArgs, id: usize) -> Who {
+        let name = |shares: &[mix::Share], what| {
+            mix::draw(shares, args.seed, id, what).map(|i| shares[i].name.clone())
+        };
+        Who {
+            tenant: name(&args.tenants, "tenant"),
+            class: name(&args.classes, "class"),
+        }
+    }
+}
+
 /// One conversation, turn by turn, until its last turn or its first failure.
-async fn converse(shared: Arc<Run>, conversation: Conversation) {
+async fn converse(shared: Arc<Run>, conversation: Conversation, who: Who) {
     let args = &shared.args;
     sleep_until(shared.start + conversation.arrival).await;
     let mut history: Vec<(&'static str, String)> =
@@ -142,6 +167,7 @@ async fn converse(shared: Arc<Run>, conversation: Conversation) {
         history.push(("user", user));
         let chat = Chat {
             conversation: conversation.id,
+            who: &who,
             turn,
             tools: shared.tools[conversation.system].as_ref(),
             history: &history,
@@ -156,6 +182,7 @@ async fn converse(shared: Arc<Run>, conversation: Conversation) {
 /// One turn of a conversation: what it sends.
 struct Chat<'a> {
     conversation: usize,
+    who: &'a Who,
     turn: usize,
     tools: Option<&'a Value>,
     history: &'a [(&'static str, String)],
@@ -165,6 +192,7 @@ struct Chat<'a> {
 async fn one_turn(shared: &Run, chat: Chat<'_>) -> Option<String> {
     let Chat {
         conversation,
+        who,
         turn,
         history,
         ..
@@ -198,6 +226,8 @@ async fn one_turn(shared: &Run, chat: Chat<'_>) -> Option<String> {
         cached_tokens: 0,
         ideal_uncached,
         error: None,
+        tenant: who.tenant.clone(),
+        class: who.class.clone(),
     };
     let content = match result {
         Ok(answer) => {
@@ -243,7 +273,7 @@ fn ideal_check(shared: &Run, prompt: &str) -> u64 {
 }
 
 /// One turn's headers and body, with the conversation's key where `--key` puts it.
-fn request(args: &WorkloadArgs, chat: &Chat<'_>) -> (Vec<(&'static str, String)>, Bytes) {
+fn request<'a>(args: &'a WorkloadArgs, chat: &Chat<'_>) -> (Vec<(&'a str, String)>, Bytes) {
     let key = format!("conv-{}", chat.conversation);
     let messages: Vec<Value> = chat
         .history
@@ -263,6 +293,12 @@ fn request(args: &WorkloadArgs, chat: &Chat<'_>) -> (Vec<(&'static str, String)>
         body["tools"] = tools.clone();
     }
     let mut headers = Vec::new();
+    if let Some(tenant) = &chat.who.tenant {
+        headers.push((args.tenant_header.as_str(), tenant.clone()));
+    }
+    if let Some(class) = &chat.who.class {
+        headers.push((args.class_header.as_str(), class.clone()));
+    }
     match args.key {
         KeyMode::Header => headers.push(("x-session-id", key)),
         KeyMode::Smg => headers.push(("x-smg-routing-key", key)),

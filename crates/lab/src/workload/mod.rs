@@ -21,6 +21,7 @@
 //! |---|---|
 //! | [`chat`] | the conversations: system prompts, messages, arrivals, think times |
 //! | `client` | the connection pools and one request: send, stream, measure |
+//! | [`mix`] | who sends each conversation and at which priority: tenants and classes |
 //! | `drive` | running it: a task per conversation, the ideal cache, the scale-up, the deadline |
 //! | [`report`] | the records' summary: hit ratio, prefill ÷ ideal, TTFT, splits, shares, moves |
 
@@ -30,6 +31,7 @@ use std::time::Duration;
 pub mod chat;
 mod client;
 mod drive;
+pub mod mix;
 pub mod report;
 #[cfg(test)]
 mod tests;
@@ -114,6 +116,26 @@ pub struct WorkloadArgs {
     /// many live conversations moved to another engine after it finished.
     #[arg(long, requires = "scale_up_at")]
     pub scale_up_cmd: Option<String>,
+    /// Tenants and their shares of the conversations (name:weight,
+    /// comma-separated); each request names its own in --tenant-header.
+    #[arg(long, value_delimiter = ',', value_parser = mix::parse_share)]
+    pub tenants: Vec<mix::Share>,
+    #[arg(long, default_value = "x-tenant")]
+    pub tenant_header: String,
+    /// Send only this tenant's conversations, exactly as they are in the
+    /// whole mix (a tenant's baseline without its neighbours).
+    #[arg(long, requires = "tenants")]
+    pub only_tenant: Option<String>,
+    /// Priority classes and their shares of the conversations
+    /// (name:weight); each request names its own in --class-header.
+    #[arg(long, value_delimiter = ',', value_parser = mix::parse_share)]
+    pub classes: Vec<mix::Share>,
+    #[arg(long, default_value = "x-priority")]
+    pub class_header: String,
+    /// A request meets its service level when its first token comes within
+    /// this many milliseconds: goodput is the share of requests that do.
+    #[arg(long, default_value_t = 1000.0)]
+    pub slo_ms: f64,
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
@@ -129,6 +151,8 @@ pub enum WorkloadError {
     OutOfRange(#[from] OutOfRange),
     #[error("--url {0:?}: expected http://host:port (https is not supported)")]
     Url(String),
+    #[error("--only-tenant {0:?} is not one of --tenants")]
+    UnknownTenant(String),
     #[error("cannot write the summary: {0}")]
     Output(#[from] std::io::Error),
 }
@@ -151,6 +175,12 @@ impl WorkloadArgs {
         range("--rate", self.rate, 0.001, 100_000.0)?;
         range("--think-ms", self.think_ms, 0.0, 3_600_000.0)?;
         range("--max-seconds", self.max_seconds, 0.1, 86_400.0)?;
+        range("--slo-ms", self.slo_ms, 1.0, 3_600_000.0)?;
+        if let Some(t) = &self.only_tenant
+            && !self.tenants.iter().any(|s| &s.name == t)
+        {
+            return Err(WorkloadError::UnknownTenant(t.clone()));
+        }
         if let Some(at) = self.scale_up_at {
             range("--scale-up-at", at, 0.0, self.max_seconds)?;
         }

@@ -2,7 +2,9 @@
 //! prompts the engines' caches held, the prefill work against the ideal
 //! (one infinite cache shared by all engines), times to first token, the
 //! conversations served by more than one engine, the busiest engine's share,
-//! and after a scale-up, the live conversations that moved.
+//! after a scale-up the live conversations that moved, and per tenant and
+//! class ([`Slice`]): goodput against `--slo-ms`, refusals with a status
+//! (429, 503) apart from other failures, and TTFT.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
@@ -39,6 +41,11 @@ pub struct Record {
     /// The tokens the ideal cache would have prefilled.
     pub ideal_uncached: u64,
     pub error: Option<String>,
+    /// Its conversation's tenant and class (`--tenants`, `--classes`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
 }
 
 /// The scale-up command and what it did to live conversations.
@@ -89,6 +96,70 @@ pub struct Summary {
     /// The busiest engine's requests over the mean of the engines that answered.
     pub share_max_over_mean: f64,
     pub scale_up: Option<ScaleUp>,
+    /// Every request, and by tenant and by class (when the run has them).
+    pub slo_ms: f64,
+    pub all: Slice,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub by_tenant: BTreeMap<String, Slice>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub by_class: BTreeMap<String, Slice>,
+}
+
+/// Some of a run's requests (a tenant's, a class's, or all).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Slice {
+    pub requests: usize,
+    pub answered: usize,
+    /// Refused with a status: 429 or 503.
+    pub refused: usize,
+    /// Every other failure: resets, time-outs, other statuses.
+    pub failed: usize,
+    /// The share of requests answered with a first token within `--slo-ms`
+    /// (a refused or failed request is not good).
+    pub goodput: f64,
+    pub ttft_p50_ms: f64,
+    pub ttft_p99_ms: f64,
+}
+
+impl Slice {
+    pub fn of<'a>(records: impl IntoIterator<Item = &'a Record>, slo_ms: f64) -> Slice {
+        let mut s = Slice::default();
+        let mut ttft = Vec::new();
+        let mut good = 0;
+        for r in records {
+            s.requests += 1;
+            match r.error.as_deref() {
+                None => {
+                    s.answered += 1;
+                    ttft.push(r.ttft_ms);
+                    good += usize::from(r.ttft_ms <= slo_ms);
+                }
+                Some("status 429" | "status 503") => s.refused += 1,
+                Some(_) => s.failed += 1,
+            }
+        }
+        s.goodput = ratio(good as u64, s.requests as u64);
+        s.ttft_p50_ms = percentile(&mut ttft, 0.50);
+        s.ttft_p99_ms = percentile(&mut ttft, 0.99);
+        s
+    }
+}
+
+/// The records of each value `part` gives (none when it gives none).
+fn slices(
+    records: &[Record],
+    slo_ms: f64,
+    part: fn(&Record) -> Option<&String>,
+) -> BTreeMap<String, Slice> {
+    let mut parts: BTreeMap<String, Vec<&Record>> = BTreeMap::new();
+    for r in records {
+        if let Some(name) = part(r) {
+            parts.entry(name.clone()).or_default().push(r);
+        }
+    }
+    (parts.into_iter())
+        .map(|(name, rs)| (name, Slice::of(rs, slo_ms)))
+        .collect()
 }
 
 /// Writes `records` to `path`, one JSON object per line.
@@ -147,6 +218,10 @@ impl Summary {
             share_max_over_mean: share(&engines),
             engines,
             scale_up,
+            slo_ms: args.slo_ms,
+            all: Slice::of(records, args.slo_ms),
+            by_tenant: slices(records, args.slo_ms, |r| r.tenant.as_ref()),
+            by_class: slices(records, args.slo_ms, |r| r.class.as_ref()),
         }
     }
 }
@@ -277,6 +352,26 @@ impl fmt::Display for Summary {
             self.share_max_over_mean,
             per.join(", ")
         )?;
+        let line = |f: &mut fmt::Formatter<'_>, name: &str, s: &Slice| {
+            writeln!(
+                f,
+                "{name:<21} goodput {:.3} (TTFT ≤ {:.0} ms), TTFT p50 / p99 {:.0} / {:.0} ms, {} requests, {} refused, {} failed",
+                s.goodput,
+                self.slo_ms,
+                s.ttft_p50_ms,
+                s.ttft_p99_ms,
+                s.requests,
+                s.refused,
+                s.failed
+            )
+        };
+        line(f, "all", &self.all)?;
+        for (name, s) in &self.by_class {
+            line(f, &format!("class {name}"), s)?;
+        }
+        for (name, s) in &self.by_tenant {
+            line(f, &format!("tenant {name}"), s)?;
+        }
         if let Some(s) = &self.scale_up {
             writeln!(
                 f,
@@ -305,6 +400,8 @@ mod tests {
             cached_tokens: 50,
             ideal_uncached: 25,
             error: None,
+            tenant: None,
+            class: None,
         }
     }
 
@@ -332,6 +429,29 @@ mod tests {
         };
         let s = moved(s, &ok);
         assert_eq!((s.live_conversations, s.moved), (2, 1));
+    }
+
+    #[test]
+    fn slices_tell_refusals_from_failures_and_count_goodput() {
+        let mut records: Vec<Record> = (0..4).map(|i| record(i, 100.0 * i as f64, "a")).collect();
+        records[1].error = Some("status 429".into());
+        records[2].error = Some("connection reset".into());
+        records[3].ttft_ms = 50.0;
+        for (i, r) in records.iter_mut().enumerate() {
+            r.tenant = Some(["quiet", "noisy"][i % 2].into());
+        }
+        let all = Slice::of(&records, 60.0);
+        assert_eq!(
+            (all.requests, all.answered, all.refused, all.failed),
+            (4, 2, 1, 1)
+        );
+        // Two answered (TTFT 0 and 50 ms) meet 60 ms: two of four.
+        assert!((all.goodput - 0.5).abs() < 1e-9);
+        assert_eq!(all.ttft_p99_ms, 50.0);
+        let by = slices(&records, 60.0, |r| r.tenant.as_ref());
+        assert_eq!(by["noisy"].refused, 1);
+        assert_eq!(by["quiet"].failed, 1);
+        assert!(slices(&records, 60.0, |r| r.class.as_ref()).is_empty());
     }
 
     #[test]
