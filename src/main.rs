@@ -91,7 +91,7 @@ enum Command {
     /// A simulated OpenAI-compatible inference engine (prefix cache, prefill and decode times).
     Engine(magpie_lab::engine::EngineArgs),
     /// Multi-turn chats against OpenAI-compatible URLs: cache hits, prefill against the ideal, TTFT, splits.
-    Workload(magpie_lab::workload::WorkloadArgs),
+    Workload(Box<magpie_lab::workload::WorkloadArgs>),
     /// GET an http://host:port/path URL; exit 0 on a 2xx answer, else 1 (for health checks).
     Probe {
         url: String,

@@ -103,6 +103,9 @@ pub struct Summary {
     pub by_tenant: BTreeMap<String, Slice>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub by_class: BTreeMap<String, Slice>,
+    /// By `tenant/class`, when the run has both.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub by_tenant_class: BTreeMap<String, Slice>,
 }
 
 /// Some of a run's requests (a tenant's, a class's, or all).
@@ -149,12 +152,12 @@ impl Slice {
 fn slices(
     records: &[Record],
     slo_ms: f64,
-    part: fn(&Record) -> Option<&String>,
+    part: fn(&Record) -> Option<String>,
 ) -> BTreeMap<String, Slice> {
     let mut parts: BTreeMap<String, Vec<&Record>> = BTreeMap::new();
     for r in records {
         if let Some(name) = part(r) {
-            parts.entry(name.clone()).or_default().push(r);
+            parts.entry(name).or_default().push(r);
         }
     }
     (parts.into_iter())
@@ -220,8 +223,11 @@ impl Summary {
             scale_up,
             slo_ms: args.slo_ms,
             all: Slice::of(records, args.slo_ms),
-            by_tenant: slices(records, args.slo_ms, |r| r.tenant.as_ref()),
-            by_class: slices(records, args.slo_ms, |r| r.class.as_ref()),
+            by_tenant: slices(records, args.slo_ms, |r| r.tenant.clone()),
+            by_class: slices(records, args.slo_ms, |r| r.class.clone()),
+            by_tenant_class: slices(records, args.slo_ms, |r| {
+                Some(format!("{}/{}", r.tenant.as_ref()?, r.class.as_ref()?))
+            }),
         }
     }
 }
@@ -372,6 +378,9 @@ impl fmt::Display for Summary {
         for (name, s) in &self.by_tenant {
             line(f, &format!("tenant {name}"), s)?;
         }
+        for (name, s) in &self.by_tenant_class {
+            line(f, name, s)?;
+        }
         if let Some(s) = &self.scale_up {
             writeln!(
                 f,
@@ -448,10 +457,10 @@ mod tests {
         // Two answered (TTFT 0 and 50 ms) meet 60 ms: two of four.
         assert!((all.goodput - 0.5).abs() < 1e-9);
         assert_eq!(all.ttft_p99_ms, 50.0);
-        let by = slices(&records, 60.0, |r| r.tenant.as_ref());
+        let by = slices(&records, 60.0, |r| r.tenant.clone());
         assert_eq!(by["noisy"].refused, 1);
         assert_eq!(by["quiet"].failed, 1);
-        assert!(slices(&records, 60.0, |r| r.class.as_ref()).is_empty());
+        assert!(slices(&records, 60.0, |r| r.class.clone()).is_empty());
     }
 
     #[test]

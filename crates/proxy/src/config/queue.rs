@@ -29,8 +29,8 @@ pub const MAX_QUEUE_BODY_BYTES: u64 = 16 << 30;
 pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(30);
 pub const MAX_QUEUE_TIMEOUT: Duration = Duration::from_secs(3600);
 /// `queue.affinity_wait`: how long a request whose key has a home (its pin,
-/// or its table owner) waits for that backend before it takes the next
-/// candidate with room. A second is about what prefilling a long
+/// or its table owner) waits for that backend at least, before it takes the
+/// next candidate with room where that pays in work. A second is about what prefilling a long
 /// conversation again costs an engine elsewhere, so waiting up to that long
 /// is worth it; longer, and the cache would be cheaper to rebuild.
 pub const DEFAULT_AFFINITY_WAIT: Duration = Duration::from_secs(1);

@@ -53,7 +53,7 @@ use super::upstream::{self, UpstreamIo};
 use crate::config::Config;
 use crate::config::TenantBy;
 use crate::routing::admission::{Admit, Ask, Refusal, SlotLimits, Standing};
-use crate::routing::backend::{ActiveGuard, Awaiting, Backend, CodeClass, Spill};
+use crate::routing::backend::{ActiveGuard, Awaiting, Backend, CodeClass, Spill, WorkGuard};
 use crate::routing::health::passive::{self, Blame};
 use crate::routing::instance::Instance;
 use crate::routing::recent::Decision;
@@ -167,20 +167,20 @@ impl Journey<'_> {
         // Its cache is at its home, unless it opens a conversation.
         let mut sticky = !self.pinned.pin_lost() && opening.is_none();
         while !rest.is_empty() {
-            let (backend, slot) = match self.take_slot(&mut rest, &mut how, sticky, wire).await {
-                Slot::Taken(backend, slot) => (backend, slot),
-                Slot::Passed => continue,
-                Slot::Refused(Refusal::ClientGone) => return Forwarded::ClientGone,
-                Slot::Refused(why) => {
-                    if let Some(log) = self.log.as_mut() {
-                        log.queued(Duration::ZERO, why.as_str());
+            let (backend, slot, work) =
+                match self.take_slot(&mut rest, &mut how, sticky, wire).await {
+                    Slot::Taken(backend, slot, work) => (backend, slot, work),
+                    Slot::Passed => continue,
+                    Slot::Refused(Refusal::ClientGone) => return Forwarded::ClientGone,
+                    Slot::Refused(why) => {
+                        if let Some(log) = self.log.as_mut() {
+                            log.queued(Duration::ZERO, why.as_str());
+                        }
+                        return Forwarded::Failed(self.failed(Failure::Refused(why)));
                     }
-                    return Forwarded::Failed(self.failed(Failure::Refused(why)));
-                }
-            };
+                };
             sticky = false;
-            let tokens = self.work_at(&backend);
-            let awaiting = awaiting_at(&backend, &mut opening, tokens);
+            let awaiting = awaiting_at(&backend, &mut opening, work);
             tried.push(backend.name.clone());
             match self.send(&backend, wire).await {
                 Exchange::Answered {
@@ -222,7 +222,7 @@ impl Journey<'_> {
         let Some(queue) = &self.config.queue else {
             let backend = rest.remove(0);
             return match self.pinned.route.reserve(&backend) {
-                Some(slot) => Slot::Taken(backend, slot),
+                Some(slot) => Slot::Taken(backend, slot, None),
                 None => {
                     *how = how.passed_over(Spill::AtCap);
                     Slot::Passed
@@ -240,6 +240,7 @@ impl Journey<'_> {
                 _ => self.standing.tenant,
             },
             bytes: self.held,
+            work: (self.instance.recent).work(self.keys.session, self.prompt_bytes),
             key: self.keys.table(),
             queue,
             limits: SlotLimits::of(queue, self.config.load_limits()),
@@ -255,16 +256,7 @@ impl Journey<'_> {
             *how = how.passed_over(Spill::AtCap);
         }
         rest.retain(|b| !Arc::ptr_eq(b, &admitted.backend));
-        Slot::Taken(admitted.backend, admitted.slot)
-    }
-
-    /// The prompt tokens the request is estimated to have to prefill at
-    /// `backend` (with `queue`; 0 without, where nothing weighs work).
-    fn work_at(&self, backend: &Backend) -> u64 {
-        if self.config.queue.is_none() {
-            return 0;
-        }
-        (self.instance.recent).uncached_tokens(self.keys.session, &backend.name, self.prompt_bytes)
+        Slot::Taken(admitted.backend, admitted.slot, Some(admitted.work))
     }
 
     /// Sends the request to `backend` over a pooled connection, or a new
@@ -370,7 +362,8 @@ struct Taken<'b, C: Pooled> {
 
 /// What taking a slot for a request came to.
 enum Slot {
-    Taken(Arc<Backend>, ActiveGuard),
+    /// A slot, and with `queue` the request's work there.
+    Taken(Arc<Backend>, ActiveGuard, Option<WorkGuard>),
     /// The target was at its cap: the next one.
     Passed,
     Refused(Refusal),
@@ -378,15 +371,20 @@ enum Slot {
 
 /// The request's place among those awaiting a first byte at `backend`, the
 /// one that took it (a conversation's opening at the first backend that
-/// takes it, a new group's at its home only), with its `tokens` of work.
-fn awaiting_at(backend: &Arc<Backend>, opening: &mut Option<Opening>, tokens: u64) -> FirstByte {
+/// takes it, a new group's at its home only), with its work there.
+fn awaiting_at(
+    backend: &Arc<Backend>,
+    opening: &mut Option<Opening>,
+    work: Option<WorkGuard>,
+) -> FirstByte {
     let (kind, mark) = match opening.take() {
         Some(opening) => opening.claimed_at(&backend.name),
         None => (Awaiting::Turn, None),
     };
     FirstByte {
-        count: backend.live.await_first_byte(kind, tokens),
+        count: backend.live.await_first_byte(kind),
         mark,
+        work,
     }
 }
 

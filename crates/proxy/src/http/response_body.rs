@@ -31,7 +31,7 @@ use tracing::warn;
 use super::backend_deadlines::Silence;
 use super::logged::Logged;
 use super::pool::{Conn, Lease, Pooled};
-use crate::routing::backend::{ActiveGuard, AwaitingGuard, Backend, TimeoutKind};
+use crate::routing::backend::{ActiveGuard, AwaitingGuard, Backend, TimeoutKind, WorkGuard};
 use crate::routing::instance::Instance;
 use crate::routing::recent::{MissCause, Tokens};
 use crate::routing::sessions::homes::AwaitingMark;
@@ -70,6 +70,8 @@ pub struct InFlight<C: Pooled = Conn> {
 pub struct FirstByte {
     pub count: AwaitingGuard,
     pub mark: Option<AwaitingMark>,
+    /// Its prefill work (`queue`), done at the first byte.
+    pub work: Option<WorkGuard>,
 }
 
 /// Where a response's usage goes: the key's memory (a cache miss and its

@@ -99,6 +99,33 @@ pub struct Decision {
     pub prompt_bytes: u64,
 }
 
+/// A request's prefill work ([`Recent::work`]), in prompt tokens.
+#[derive(Debug, Clone, Default)]
+pub struct Work {
+    /// At a backend whose cache holds nothing of it.
+    pub tokens: u64,
+    /// The backend its key's previous request went to, and its work there.
+    pub warm_at: Option<(Arc<Backend>, u64)>,
+}
+
+impl Work {
+    /// Work that no cache holds a part of.
+    pub fn cold(tokens: u64) -> Work {
+        Work {
+            tokens,
+            warm_at: None,
+        }
+    }
+
+    /// Its work at `backend`.
+    pub fn at(&self, backend: &Backend) -> u64 {
+        match &self.warm_at {
+            Some((warm, tokens)) if warm.name == backend.name => *tokens,
+            _ => self.tokens,
+        }
+    }
+}
+
 /// A request's usage as the engine reported it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tokens {
@@ -248,27 +275,29 @@ impl Recent {
         Some(cause)
     }
 
-    /// The prompt tokens a request of `key` with a body of `bytes` is
-    /// estimated to have to prefill at `backend`: all of them, less the
-    /// prefix its key's previous request (when it went to `backend`) left
-    /// in that engine's cache. Tokens are told from bytes by the previous
-    /// request's own ratio when its usage was read there, else at
-    /// [`BYTES_PER_TOKEN`].
-    pub fn uncached_tokens(&self, key: u64, backend: &str, bytes: u64) -> u64 {
+    /// The work a request of `key` with a body of `bytes` brings: its
+    /// prompt tokens anywhere, less, at the backend its key's previous
+    /// request went to, the prefix that request left in the cache. Tokens
+    /// are told from bytes by the previous request's own ratio when its
+    /// usage was read, else at [`BYTES_PER_TOKEN`].
+    pub fn work(&self, key: u64, bytes: u64) -> Work {
         let shard = self.shard(key);
-        let previous =
-            (shard.peek(&key)).filter(|r| r.backend.name == backend && r.prompt_bytes > 0);
-        let Some(r) = previous else {
-            return bytes / BYTES_PER_TOKEN;
+        let Some(r) = shard.peek(&key).filter(|r| r.prompt_bytes > 0) else {
+            return Work::cold(bytes / BYTES_PER_TOKEN);
         };
-        let new_bytes = bytes.saturating_sub(r.prompt_bytes);
-        match &r.served {
-            Some((b, tokens)) if **b == *backend => {
-                let scaled =
-                    u128::from(new_bytes) * u128::from(*tokens) / u128::from(r.prompt_bytes);
+        let tokens = |bytes: u64| match &r.served {
+            Some((_, served)) => {
+                let scaled = u128::from(bytes) * u128::from(*served) / u128::from(r.prompt_bytes);
                 u64::try_from(scaled).unwrap_or(u64::MAX)
             }
-            _ => new_bytes / BYTES_PER_TOKEN,
+            None => bytes / BYTES_PER_TOKEN,
+        };
+        Work {
+            tokens: tokens(bytes),
+            warm_at: Some((
+                Arc::clone(&r.backend),
+                tokens(bytes.saturating_sub(r.prompt_bytes)),
+            )),
         }
     }
 

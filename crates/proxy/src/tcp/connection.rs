@@ -230,6 +230,7 @@ async fn connect_first(
                     class: queue.priority.default,
                     tenant: 0,
                     bytes: intake.stream.bytes().len() as u64,
+                    work: Default::default(),
                     key,
                     queue,
                     limits: SlotLimits::of(queue, config.load_limits()),

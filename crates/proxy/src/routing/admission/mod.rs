@@ -9,14 +9,15 @@
 //!        ▼
 //!     waiting ◀── a slot given back at a backend (ActiveGuard drops):
 //!        │        the next eligible waiter, in order::Waiting's order, takes it
-//!        ├─ affinity_wait passed: its next candidate with room, in the table's order
+//!        ├─ affinity_wait passed: its next candidate with room where the spill pays
 //!        ├─ queue.timeout passed ─▶ Refusal::TimedOut (503)
 //!        └─ the client went away ─▶ out of the queue at once
 //! ```
 //!
 //! A request's home is its first target: its session pin, or the table's
-//! owner of its key. It waits for its home up to `queue.affinity_wait` and
-//! only then takes any of its targets; a new conversation (sessions on, no
+//! owner of its key. It waits for its home at least `queue.affinity_wait`,
+//! then takes another of its targets only where that pays in work
+//! ([`Waiter::spill_pays`]); a new conversation (sessions on, no
 //! pin yet) has no cache anywhere and takes, at once, the target with room
 //! that has the least work (ties in the table's order; a grouped one, whose
 //! head is cached at its group's candidates, the first with room). A
@@ -35,6 +36,7 @@
 //! request to the new table ([`Admission::rebind`]).
 
 pub mod order;
+pub mod room;
 pub mod stats;
 
 use std::future::Future;
@@ -46,10 +48,13 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use self::order::Waiting;
+pub use self::room::SlotLimits;
+use self::room::{Room, first_with_room, room};
 pub use self::stats::{Admit, QueueStats, Refusal};
 use crate::config::DEFAULT_MAX_INFLIGHT;
-use crate::config::{Config, DEFAULT_AGING, LoadLimits, MAX_CLASSES, QueueConfig, TenantBy};
-use crate::routing::backend::{ActiveGuard, Backend, Live, SlotFreed};
+use crate::config::{Config, DEFAULT_AGING, MAX_CLASSES, QueueConfig, TenantBy};
+use crate::routing::backend::{ActiveGuard, Backend, Live, SlotFreed, WorkGuard};
+use crate::routing::recent::Work;
 use crate::routing::route::Route;
 use crate::routing::snapshot::Snapshot;
 
@@ -71,25 +76,6 @@ struct State {
     waiting: Waiting<Waiter>,
     limits: SlotLimits,
     aging: Duration,
-}
-
-/// What a backend with room is under: in flight, work, its engine's load.
-#[derive(Debug, Clone, Copy)]
-pub struct SlotLimits {
-    /// A backend's own `max_inflight` goes first.
-    pub max_inflight: u64,
-    pub max_prefill_tokens: Option<u64>,
-    pub load: Option<LoadLimits>,
-}
-
-impl SlotLimits {
-    pub fn of(queue: &QueueConfig, load: Option<&LoadLimits>) -> SlotLimits {
-        SlotLimits {
-            max_inflight: queue.max_inflight,
-            max_prefill_tokens: queue.max_prefill_tokens,
-            load: load.copied(),
-        }
-    }
 }
 
 /// A request's place in the queue's order: its class (an index into
@@ -140,6 +126,8 @@ pub struct Ask<'a> {
     pub tenant: u64,
     /// Body bytes it holds while it waits.
     pub bytes: u64,
+    /// Its prefill work, at each target.
+    pub work: Work,
     /// Its table key, to bind it again after a reload.
     pub key: u64,
     pub queue: &'a QueueConfig,
@@ -151,12 +139,14 @@ pub struct Ask<'a> {
 pub struct Admitted {
     pub backend: Arc<Backend>,
     pub slot: ActiveGuard,
+    /// Its work there, held until its answer's first byte.
+    pub work: WorkGuard,
     pub how: Admit,
     pub waited: Duration,
 }
 
-/// A slot handed to a waiting request: which of its targets, and the slot.
-type Grant = (Arc<Backend>, ActiveGuard);
+/// Room handed to a waiting request: at which of its targets.
+type Grant = (Arc<Backend>, Room);
 
 /// One request in the queue.
 #[derive(Debug)]
@@ -164,22 +154,38 @@ struct Waiter {
     targets: Vec<Arc<Backend>>,
     /// Until then only its home will do.
     home_until: Instant,
+    /// It waits for its home (the cache is there); after `home_until` it
+    /// spills only where that pays.
+    sticky: bool,
     pinned: bool,
     key: u64,
     bytes: u64,
+    work: Work,
     grant: oneshot::Sender<Grant>,
 }
 
 impl Waiter {
     /// The target whose live state is `live`, if the request may take it
-    /// now (only its home before `home_until`).
+    /// now: its home, and once `home_until` passed, another target where
+    /// spilling pays ([`Waiter::spill_pays`]).
     fn takes(&self, live: &Arc<Live>, now: Instant) -> Option<&Arc<Backend>> {
-        let may = if now < self.home_until {
-            1
-        } else {
-            self.targets.len()
+        let i = (self.targets.iter()).position(|b| Arc::ptr_eq(&b.live, live))?;
+        let to = &self.targets[i];
+        let may = i == 0 || (now >= self.home_until && self.spill_pays(to));
+        may.then_some(to)
+    }
+
+    /// Whether the request would have its first token no later at `to` than
+    /// at its home, counted in work: the prefill `to` holds plus all of
+    /// this request's, against what its home holds plus only its uncached
+    /// part there (work that is all zero, as in mode tcp, always pays). A
+    /// request without a home (not sticky) goes anywhere.
+    fn spill_pays(&self, to: &Backend) -> bool {
+        let Some(home) = self.targets.first().filter(|_| self.sticky) else {
+            return true;
         };
-        (self.targets.iter().take(may)).find(|b| Arc::ptr_eq(&b.live, live))
+        let ahead = |b: &Backend| b.live.load.prefill_tokens().saturating_add(self.work.at(b));
+        ahead(to) <= ahead(home)
     }
 }
 
@@ -200,39 +206,6 @@ impl Default for Admission {
             stats: QueueStats::default(),
         }
     }
-}
-
-/// A slot at `backend` if it has room: fewer than its limit in flight
-/// (its own `max_inflight`, else the queue's), less than
-/// `max_prefill_tokens` of work awaiting its first byte (any, if it has
-/// none), and its engine (with `health.load`) not full.
-pub fn room(backend: &Arc<Backend>, limits: &SlotLimits) -> Option<ActiveGuard> {
-    let limit = backend.max_inflight.unwrap_or(limits.max_inflight);
-    let load = &backend.live.load;
-    if (limits.max_prefill_tokens).is_some_and(|m| load.prefill_tokens() >= m) {
-        return None;
-    }
-    let engine = &backend.live.engine;
-    if (limits.load.as_ref()).is_some_and(|l| engine.full_for_new_keys(l, Instant::now())) {
-        return None;
-    }
-    backend.live.try_reserve(limit)
-}
-
-/// The first of `targets` with room, and its slot; with `spread`, the one
-/// with room and the least work (ties to the earlier).
-fn first_with_room(
-    targets: &[Arc<Backend>],
-    limits: &SlotLimits,
-    spread: bool,
-) -> Option<(usize, ActiveGuard)> {
-    if !spread {
-        return (targets.iter().enumerate()).find_map(|(i, b)| room(b, limits).map(|s| (i, s)));
-    }
-    let mut order: Vec<usize> = (0..targets.len()).collect();
-    // Stable: equal work keeps the table's order.
-    order.sort_by_key(|&i| targets[i].live.load.prefill_tokens());
-    (order.into_iter()).find_map(|i| room(&targets[i], limits).map(|s| (i, s)))
 }
 
 impl Admission {
@@ -318,7 +291,7 @@ impl Admission {
             state.aging = q.priority.aging;
             let may = if waits_for_home { 1 } else { ask.targets.len() };
             let spread = ask.spread && !waits_for_home;
-            let room_now = || first_with_room(&ask.targets[..may], &ask.limits, spread);
+            let room_now = || first_with_room(&ask.targets[..may], &ask.limits, &ask.work, spread);
             if let Some(found) = room_now() {
                 drop(state);
                 return Ok(self.without_waiting(&ask, found, started));
@@ -337,8 +310,10 @@ impl Admission {
                     started
                 },
                 pinned: ask.pinned,
+                sticky: waits_for_home,
                 key: ask.key,
                 bytes: ask.bytes,
+                work: ask.work.clone(),
                 grant: tx,
             };
             let id = state.waiting.push(ask.class, ask.tenant, started, waiter);
@@ -370,7 +345,7 @@ impl Admission {
         };
         let outcome = ticket.wait(rx, &ask, gone).await;
         match outcome {
-            Ok((backend, slot, how)) => Ok(self.admitted(&ask, &backend, slot, how, started)),
+            Ok((backend, room, how)) => Ok(self.admitted(&ask, &backend, room, how, started)),
             Err(why) => {
                 self.stats.refused(ask.class, why);
                 Err(why)
@@ -382,7 +357,7 @@ impl Admission {
     fn without_waiting(
         &self,
         ask: &Ask<'_>,
-        (i, slot): (usize, ActiveGuard),
+        (i, room): (usize, Room),
         started: Instant,
     ) -> Admitted {
         let how = match i {
@@ -390,14 +365,14 @@ impl Admission {
             _ if ask.spread && !ask.sticky => Admit::Placed,
             _ => Admit::Spilled,
         };
-        self.admitted(ask, &ask.targets[i], slot, how, started)
+        self.admitted(ask, &ask.targets[i], room, how, started)
     }
 
     fn admitted(
         &self,
         ask: &Ask<'_>,
         backend: &Arc<Backend>,
-        slot: ActiveGuard,
+        (slot, work): Room,
         how: Admit,
         started: Instant,
     ) -> Admitted {
@@ -406,6 +381,7 @@ impl Admission {
         Admitted {
             backend: Arc::clone(backend),
             slot,
+            work,
             how,
             waited,
         }
@@ -427,15 +403,18 @@ impl Admission {
     fn spill(&self, id: u64) -> Option<Grant> {
         let mut state = self.lock();
         let limits = state.limits;
-        let targets = state.waiting.get(id)?.targets.clone();
-        let (i, slot) = first_with_room(&targets, &limits, false)?;
+        let waiter = state.waiting.get(id)?;
+        let targets = waiter.targets.clone();
+        let (i, room) = (targets.iter().enumerate())
+            .filter(|(i, b)| *i == 0 || waiter.spill_pays(b))
+            .find_map(|(i, b)| room(b, &limits, &waiter.work).map(|r| (i, r)))?;
         // Still there: the lock was held since `get`.
         let left = state.waiting.remove(id);
         self.len.store(state.waiting.len(), Ordering::Relaxed);
         drop(state);
         let w = left?;
         self.stats.hold_bytes(w.bytes, false);
-        Some((Arc::clone(&targets[i]), slot))
+        Some((Arc::clone(&targets[i]), room))
     }
 
     /// Hands slots at `live` to waiting requests while it has room, in the
@@ -461,19 +440,22 @@ impl Admission {
             let Some(backend) = waiting.find(|w| w.takes(live, now).cloned()) else {
                 break;
             };
-            let Some(slot) = room(&backend, limits) else {
+            // Room is taken before the request is known: its work is
+            // added once it is (the check was that the backend had room).
+            let Some((slot, mut work)) = room(&backend, limits, &Work::default()) else {
                 break;
             };
             let Some(picked) = waiting.pick(now, *aging, |w| w.takes(live, now).is_some()) else {
-                unclaimed.push(slot);
+                unclaimed.push((slot, work));
                 break;
             };
             let w = picked.waiter;
             self.stats.hold_bytes(w.bytes, false);
             let target = w.takes(live, now).cloned().unwrap_or(backend);
-            if let Err((_, slot)) = w.grant.send((target, slot)) {
+            work.grow(w.work.at(&target));
+            if let Err((_, room)) = w.grant.send((target, (slot, work))) {
                 // Its request went away as the slot came.
-                unclaimed.push(slot);
+                unclaimed.push(room);
             }
         }
         self.len.store(waiting.len(), Ordering::Relaxed);
@@ -520,7 +502,7 @@ impl Ticket<'_> {
         mut rx: oneshot::Receiver<Grant>,
         ask: &Ask<'_>,
         gone: impl Future<Output = ()>,
-    ) -> Result<(Arc<Backend>, ActiveGuard, Admit), Refusal> {
+    ) -> Result<(Arc<Backend>, Room, Admit), Refusal> {
         let home = ask.targets.first().map(|b| Arc::clone(&b.live));
         let how = |b: &Arc<Backend>| match &home {
             Some(home) if Arc::ptr_eq(home, &b.live) => Admit::Waited,
@@ -565,7 +547,7 @@ impl Ticket<'_> {
         rx: &mut oneshot::Receiver<Grant>,
         how: impl Fn(&Arc<Backend>) -> Admit,
         why: Refusal,
-    ) -> Result<(Arc<Backend>, ActiveGuard, Admit), Refusal> {
+    ) -> Result<(Arc<Backend>, Room, Admit), Refusal> {
         if self.admission.leave(self.id) {
             return Err(why);
         }

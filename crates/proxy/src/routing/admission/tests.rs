@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::config::{BackendConfig, Priority};
-use crate::routing::backend::Awaiting;
+use crate::routing::recent::Work;
 
 fn backend(name: &str, port: u16, admission: &Arc<Admission>) -> Arc<Backend> {
     let config = BackendConfig {
@@ -50,6 +50,7 @@ fn ask<'a>(targets: &'a [Arc<Backend>], q: &'a QueueConfig, class: usize) -> Ask
         class,
         tenant: 0,
         bytes: 10,
+        work: Work::default(),
         key: 1,
         queue: q,
         limits: SlotLimits::of(q, None),
@@ -227,18 +228,22 @@ async fn work_at_its_limit_holds_a_request_until_a_prefill_ends() {
     let mut q = queue(8);
     q.max_prefill_tokens = Some(1000);
     // A backend with no work takes any request, however large.
-    let first = admission
-        .admit(ask(&targets, &q, 1), std::future::pending())
-        .await
-        .unwrap();
-    let prefill = a.live.await_first_byte(Awaiting::Turn, 5000);
+    let mut long = ask(&targets, &q, 1);
+    long.work = Work::cold(5000);
+    let first = admission.admit(long, std::future::pending()).await.unwrap();
+    assert_eq!(a.live.load.prefill_tokens(), 5000);
+    let Admitted {
+        slot: first,
+        work: prefill,
+        ..
+    } = first;
     let waiting = tokio::spawn({
         let (admission, targets, q) = (Arc::clone(&admission), targets.clone(), q.clone());
         async move {
-            let admitted = admission
-                .admit(ask(&targets, &q, 1), std::future::pending())
-                .await;
-            admitted.map(|a| a.how)
+            let mut next = ask(&targets, &q, 1);
+            next.work = Work::cold(700);
+            let admitted = admission.admit(next, std::future::pending()).await;
+            admitted.map(|a| (a.how, a.work))
         }
     });
     while admission.is_empty() {
@@ -247,7 +252,12 @@ async fn work_at_its_limit_holds_a_request_until_a_prefill_ends() {
     // Its slots are free (one of eight taken), its work is not.
     assert_eq!(a.live.load.active(), 1);
     drop(prefill);
-    assert_eq!(waiting.await.unwrap(), Ok(Admit::Waited));
+    let (how, work) = waiting.await.unwrap().unwrap();
+    assert_eq!(how, Admit::Waited);
+    // The slot handed out carries the request's own work.
+    assert_eq!(a.live.load.prefill_tokens(), 700);
+    drop(work);
+    assert_eq!(a.live.load.prefill_tokens(), 0);
     drop(first);
 }
 
@@ -258,8 +268,8 @@ async fn a_new_conversation_goes_where_there_is_least_work() {
         .map(|i| backend(&format!("b{i}"), i, &admission))
         .collect();
     let q = queue(8);
-    let _busy = targets[0].live.await_first_byte(Awaiting::Turn, 900);
-    let _less = targets[1].live.await_first_byte(Awaiting::Turn, 300);
+    let _busy = targets[0].live.try_reserve_work(8, 900, None);
+    let _less = targets[1].live.try_reserve_work(8, 300, None);
     let mut opening = ask(&targets, &q, 1);
     opening.sticky = false;
     opening.spread = true;
@@ -276,4 +286,48 @@ async fn a_new_conversation_goes_where_there_is_least_work() {
         .await
         .unwrap();
     assert_eq!(admitted.backend.name, "b1");
+}
+
+#[tokio::test(start_paused = true)]
+async fn past_its_affinity_wait_a_request_spills_only_where_it_pays() {
+    let admission = Arc::new(Admission::default());
+    let home = backend("home", 1, &admission);
+    let other = backend("other", 2, &admission);
+    let targets = vec![Arc::clone(&home), Arc::clone(&other)];
+    let q = queue(1);
+    // Home is full, and holds 500 tokens of prefill; the other is full too.
+    let _home_slot = home.live.try_reserve_work(1, 500, None).unwrap();
+    let other_slot = other.live.try_reserve_work(1, 0, None).unwrap();
+    // 4,000 tokens anywhere, 100 at home where its cache is.
+    let waiting = tokio::spawn({
+        let (admission, targets, q) = (Arc::clone(&admission), targets.clone(), q.clone());
+        let warm = Arc::clone(&home);
+        async move {
+            let mut turn = ask(&targets, &q, 1);
+            turn.work = Work {
+                tokens: 4000,
+                warm_at: Some((warm, 100)),
+            };
+            let admitted = admission.admit(turn, std::future::pending()).await;
+            admitted.map(|a| (a.backend.name.clone(), a.how))
+        }
+    });
+    while admission.is_empty() {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The other frees up past the wait, but 0 + 4,000 there is later than
+    // 500 + 100 at home: it keeps waiting.
+    let busy = other.live.try_reserve_work(1, 0, None);
+    assert!(busy.is_none());
+    drop(other_slot);
+    tokio::task::yield_now().await;
+    assert_eq!(
+        admission.len(),
+        1,
+        "a spill that loses the cache does not pay"
+    );
+    drop(_home_slot);
+    let (name, how) = waiting.await.unwrap().unwrap();
+    assert_eq!((name.as_str(), how), ("home", Admit::Waited));
 }

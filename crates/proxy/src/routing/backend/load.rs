@@ -91,17 +91,34 @@ impl Load {
             .take(depth)
     }
 
-    pub(super) fn start_awaiting(&self, kind: Awaiting, tokens: u64) {
+    pub(super) fn start_awaiting(&self, kind: Awaiting) {
         for counter in self.counters(kind) {
             counter.fetch_add(1, Ordering::Relaxed);
         }
-        self.prefill_tokens.fetch_add(tokens, Ordering::Relaxed);
     }
 
-    pub(super) fn stop_awaiting(&self, kind: Awaiting, tokens: u64) {
+    pub(super) fn stop_awaiting(&self, kind: Awaiting) {
         for counter in self.counters(kind) {
             counter.fetch_sub(1, Ordering::Relaxed);
         }
+    }
+
+    /// Adds `tokens` of work if less than `max` is held (any, without a
+    /// maximum or when none is held): the check and the addition are one
+    /// atomic step, so concurrent admissions never both pass a full one.
+    pub(super) fn try_add_work(&self, tokens: u64, max: Option<u64>) -> bool {
+        self.prefill_tokens
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |w| {
+                (max.is_none_or(|m| w < m)).then_some(w.saturating_add(tokens))
+            })
+            .is_ok()
+    }
+
+    pub(super) fn add_work(&self, tokens: u64) {
+        self.prefill_tokens.fetch_add(tokens, Ordering::Relaxed);
+    }
+
+    pub(super) fn remove_work(&self, tokens: u64) {
         self.prefill_tokens.fetch_sub(tokens, Ordering::Relaxed);
     }
 

@@ -125,16 +125,39 @@ impl Live {
         })
     }
 
-    /// A request of `kind` with `tokens` of prompt to prefill is on its way
-    /// to the backend; it counts as awaiting its first byte of body (and
-    /// its tokens as work to do) until the guard drops.
-    pub fn await_first_byte(self: &Arc<Self>, kind: Awaiting, tokens: u64) -> AwaitingGuard {
-        self.load.start_awaiting(kind, tokens);
+    /// A request of `kind` is on its way to the backend; it counts as
+    /// awaiting its first byte of body until the guard drops.
+    pub fn await_first_byte(self: &Arc<Self>, kind: Awaiting) -> AwaitingGuard {
+        self.load.start_awaiting(kind);
         AwaitingGuard {
             live: Arc::clone(self),
             kind,
-            tokens,
         }
+    }
+
+    /// Takes one slot under `cap` with `tokens` of prefill work, if the
+    /// backend holds less than `max_work` (any work fits a backend that
+    /// holds none). The work is held until its guard drops, at the answer's
+    /// first byte; the slot until the request ends.
+    pub fn try_reserve_work(
+        self: &Arc<Self>,
+        cap: u64,
+        tokens: u64,
+        max_work: Option<u64>,
+    ) -> Option<(ActiveGuard, WorkGuard)> {
+        if !self.load.try_add_work(tokens, max_work) {
+            return None;
+        }
+        let Some(slot) = self.try_reserve(cap) else {
+            // Taken back without a word: nobody could have used it.
+            self.load.remove_work(tokens);
+            return None;
+        };
+        let work = WorkGuard {
+            live: Arc::clone(self),
+            tokens,
+        };
+        Some((slot, work))
     }
 
     /// An upstream connection opened; it is counted until the guard drops.
@@ -164,21 +187,43 @@ impl Drop for ActiveGuard {
 
 /// One request awaiting the first byte of its answer's body (`mode: http`);
 /// dropping it (at that byte, or when the request ends first) uncounts it.
-/// Its prefill done, its work is too: a request waiting for that backend's
-/// work to fall (`queue.max_prefill_tokens`) is told.
 #[derive(Debug)]
 pub struct AwaitingGuard {
     live: Arc<Live>,
     kind: Awaiting,
-    tokens: u64,
 }
 
 impl Drop for AwaitingGuard {
     fn drop(&mut self) {
-        self.live.load.stop_awaiting(self.kind, self.tokens);
-        if self.tokens > 0
-            && let Some(waiters) = self.live.waiters.get()
-        {
+        self.live.load.stop_awaiting(self.kind);
+    }
+}
+
+/// A request's prefill work at a backend (`queue`), held from its
+/// admission to its answer's first byte (or its end, if no byte comes);
+/// dropping it takes the work off and tells a request waiting for that
+/// backend's work to fall (`queue.max_prefill_tokens`).
+#[derive(Debug)]
+pub struct WorkGuard {
+    live: Arc<Live>,
+    tokens: u64,
+}
+
+impl WorkGuard {
+    /// Adds `tokens` to the work it holds.
+    pub fn grow(&mut self, tokens: u64) {
+        self.live.load.add_work(tokens);
+        self.tokens = self.tokens.saturating_add(tokens);
+    }
+}
+
+impl Drop for WorkGuard {
+    fn drop(&mut self) {
+        if self.tokens == 0 {
+            return;
+        }
+        self.live.load.remove_work(self.tokens);
+        if let Some(waiters) = self.live.waiters.get() {
             waiters.slot_freed(&self.live);
         }
     }
@@ -227,24 +272,43 @@ mod tests {
     #[test]
     fn awaiting_counts_until_the_guard_drops() {
         let live = Arc::new(Live::default());
-        let a = live.await_first_byte(Awaiting::Turn, 100);
-        let b = live.await_first_byte(Awaiting::NewGroup, 20);
-        let c = live.await_first_byte(Awaiting::Opening, 3);
+        let a = live.await_first_byte(Awaiting::Turn);
+        let b = live.await_first_byte(Awaiting::NewGroup);
+        let c = live.await_first_byte(Awaiting::Opening);
         let counts = |l: &Live| {
             let load = &l.load;
             (
                 load.awaiting(),
                 load.awaiting_openings(),
                 load.awaiting_cold(),
-                load.prefill_tokens(),
             )
         };
-        assert_eq!(counts(&live), (3, 2, 1, 123));
+        assert_eq!(counts(&live), (3, 2, 1));
         drop(a);
-        assert_eq!(counts(&live), (2, 2, 1, 23));
+        assert_eq!(counts(&live), (2, 2, 1));
         drop(b);
-        assert_eq!(counts(&live), (1, 1, 0, 3));
+        assert_eq!(counts(&live), (1, 1, 0));
         drop(c);
-        assert_eq!(counts(&live), (0, 0, 0, 0));
+        assert_eq!(counts(&live), (0, 0, 0));
+    }
+
+    #[test]
+    fn work_is_taken_with_a_slot_under_its_maximum() {
+        let live = Arc::new(Live::default());
+        // None held: any amount fits.
+        let (a, big) = live.try_reserve_work(4, 5000, Some(1000)).unwrap();
+        assert_eq!(live.load.prefill_tokens(), 5000);
+        assert!(live.try_reserve_work(4, 1, Some(1000)).is_none());
+        assert_eq!(live.load.active(), 1, "a refused reservation takes no slot");
+        drop(big);
+        let (_b, small) = live.try_reserve_work(4, 300, Some(1000)).unwrap();
+        let (_c, _more) = live.try_reserve_work(4, 800, Some(1000)).unwrap();
+        assert_eq!(live.load.prefill_tokens(), 1100);
+        drop(small);
+        drop(a);
+        // At its slot cap, no work is added.
+        let _d = live.try_reserve_work(3, 10, None).unwrap();
+        assert!(live.try_reserve_work(3, 10, None).is_none());
+        assert_eq!(live.load.prefill_tokens(), 810);
     }
 }

@@ -137,27 +137,27 @@ fn the_memory_is_bounded() {
 }
 
 #[test]
-fn uncached_tokens_subtract_what_the_previous_request_left_at_that_backend() {
+fn work_subtracts_what_the_previous_request_left_at_that_backend() {
     let s = snapshot();
     let (a, b) = (s.backend("a").unwrap(), s.backend("b").unwrap());
     let recent = Recent::new(100, Duration::from_secs(60));
-    // Unknown key: all of it, at four bytes a token.
-    assert_eq!(recent.uncached_tokens(1, "a", 4000), 1000);
+    // Unknown key: all of it, at four bytes a token, anywhere.
+    let work = recent.work(1, 4000);
+    assert_eq!((work.at(a), work.at(b)), (1000, 1000));
     let turn = Decision {
         prompt_bytes: 3000,
         ..decision(How::Primary)
     };
     recent.routed(1, a, turn);
     // Routed, usage not read yet: the new bytes at four a token.
-    assert_eq!(recent.uncached_tokens(1, "a", 4000), 250);
+    assert_eq!(recent.work(1, 4000).at(a), 250);
     // Its usage says 3000 bytes were 1000 tokens: three bytes a token.
     recent.served(1, "a", tokens(1000, 0), None);
-    assert_eq!(recent.uncached_tokens(1, "a", 4200), 400);
-    // Elsewhere nothing is cached.
-    assert_eq!(recent.uncached_tokens(1, "b", 4200), 1050);
-    // A shorter body (a new conversation under an old key) costs nothing
-    // it can be charged for; never a negative estimate.
-    assert_eq!(recent.uncached_tokens(1, "a", 100), 0);
+    let work = recent.work(1, 4200);
+    assert_eq!((work.at(a), work.at(b)), (400, 1400));
+    // A shorter body (a new conversation under an old key) is never a
+    // negative estimate.
+    assert_eq!(recent.work(1, 100).at(a), 0);
     recent.routed(1, b, turn);
-    assert_eq!(recent.uncached_tokens(1, "a", 4000), 1000);
+    assert_eq!(recent.work(1, 4000).at(a), 1333);
 }

@@ -1,0 +1,63 @@
+//! Room at a backend: a slot under its `max_inflight`, its work under
+//! `queue.max_prefill_tokens`, its engine (with `health.load`) not full; and
+//! of a request's targets, which has room first.
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use crate::config::{LoadLimits, QueueConfig};
+use crate::routing::backend::{ActiveGuard, Backend, WorkGuard};
+use crate::routing::recent::Work;
+
+/// Room at a backend: its slot and the request's work there.
+pub type Room = (ActiveGuard, WorkGuard);
+
+/// What a backend with room is under: in flight, work, its engine's load.
+#[derive(Debug, Clone, Copy)]
+pub struct SlotLimits {
+    /// A backend's own `max_inflight` goes first.
+    pub max_inflight: u64,
+    pub max_prefill_tokens: Option<u64>,
+    pub load: Option<LoadLimits>,
+}
+
+impl SlotLimits {
+    pub fn of(queue: &QueueConfig, load: Option<&LoadLimits>) -> SlotLimits {
+        SlotLimits {
+            max_inflight: queue.max_inflight,
+            max_prefill_tokens: queue.max_prefill_tokens,
+            load: load.copied(),
+        }
+    }
+}
+
+/// A slot at `backend` if it has room: fewer than its limit in flight
+/// (its own `max_inflight`, else the queue's), less than
+/// `max_prefill_tokens` of work awaiting its first byte (any, if it has
+/// none), and its engine (with `health.load`) not full.
+pub fn room(backend: &Arc<Backend>, limits: &SlotLimits, work: &Work) -> Option<Room> {
+    let limit = backend.max_inflight.unwrap_or(limits.max_inflight);
+    let engine = &backend.live.engine;
+    if (limits.load.as_ref()).is_some_and(|l| engine.full_for_new_keys(l, Instant::now())) {
+        return None;
+    }
+    let tokens = work.at(backend);
+    (backend.live).try_reserve_work(limit, tokens, limits.max_prefill_tokens)
+}
+
+/// The first of `targets` with room, and its slot; with `spread`, the one
+/// with room and the least work (ties to the earlier).
+pub(super) fn first_with_room(
+    targets: &[Arc<Backend>],
+    limits: &SlotLimits,
+    work: &Work,
+    spread: bool,
+) -> Option<(usize, Room)> {
+    let mut order: Vec<usize> = (0..targets.len()).collect();
+    if spread {
+        // Stable: equal work keeps the table's order.
+        order.sort_by_key(|&i| targets[i].live.load.prefill_tokens());
+    }
+    (order.into_iter()).find_map(|i| room(&targets[i], limits, work).map(|r| (i, r)))
+}
