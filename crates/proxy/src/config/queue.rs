@@ -59,6 +59,9 @@ pub struct QueueConfig {
     pub tenant: Option<TenantBy>,
     /// At most this many waiting per tenant; `None`: no ceiling.
     pub tenant_max_queued: Option<usize>,
+    /// Tenants take turns across classes (each tenant's own requests by
+    /// class), not within each class.
+    pub tenant_across_classes: bool,
 }
 
 /// `queue.priority`: which header names a request's class, the classes

@@ -109,6 +109,8 @@ pub(super) struct RawTenant {
     pub(super) group: Option<Spanned<bool>>,
     #[serde(default)]
     pub(super) max_queued: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub(super) across_classes: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

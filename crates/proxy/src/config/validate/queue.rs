@@ -78,9 +78,9 @@ impl Validator<'_> {
             Some(p) => self.priority(p, mode),
             None => Priority::default(),
         };
-        let (tenant, tenant_max_queued) = match raw.tenant {
+        let (tenant, tenant_max_queued, tenant_across_classes) = match raw.tenant {
             Some(t) => self.tenant(t, mode, grouped),
-            None => (None, None),
+            None => (None, None, false),
         };
         Some(QueueConfig {
             max_inflight,
@@ -93,6 +93,7 @@ impl Validator<'_> {
             priority,
             tenant,
             tenant_max_queued,
+            tenant_across_classes,
         })
     }
 
@@ -186,7 +187,7 @@ impl Validator<'_> {
         raw: Spanned<RawTenant>,
         mode: Mode,
         grouped: bool,
-    ) -> (Option<TenantBy>, Option<usize>) {
+    ) -> (Option<TenantBy>, Option<usize>, bool) {
         let at = raw.referenced;
         if mode != Mode::Http {
             self.err(
@@ -227,6 +228,6 @@ impl Validator<'_> {
             .map(|m| self.count(Some(m), "queue.tenant.max_queued", 1, 1..=MAX_TENANT_QUEUED))
             // At most MAX_TENANT_QUEUED, so this fits any usize.
             .map(|m| m as usize);
-        (by, ceiling)
+        (by, ceiling, raw.across_classes.unwrap_or(false))
     }
 }

@@ -244,6 +244,7 @@ impl Admission {
             if let Some(q) = &config.queue {
                 state.limits = SlotLimits::of(q, config.load_limits());
                 state.aging = q.priority.aging;
+                state.waiting.set_across_classes(q.tenant_across_classes);
             }
         }
         for b in &snapshot.backends {
@@ -289,6 +290,7 @@ impl Admission {
             // latest published, but for a request routed just before a reload.
             state.limits = ask.limits;
             state.aging = q.priority.aging;
+            state.waiting.set_across_classes(q.tenant_across_classes);
             let may = if waits_for_home { 1 } else { ask.targets.len() };
             let spread = ask.spread && !waits_for_home;
             let room_now = || first_with_room(&ask.targets[..may], &ask.limits, &ask.work, spread);

@@ -3,7 +3,9 @@
 //! waited `aging` counting one class higher (so a low class is never
 //! starved), tenants within a class in turn (round robin: the tenant just
 //! served goes to the back), and each tenant's requests first in, first
-//! out. Only requests that may take the freed slot are looked at
+//! out. Or, with tenants across classes, tenants in turn first (by id, after
+//! the one served last) and each tenant's own requests by class, so one
+//! tenant's high class cannot hold up another's low one. Only requests that may take the freed slot are looked at
 //! (`eligible`), so a request waiting for one backend never holds up
 //! another backend's.
 
@@ -18,6 +20,9 @@ pub struct Waiting<W> {
     classes: Vec<Class<W>>,
     next_id: u64,
     len: usize,
+    /// Tenants take turns across classes; the one served last.
+    across: bool,
+    last_tenant: u64,
 }
 
 #[derive(Debug)]
@@ -60,7 +65,14 @@ impl<W> Waiting<W> {
                 .collect(),
             next_id: 0,
             len: 0,
+            across: false,
+            last_tenant: 0,
         }
+    }
+
+    /// Whether tenants take turns across classes (else within each).
+    pub fn set_across_classes(&mut self, across: bool) {
+        self.across = across;
     }
 
     pub fn len(&self) -> usize {
@@ -134,20 +146,14 @@ impl<W> Waiting<W> {
         aging: Duration,
         mut eligible: impl FnMut(&W) -> bool,
     ) -> Option<Picked<W>> {
-        let mut best: Option<(usize, usize, usize, usize)> = None; // (rank, class, tenant, entry)
-        for (ci, c) in self.classes.iter().enumerate() {
-            let Some((ti, ei, since)) = first_eligible(c, &mut eligible) else {
-                continue;
-            };
-            let steps = aged_steps(now.saturating_duration_since(since), aging);
-            let rank = ci.saturating_sub(steps);
-            if best.is_none_or(|(r, ..)| rank < r) {
-                best = Some((rank, ci, ti, ei));
-            }
-        }
-        let (_, ci, ti, ei) = best?;
+        let (ci, ti, ei) = if self.across {
+            self.next_tenants_first(now, aging, &mut eligible)?
+        } else {
+            self.next_by_class(now, aging, &mut eligible)?
+        };
         let c = &mut self.classes[ci];
         let mut tenant = c.tenants.remove(ti)?;
+        self.last_tenant = tenant.id;
         let entry = tenant.entries.remove(ei)?;
         if !tenant.entries.is_empty() {
             // Served: to the back of the line of tenants.
@@ -160,6 +166,60 @@ impl<W> Waiting<W> {
             waited: now.saturating_duration_since(entry.since),
             waiter: entry.waiter,
         })
+    }
+
+    /// The next request by class: the class with the lowest rank once
+    /// aged, in it the next tenant in turn; (class, tenant, entry).
+    fn next_by_class(
+        &self,
+        now: Instant,
+        aging: Duration,
+        eligible: &mut impl FnMut(&W) -> bool,
+    ) -> Option<(usize, usize, usize)> {
+        let mut best: Option<(usize, usize, usize, usize)> = None; // (rank, class, tenant, entry)
+        for (ci, c) in self.classes.iter().enumerate() {
+            let Some((ti, ei, since)) = first_eligible(c, eligible) else {
+                continue;
+            };
+            let rank = ci.saturating_sub(aged_steps(now.saturating_duration_since(since), aging));
+            if best.is_none_or(|(r, ..)| rank < r) {
+                best = Some((rank, ci, ti, ei));
+            }
+        }
+        best.map(|(_, ci, ti, ei)| (ci, ti, ei))
+    }
+
+    /// The next request by tenant: the first tenant (by id) after the one
+    /// served last that has an eligible request, and its request of the
+    /// lowest rank once aged (on a tie the higher class, first in).
+    fn next_tenants_first(
+        &self,
+        now: Instant,
+        aging: Duration,
+        eligible: &mut impl FnMut(&W) -> bool,
+    ) -> Option<(usize, usize, usize)> {
+        // Per tenant: (rank, class, tenant index, entry index).
+        let mut best: Vec<(u64, (usize, usize, usize, usize))> = Vec::new();
+        for (ci, c) in self.classes.iter().enumerate() {
+            for (ti, t) in c.tenants.iter().enumerate() {
+                let Some((ei, e)) =
+                    (t.entries.iter().enumerate()).find(|(_, e)| eligible(&e.waiter))
+                else {
+                    continue;
+                };
+                let rank =
+                    ci.saturating_sub(aged_steps(now.saturating_duration_since(e.since), aging));
+                match best.iter_mut().find(|(id, _)| *id == t.id) {
+                    Some((_, b)) if rank < b.0 => *b = (rank, ci, ti, ei),
+                    Some(_) => {}
+                    None => best.push((t.id, (rank, ci, ti, ei))),
+                }
+            }
+        }
+        // In turn: ids after the last served first, then from the lowest.
+        let turn = |id: u64| (id <= self.last_tenant, id);
+        let (_, (_, ci, ti, ei)) = best.into_iter().min_by_key(|(id, _)| turn(*id))?;
+        Some((ci, ti, ei))
     }
 
     /// The waiting request `id`, if it is still there.
@@ -258,6 +318,33 @@ mod tests {
                 "noisy-1", "quiet-1", "noisy-2", "quiet-2", "noisy-3", "noisy-4"
             ]
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn across_classes_tenants_take_turns_first_then_their_own_classes() {
+        let now = Instant::now();
+        let mut w = Waiting::new(2);
+        w.set_across_classes(true);
+        for name in ["noisy-i1", "noisy-i2", "noisy-i3"] {
+            w.push(0, 1, now, name);
+        }
+        w.push(1, 1, now, "noisy-b1");
+        w.push(1, 2, now, "quiet-b1");
+        w.push(0, 2, now, "quiet-i1");
+        // The quiet tenant's batch request waits for its turn, not for
+        // every interactive request; each tenant's own go by class.
+        assert_eq!(
+            drain(&mut w, now),
+            [
+                "noisy-i1", "quiet-i1", "noisy-i2", "quiet-b1", "noisy-i3", "noisy-b1"
+            ]
+        );
+        // Within classes (the default), it goes after every interactive one.
+        let mut w = Waiting::new(2);
+        w.push(0, 1, now, "noisy-i1");
+        w.push(1, 2, now, "quiet-b1");
+        w.push(0, 1, now, "noisy-i2");
+        assert_eq!(drain(&mut w, now), ["noisy-i1", "noisy-i2", "quiet-b1"]);
     }
 
     #[tokio::test(start_paused = true)]

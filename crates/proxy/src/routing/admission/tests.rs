@@ -38,6 +38,7 @@ fn queue(max_inflight: u64) -> QueueConfig {
         },
         tenant: None,
         tenant_max_queued: None,
+        tenant_across_classes: false,
     }
 }
 
