@@ -404,3 +404,37 @@ async fn a_log_that_cannot_be_opened_stops_the_start() {
     assert!(stderr.contains("cannot open the access log"), "{stderr}");
     assert!(stderr.contains(&log.display().to_string()), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_field_says_how_a_request_left_the_queue() {
+    let dir = TempFile::new("access.log", "");
+    let backends = HyperBackends::start(&["a"]).await;
+    let extra = "  format: text\n  fields: [status, queue]\nqueue:\n  max_inflight: 1\n  size: 0\n";
+    let magpie = Magpie::with(&http_settings(&dir.path, extra), &backends.pairs()).await;
+    // One request holds the backend's one slot, admitted at once.
+    let mut holder = KeepAlive::connect(magpie.addr).await;
+    let mut held = holder
+        .start(get("/slow").body(Full::default()).expect("a request"))
+        .await;
+    // The next finds no room and no place to wait: 429, `full`.
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    let (refused, _) = client
+        .send(get("/r/1").body(Full::default()).expect("a request"))
+        .await;
+    assert_eq!(refused.status(), 429);
+    backends.release(1);
+    use http_body_util::BodyExt as _;
+    while let Some(frame) = within("the held answer", held.body_mut().frame()).await {
+        frame.expect("a good frame");
+    }
+    within(
+        "the access log to be flushed",
+        magpie.instance.access_log.flush(),
+    )
+    .await;
+    let text = std::fs::read_to_string(&dir.path).expect("the log");
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.sort_unstable();
+    assert_eq!(lines, ["200 at_once", "429 full"]);
+    magpie.stop().await;
+}

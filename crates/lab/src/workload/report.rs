@@ -303,6 +303,29 @@ fn moved(mut s: ScaleUp, ok: &[&Record]) -> ScaleUp {
     s
 }
 
+impl Summary {
+    /// One line for all requests, then one per class, tenant and tenant/class.
+    fn fmt_slices(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let named = (self.by_class.iter()).map(|(n, s)| (format!("class {n}"), s));
+        let named = named.chain((self.by_tenant.iter()).map(|(n, s)| (format!("tenant {n}"), s)));
+        let named = named.chain((self.by_tenant_class.iter()).map(|(n, s)| (n.clone(), s)));
+        for (name, s) in std::iter::once(("all".to_string(), &self.all)).chain(named) {
+            writeln!(
+                f,
+                "{name:<21} goodput {:.3} (TTFT ≤ {:.0} ms), TTFT p50 / p99 {:.0} / {:.0} ms, {} requests, {} refused, {} failed",
+                s.goodput,
+                self.slo_ms,
+                s.ttft_p50_ms,
+                s.ttft_p99_ms,
+                s.requests,
+                s.refused,
+                s.failed
+            )?;
+        }
+        Ok(())
+    }
+}
+
 impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let key = serde_json::to_value(self.key)
@@ -358,29 +381,7 @@ impl fmt::Display for Summary {
             self.share_max_over_mean,
             per.join(", ")
         )?;
-        let line = |f: &mut fmt::Formatter<'_>, name: &str, s: &Slice| {
-            writeln!(
-                f,
-                "{name:<21} goodput {:.3} (TTFT ≤ {:.0} ms), TTFT p50 / p99 {:.0} / {:.0} ms, {} requests, {} refused, {} failed",
-                s.goodput,
-                self.slo_ms,
-                s.ttft_p50_ms,
-                s.ttft_p99_ms,
-                s.requests,
-                s.refused,
-                s.failed
-            )
-        };
-        line(f, "all", &self.all)?;
-        for (name, s) in &self.by_class {
-            line(f, &format!("class {name}"), s)?;
-        }
-        for (name, s) in &self.by_tenant {
-            line(f, &format!("tenant {name}"), s)?;
-        }
-        for (name, s) in &self.by_tenant_class {
-            line(f, name, s)?;
-        }
+        self.fmt_slices(f)?;
         if let Some(s) = &self.scale_up {
             writeln!(
                 f,

@@ -54,10 +54,12 @@ pub(super) fn first_with_room(
     work: &Work,
     spread: bool,
 ) -> Option<(usize, Room)> {
-    let mut order: Vec<usize> = (0..targets.len()).collect();
-    if spread {
-        // Stable: equal work keeps the table's order.
-        order.sort_by_key(|&i| targets[i].live.load.prefill_tokens());
+    let take = |i: usize| room(&targets[i], limits, work).map(|r| (i, r));
+    if !spread {
+        return (0..targets.len()).find_map(take);
     }
-    (order.into_iter()).find_map(|i| room(&targets[i], limits, work).map(|r| (i, r)))
+    let mut order: Vec<usize> = (0..targets.len()).collect();
+    // Stable: equal work keeps the table's order.
+    order.sort_by_key(|&i| targets[i].live.load.prefill_tokens());
+    order.into_iter().find_map(take)
 }
