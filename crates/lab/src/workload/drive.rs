@@ -18,12 +18,13 @@ use super::chat::{self, Conversation};
 use super::client::{Pool, Target};
 use super::mix;
 use super::report::{Outcome, Record, ScaleUp};
+use super::replay::{self, Replay};
 use super::{KeyMode, WorkloadArgs, WorkloadError};
 use crate::engine::prompt::{block_hashes, render_chat, token_count};
 
 /// What every conversation of one workload run shares.
-struct Run {
-    args: WorkloadArgs,
+pub(super) struct Run {
+    pub(super) args: WorkloadArgs,
     pools: Vec<Pool>,
     next_url: AtomicUsize,
     systems: Vec<String>,
@@ -32,10 +33,10 @@ struct Run {
     /// Every block some request already had: one infinite cache shared by all.
     ideal: Mutex<HashSet<u64>>,
     records: Mutex<Vec<Record>>,
-    start: Instant,
+    pub(super) start: Instant,
 }
 
-pub async fn run(args: &WorkloadArgs) -> Result<Outcome, WorkloadError> {
+pub async fn run(args: &WorkloadArgs, trace: Option<Replay>) -> Result<Outcome, WorkloadError> {
     let mut pools = Vec::new();
     for url in &args.url {
         pools.push(Pool::new(Target::parse(url)?, args.connections));
@@ -58,22 +59,8 @@ pub async fn run(args: &WorkloadArgs) -> Result<Outcome, WorkloadError> {
         start,
     });
     let mut tasks = JoinSet::new();
-    let all = chat::conversations(
-        args.seed,
-        args.conversations,
-        args.turns,
-        args.system_prompts,
-        args.rate,
-        args.think_ms,
-    );
-    for conversation in all {
-        let who = Who::of(args, conversation.id);
-        let only = args.only_tenant.as_deref();
-        if only.is_some_and(|t| who.tenant.as_ref().is_none_or(|mine| mine != t)) {
-            continue;
-        }
-        tasks.spawn(converse(Arc::clone(&shared), conversation, who));
-    }
+    let facts = trace.as_ref().map(|t| t.facts.clone());
+    spawn_conversations(&shared, trace, &mut tasks);
     let scale_up = match (args.scale_up_at, &args.scale_up_cmd) {
         (Some(at), Some(cmd)) => Some(tokio::spawn(scale_up(start, at, cmd.clone()))),
         _ => None,
@@ -108,7 +95,39 @@ pub async fn run(args: &WorkloadArgs) -> Result<Outcome, WorkloadError> {
         scale_up,
         cut,
         elapsed: start.elapsed(),
+        trace: facts,
     })
+}
+
+/// A task per conversation: the trace's, or the synthetic ones; only
+/// `--only-tenant`'s when given.
+fn spawn_conversations(shared: &Arc<Run>, trace: Option<Replay>, tasks: &mut JoinSet<()>) {
+    let args = &shared.args;
+    let only = args.only_tenant.as_deref();
+    let skip = |who: &Who| only.is_some_and(|t| who.tenant.as_ref().is_none_or(|mine| mine != t));
+    if let Some(trace) = trace {
+        for thread in trace.threads {
+            let who = Who::of(args, thread.id);
+            if !skip(&who) {
+                tasks.spawn(replay::thread(Arc::clone(shared), thread, who));
+            }
+        }
+        return;
+    }
+    let all = chat::conversations(
+        args.seed,
+        args.conversations,
+        args.turns,
+        args.system_prompts,
+        args.rate,
+        args.think_ms,
+    );
+    for conversation in all {
+        let who = Who::of(args, conversation.id);
+        if !skip(&who) {
+            tasks.spawn(converse(Arc::clone(shared), conversation, who));
+        }
+    }
 }
 
 /// Runs the scale-up command at its moment; returns when it finished and how.
@@ -136,7 +155,7 @@ async fn scale_up(start: Instant, at: f64, cmd: String) -> ScaleUp {
 
 /// Who sends a conversation, and at which priority ([`mix`]).
 #[derive(Debug, Clone, Default)]
-struct Who {
+pub(super) struct Who {
     tenant: Option<String>,
     class: Option<String>,
 }
@@ -167,10 +186,12 @@ async fn converse(shared: Arc<Run>, conversation: Conversation, who: Who) {
         history.push(("user", user));
         let chat = Chat {
             conversation: conversation.id,
+            key: format!("conv-{}", conversation.id),
             who: &who,
             turn,
             tools: shared.tools[conversation.system].as_ref(),
             history: &history,
+            max_tokens: args.max_tokens,
         };
         let Some(content) = one_turn(&shared, chat).await else {
             return;
@@ -180,16 +201,20 @@ async fn converse(shared: Arc<Run>, conversation: Conversation, who: Who) {
 }
 
 /// One turn of a conversation: what it sends.
-struct Chat<'a> {
-    conversation: usize,
-    who: &'a Who,
-    turn: usize,
-    tools: Option<&'a Value>,
-    history: &'a [(&'static str, String)],
+pub(super) struct Chat<'a> {
+    pub conversation: usize,
+    /// The conversation's name where `--key` puts it.
+    pub key: String,
+    pub who: &'a Who,
+    pub turn: usize,
+    pub tools: Option<&'a Value>,
+    pub history: &'a [(&'static str, String)],
+    /// The answer's length.
+    pub max_tokens: usize,
 }
 
 /// Sends one turn, records it, and returns the answer's text (none on failure).
-async fn one_turn(shared: &Run, chat: Chat<'_>) -> Option<String> {
+pub(super) async fn one_turn(shared: &Run, chat: Chat<'_>) -> Option<String> {
     let Chat {
         conversation,
         who,
@@ -274,7 +299,7 @@ fn ideal_check(shared: &Run, prompt: &str) -> u64 {
 
 /// One turn's headers and body, with the conversation's key where `--key` puts it.
 fn request<'a>(args: &'a WorkloadArgs, chat: &Chat<'_>) -> (Vec<(&'a str, String)>, Bytes) {
-    let key = format!("conv-{}", chat.conversation);
+    let key = chat.key.clone();
     let messages: Vec<Value> = chat
         .history
         .iter()
@@ -283,7 +308,7 @@ fn request<'a>(args: &'a WorkloadArgs, chat: &Chat<'_>) -> (Vec<(&'a str, String
     let mut body = json!({
         "model": args.model,
         "messages": messages,
-        "max_tokens": args.max_tokens,
+        "max_tokens": chat.max_tokens,
         "stream": !args.no_stream,
     });
     if !args.no_stream {

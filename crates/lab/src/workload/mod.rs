@@ -23,6 +23,8 @@
 //! | `client` | the connection pools and one request: send, stream, measure |
 //! | [`mix`] | who sends each conversation and at which priority: tenants and classes |
 //! | `drive` | running it: a task per conversation, the ideal cache, the scale-up, the deadline |
+//! | [`trace`] | a production trace (Mooncake's format): its window, its conversations rebuilt, each block rendered as text |
+//! | `replay` | sending a trace's conversations at its clock, sped up |
 //! | [`report`] | the records' summary: hit ratio, prefill ÷ ideal, TTFT, splits, shares, moves |
 
 use crate::bounds::{OutOfRange, range};
@@ -32,9 +34,11 @@ pub mod chat;
 mod client;
 mod drive;
 pub mod mix;
+mod replay;
 pub mod report;
 #[cfg(test)]
 mod tests;
+pub mod trace;
 
 pub use report::{Record, Summary};
 
@@ -56,7 +60,7 @@ pub enum KeyMode {
 #[derive(Debug, Clone, clap::Args)]
 pub struct WorkloadArgs {
     /// Base URLs, comma-separated (http://host:port); requests take turns.
-    #[arg(long, value_delimiter = ',', required = true)]
+    #[arg(long, value_delimiter = ',', required_unless_present = "describe")]
     pub url: Vec<String>,
     /// Conversations.
     #[arg(long, default_value_t = 100)]
@@ -136,6 +140,26 @@ pub struct WorkloadArgs {
     /// this many milliseconds: goodput is the share of requests that do.
     #[arg(long, default_value_t = 1000.0)]
     pub slo_ms: f64,
+    /// Replay this trace (Mooncake's format: one JSON object per request,
+    /// its timestamp in ms, input and output lengths, and ids of 512-token
+    /// blocks) instead of synthetic conversations.
+    #[arg(long, conflicts_with_all = SYNTHETIC)]
+    pub trace: Option<std::path::PathBuf>,
+    /// The window's start, seconds into the trace.
+    #[arg(long, default_value_t = 0.0, requires = "trace")]
+    pub trace_from: f64,
+    /// The window's length, seconds of the trace.
+    #[arg(long, default_value_t = 3600.0, requires = "trace")]
+    pub trace_seconds: f64,
+    /// Replay this many times faster than the trace's clock.
+    #[arg(long, default_value_t = 1.0, requires = "trace")]
+    pub speedup: f64,
+    /// Divide the trace's lengths by this: a power of two from 1 to 512.
+    #[arg(long, default_value_t = 1, requires = "trace")]
+    pub token_scale: usize,
+    /// Print the trace window's figures (JSON) and send nothing.
+    #[arg(long, requires = "trace")]
+    pub describe: bool,
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
@@ -145,6 +169,19 @@ pub struct WorkloadArgs {
     pub records: Option<std::path::PathBuf>,
 }
 
+/// The options of synthetic conversations, which a trace replaces.
+const SYNTHETIC: [&str; 9] = [
+    "conversations",
+    "turns",
+    "system_prompts",
+    "system_tokens",
+    "tool_tokens",
+    "user_tokens",
+    "max_tokens",
+    "rate",
+    "think_ms",
+];
+
 #[derive(Debug, thiserror::Error)]
 pub enum WorkloadError {
     #[error(transparent)]
@@ -153,6 +190,10 @@ pub enum WorkloadError {
     Url(String),
     #[error("--only-tenant {0:?} is not one of --tenants")]
     UnknownTenant(String),
+    #[error("--token-scale {0}: expected a power of two from 1 to 512")]
+    TokenScale(usize),
+    #[error("{0}")]
+    Trace(String),
     #[error("cannot write the summary: {0}")]
     Output(#[from] std::io::Error),
 }
@@ -176,6 +217,10 @@ impl WorkloadArgs {
         range("--think-ms", self.think_ms, 0.0, 3_600_000.0)?;
         range("--max-seconds", self.max_seconds, 0.1, 86_400.0)?;
         range("--slo-ms", self.slo_ms, 1.0, 3_600_000.0)?;
+        range("--trace-from", self.trace_from, 0.0, 31_536_000.0)?;
+        range("--trace-seconds", self.trace_seconds, 0.001, 31_536_000.0)?;
+        range("--speedup", self.speedup, 0.01, 10_000.0)?;
+        replay::scale(self)?;
         if let Some(t) = &self.only_tenant
             && !self.tenants.iter().any(|s| &s.name == t)
         {
@@ -191,10 +236,11 @@ impl WorkloadArgs {
     }
 }
 
-/// Runs the workload and returns every request's record and the summary.
+/// Runs the workload and returns the summary.
 pub async fn run(args: &WorkloadArgs) -> Result<Summary, WorkloadError> {
     args.validate()?;
-    let outcome = drive::run(args).await?;
+    let trace = replay::Replay::load(args)?;
+    let outcome = drive::run(args, trace).await?;
     Ok(Summary::of(args, &outcome))
 }
 
@@ -202,7 +248,14 @@ pub async fn run(args: &WorkloadArgs) -> Result<Summary, WorkloadError> {
 /// writes the records if asked.
 pub async fn main(args: &WorkloadArgs) -> Result<(), WorkloadError> {
     args.validate()?;
-    let outcome = drive::run(args).await?;
+    let trace = replay::Replay::load(args)?;
+    if args.describe
+        && let Some(trace) = &trace
+    {
+        let facts = serde_json::to_string_pretty(&trace.facts).map_err(std::io::Error::other)?;
+        return print(&format!("{facts}\n"));
+    }
+    let outcome = drive::run(args, trace).await?;
     if let Some(path) = &args.records {
         report::write_records(path, &outcome.records)?;
     }
@@ -215,6 +268,11 @@ pub async fn main(args: &WorkloadArgs) -> Result<(), WorkloadError> {
     } else {
         summary.to_string()
     };
+    print(&text)
+}
+
+/// Writes `text` to stdout; a closed pipe is no error.
+fn print(text: &str) -> Result<(), WorkloadError> {
     use std::io::Write as _;
     let mut out = std::io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {

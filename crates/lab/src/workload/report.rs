@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::trace::TraceFacts;
 use super::{KeyMode, WorkloadArgs};
 
 /// What a run produced.
@@ -21,6 +22,8 @@ pub struct Outcome {
     /// Conversations the deadline cut.
     pub cut: usize,
     pub elapsed: Duration,
+    /// The replayed trace's window, if any.
+    pub trace: Option<TraceFacts>,
 }
 
 /// One request.
@@ -83,6 +86,8 @@ pub struct Summary {
     pub ideal_uncached_tokens: u64,
     /// Σ uncached ÷ Σ ideal uncached: 1 is as good as one shared cache.
     pub prefill_vs_ideal: f64,
+    /// The ideal cache's hit ratio: 1 − Σ ideal uncached ÷ Σ prompt.
+    pub ideal_hit_ratio: f64,
     pub ttft_p50_ms: f64,
     pub ttft_p99_ms: f64,
     pub total_p50_ms: f64,
@@ -96,6 +101,10 @@ pub struct Summary {
     /// The busiest engine's requests over the mean of the engines that answered.
     pub share_max_over_mean: f64,
     pub scale_up: Option<ScaleUp>,
+    /// The replayed trace's window (`--trace`): its own figures, the ideal
+    /// hit ratio among them, to check `ideal_hit_ratio` against.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceFacts>,
     /// Every request, and by tenant and by class (when the run has them).
     pub slo_ms: f64,
     pub all: Slice,
@@ -198,8 +207,8 @@ impl Summary {
         Self {
             key: args.key,
             urls: args.url.len(),
-            conversations: args.conversations,
-            turns: args.turns,
+            conversations: (outcome.trace.as_ref()).map_or(args.conversations, |t| t.conversations),
+            turns: (outcome.trace.as_ref()).map_or(args.turns, |t| t.max_turns),
             seed: args.seed,
             elapsed_s: outcome.elapsed.as_secs_f64(),
             requests: records.len(),
@@ -212,6 +221,7 @@ impl Summary {
             uncached_tokens,
             ideal_uncached_tokens,
             prefill_vs_ideal: ratio(uncached_tokens, ideal_uncached_tokens),
+            ideal_hit_ratio: 1.0 - ratio(ideal_uncached_tokens, prompt_tokens).min(1.0),
             ttft_p50_ms: percentile(&mut ttft, 0.50),
             ttft_p99_ms: percentile(&mut ttft, 0.99),
             total_p50_ms: percentile(&mut total, 0.50),
@@ -221,6 +231,7 @@ impl Summary {
             share_max_over_mean: share(&engines),
             engines,
             scale_up,
+            trace: outcome.trace.clone(),
             slo_ms: args.slo_ms,
             all: Slice::of(records, args.slo_ms),
             by_tenant: slices(records, args.slo_ms, |r| r.tenant.clone()),
@@ -352,9 +363,25 @@ impl fmt::Display for Summary {
         )?;
         writeln!(
             f,
-            "prefill ÷ ideal       {:.2} ({} uncached, ideal {})",
-            self.prefill_vs_ideal, self.uncached_tokens, self.ideal_uncached_tokens
+            "prefill ÷ ideal       {:.2} ({} uncached, ideal {}; ideal hit ratio {:.3})",
+            self.prefill_vs_ideal,
+            self.uncached_tokens,
+            self.ideal_uncached_tokens,
+            self.ideal_hit_ratio
         )?;
+        if let Some(t) = &self.trace {
+            writeln!(
+                f,
+                "trace                 {} from {:.0} s for {:.0} s at {}x, tokens ÷ {}: {} requests, ideal hit ratio {:.3} by its blocks",
+                t.path.display(),
+                t.from_s,
+                t.seconds,
+                t.speedup,
+                t.token_scale,
+                t.requests,
+                t.ideal_hit_ratio
+            )?;
+        }
         writeln!(
             f,
             "TTFT p50 / p99        {:.0} ms / {:.0} ms",

@@ -206,3 +206,84 @@ async fn records_are_written_one_json_line_per_request() {
     std::fs::remove_file(&path).unwrap();
     stop.cancel();
 }
+
+/// A small trace in Mooncake's format: conversation A of three turns,
+/// B of two (each extends the last turn's whole blocks), C alone with its
+/// own system block; returns its path.
+fn small_trace(name: &str) -> std::path::PathBuf {
+    let lines = [
+        (0, 1400, "[0, 1, 2]"),
+        (10, 1300, "[0, 3, 4]"),
+        (20, 1900, "[0, 1, 6, 7]"),
+        (30, 1800, "[0, 3, 4, 8]"),
+        (40, 2300, "[0, 1, 6, 7, 9]"),
+        (50, 900, "[20, 21]"),
+    ];
+    let text: Vec<String> = (lines.iter())
+        .map(|(ms, input, ids)| {
+            format!(r#"{{"timestamp": {ms}, "input_length": {input}, "output_length": 40, "hash_ids": {ids}}}"#)
+        })
+        .collect();
+    let path = std::env::temp_dir().join(format!("magpie-{name}-{}.jsonl", std::process::id()));
+    std::fs::write(&path, text.join("\n")).unwrap();
+    path
+}
+
+fn trace_args(url: &str, trace: &std::path::Path, extra: &[&str]) -> WorkloadArgs {
+    let trace = trace.to_str().unwrap();
+    let mut argv = vec!["workload", "--url", url, "--trace", trace, "--speedup", "100"];
+    argv.extend_from_slice(extra);
+    Cli::parse_from(argv).args
+}
+
+/// One engine, one connection: the engine caches exactly what the ideal
+/// cache holds, and the rendered ideal is the trace's own figure less the
+/// chat template's markers.
+#[tokio::test]
+async fn a_trace_replays_its_conversations_turn_by_turn() {
+    let stop = CancellationToken::new();
+    let urls = engines(1, &stop).await;
+    let path = small_trace("replay");
+    let args = trace_args(&urls[0], &path, &["--connections", "1", "--token-scale", "4"]);
+    let summary = run(&args).await.unwrap();
+    assert_eq!((summary.requests, summary.errors), (6, 0), "{summary}");
+    let trace = summary.trace.as_ref().unwrap();
+    assert_eq!((trace.conversations, trace.max_turns), (3, 3));
+    assert!((trace.ideal_hit_ratio - 5120.0 / 9600.0).abs() < 1e-9);
+    // Below the trace's figure by the template's markers (about 20 tokens
+    // a request, never cached whole) and the engine blocks a shared prefix
+    // ends inside: small here, where prompts are a few hundred tokens.
+    let gap = trace.ideal_hit_ratio - summary.ideal_hit_ratio;
+    assert!((0.0..0.08).contains(&gap), "{summary}");
+    assert_eq!(
+        summary.uncached_tokens, summary.ideal_uncached_tokens,
+        "{summary}"
+    );
+    // 1400 tokens ÷ 4, the chat template's markers besides.
+    let first = summary.prompt_tokens;
+    assert!(first > (9600 / 4) as u64, "{summary}");
+    std::fs::remove_file(&path).unwrap();
+    stop.cancel();
+}
+
+#[test]
+fn a_trace_replaces_the_synthetic_options_and_is_checked() {
+    let path = small_trace("options");
+    let parse = |extra: &[&str]| {
+        let trace = path.to_str().unwrap();
+        let mut argv = vec!["workload", "--url", "http://127.0.0.1:1", "--trace", trace];
+        argv.extend_from_slice(extra);
+        Cli::try_parse_from(argv).map(|c| c.args)
+    };
+    assert!(parse(&["--turns", "3"]).is_err());
+    assert!(parse(&["--token-scale", "3"]).unwrap().validate().is_err());
+    assert!(parse(&["--speedup", "0"]).unwrap().validate().is_err());
+    assert!(parse(&["--token-scale", "16"]).unwrap().validate().is_ok());
+    let missing = parse(&[]).map(|mut a| {
+        a.trace = Some("/nonexistent/trace.jsonl".into());
+        a
+    });
+    let e = replay::Replay::load(&missing.unwrap()).err().unwrap();
+    assert!(e.to_string().contains("/nonexistent/trace.jsonl"), "{e}");
+    std::fs::remove_file(&path).unwrap();
+}
