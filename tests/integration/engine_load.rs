@@ -245,3 +245,49 @@ pub(crate) fn promtool_accepts(text: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Two real `magpie engine`s of different cache sizes: magpie learns each
+/// one's KV cache size from its `/metrics` (vLLM's `cache_config_info`,
+/// blocks × block size) and shows it in its metrics and `/table`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kv_cache_size_is_learned_from_an_engines_metrics() {
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut backends = Vec::new();
+    for (name, blocks) in [("small", 500), ("large", 3000)] {
+        let config = magpie_lab::engine::EngineConfig {
+            name: name.to_string(),
+            cache_blocks: blocks,
+            ..magpie_lab::engine::EngineConfig::default()
+        };
+        let any: SocketAddr = "127.0.0.1:0".parse().expect("an address");
+        let engine = magpie_lab::engine::start(config, any, stop.clone())
+            .await
+            .expect("the engine starts");
+        backends.push((name.to_string(), engine.addr()));
+    }
+    let yaml = config_yaml_with_admin("127.0.0.1:0", &settings(""), &backends);
+    let magpie = Magpie::start(&yaml).await;
+    let admin = magpie.admin.expect("admin is on");
+    let capacity = |t: &str, b: &str| {
+        let label = format!("backend=\"{b}\"");
+        metric_sum(t, "magpie_backend_engine_kv_capacity_tokens", &[&label])
+    };
+    let text = until_metrics(admin, "both caches' sizes", |t| {
+        capacity(t, "small") > 0.0 && capacity(t, "large") > 0.0
+    })
+    .await;
+    assert_eq!(capacity(&text, "small"), 500.0 * 16.0);
+    assert_eq!(capacity(&text, "large"), 3000.0 * 16.0);
+    promtool_accepts(&text);
+    let (_, table) = admin_get(admin, "/table").await;
+    let table: serde_json::Value = serde_json::from_str(&table).expect("JSON");
+    let sizes: Vec<_> = (table["backends"].as_array().expect("backends").iter())
+        .map(|b| (b["name"].clone(), b["engine_kv_capacity_tokens"].clone()))
+        .collect();
+    assert!(
+        sizes.contains(&("large".into(), 48000.0.into())),
+        "{sizes:?}"
+    );
+    magpie.stop().await;
+    stop.cancel();
+}

@@ -417,6 +417,14 @@ pub fn metrics(state: &State) -> Response<Reply> {
             value(state)
         );
     }
+    // The cache's size, in the labels of an info gauge, as vLLM says it.
+    let _ = write!(
+        out,
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
+         # TYPE vllm:cache_config_info gauge\n\
+         vllm:cache_config_info{{block_size=\"{}\",enable_prefix_caching=\"True\",{labels},num_gpu_blocks=\"{}\"}} 1.0\n",
+        state.config.block_tokens, state.config.cache_blocks
+    );
     with_type(
         StatusCode::OK,
         Bytes::from(out),

@@ -230,6 +230,7 @@ async fn health_models_info_and_metrics_answer() {
         format!("vllm:prefix_cache_hits_total{labels} 0"),
         format!("vllm:num_requests_waiting{labels} 0"),
         format!("vllm:kv_cache_usage_perc{labels} 0.000000"),
+        "vllm:cache_config_info{block_size=\"16\",enable_prefix_caching=\"True\",engine=\"0\",model_name=\"magpie-sim\",num_gpu_blocks=\"2000\"} 1.0".to_string(),
     ] {
         assert!(
             metrics.lines().any(|l| l == line),

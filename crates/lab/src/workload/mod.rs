@@ -22,7 +22,8 @@
 //! | [`chat`] | the conversations: system prompts, messages, arrivals, think times |
 //! | `client` | the connection pools and one request: send, stream, measure |
 //! | [`mix`] | who sends each conversation and at which priority: tenants and classes |
-//! | `drive` | running it: a task per conversation, the ideal cache, the scale-up, the deadline |
+//! | `drive` | running it: a task per conversation, the scale-up, the deadline |
+//! | `turn` | one request: its body and key, the ideal cache it is checked against, its record |
 //! | [`trace`] | a production trace (Mooncake's format): its window, its conversations rebuilt, each block rendered as text |
 //! | `replay` | sending a trace's conversations at its clock, sped up |
 //! | [`report`] | the records' summary: hit ratio, prefill ÷ ideal, TTFT, splits, shares, moves |
@@ -39,6 +40,7 @@ pub mod report;
 #[cfg(test)]
 mod tests;
 pub mod trace;
+mod turn;
 
 pub use report::{Record, Summary};
 

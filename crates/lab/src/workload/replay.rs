@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use tokio::time::sleep_until;
 
-use super::drive::{Chat, Run, Who, one_turn};
 use super::trace::{self, FactsSetup, Scale, Thread, TraceError, TraceFacts, Window};
+use super::turn::{Chat, Run, Who, one_turn};
 use super::{WorkloadArgs, WorkloadError};
 
 /// A trace's window, ready to send.

@@ -231,7 +231,15 @@ fn small_trace(name: &str) -> std::path::PathBuf {
 
 fn trace_args(url: &str, trace: &std::path::Path, extra: &[&str]) -> WorkloadArgs {
     let trace = trace.to_str().unwrap();
-    let mut argv = vec!["workload", "--url", url, "--trace", trace, "--speedup", "100"];
+    let mut argv = vec![
+        "workload",
+        "--url",
+        url,
+        "--trace",
+        trace,
+        "--speedup",
+        "100",
+    ];
     argv.extend_from_slice(extra);
     Cli::parse_from(argv).args
 }
@@ -244,7 +252,11 @@ async fn a_trace_replays_its_conversations_turn_by_turn() {
     let stop = CancellationToken::new();
     let urls = engines(1, &stop).await;
     let path = small_trace("replay");
-    let args = trace_args(&urls[0], &path, &["--connections", "1", "--token-scale", "4"]);
+    let args = trace_args(
+        &urls[0],
+        &path,
+        &["--connections", "1", "--token-scale", "4"],
+    );
     let summary = run(&args).await.unwrap();
     assert_eq!((summary.requests, summary.errors), (6, 0), "{summary}");
     let trace = summary.trace.as_ref().unwrap();

@@ -106,7 +106,10 @@ pub fn load(path: &Path, window: Window) -> Result<Vec<TraceRequest>, TraceError
         };
         let line: Line = serde_json::from_str(&text).map_err(|e| bad(e.column(), e.to_string()))?;
         if line.hash_ids.is_empty() || line.input_length == 0 {
-            return Err(bad(1, "a request needs hash_ids and an input_length above 0".into()));
+            return Err(bad(
+                1,
+                "a request needs hash_ids and an input_length above 0".into(),
+            ));
         }
         if line.input_length > MAX_TOKENS || line.output_length > MAX_TOKENS {
             return Err(bad(1, format!("a length above {MAX_TOKENS} tokens")));
@@ -284,7 +287,11 @@ pub fn facts(threads: &[Thread], setup: &FactsSetup) -> TraceFacts {
         max_turns: threads.iter().map(|t| t.turns.len()).max().unwrap_or(0),
         distinct_blocks: seen.len(),
         engine_blocks: (seen.len() * block).div_ceil(setup.engine_block_tokens.max(1)),
-        ideal_hit_ratio: if total == 0 { 0.0 } else { hit as f64 / total as f64 },
+        ideal_hit_ratio: if total == 0 {
+            0.0
+        } else {
+            hit as f64 / total as f64
+        },
         max_input_tokens: (all.iter())
             .map(|r| setup.scale.tokens(r.input_tokens))
             .max()
@@ -319,12 +326,12 @@ mod tests {
     #[test]
     fn next_turns_extend_whole_blocks_and_more_than_the_system_block() {
         let requests = vec![
-            request(0, 1200, &[0, 1, 2]), // blocks 0 and 1 whole, 2 partial
-            request(1, 700, &[0, 3]),     // shares only the system block: new
-            request(2, 2000, &[0, 1, 4, 5]), // extends the first's whole blocks
-            request(3, 1024, &[0, 3]),    // 3 is whole now, but [0] alone is too short
+            request(0, 1200, &[0, 1, 2]),          // blocks 0 and 1 whole, 2 partial
+            request(1, 700, &[0, 3]),              // shares only the system block: new
+            request(2, 2000, &[0, 1, 4, 5]),       // extends the first's whole blocks
+            request(3, 1024, &[0, 3]),             // 3 is whole now, but [0] alone is too short
             request(4, 2600, &[0, 1, 4, 5, 6, 7]), // extends the third, the longest
-            request(5, 600, &[9, 10]),    // another system prompt: new
+            request(5, 600, &[9, 10]),             // another system prompt: new
         ];
         let t = threads(requests);
         let turns: Vec<Vec<u64>> = (t.iter())
@@ -357,20 +364,37 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("t.jsonl");
         let line = |ms, ids: &str| {
-            format!(r#"{{"timestamp": {ms}, "input_length": 600, "output_length": 5, "hash_ids": {ids}}}"#)
+            format!(
+                r#"{{"timestamp": {ms}, "input_length": 600, "output_length": 5, "hash_ids": {ids}}}"#
+            )
         };
-        let text = [line(0, "[0, 1]"), line(1500, "[0, 2]"), line(3000, "[0, 3]")].join("\n");
+        let text = [
+            line(0, "[0, 1]"),
+            line(1500, "[0, 2]"),
+            line(3000, "[0, 3]"),
+        ]
+        .join("\n");
         std::fs::write(&path, text).unwrap();
         let window = Window {
             from: Duration::from_secs(1),
             length: Duration::from_secs(2),
         };
         let got = load(&path, window).unwrap();
-        assert_eq!(got, [request(500, 600, &[0, 2])].map(|mut r| {
-            r.output_tokens = 5;
-            r
-        }));
-        std::fs::write(&path, format!("{}\n{{\"timestamp\": 1, \"input_length\": \"x\"}}", line(0, "[0]"))).unwrap();
+        assert_eq!(
+            got,
+            [request(500, 600, &[0, 2])].map(|mut r| {
+                r.output_tokens = 5;
+                r
+            })
+        );
+        std::fs::write(
+            &path,
+            format!(
+                "{}\n{{\"timestamp\": 1, \"input_length\": \"x\"}}",
+                line(0, "[0]")
+            ),
+        )
+        .unwrap();
         let e = load(&path, window).unwrap_err().to_string();
         assert!(e.starts_with(&format!("{}:2:", path.display())), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
@@ -396,7 +420,10 @@ mod tests {
         let f = facts(&t, &setup);
         // Hits: 0, then 1024 of 1536, then 512 of 1000.
         assert!((f.ideal_hit_ratio - 1536.0 / 3560.0).abs() < 1e-9, "{f:?}");
-        assert_eq!((f.requests, f.conversations, f.multi_turn_conversations), (3, 2, 1));
+        assert_eq!(
+            (f.requests, f.conversations, f.multi_turn_conversations),
+            (3, 2, 1)
+        );
         assert_eq!((f.distinct_blocks, f.engine_blocks), (4, 8));
     }
 }

@@ -34,26 +34,30 @@ impl LoadPreset {
         }
     }
 
-    /// The preset's gauge names: waiting, running, KV cache usage.
+    /// The preset's gauge names: waiting, running, KV cache usage, KV
+    /// cache capacity.
     pub fn gauges(self) -> Gauges {
         let names = match self {
             LoadPreset::Vllm => [
                 "vllm:num_requests_waiting",
                 "vllm:num_requests_running",
                 "vllm:kv_cache_usage_perc",
+                "vllm:cache_config_info",
             ],
             LoadPreset::Sglang => [
                 "sglang:num_queue_reqs",
                 "sglang:num_running_reqs",
                 "sglang:token_usage",
+                "sglang:max_total_num_tokens",
             ],
             LoadPreset::None => return Gauges::default(),
         };
-        let [waiting, running, kv_usage] = names.map(|n| Some(n.to_string()));
+        let [waiting, running, kv_usage, kv_capacity] = names.map(|n| Some(n.to_string()));
         Gauges {
             waiting,
             running,
             kv_usage,
+            kv_capacity,
         }
     }
 }
@@ -67,6 +71,10 @@ pub struct Gauges {
     pub running: Option<String>,
     /// The KV cache's used fraction, 0 to 1 (the largest series).
     pub kv_usage: Option<String>,
+    /// The KV cache's size in tokens (summed over series): a series'
+    /// labels `num_gpu_blocks` × `block_size` where it has them (vLLM's
+    /// `cache_config_info`), else its value. Shown; never a limit.
+    pub kv_capacity: Option<String>,
 }
 
 /// When a backend is full for new keys, and how long a value counts.

@@ -302,6 +302,8 @@ pub(super) struct RawLoad {
     #[serde(default)]
     pub(super) kv_usage: Option<Spanned<String>>,
     #[serde(default)]
+    pub(super) kv_capacity: Option<Spanned<String>>,
+    #[serde(default)]
     pub(super) max_waiting: Option<Spanned<u64>>,
     #[serde(default)]
     pub(super) max_kv_usage: Option<Spanned<f64>>,

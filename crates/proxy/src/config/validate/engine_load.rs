@@ -43,7 +43,8 @@ impl Validator<'_> {
         };
         let interval = self.load_interval(raw.interval);
         let timeout = self.load_timeout(raw.timeout, interval);
-        let gauges = self.gauges(preset, [raw.waiting, raw.running, raw.kv_usage], &at);
+        let written = [raw.waiting, raw.running, raw.kv_usage, raw.kv_capacity];
+        let gauges = self.gauges(preset, written, &at);
         let limits = LoadLimits {
             max_waiting: self.count(
                 raw.max_waiting,
@@ -116,15 +117,16 @@ impl Validator<'_> {
     fn gauges(
         &mut self,
         preset: LoadPreset,
-        written: [Option<Spanned<String>>; 3],
+        written: [Option<Spanned<String>>; 4],
         at: &Location,
     ) -> Gauges {
         let mut gauges = preset.gauges();
-        let [waiting, running, kv_usage] = written;
+        let [waiting, running, kv_usage, kv_capacity] = written;
         let slots = [
             ("waiting", waiting, &mut gauges.waiting),
             ("running", running, &mut gauges.running),
             ("kv_usage", kv_usage, &mut gauges.kv_usage),
+            ("kv_capacity", kv_capacity, &mut gauges.kv_capacity),
         ];
         for (what, name, slot) in slots {
             let Some(name) = name else {
@@ -240,6 +242,19 @@ mod tests {
         );
         assert_eq!(load.limits.max_age, Duration::from_secs(10));
         assert_eq!(load.limits.max_waiting, 0);
+        assert_eq!(
+            load.gauges.kv_capacity.as_deref(),
+            Some("sglang:max_total_num_tokens")
+        );
+        let text = with_load("{preset: vllm, kv_capacity: \"kv:tokens\"}");
+        let load = parse(&text).unwrap().health.unwrap().load.unwrap();
+        assert_eq!(load.gauges.kv_capacity.as_deref(), Some("kv:tokens"));
+        assert!(
+            problems(&with_load("{preset: vllm, kv_capacity: \"a b\"}"))
+                .iter()
+                .any(|e| e
+                    .contains("health.load.kv_capacity \"a b\" is not a Prometheus metric name"))
+        );
     }
 
     #[test]

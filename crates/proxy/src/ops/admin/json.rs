@@ -58,6 +58,7 @@ pub fn table_json(snapshot: &Snapshot) -> serde_json::Value {
                 "up": b.live.health.is_up(),
                 "active": b.live.load.active(),
                 "share": share,
+                "engine_kv_capacity_tokens": b.live.engine.kv_capacity(),
             })
         })
         .collect();

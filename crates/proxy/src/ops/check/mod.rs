@@ -396,7 +396,7 @@ fn load_text(config: &Config) -> String {
     };
     let name = |g: &Option<String>| g.clone().unwrap_or_else(|| "-".to_string());
     format!(
-        "GET {} every {} (timeout {}, preset {}); full for new keys above {} waiting ({}) or {} KV cache usage ({}); running: {}; values ignored after {}",
+        "GET {} every {} (timeout {}, preset {}); full for new keys above {} waiting ({}) or {} KV cache usage ({}); running: {}; KV cache size: {}; values ignored after {}",
         l.path,
         humantime::format_duration(l.interval),
         humantime::format_duration(l.timeout),
@@ -406,6 +406,7 @@ fn load_text(config: &Config) -> String {
         l.limits.max_kv_usage,
         name(&l.gauges.kv_usage),
         name(&l.gauges.running),
+        name(&l.gauges.kv_capacity),
         humantime::format_duration(l.limits.max_age),
     )
 }

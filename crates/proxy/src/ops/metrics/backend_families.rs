@@ -268,6 +268,17 @@ pub const BACKEND: &[Family] = &[
         }),
     },
     Family {
+        name: "magpie_backend_engine_kv_capacity_tokens",
+        kind: GAUGE,
+        labels: &["backend", "addr"],
+        help: "The size in tokens of the backend's KV cache, as its engine last said it (health.load: vLLM's cache_config_info, SGLang's max_total_num_tokens); kept while scrapes fail.",
+        read: Read::Backend(|b, s| {
+            if let Some(tokens) = b.live().engine.kv_capacity() {
+                s.value(&[], tokens);
+            }
+        }),
+    },
+    Family {
         name: "magpie_engine_load_scrapes_total",
         kind: COUNTER,
         labels: &["backend", "addr", "result"],

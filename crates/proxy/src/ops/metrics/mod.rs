@@ -314,6 +314,7 @@ mod tests {
             waiting: Some(3.0),
             running: Some(2.0),
             kv_usage: Some(0.5),
+            kv_capacity: Some(64000.0),
         };
         let a = instance.snapshot.load().backends[0].clone();
         a.live.engine.record(sample, tokio::time::Instant::now());
@@ -363,6 +364,7 @@ mod tests {
                 waiting: Some(2.0),
                 running: None,
                 kv_usage: Some(kv_usage),
+                kv_capacity: None,
             };
             backend.live.engine.record(sample, now);
         }

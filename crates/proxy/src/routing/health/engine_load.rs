@@ -52,6 +52,7 @@ pub struct EngineLoad {
     waiting: AtomicU64,
     running: AtomicU64,
     kv_usage: AtomicU64,
+    kv_capacity: AtomicU64,
     /// Nanoseconds from `epoch` to the last good scrape, plus one; 0: never.
     updated: AtomicU64,
     scrapes: [AtomicU64; ScrapeResult::COUNT],
@@ -65,6 +66,7 @@ impl Default for EngineLoad {
             waiting: nothing(),
             running: nothing(),
             kv_usage: nothing(),
+            kv_capacity: nothing(),
             updated: AtomicU64::new(0),
             scrapes: Default::default(),
         }
@@ -79,6 +81,10 @@ impl EngineLoad {
         self.running.store(bits(sample.running), Ordering::Relaxed);
         self.kv_usage
             .store(bits(sample.kv_usage), Ordering::Relaxed);
+        if sample.kv_capacity.is_some() {
+            // A cache's size outlives a scrape that did not say it.
+            (self.kv_capacity).store(bits(sample.kv_capacity), Ordering::Relaxed);
+        }
         let since = now.saturating_duration_since(self.epoch).as_nanos();
         let since = u64::try_from(since).unwrap_or(u64::MAX - 1);
         self.updated.store(since + 1, Ordering::Release);
@@ -107,7 +113,14 @@ impl EngineLoad {
             waiting: read(&self.waiting),
             running: read(&self.running),
             kv_usage: read(&self.kv_usage),
+            kv_capacity: read(&self.kv_capacity),
         })
+    }
+
+    /// The KV cache's size in tokens, as the engine last said it, however
+    /// long ago: a cache does not shrink because a scrape failed.
+    pub fn kv_capacity(&self) -> Option<f64> {
+        Some(f64::from_bits(self.kv_capacity.load(Ordering::Relaxed))).filter(|v| !v.is_nan())
     }
 
     /// Whether the engine is too loaded to take a key it does not hold yet:
@@ -147,6 +160,7 @@ mod tests {
             waiting: Some(waiting),
             running: Some(1.0),
             kv_usage: Some(kv_usage),
+            kv_capacity: None,
         }
     }
 
@@ -194,6 +208,22 @@ mod tests {
         assert!(!load.far_over(&LIMITS, now));
         assert_eq!(load.fresh(now, LIMITS.max_age), None);
         assert_eq!(load.scrapes(ScrapeResult::Timeout), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_cache_size_outlives_stale_and_silent_scrapes() {
+        let load = EngineLoad::default();
+        assert_eq!(load.kv_capacity(), None);
+        let with = Sample {
+            kv_capacity: Some(32000.0),
+            ..sample(0.0, 0.1)
+        };
+        load.record(with, Instant::now());
+        // A later scrape without it, and one too old to count for load.
+        load.record(sample(0.0, 0.2), Instant::now());
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert_eq!(load.fresh(Instant::now(), LIMITS.max_age), None);
+        assert_eq!(load.kv_capacity(), Some(32000.0));
     }
 
     #[tokio::test(start_paused = true)]

@@ -11,6 +11,10 @@
 //! A gauge with several series (one per model, or per engine of a data
 //! parallel server) is summed for request counts and maxed for the KV
 //! cache's used fraction: two engines each 60% full are not 120% full.
+//! The KV cache's capacity is summed too (each engine its own cache); a
+//! series whose labels say `num_gpu_blocks` and `block_size` (vLLM's
+//! `cache_config_info`, an info metric whose value is 1) counts their
+//! product in tokens, any other its value.
 //! `NaN`, infinities and negative values are ignored: they say nothing
 //! about a queue.
 
@@ -25,12 +29,17 @@ pub struct Sample {
     pub running: Option<f64>,
     /// The KV cache's used fraction, the largest series.
     pub kv_usage: Option<f64>,
+    /// The KV cache's size in tokens, summed over series.
+    pub kv_capacity: Option<f64>,
 }
 
 impl Sample {
     /// Whether no wanted gauge was found.
     pub fn is_empty(&self) -> bool {
-        self.waiting.is_none() && self.running.is_none() && self.kv_usage.is_none()
+        self.waiting.is_none()
+            && self.running.is_none()
+            && self.kv_usage.is_none()
+            && self.kv_capacity.is_none()
     }
 }
 
@@ -40,7 +49,7 @@ pub fn read(text: &[u8], gauges: &Gauges) -> Sample {
         |name: &Option<String>, line: &[u8]| name.as_deref().is_some_and(|n| n.as_bytes() == line);
     let mut sample = Sample::default();
     for line in text.split(|&b| b == b'\n') {
-        let Some((name, value)) = sample_line(line) else {
+        let Some((name, labels, value)) = sample_line(line) else {
             continue;
         };
         if !value.is_finite() || value < 0.0 {
@@ -56,13 +65,64 @@ pub fn read(text: &[u8], gauges: &Gauges) -> Sample {
             let kv = sample.kv_usage.get_or_insert(value);
             *kv = kv.max(value);
         }
+        if wanted(&gauges.kv_capacity, name) {
+            let blocks = label_number(labels, b"num_gpu_blocks");
+            let tokens = match (blocks, label_number(labels, b"block_size")) {
+                (Some(blocks), Some(size)) => blocks * size,
+                _ => value,
+            };
+            if tokens.is_finite() {
+                *sample.kv_capacity.get_or_insert(0.0) += tokens;
+            }
+        }
     }
     sample
 }
 
-/// A sample line's metric name and value: `name{labels} value [timestamp]`.
-/// `None` for comments, blank lines and anything malformed.
-fn sample_line(line: &[u8]) -> Option<(&[u8], f64)> {
+/// The number a label of `labels` (`{a="1",b="2"}`) holds, if it has it.
+fn label_number(labels: &[u8], name: &[u8]) -> Option<f64> {
+    let mut rest = labels.strip_prefix(b"{")?;
+    loop {
+        let eq = rest.iter().position(|&b| b == b'=')?;
+        let key = rest[..eq].trim_ascii();
+        let quoted = rest[eq + 1..].trim_ascii_start().strip_prefix(b"\"")?;
+        let close = quoted.iter().position(|&b| b == b'"' || b == b'\\')?;
+        if key == name {
+            let value = std::str::from_utf8(&quoted[..close]).ok()?;
+            return value
+                .parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite() && *v >= 0.0);
+        }
+        // Past this value (skipping escapes) and the comma after it.
+        let end = labels_end_of_value(quoted)?;
+        rest = quoted[end..].trim_ascii_start();
+        rest = rest.strip_prefix(b",").unwrap_or(rest);
+        if rest.first().is_none_or(|&b| b == b'}') {
+            return None;
+        }
+    }
+}
+
+/// The index just past the `"` closing a quoted value (its opening quote
+/// already taken off).
+fn labels_end_of_value(quoted: &[u8]) -> Option<usize> {
+    let mut escaped = false;
+    for (i, &b) in quoted.iter().enumerate() {
+        match (escaped, b) {
+            (true, _) => escaped = false,
+            (false, b'\\') => escaped = true,
+            (false, b'"') => return Some(i + 1),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// A sample line's metric name, label set (`{...}`, or empty) and value:
+/// `name{labels} value [timestamp]`. `None` for comments, blank lines and
+/// anything malformed.
+fn sample_line(line: &[u8]) -> Option<(&[u8], &[u8], f64)> {
     let line = line.trim_ascii();
     let name_len = line
         .iter()
@@ -72,8 +132,10 @@ fn sample_line(line: &[u8]) -> Option<(&[u8], f64)> {
         return None;
     }
     let (name, mut rest) = line.split_at(name_len);
+    let mut labels: &[u8] = &[];
     if rest.first() == Some(&b'{') {
-        rest = &rest[labels_end(rest)?..];
+        let end = labels_end(rest)?;
+        (labels, rest) = rest.split_at(end);
     }
     let rest = rest.trim_ascii_start();
     let end = rest
@@ -84,7 +146,7 @@ fn sample_line(line: &[u8]) -> Option<(&[u8], f64)> {
         .ok()?
         .parse::<f64>()
         .ok()?;
-    Some((name, value))
+    Some((name, labels, value))
 }
 
 fn is_name_byte(b: u8) -> bool {
@@ -129,6 +191,10 @@ vllm:num_requests_waiting_by_reason{engine="0",reason="capacity"} 99.0
 # TYPE vllm:kv_cache_usage_perc gauge
 vllm:kv_cache_usage_perc{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.62
 vllm:kv_cache_usage_perc{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.41
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",gpu_memory_utilization="0.9",num_gpu_blocks="27051",prefix_caching_hash_algo="sha256"} 1.0
+vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="1",gpu_memory_utilization="0.9",num_gpu_blocks="27051",prefix_caching_hash_algo="sha256"} 1.0
 # TYPE vllm:e2e_request_latency_seconds histogram
 vllm:e2e_request_latency_seconds_bucket{engine="0",le="+Inf",model_name="m"} 1422.0
 vllm:e2e_request_latency_seconds_sum{engine="0",model_name="m"} NaN
@@ -141,7 +207,9 @@ sglang:num_running_reqs{model_name=\"qwen\",tp_rank=\"0\"} 7.0\r\n\
 # TYPE sglang:num_queue_reqs gauge\r\n\
 sglang:num_queue_reqs{model_name=\"qwen\",tp_rank=\"0\"} 0.0\r\n\
 # TYPE sglang:token_usage gauge\r\n\
-sglang:token_usage{model_name=\"qwen\",tp_rank=\"0\"} 0.25\r\n";
+sglang:token_usage{model_name=\"qwen\",tp_rank=\"0\"} 0.25\r\n\
+# TYPE sglang:max_total_num_tokens gauge\r\n\
+sglang:max_total_num_tokens{model_name=\"qwen\",tp_rank=\"0\"} 412000.0\r\n";
 
     #[test]
     fn vllm_gauges_are_summed_and_maxed_over_series() {
@@ -149,6 +217,8 @@ sglang:token_usage{model_name=\"qwen\",tp_rank=\"0\"} 0.25\r\n";
         assert_eq!(s.waiting, Some(9.0));
         assert_eq!(s.running, Some(15.0));
         assert_eq!(s.kv_usage, Some(0.62));
+        // Two engines of 27,051 blocks of 16 tokens each.
+        assert_eq!(s.kv_capacity, Some(2.0 * 27051.0 * 16.0));
     }
 
     #[test]
@@ -160,6 +230,7 @@ sglang:token_usage{model_name=\"qwen\",tp_rank=\"0\"} 0.25\r\n";
                 waiting: Some(0.0),
                 running: Some(7.0),
                 kv_usage: Some(0.25),
+                kv_capacity: Some(412000.0),
             }
         );
         // The other engine's names find nothing.
@@ -172,6 +243,7 @@ sglang:token_usage{model_name=\"qwen\",tp_rank=\"0\"} 0.25\r\n";
             waiting: Some("w".into()),
             running: Some("r".into()),
             kv_usage: Some("kv".into()),
+            kv_capacity: Some("cap".into()),
         };
         let text = concat!(
             "w{a=\"x}y\",b=\"q\\\"}\\\\\"} 2 1700000000000\n",
@@ -188,13 +260,23 @@ sglang:token_usage{model_name=\"qwen\",tp_rank=\"0\"} 0.25\r\n";
             "kv{} 0.5\n",
             "kv{} Nan\n",
             "\u{0}\u{ff}garbage{{{ 1\n",
+            "cap{x=\"a,b=\\\"1\\\"\",num_gpu_blocks=\"10\",block_size=\"4\"} 1\n",
+            "cap{num_gpu_blocks=\"x\",block_size=\"4\"} 7\n",
+            "cap{block_size=\"4\"} 100\n",
+            "cap{num_gpu_blocks=\"-5\",block_size=\"4\"} 1\n",
         );
         let s = read(text.as_bytes(), &gauges);
         assert_eq!(s.waiting, Some(5.0));
         assert_eq!(s.running, Some(4.0));
         assert_eq!(s.kv_usage, Some(0.5));
+        // 10 x 4 from the labels (an escaped quote and a comma in an earlier
+        // value skipped); then the values of series without both numbers.
+        assert_eq!(s.kv_capacity, Some(40.0 + 7.0 + 100.0 + 1.0));
         assert_eq!(sample_line(b"1abc 3"), None);
-        assert_eq!(sample_line(b"a 3 "), Some((&b"a"[..], 3.0)));
+        assert_eq!(sample_line(b"a 3 "), Some((&b"a"[..], &b""[..], 3.0)));
+        assert_eq!(label_number(b"{a=\"2\",b=\"3\"}", b"b"), Some(3.0));
+        assert_eq!(label_number(b"{a=\"2\"}", b"b"), None);
+        assert_eq!(label_number(b"{a=\"2", b"b"), None);
     }
 
     #[test]
