@@ -114,28 +114,24 @@ enum DemoMode {
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> ExitCode {
-    let purging = tikv_jemalloc_ctl::background_thread::write(true);
     let cli = Cli::parse();
-    // The demo's comparison prints a table: four magpies starting and
-    // stopping are not news there.
-    let level = match cli.command {
-        Command::Demo { load: true, .. } => "warn",
-        _ => "info",
+    // Sockets systemd passed, read (and their variables cleared) while
+    // this is the only thread.
+    let inherited = match cli.command {
+        Command::Run { .. } => Some(magpie_proxy::net::activation::Inherited::from_env()),
+        _ => None,
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level)),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let purging = tikv_jemalloc_ctl::background_thread::write(true);
+    init_logging(&cli.command);
     if let Err(error) = purging {
         tracing::warn!(%error, "the allocator's background thread did not start: freed memory goes back to the system only while magpie allocates");
     }
     magpie_proxy::telemetry::supervise::install_panic_hook();
     let result = match cli.command {
         Command::Check { config } => check(&config),
-        Command::Run { config } => runtime().and_then(|rt| rt.block_on(run(config))),
+        Command::Run { config } => (inherited.unwrap_or_else(|| Ok(Default::default())))
+            .map_err(anyhow::Error::from)
+            .and_then(|inherited| runtime().and_then(|rt| rt.block_on(run(config, inherited)))),
         Command::Demo {
             mode,
             load,
@@ -187,6 +183,23 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Logs to stderr, at `RUST_LOG`'s levels (info by default).
+fn init_logging(command: &Command) {
+    // The demo's comparison prints a table: four magpies starting and
+    // stopping are not news there.
+    let level = match command {
+        Command::Demo { load: true, .. } => "warn",
+        _ => "info",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level)),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
 }
 
 /// One worker thread per CPU magpie may run on. Given a single CPU (a
@@ -343,7 +356,10 @@ fn shutdown_on_signals() -> anyhow::Result<CancellationToken> {
     Ok(token)
 }
 
-async fn run(path: PathBuf) -> anyhow::Result<ExitCode> {
+async fn run(
+    path: PathBuf,
+    inherited: magpie_proxy::net::activation::Inherited,
+) -> anyhow::Result<ExitCode> {
     let config = match Config::load(&path) {
         Ok(c) => c,
         Err(errors) => {
@@ -352,7 +368,7 @@ async fn run(path: PathBuf) -> anyhow::Result<ExitCode> {
         }
     };
     let shutdown = shutdown_on_signals()?;
-    let running = magpie_proxy::app::start(config, shutdown).await?;
+    let running = magpie_proxy::app::start_with(config, shutdown, inherited).await?;
     let drained = running.wait().await;
     if drained.is_clean() {
         Ok(ExitCode::SUCCESS)

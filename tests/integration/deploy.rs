@@ -206,8 +206,12 @@ fn systemd_unit_verifies_and_gives_magpie_what_it_needs() {
         "magpie.service",
         &unit.replace("/usr/local/bin/magpie", magpie_bin()),
     );
+    // The socket unit beside it: systemd pairs magpie.socket with magpie.service.
+    let socket = read("systemd/magpie.socket");
+    let socket_path = copy.path.with_file_name("magpie.socket");
+    std::fs::write(&socket_path, &socket).expect("write the socket unit");
     let mut command = Command::new(analyze);
-    command.arg("verify").arg(&copy.path);
+    command.arg("verify").arg(&socket_path).arg(&copy.path);
     let out = succeeds(command);
     // Unknown keys and bad values are only warnings to verify: fail on those too.
     let said = format!(
@@ -217,12 +221,26 @@ fn systemd_unit_verifies_and_gives_magpie_what_it_needs() {
     );
     let about_the_unit: Vec<&str> = said
         .lines()
-        .filter(|l| l.contains("magpie.service"))
+        .filter(|l| l.contains("magpie.service") || l.contains("magpie.socket"))
         .collect();
     assert!(
         about_the_unit.is_empty(),
         "systemd-analyze verify complains about the unit:\n{}",
         about_the_unit.join("\n")
+    );
+    // The socket is the example config's listener, so the two files work together.
+    let socket_keys = unit_keys(&socket);
+    let config =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/magpie.yaml"))
+            .expect("read config/magpie.yaml");
+    let listen = (config.lines())
+        .find_map(|l| l.strip_prefix("listen:"))
+        .map(str::trim)
+        .expect("config/magpie.yaml has a listen line");
+    assert_eq!(
+        socket_keys.get("ListenStream").map(Vec::as_slice),
+        Some(&[listen.to_string()][..]),
+        "magpie.socket listens where config/magpie.yaml does"
     );
 }
 

@@ -2,6 +2,7 @@
 //! in-process (or as the built binary where a signal or the CLI is the point).
 
 mod access_log;
+mod activation;
 mod admin;
 mod bad_input;
 mod bounded_load;

@@ -22,7 +22,8 @@ use tracing::{info, warn};
 use crate::config::{Config, Mode};
 use crate::http::HttpPath;
 use crate::intake::listener::{self, Drained};
-use crate::net::bind;
+use crate::net::activation::Inherited;
+use crate::net::{adopt, bind};
 use crate::routing::discovery::{Discovery, DiscoveryError};
 use crate::routing::instance::Instance;
 use crate::routing::snapshot::{Snapshot, SnapshotError};
@@ -78,6 +79,12 @@ pub enum StartError {
     AccessLog(io::Error),
     #[error("cannot set up TLS: {0}")]
     Tls(rustls::Error),
+    #[error(
+        "LISTEN_FDS passed sockets on {0:?} that no listen or admin address of the config names"
+    )]
+    Unclaimed(Vec<SocketAddr>),
+    #[error("the socket inherited for {addr} cannot be used: {error}")]
+    Adopt { addr: SocketAddr, error: io::Error },
 }
 
 fn bind_error(config: &Config, addr: SocketAddr, error: io::Error) -> StartError {
@@ -135,6 +142,16 @@ impl Running {
 /// `config.source` when that is a file. Binding happens before this returns,
 /// so a port that is taken is an error here, not a log line later.
 pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Running, StartError> {
+    start_with(config, shutdown, Inherited::none()).await
+}
+
+/// [`start`], each listener taking the socket `inherited` holds for its
+/// address (systemd's socket activation) instead of binding its own.
+pub async fn start_with(
+    config: Config,
+    shutdown: CancellationToken,
+    mut inherited: Inherited,
+) -> Result<Running, StartError> {
     let discovery = Arc::new(Discovery::default());
     let config = Arc::new(discovery.expand(config).await?);
     let build = Arc::clone(&config);
@@ -149,7 +166,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         crate::telemetry::access_log::writer::can_open(&log.target)
             .map_err(StartError::AccessLog)?;
     }
-    let mut bound = Bound::bind(&config)?;
+    let mut bound = Bound::bind(&config, &mut inherited)?;
     // The admin thread's descriptors are taken before anyone hears of the
     // listeners, so clients cannot take them first.
     // The admin listener leaves this runtime's reactor: only the admin
@@ -255,19 +272,23 @@ struct Bound {
 }
 
 impl Bound {
-    fn bind(config: &Config) -> Result<Bound, StartError> {
+    fn bind(config: &Config, inherited: &mut Inherited) -> Result<Bound, StartError> {
+        let mut one = |addr: SocketAddr| match inherited.take(addr) {
+            Some(socket) => adopt(socket).map_err(|error| StartError::Adopt { addr, error }),
+            None => bind(addr).map_err(|error| bind_error(config, addr, error)),
+        };
         let mut listeners = Vec::new();
         let mut listen = Vec::new();
         for &addr in &config.listen {
-            let listener = bind(addr).map_err(|error| bind_error(config, addr, error))?;
+            let listener = one(addr)?;
             listen.push(listener.local_addr().unwrap_or(addr));
             listeners.push(listener);
         }
-        let admin_listener = match config.admin {
-            Some(addr) => Some(bind(addr).map_err(|error| bind_error(config, addr, error))?),
-            None => None,
-        };
+        let admin_listener = config.admin.map(&mut one).transpose()?;
         let admin = admin_listener.as_ref().and_then(|l| l.local_addr().ok());
+        if !inherited.is_empty() {
+            return Err(StartError::Unclaimed(inherited.left()));
+        }
         Ok(Bound {
             listeners,
             listen,

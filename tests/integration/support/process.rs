@@ -74,6 +74,25 @@ impl Child {
         Child::spawn_command(command)
     }
 
+    /// Runs magpie with `socket` as its fd 3 and `LISTEN_FDS=1`, as
+    /// systemd's socket activation hands a listening socket over.
+    pub fn spawn_activated(socket: &std::net::TcpListener, args: &[&str]) -> Child {
+        use command_fds::{CommandFdExt, FdMapping};
+        let fd = socket.try_clone().expect("dup the listening socket");
+        let mut command = std::process::Command::new(magpie_bin());
+        command
+            .args(args)
+            .env("LISTEN_FDS", "1")
+            .env_remove("LISTEN_PID");
+        command
+            .fd_mappings(vec![FdMapping {
+                parent_fd: fd.into(),
+                child_fd: 3,
+            }])
+            .expect("fd 3 is free in the child");
+        Child::spawn_command(tokio::process::Command::from(command))
+    }
+
     fn spawn_command(mut command: tokio::process::Command) -> Child {
         let mut process = command
             .env("RUST_LOG", "info")

@@ -18,9 +18,11 @@
 //!
 //! | module | owns |
 //! |---|---|
+//! | [`activation`] | listening sockets handed over at start (systemd's `LISTEN_FDS`), each taken by the listener of its address |
 //! | [`tls_unverified`] | `upstream_tls.verify: false`: a client config that takes any backend certificate (signatures still checked) |
 //! | [`tls_client`] | the client side of TLS to backends: one shared rustls config (CA roots, ALPN `http/1.1`, session resumption), the handshake under a deadline, and telling its failure from a failed connect |
 
+pub mod activation;
 pub mod tls_client;
 pub mod tls_unverified;
 
@@ -82,6 +84,15 @@ pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
     socket.listen(BACKLOG)?;
     socket.set_nonblocking(true)?;
     TcpListener::from_std(socket.into())
+}
+
+/// A listening socket bound elsewhere (inherited: [`activation`]), tuned as
+/// [`bind`] tunes its own and made non-blocking; its backlog is the one it
+/// was given.
+pub fn adopt(listener: std::net::TcpListener) -> io::Result<TcpListener> {
+    tune(&SockRef::from(&listener), &client_keepalive());
+    listener.set_nonblocking(true)?;
+    TcpListener::from_std(listener)
 }
 
 /// Client side: a dead client of an idle connection is found in about two
