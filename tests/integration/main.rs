@@ -36,6 +36,7 @@ mod shared_pins;
 mod shared_store;
 mod shutdown;
 mod simulate;
+mod slow_start;
 mod sni;
 mod spill;
 mod stickiness;

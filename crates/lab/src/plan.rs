@@ -11,7 +11,9 @@
 //! * the ideal minimum: the share that must move for the new shares to hold at
 //!   all, the sum over backends of max(0, old share − new share);
 //! * each backend's slots (or share), before → after;
-//! * with a key list, the share of those keys whose backend changes.
+//! * with a key list, the share of those keys whose backend changes;
+//! * with `placement.slow_start` in the new config, the ramp of the backends
+//!   it adds: the share of their keys that has moved to them at each quarter.
 
 use serde::Serialize;
 
@@ -34,6 +36,18 @@ pub struct PlanReport {
     pub backends: Vec<BackendChange>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub keys: Option<KeysMoved>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slow_start: Option<Ramp>,
+}
+
+/// How the backends a change adds take their keys over (`placement.slow_start`).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Ramp {
+    pub seconds: f64,
+    pub added: Vec<String>,
+    /// (seconds after the change, share of their keys moved to them):
+    /// measured at [`SAMPLES`] points of the hash space.
+    pub steps: Vec<(f64, f64)>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -71,6 +85,48 @@ pub fn compare(
         method,
         backends,
         keys,
+        slow_start: ramp(old, new),
+    })
+}
+
+/// The ramp of the backends `new` adds, with `placement.slow_start`: at each
+/// quarter of it, the share of the keys they own in `new` that has moved to
+/// them (the rest stay where they were).
+fn ramp(old: &Snapshot, new: &Snapshot) -> Option<Ramp> {
+    use magpie_core::placement::slow_start::moved;
+    let length = new.config.placement.slow_start?;
+    let added: Vec<String> = (new.backends.iter())
+        .filter(|b| old.backend(&b.name).is_none())
+        .map(|b| b.name.clone())
+        .collect();
+    if added.is_empty() {
+        return None;
+    }
+    let step = u64::MAX / SAMPLES;
+    let theirs: Vec<(u64, String)> = (0..SAMPLES)
+        .map(|i| i * step + step / 2)
+        .filter_map(|key| {
+            owner(new, key)
+                .filter(|o| added.contains(o))
+                .map(|o| (key, o))
+        })
+        .collect();
+    let steps = [0.25, 0.5, 0.75, 1.0]
+        .map(|p| {
+            let n = theirs
+                .iter()
+                .filter(|(k, o)| p >= 1.0 || moved(*k, o, p))
+                .count();
+            (
+                length.as_secs_f64() * p,
+                n as f64 / theirs.len().max(1) as f64,
+            )
+        })
+        .to_vec();
+    Some(Ramp {
+        seconds: length.as_secs_f64(),
+        added,
+        steps,
     })
 }
 
@@ -224,6 +280,18 @@ impl std::fmt::Display for PlanReport {
             );
             writeln!(f, "  {:<20} {:>18} -> {}", b.name, before, after)?;
         }
+        if let Some(r) = &self.slow_start {
+            let steps: Vec<String> = (r.steps.iter())
+                .map(|(at, share)| format!("{:.0}% at {at:.0}s", share * 100.0))
+                .collect();
+            writeln!(
+                f,
+                "slow start:  {} take their keys over {:.0}s: {}; the rest stay where they are until then",
+                r.added.join(", "),
+                r.seconds,
+                steps.join(", ")
+            )?;
+        }
         Ok(())
     }
 }
@@ -236,8 +304,12 @@ mod tests {
     use std::sync::Arc;
 
     fn snapshot(algorithm: &str, n: usize) -> Snapshot {
+        snapshot_with(&format!("algorithm: {algorithm}"), n)
+    }
+
+    fn snapshot_with(placement: &str, n: usize) -> Snapshot {
         let mut yaml = format!(
-            "listen: 127.0.0.1:7000\nplacement: {{algorithm: {algorithm}}}\nkey: {{from: header, header: x-session-id}}\nbackends:\n"
+            "listen: 127.0.0.1:7000\nplacement: {{{placement}}}\nkey: {{from: header, header: x-session-id}}\nbackends:\n"
         );
         for i in 0..n {
             yaml.push_str(&format!(
@@ -247,6 +319,43 @@ mod tests {
         }
         let config = Config::parse(std::path::Path::new("t.yaml"), &yaml).unwrap();
         Snapshot::build(Arc::new(config), 1, &HashMap::new()).unwrap()
+    }
+
+    #[test]
+    fn the_slow_start_ramp_of_an_added_backend_is_shown() {
+        let r = compare(
+            &snapshot("maglev", 3),
+            &snapshot_with("slow_start: 60s", 4),
+            &[],
+        )
+        .unwrap();
+        let ramp = r.slow_start.clone().unwrap();
+        assert_eq!(
+            (ramp.seconds, ramp.added.as_slice()),
+            (60.0, &["gpu-3".to_string()][..])
+        );
+        for ((at, share), (want_at, want)) in
+            ramp.steps
+                .iter()
+                .zip([(15.0, 0.25), (30.0, 0.5), (45.0, 0.75), (60.0, 1.0)])
+        {
+            assert_eq!(*at, want_at);
+            assert!((share - want).abs() < 0.01, "{share} at {at}");
+        }
+        assert!(
+            r.to_string()
+                .contains("slow start:  gpu-3 take their keys over 60s: 25% at 15s"),
+            "{r}"
+        );
+        // Without slow_start, or without an added backend: no ramp.
+        assert!(
+            compare(&snapshot("maglev", 3), &snapshot("maglev", 4), &[])
+                .unwrap()
+                .slow_start
+                .is_none()
+        );
+        let same = snapshot_with("slow_start: 60s", 4);
+        assert!(compare(&same, &same, &[]).unwrap().slow_start.is_none());
     }
 
     #[test]

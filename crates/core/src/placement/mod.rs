@@ -9,7 +9,8 @@
 //! The proxy uses [`maglev`] (default) or [`ring`], optionally with
 //! [`bounded`] loads on top; the others exist for the lab (`magpie simulate`).
 //! [`limits`] bounds what a build may cost; config validation checks the same
-//! numbers.
+//! numbers. [`slow_start`] says which of a joining backend's keys have moved
+//! to it yet.
 
 pub mod bounded;
 pub mod jump;
@@ -18,6 +19,7 @@ pub mod maglev;
 pub mod modn;
 pub mod rendezvous;
 pub mod ring;
+pub mod slow_start;
 pub mod walk;
 
 pub use limits::{MAX_LAB_RING_POINTS, MAX_RING_POINTS, MAX_TABLE_SIZE, MAX_WEIGHT};

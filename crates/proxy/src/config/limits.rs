@@ -10,6 +10,8 @@ pub const DEFAULT_POINTS_PER_WEIGHT: u32 = 160;
 /// above its mean share as well as at its cap.
 pub const DEFAULT_SPILL_MIN_EXCESS: u64 = 8;
 pub const MAX_SPILL_MIN_EXCESS: u64 = 100_000;
+/// The longest `placement.slow_start` ramp.
+pub const MAX_SLOW_START: Duration = Duration::from_secs(3600);
 pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_millis(200);
 pub const DEFAULT_MAX_BYTES: u64 = 8192;
 /// `mode: http`: a request head (and a body read for its key) may take this

@@ -209,6 +209,9 @@ pub struct PlacementConfig {
     /// With `bounded_load`: a key spills only when its candidate is also this
     /// many requests (or connections) above its mean share.
     pub spill_min_excess: u64,
+    /// A backend that joins (added by a reload, or back up) takes over its
+    /// keys over this long; `None`: at once.
+    pub slow_start: Option<Duration>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -142,6 +142,8 @@ pub(super) struct RawPlacement {
     pub(super) bounded_load: Option<Spanned<f64>>,
     #[serde(default)]
     pub(super) spill_min_excess: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub(super) slow_start: Option<Spanned<HumanDuration>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -136,6 +136,10 @@ fn every_listed_mistake_is_rejected() {
             "must be at most 100000",
         ),
         (
+            "listen: 127.0.0.1:7000\nplacement: {slow_start: 2h}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+            "placement.slow_start 2h is too long (at most 1h)",
+        ),
+        (
             "listen: 127.0.0.1:7000\nkey: {from: header}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
             "key.header",
         ),

@@ -135,10 +135,15 @@ impl Snapshot {
             .iter()
             .filter_map(|n| by_name.get(n.name.as_str()).copied())
             .map(|b| {
-                let live = carry
-                    .get(&(b.name.clone(), b.addr))
-                    .cloned()
-                    .unwrap_or_default();
+                let live = carry.get(&(b.name.clone(), b.addr)).cloned();
+                let live = live.unwrap_or_else(|| {
+                    let fresh = Arc::new(Live::default());
+                    // Added by a reload: it joins the pool now (slow start).
+                    if version > 1 {
+                        fresh.health.joined_at(tokio::time::Instant::now());
+                    }
+                    fresh
+                });
                 Arc::new(Backend::new(b, live))
             })
             .collect();

@@ -39,7 +39,7 @@ use super::{
     Algorithm, BackendConfig, Config, ConfigError, ConfigErrors, DEFAULT_ADMIN,
     DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_POINTS_PER_WEIGHT,
     DEFAULT_SHUTDOWN_GRACE, DEFAULT_SPILL_MIN_EXCESS, ListenerTls, MAX_DRAIN_TIMEOUT,
-    MAX_IDLE_TIMEOUT, MAX_MAX_CONNECTIONS, MAX_RING_POINTS, MAX_SHUTDOWN_GRACE,
+    MAX_IDLE_TIMEOUT, MAX_MAX_CONNECTIONS, MAX_RING_POINTS, MAX_SHUTDOWN_GRACE, MAX_SLOW_START,
     MAX_SPILL_MIN_EXCESS, MAX_TABLE_SIZE, Mode, Place, PlacementConfig, Places,
 };
 use magpie_core::placement::{bounded, maglev};
@@ -335,40 +335,7 @@ impl<'a> Validator<'a> {
             .as_ref()
             .map(|a| a.value)
             .unwrap_or(Algorithm::Maglev);
-        let table_size = match &raw.table_size {
-            Some(t) => {
-                if algorithm != Algorithm::Maglev {
-                    self.err(&t.referenced, "table_size applies to algorithm maglev only");
-                } else if !maglev::is_prime(t.value) {
-                    self.err(
-                        &t.referenced,
-                        format!(
-                            "table_size {} is not prime (try 65537, 131071 or 655373)",
-                            t.value
-                        ),
-                    );
-                } else if t.value > MAX_TABLE_SIZE {
-                    self.err(
-                        &t.referenced,
-                        format!(
-                            "table_size {} is too large (at most {MAX_TABLE_SIZE})",
-                            t.value
-                        ),
-                    );
-                } else if (t.value as usize) < backends.len() {
-                    self.err(
-                        &t.referenced,
-                        format!(
-                            "table_size {} is smaller than the number of backends ({})",
-                            t.value,
-                            backends.len()
-                        ),
-                    );
-                }
-                t.value
-            }
-            None => maglev::DEFAULT_TABLE_SIZE,
-        };
+        let table_size = self.table_size(&raw, algorithm, backends.len());
         let points_per_weight = match &raw.points_per_weight {
             Some(p) if algorithm != Algorithm::Ring => {
                 self.err(
@@ -394,12 +361,54 @@ impl<'a> Validator<'a> {
             b.value
         });
         let spill_min_excess = self.spill_min_excess(&raw, bounded_load.is_some());
+        let slow_start = (raw.slow_start.as_ref())
+            .and_then(|d| self.at_most(d, "placement.slow_start", MAX_SLOW_START))
+            .filter(|d| !d.is_zero());
         PlacementConfig {
             algorithm,
             table_size,
             points_per_weight,
             bounded_load,
             spill_min_excess,
+            slow_start,
+        }
+    }
+
+    /// `table_size`: Maglev only, prime, at most [`MAX_TABLE_SIZE`], at
+    /// least one slot per backend.
+    fn table_size(&mut self, raw: &RawPlacement, algorithm: Algorithm, backends: usize) -> u64 {
+        match &raw.table_size {
+            Some(t) => {
+                if algorithm != Algorithm::Maglev {
+                    self.err(&t.referenced, "table_size applies to algorithm maglev only");
+                } else if !maglev::is_prime(t.value) {
+                    self.err(
+                        &t.referenced,
+                        format!(
+                            "table_size {} is not prime (try 65537, 131071 or 655373)",
+                            t.value
+                        ),
+                    );
+                } else if t.value > MAX_TABLE_SIZE {
+                    self.err(
+                        &t.referenced,
+                        format!(
+                            "table_size {} is too large (at most {MAX_TABLE_SIZE})",
+                            t.value
+                        ),
+                    );
+                } else if (t.value as usize) < backends {
+                    self.err(
+                        &t.referenced,
+                        format!(
+                            "table_size {} is smaller than the number of backends ({})",
+                            t.value, backends
+                        ),
+                    );
+                }
+                t.value
+            }
+            None => maglev::DEFAULT_TABLE_SIZE,
         }
     }
 

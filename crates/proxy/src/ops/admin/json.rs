@@ -7,6 +7,7 @@ use hyper::{Response, StatusCode};
 use serde_json::json;
 
 use super::body::Body;
+use crate::routing::backend::Backend;
 use crate::routing::instance::Instance;
 use crate::routing::recent::Last;
 use crate::routing::route::Route;
@@ -59,6 +60,7 @@ pub fn table_json(snapshot: &Snapshot) -> serde_json::Value {
                 "active": b.live.load.active(),
                 "share": share,
                 "engine_kv_capacity_tokens": b.live.engine.kv_capacity(),
+                "slow_start_progress": slow_start_progress(snapshot, b),
             })
         })
         .collect();
@@ -69,6 +71,16 @@ pub fn table_json(snapshot: &Snapshot) -> serde_json::Value {
         "bounded_load": snapshot.config.placement.bounded_load,
         "backends": backends,
     })
+}
+
+/// How far `backend` is in its slow-start ramp (0 to 1), if it is in one.
+fn slow_start_progress(snapshot: &Snapshot, backend: &Backend) -> Option<f64> {
+    let length = snapshot.config.placement.slow_start?;
+    let elapsed = backend
+        .live
+        .health
+        .since_joined(tokio::time::Instant::now())?;
+    magpie_core::placement::slow_start::progress(elapsed, length)
 }
 
 /// `/route?key=K` or `?addr=A` (and `&group=G` with `key.group`).

@@ -42,6 +42,9 @@ labels! {
         /// Its inference engine reported a queue or a KV cache over the
         /// `health.load` limits (a fresh value).
         EngineFull => "engine_full",
+        /// It is warming up (`placement.slow_start`) and the key's turn to
+        /// move to it has not come.
+        SlowStart => "slow_start",
     }
 }
 

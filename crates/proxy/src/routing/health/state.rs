@@ -8,8 +8,14 @@
 //! a backend down, and any success ends the streak. Everything is atomics, so
 //! the data path reads `is_up` without a lock; the state lives in a backend's
 //! live state and carries over a reload that keeps the backend.
+//!
+//! It also remembers when the backend last joined the pool, by coming up
+//! or by being added in a reload: `placement.slow_start` counts from then.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use magpie_core::labels;
 
@@ -69,6 +75,11 @@ pub struct Health {
     checks: [AtomicU64; CheckOutcome::COUNT],
     went_up: AtomicU64,
     went_down: AtomicU64,
+    /// `joined` counts from here.
+    epoch: Instant,
+    /// Nanoseconds from `epoch` to when it last came up or was added, plus
+    /// one; 0: in the pool since magpie started.
+    joined: AtomicU64,
 }
 
 impl Default for Health {
@@ -82,6 +93,8 @@ impl Default for Health {
             checks: Default::default(),
             went_up: AtomicU64::new(0),
             went_down: AtomicU64::new(0),
+            epoch: Instant::now(),
+            joined: AtomicU64::new(0),
         }
     }
 }
@@ -101,12 +114,30 @@ impl Health {
             self.checks_ok.store(0, Ordering::Relaxed);
         }
         let was = self.up.swap(up, Ordering::Relaxed);
+        if !was && up {
+            self.joined_at(Instant::now());
+        }
         match (was, up) {
             (false, true) => self.went_up.fetch_add(1, Ordering::Relaxed),
             (true, false) => self.went_down.fetch_add(1, Ordering::Relaxed),
             _ => 0,
         };
         was
+    }
+
+    /// It joined the pool at `now`: came up, or was added by a reload.
+    pub fn joined_at(&self, now: Instant) {
+        let since = now.saturating_duration_since(self.epoch).as_nanos();
+        let since = u64::try_from(since).unwrap_or(u64::MAX - 1);
+        self.joined.store(since + 1, Ordering::Relaxed);
+    }
+
+    /// How long ago it last joined the pool; `None`: it has been in it since
+    /// magpie started.
+    pub fn since_joined(&self, now: Instant) -> Option<Duration> {
+        let joined = self.joined.load(Ordering::Relaxed).checked_sub(1)?;
+        let at = self.epoch + Duration::from_nanos(joined);
+        Some(now.saturating_duration_since(at))
     }
 
     /// Up/down transitions so far: (to up, to down).
