@@ -188,3 +188,29 @@ async fn readyz_is_503_while_draining_and_healthz_stays_200() {
         .expect("wait for magpie");
     drop(client);
 }
+
+/// A connection accepted just before the drain, whose request comes after
+/// it began, is answered: its request was on its way, not refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_accepted_before_the_drain_gets_its_first_request_answered() {
+    let backends = HttpBackends::start(&["a"]).await;
+    let magpie = Magpie::start(&config_yaml("127.0.0.1:0", "mode: http\n", &backends.list)).await;
+    let accepted = magpie.instance.stats.accepted();
+    let stream = connect(magpie.addr).await;
+    within("magpie to accept the connection", async {
+        while magpie.instance.stats.accepted() == accepted {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    magpie.begin_shutdown();
+    within("the listener to close", async {
+        while TcpStream::connect(magpie.addr).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    let body = http_exchange_closing(stream, Some("late")).await;
+    assert_eq!(backend_of(&body), "a");
+    magpie.stop().await;
+}

@@ -62,7 +62,7 @@ pub async fn http_get_from(source: IpAddr, to: SocketAddr, session: Option<&str>
     http_exchange_closing(stream, session).await
 }
 
-async fn http_exchange_closing(mut stream: TcpStream, session: Option<&str>) -> String {
+pub async fn http_exchange_closing(mut stream: TcpStream, session: Option<&str>) -> String {
     within("an HTTP exchange", async {
         stream
             .write_all(request(session, true).as_bytes())

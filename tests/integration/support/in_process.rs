@@ -114,6 +114,11 @@ impl Magpie {
     }
 
     /// Stops accepting and waits until every connection is closed.
+    /// Starts the drain (as SIGTERM does) without waiting for it.
+    pub fn begin_shutdown(&self) {
+        self.shutdown.cancel();
+    }
+
     pub async fn stop(mut self) {
         self.shutdown.cancel();
         if let Some(running) = self.running.take() {

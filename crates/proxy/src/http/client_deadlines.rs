@@ -43,6 +43,12 @@ use tokio::time::{Instant, Sleep};
 
 use crate::telemetry::stats::QuietClose;
 
+/// When a drain begins, a connection that has sent no request yet waits
+/// this long for its first one (it was accepted, so its client is sending
+/// it) before it is closed: a client that connected just before the drain
+/// gets an answer, not a close that races its request.
+pub const FIRST_REQUEST_GRACE: Duration = Duration::from_secs(1);
+
 /// The answer to a head that did not arrive in time.
 const TIMEOUT_408: &[u8] = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain\r\ncontent-length: 40\r\nconnection: close\r\n\r\nthe request head did not arrive in time\n";
 /// What every HTTP/2 connection starts with.

@@ -287,16 +287,31 @@ impl HttpPath {
         let ended = match ended {
             Some(ended) => ended,
             None => {
-                // Finish the requests in flight, then close (HTTP/1:
-                // keep-alive ends; HTTP/2: GOAWAY).
-                connection.as_mut().graceful_shutdown();
-                tokio::select! {
-                    ended = connection.as_mut() => ended,
-                    _ = c.stop.cancelled() => {
-                        // The grace is over: the client sees a reset, not
-                        // a response that merely stops.
-                        reset_on_close(&c.socket);
-                        Ok(())
+                // A connection accepted just before the drain has its
+                // request on the way: it gets a moment to arrive rather than
+                // a close that races it.
+                let fresh = !c.conn.has_requested();
+                let early = tokio::select! {
+                    ended = connection.as_mut(), if fresh => Some(ended),
+                    () = tokio::time::sleep(client_deadlines::FIRST_REQUEST_GRACE), if fresh => None,
+                    _ = c.stop.cancelled() => None,
+                    () = std::future::ready(()), if !fresh => None,
+                };
+                match early {
+                    Some(ended) => ended,
+                    None => {
+                        // Finish the requests in flight, then close (HTTP/1:
+                        // keep-alive ends; HTTP/2: GOAWAY).
+                        connection.as_mut().graceful_shutdown();
+                        tokio::select! {
+                            ended = connection.as_mut() => ended,
+                            _ = c.stop.cancelled() => {
+                                // The grace is over: the client sees a reset,
+                                // not a response that merely stops.
+                                reset_on_close(&c.socket);
+                                Ok(())
+                            }
+                        }
                     }
                 }
             }

@@ -49,7 +49,7 @@ use tokio_util::sync::CancellationToken;
 
 use self::io::{ClientBuf, ClientIo};
 use super::backend_deadlines::passed;
-use super::client_deadlines::Deadlines;
+use super::client_deadlines::{Deadlines, FIRST_REQUEST_GRACE};
 use super::logged::Arrival;
 use super::pool::Pool;
 use super::pool::RawConn;
@@ -106,7 +106,9 @@ pub enum Ended<S> {
 /// Shutdown and the end of its grace are awaited once for the whole
 /// connection, not once per request: shutdown closes it while it idles (a
 /// request in flight finishes first, its answer saying `connection:
-/// close`), the grace's end closes it whatever it does.
+/// close`; a connection that has sent no request yet waits
+/// [`FIRST_REQUEST_GRACE`] for its first), the grace's end closes it
+/// whatever it does.
 pub async fn serve<S: ClientIo>(io: S, c: &Client<'_>) -> Ended<S> {
     let idle = AtomicBool::new(true);
     let requests = pin!(requests(io, c, &idle));
@@ -115,6 +117,15 @@ pub async fn serve<S: ClientIo>(io: S, c: &Client<'_>) -> Ended<S> {
         ended = &mut requests => return ended,
         _ = c.stop.cancelled() => return Ended::Closed(Next::Reset),
         _ = c.shutdown.cancelled() => {}
+    }
+    if idle.load(Ordering::Relaxed) && !c.conn.has_requested() {
+        // Accepted just before the drain: its first request is on its way
+        // and gets a moment to arrive (it is answered `connection: close`).
+        tokio::select! {
+            ended = &mut requests => return ended,
+            _ = c.stop.cancelled() => return Ended::Closed(Next::Reset),
+            () = tokio::time::sleep(FIRST_REQUEST_GRACE) => {}
+        }
     }
     if idle.load(Ordering::Relaxed) {
         return Ended::Closed(Next::Close);
@@ -152,7 +163,9 @@ async fn requests<S: ClientIo>(mut io: S, c: &Client<'_>, idle: &AtomicBool) -> 
             if quiet {
                 c.instance.stats.count_quiet_close(why_quiet);
             }
-            if !matches!(read, Ok(n) if n > 0) || c.shutdown.is_cancelled() {
+            // In a drain only a connection's first request is still taken.
+            let draining = c.shutdown.is_cancelled() && c.conn.has_requested();
+            if !matches!(read, Ok(n) if n > 0) || draining {
                 return Ended::Closed(Next::Close);
             }
             idle.store(false, Ordering::Relaxed);
