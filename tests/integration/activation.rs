@@ -64,7 +64,8 @@ async fn a_handed_socket_the_config_does_not_name_is_a_start_error() {
     let backends = RawBackends::start(&["a"], Behaviour::GreetEcho).await;
     let socket = TcpListener::bind("127.0.0.1:0").expect("bind a socket to hand over");
     let addr = socket.local_addr().expect("its address");
-    let yaml = config_yaml("127.0.0.1:0", "mode: tcp\n", &backends.list);
+    // Another address of the loopback net: no socket of it is handed over.
+    let yaml = config_yaml("127.0.0.2:0", "mode: tcp\n", &backends.list);
     let file = TempFile::new("magpie.yaml", &yaml);
     let path = file.path.to_str().expect("a UTF-8 temp path");
     let mut child = Child::spawn_activated(&socket, &["run", "--config", path]);

@@ -153,6 +153,8 @@ fn systemd_unit_verifies_and_gives_magpie_what_it_needs() {
         "ExecReload must send SIGHUP to magpie: {reload}"
     );
     assert_eq!(one("KillSignal"), "SIGTERM");
+    // A binary upgrade tells systemd the new main PID.
+    assert_eq!(one("NotifyAccess"), "all");
     let stop = humantime::parse_duration(one("TimeoutStopSec"))
         .unwrap_or_else(|e| panic!("TimeoutStopSec: {e}"));
     assert!(

@@ -43,4 +43,5 @@ mod stickiness;
 mod support;
 mod tls;
 mod transfer;
+mod upgrade;
 mod upstream_tls;

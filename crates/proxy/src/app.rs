@@ -24,10 +24,12 @@ use crate::http::HttpPath;
 use crate::intake::listener::{self, Drained};
 use crate::net::activation::Inherited;
 use crate::net::{adopt, bind};
+use crate::ops::upgrade::{self, Handover, Sockets, UpgradeError};
 use crate::routing::discovery::{Discovery, DiscoveryError};
 use crate::routing::instance::Instance;
 use crate::routing::snapshot::{Snapshot, SnapshotError};
 use crate::telemetry::supervise::{self, Task};
+use std::os::fd::{AsFd, OwnedFd};
 
 /// How long the exit waits for the access log's last lines.
 const ACCESS_LOG_FLUSH: std::time::Duration = std::time::Duration::from_secs(5);
@@ -85,6 +87,8 @@ pub enum StartError {
     Unclaimed(Vec<SocketAddr>),
     #[error("the socket inherited for {addr} cannot be used: {error}")]
     Adopt { addr: SocketAddr, error: io::Error },
+    #[error("binary upgrade: {0}")]
+    Upgrade(#[from] UpgradeError),
 }
 
 fn bind_error(config: &Config, addr: SocketAddr, error: io::Error) -> StartError {
@@ -166,6 +170,14 @@ pub async fn start_with(
         crate::telemetry::access_log::writer::can_open(&log.target)
             .map_err(StartError::AccessLog)?;
     }
+    let usr2 = upgrade::Signal::handle();
+    // Started by a binary upgrade: the old process's pins, before anything
+    // is served.
+    let mut handover = Handover::connect_from_env().await?;
+    let pins = match &mut handover {
+        Some(h) => h.pins().await?,
+        None => Vec::new(),
+    };
     let mut bound = Bound::bind(&config, &mut inherited)?;
     // The admin thread's descriptors are taken before anyone hears of the
     // listeners, so clients cannot take them first.
@@ -182,6 +194,7 @@ pub async fn start_with(
     });
     bound.announce(&config, &snapshot);
     let instance = Arc::new(Instance::with_discovery(snapshot, discovery));
+    upgrade::import_pins(&instance, &pins);
     // The admin endpoint outlives the listeners: during a drain, operators
     // watch the active connections go down. It stops when the drain is done.
     let drained = CancellationToken::new();
@@ -201,6 +214,12 @@ pub async fn start_with(
     }
     let tls = crate::http::tls::acceptors(&instance).map_err(StartError::Tls)?;
     spawn_background(&config, &instance, &shutdown);
+    let sockets = Sockets(std::mem::take(&mut bound.sockets));
+    let stops = upgrade::Stops {
+        shutdown: shutdown.clone(),
+        admin: drained.clone(),
+    };
+    upgrade::spawn(Arc::clone(&instance), sockets, usr2, stops);
     let serving = serve(
         config.mode,
         bound.listeners,
@@ -215,6 +234,10 @@ pub async fn start_with(
         drained.cancel();
         ended
     });
+    if let Some(handover) = handover {
+        // The old process stops accepting once this one serves.
+        handover.ready().await?;
+    }
     Ok(Running {
         listen: bound.listen,
         admin: bound.admin,
@@ -269,6 +292,8 @@ struct Bound {
     listen: Vec<SocketAddr>,
     admin_listener: Option<TcpListener>,
     admin: Option<SocketAddr>,
+    /// Copies of every listening socket, for a binary upgrade.
+    sockets: Vec<(SocketAddr, OwnedFd)>,
 }
 
 impl Bound {
@@ -289,11 +314,22 @@ impl Bound {
         if !inherited.is_empty() {
             return Err(StartError::Unclaimed(inherited.left()));
         }
+        let all = listeners.iter().chain(&admin_listener);
+        let sockets = all
+            .filter_map(|l| {
+                let copy = l.as_fd().try_clone_to_owned();
+                let copy = copy.inspect_err(
+                    |e| warn!(error = %e, "cannot keep a copy of a listener for upgrades"),
+                );
+                Some((l.local_addr().ok()?, copy.ok()?))
+            })
+            .collect();
         Ok(Bound {
             listeners,
             listen,
             admin_listener,
             admin,
+            sockets,
         })
     }
 

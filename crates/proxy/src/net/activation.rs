@@ -7,8 +7,9 @@
 //! [`Inherited::from_env`] reads and clears the variables; `main` calls it
 //! before any thread starts. Each listener of the config then takes the
 //! inherited socket bound to exactly its address ([`Inherited::take`]), or
-//! binds its own; a socket that no `listen` or `admin` address names is a
-//! start error, not a port silently left open.
+//! binds its own (a port 0 in the config takes the first socket on its IP
+//! address); a socket that no `listen` or `admin` address names is a start
+//! error, not a port silently left open.
 
 use std::io;
 use std::net::{SocketAddr, TcpListener};
@@ -51,10 +52,18 @@ impl Inherited {
         Ok(Inherited { sockets })
     }
 
-    /// The inherited socket bound to `addr`, taken.
+    /// The inherited socket bound to `addr`, taken; for a port 0 (any
+    /// port), the first one on its IP address (a binary upgrade hands the
+    /// sockets over in the config's order).
     pub fn take(&mut self, addr: SocketAddr) -> Option<TcpListener> {
-        let i = self.sockets.iter().position(|(a, _)| *a == addr)?;
-        Some(self.sockets.swap_remove(i).1)
+        let exact = self.sockets.iter().position(|(a, _)| *a == addr);
+        let any_port = || {
+            (addr.port() == 0)
+                .then(|| self.sockets.iter().position(|(a, _)| a.ip() == addr.ip()))
+                .flatten()
+        };
+        let i = exact.or_else(any_port)?;
+        Some(self.sockets.remove(i).1)
     }
 
     /// The addresses of the sockets not taken.
@@ -84,5 +93,22 @@ mod tests {
         assert!(inherited.take(addr).is_some());
         assert!(inherited.take(addr).is_none());
         assert!(inherited.is_empty() && Inherited::none().is_empty());
+    }
+
+    #[test]
+    fn a_port_0_takes_the_first_socket_on_its_address() {
+        let (one, two) = (
+            TcpListener::bind("127.0.0.1:0").unwrap(),
+            TcpListener::bind("127.0.0.1:0").unwrap(),
+        );
+        let (a, b) = (one.local_addr().unwrap(), two.local_addr().unwrap());
+        let mut inherited = Inherited {
+            sockets: vec![(a, one), (b, two)],
+        };
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let v6: SocketAddr = "[::1]:0".parse().unwrap();
+        assert!(inherited.take(v6).is_none());
+        assert_eq!(inherited.take(any).unwrap().local_addr().unwrap(), a);
+        assert_eq!(inherited.take(any).unwrap().local_addr().unwrap(), b);
     }
 }

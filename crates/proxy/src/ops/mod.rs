@@ -9,9 +9,11 @@
 //! | [`reload`] | SIGHUP and file watching → parse → build → publish, or keep the old snapshot |
 //! | [`check`] | what `magpie check` prints: listeners, routing settings, pool, fingerprint, warnings |
 //! | [`probe`] | `magpie probe`: one HTTP `GET`, exit 0 on 2xx (container health checks) |
+//! | [`upgrade`] | SIGUSR2: the binary at the same path takes over the listening sockets and the session pins; this process drains |
 
 pub mod admin;
 pub mod check;
 pub mod metrics;
 pub mod probe;
 pub mod reload;
+pub mod upgrade;

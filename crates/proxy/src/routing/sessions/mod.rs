@@ -193,6 +193,42 @@ impl Pins {
         }
     }
 
+    /// Every live pin, with how long it has been unused: what a hand-over
+    /// to the next process carries.
+    pub fn export(&self) -> Vec<(u64, Arc<str>, Duration)> {
+        let mut out = Vec::new();
+        for shard in &self.shards {
+            let shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+            out.extend(
+                (shard.iter())
+                    .map(|(&key, pin)| (key, Arc::clone(&pin.backend), pin.last_used.elapsed()))
+                    .filter(|(_, _, idle)| *idle < self.ttl),
+            );
+        }
+        out
+    }
+
+    /// Pins `key` to `backend` as last used `idle` ago (handed over by the
+    /// process before this one); due for a refresh in a shared store.
+    pub fn import(&self, key: u64, backend: &str, idle: Duration) {
+        let Some(last_used) = Instant::now().checked_sub(idle) else {
+            return;
+        };
+        if idle >= self.ttl {
+            return;
+        }
+        let pin = Pin {
+            backend: Arc::from(backend),
+            last_used,
+            refreshed: None,
+        };
+        if let Some((evicted, _)) = self.shard(key).push(key, pin)
+            && evicted != key
+        {
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// Pins held now (expired ones not yet removed included).
     pub fn len(&self) -> usize {
         self.shards

@@ -1,0 +1,228 @@
+//! Binary upgrade through the real binary: SIGUSR2 starts the binary anew
+//! with the listening sockets and the session pins; the old process drains
+//! and exits 0. Under a steady load of new connections none fails across
+//! two upgrades in a row, a conversation pinned away from its table owner
+//! stays where it is pinned, and a TCP stream open across the upgrade
+//! finishes in the old process. A new process that fails leaves the old
+//! one serving.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use magpie_core::key::text_key;
+use magpie_proxy::config::Config;
+use magpie_proxy::routing::snapshot::Snapshot;
+
+use crate::support::*;
+
+fn settings() -> String {
+    format!(
+        "mode: http\n{SESSION_KEY}sessions:\n  ttl: 10m\nreload:\n  watch: false\nshutdown_grace: 10s\n"
+    )
+}
+
+/// The table owner of session `key` under the config at `path`.
+fn owner(path: &std::path::Path, key: &str) -> String {
+    let config = Config::load(path).expect("the test config loads");
+    let snapshot = Snapshot::build(Arc::new(config), 1, &Default::default()).expect("builds");
+    let first = snapshot.candidates(text_key(key.as_bytes())).next();
+    first.expect("a candidate").name.clone()
+}
+
+/// Kills the process `pid` when dropped (the new magpie is no child of the test).
+struct KillOnDrop(String);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.0])
+            .status();
+    }
+}
+
+/// The pid of the process the next hand-over went to, from the first
+/// process's log (they all share its stderr).
+async fn new_pid(log: &mut Child) -> String {
+    let line = log.wait_for_line("handed over to the new process").await;
+    (line.split_whitespace())
+        .find_map(|f| f.strip_prefix("pid="))
+        .expect("the new process's pid in the line")
+        .to_string()
+}
+
+fn kill(pid: &str, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([signal, pid])
+        .status();
+    assert!(status.is_ok_and(|s| s.success()), "kill {signal} {pid}");
+}
+
+/// Whether process `pid` still runs (a zombie of another parent counts).
+fn alive(pid: &str) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
+}
+
+/// New connections, one request each, until `stop`: (answered, failed).
+fn steady_load(addr: SocketAddr, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<(u64, u64)> {
+    tokio::spawn(async move {
+        let (ok, failed) = (AtomicU64::new(0), AtomicU64::new(0));
+        // Bounded: at most 20,000 requests or 60 s.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        for i in 0..20_000u64 {
+            if stop.load(Ordering::Relaxed) || tokio::time::Instant::now() > deadline {
+                break;
+            }
+            let session = format!("load-{}", i % 50);
+            let answer = tokio::time::timeout(Duration::from_secs(10), async {
+                let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+                Some(http_exchange_closing(stream, Some(&session)).await)
+            });
+            match answer.await {
+                Ok(Some(body)) if body.contains("backend: ") => ok.fetch_add(1, Ordering::Relaxed),
+                _ => failed.fetch_add(1, Ordering::Relaxed),
+            };
+        }
+        (ok.into_inner(), failed.into_inner())
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigusr2_hands_over_sockets_and_pins_and_loses_nothing() {
+    let backends = HttpBackends::start(&["a", "b", "c"]).await;
+    let yaml = |n| config_yaml("127.0.0.1:0", &settings(), &backends.list[..n]);
+    let file = TempFile::new("magpie.yaml", &yaml(2));
+    let path = file.path.to_str().expect("a UTF-8 temp path");
+    let mut old = Child::spawn(&["run", "--config", path]);
+    let addr = old.listen_addr().await;
+    // Conversations pinned while the pool is a and b.
+    let sessions: Vec<String> = (0..40).map(|i| format!("conv-{i}")).collect();
+    let mut pinned = Vec::new();
+    for s in &sessions {
+        pinned.push(backend_of(&http_get(addr, Some(s)).await));
+    }
+    // c joins: the table moves some of them, their pins keep them.
+    std::fs::write(&file.path, yaml(3)).expect("add c");
+    old.signal("-HUP");
+    old.wait_for_line("version=2").await;
+    let moved: Vec<usize> = (0..sessions.len())
+        .filter(|&i| owner(&file.path, &sessions[i]) == "c")
+        .collect();
+    assert!(
+        !moved.is_empty(),
+        "some conversations now belong to c in the table"
+    );
+    for &i in &moved {
+        assert_eq!(
+            backend_of(&http_get(addr, Some(&sessions[i])).await),
+            pinned[i]
+        );
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = steady_load(addr, Arc::clone(&stop));
+    old.signal("-USR2");
+    let first = new_pid(&mut old).await;
+    let _first = KillOnDrop(first.clone());
+    let status = old.process.wait().await.expect("the old process exits");
+    assert!(status.success(), "{status}: {}", old.log.join("\n"));
+    // The new process serves: the pinned conversations stay where they were.
+    for &i in &moved {
+        let served = backend_of(&http_get(addr, Some(&sessions[i])).await);
+        assert_eq!(
+            served, pinned[i],
+            "{} keeps its pin across the upgrade",
+            sessions[i]
+        );
+    }
+    // And again: the new process hands over to a third, pins and all.
+    kill(&first, "-USR2");
+    let second = new_pid(&mut old).await;
+    let _second = KillOnDrop(second);
+    within("the first new process to exit", async {
+        while alive(&first) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    for &i in &moved {
+        let served = backend_of(&http_get(addr, Some(&sessions[i])).await);
+        assert_eq!(
+            served, pinned[i],
+            "{} keeps its pin across two upgrades",
+            sessions[i]
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (answered, failed) = load.await.expect("the load task");
+    eprintln!("steady load across the upgrade: {answered} answered, {failed} failed");
+    assert_eq!(failed, 0, "{answered} answered");
+    assert!(answered > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_process_that_fails_leaves_the_old_one_serving() {
+    let backends = HttpBackends::start(&["a", "b"]).await;
+    let yaml = config_yaml("127.0.0.1:0", &settings(), &backends.list);
+    let file = TempFile::new("magpie.yaml", &yaml);
+    let path = file.path.to_str().expect("a UTF-8 temp path");
+    let mut old = Child::spawn(&["run", "--config", path]);
+    let addr = old.listen_addr().await;
+    // The new binary will not start: its config is broken.
+    std::fs::write(&file.path, "listen: [").expect("break the config");
+    old.signal("-USR2");
+    old.wait_for_line("binary upgrade failed, this process keeps serving")
+        .await;
+    assert!(http_get(addr, Some("s")).await.contains("backend: "));
+    assert!(
+        old.process.try_wait().expect("poll").is_none(),
+        "still running"
+    );
+    old.signal("-TERM");
+    let status = old.process.wait().await.expect("exits");
+    assert!(status.success(), "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcp_stream_open_across_the_upgrade_finishes_in_the_old_process() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    async fn echo(stream: &mut tokio::net::TcpStream, chunk: &[u8]) {
+        stream.write_all(chunk).await.expect("send");
+        let mut back = vec![0u8; chunk.len()];
+        stream.read_exact(&mut back).await.expect("the echo");
+        assert_eq!(back, chunk);
+    }
+    let backends = RawBackends::start(&["a"], Behaviour::GreetEcho).await;
+    let yaml = config_yaml(
+        "127.0.0.1:0",
+        "mode: tcp\nshutdown_grace: 10s\n",
+        &backends.list,
+    );
+    let file = TempFile::new("magpie.yaml", &yaml);
+    let path = file.path.to_str().expect("a UTF-8 temp path");
+    let mut old = Child::spawn(&["run", "--config", path]);
+    let addr = old.listen_addr().await;
+    let mut stream = connect(addr).await;
+    assert_eq!(read_greeting(&mut stream).await, "a");
+    echo(&mut stream, b"before the upgrade").await;
+    old.signal("-USR2");
+    let pid = new_pid(&mut old).await;
+    let _new = KillOnDrop(pid);
+    // New connections reach the new process; the open stream goes on.
+    let mut fresh = connect(addr).await;
+    assert_eq!(read_greeting(&mut fresh).await, "a");
+    echo(&mut stream, b"after the upgrade, on the same stream").await;
+    assert!(
+        old.process.try_wait().expect("poll").is_none(),
+        "the old one drains"
+    );
+    drop(stream);
+    drop(fresh);
+    let status = old.process.wait().await.expect("the old process exits");
+    assert!(
+        status.success(),
+        "{status}: the stream finished within the grace"
+    );
+}
