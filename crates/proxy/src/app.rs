@@ -157,19 +157,7 @@ pub async fn start_with(
     mut inherited: Inherited,
 ) -> Result<Running, StartError> {
     let discovery = Arc::new(Discovery::default());
-    let config = Arc::new(discovery.expand(config).await?);
-    let build = Arc::clone(&config);
-    let snapshot =
-        tokio::task::spawn_blocking(move || Snapshot::build(build, 1, &Default::default()))
-            .await
-            .map_err(|_| StartError::BuildAborted)??;
-    check_fd_limit(config.max_connections);
-    // As nginx does: a log that cannot be written is found at start, not by
-    // a counter of failed writes later.
-    if let Some(log) = &config.access_log {
-        crate::telemetry::access_log::writer::can_open(&log.target)
-            .map_err(StartError::AccessLog)?;
-    }
+    let (config, snapshot) = first_snapshot(config, &discovery).await?;
     let usr2 = upgrade::Signal::handle();
     // Started by a binary upgrade: the old process's pins, before anything
     // is served.
@@ -199,18 +187,7 @@ pub async fn start_with(
     // watch the active connections go down. It stops when the drain is done.
     let drained = CancellationToken::new();
     if let Some(listener) = admin_listener {
-        let listener = Arc::new(listener);
-        let (instance, drained) = (Arc::clone(&instance), drained.clone());
-        // The first run takes what was prepared; a restart prepares anew.
-        let mut prepared = prepared.flatten();
-        supervise::spawn(Task::Admin, move || {
-            crate::ops::admin::serve(
-                Arc::clone(&listener),
-                prepared.take(),
-                Arc::clone(&instance),
-                drained.clone(),
-            )
-        });
+        spawn_admin(listener, prepared.flatten(), &instance, &drained);
     }
     let tls = crate::http::tls::acceptors(&instance).map_err(StartError::Tls)?;
     spawn_background(&config, &instance, &shutdown);
@@ -244,6 +221,48 @@ pub async fn start_with(
         instance,
         task,
     })
+}
+
+/// The config with its DNS names expanded and its first snapshot, once the
+/// open-file limit is checked and the access log found writable (as nginx
+/// does: at start, not by a counter of failed writes later).
+async fn first_snapshot(
+    config: Config,
+    discovery: &Discovery,
+) -> Result<(Arc<Config>, Snapshot), StartError> {
+    let config = Arc::new(discovery.expand(config).await?);
+    let build = Arc::clone(&config);
+    let snapshot =
+        tokio::task::spawn_blocking(move || Snapshot::build(build, 1, &Default::default()))
+            .await
+            .map_err(|_| StartError::BuildAborted)??;
+    check_fd_limit(config.max_connections);
+    if let Some(log) = &config.access_log {
+        crate::telemetry::access_log::writer::can_open(&log.target)
+            .map_err(StartError::AccessLog)?;
+    }
+    Ok((config, snapshot))
+}
+
+/// The admin endpoint on its thread, until `drained`.
+fn spawn_admin(
+    listener: std::net::TcpListener,
+    prepared: Option<crate::ops::admin::Prepared>,
+    instance: &Arc<Instance>,
+    drained: &CancellationToken,
+) {
+    let listener = Arc::new(listener);
+    let (instance, drained) = (Arc::clone(instance), drained.clone());
+    // The first run takes what was prepared; a restart prepares anew.
+    let mut prepared = prepared;
+    supervise::spawn(Task::Admin, move || {
+        crate::ops::admin::serve(
+            Arc::clone(&listener),
+            prepared.take(),
+            Arc::clone(&instance),
+            drained.clone(),
+        )
+    });
 }
 
 /// The tasks beside the data path: health checks, engine load, the access
