@@ -226,3 +226,58 @@ async fn a_tcp_stream_open_across_the_upgrade_finishes_in_the_old_process() {
         "{status}: the stream finished within the grace"
     );
 }
+
+/// A streamed answer in flight and an idle keep-alive client, across the
+/// upgrade: the stream ends whole in the old process, the keep-alive
+/// client's next request (sent within the drain's first moment) is
+/// answered there with `connection: close`, and the next connection
+/// reaches the new process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_answer_and_a_keep_alive_client_cross_the_upgrade() {
+    use http_body_util::{BodyExt, Full};
+    let backends = HyperBackends::start(&["a"]).await;
+    let yaml = config_yaml("127.0.0.1:0", &settings(), &backends.pairs());
+    let file = TempFile::new("magpie.yaml", &yaml);
+    let path = file.path.to_str().expect("a UTF-8 temp path");
+    let mut old = Child::spawn(&["run", "--config", path]);
+    let addr = old.listen_addr().await;
+    let mut streaming = KeepAlive::connect(addr).await;
+    let request = get("/stream").body(Full::default()).expect("a request");
+    let response = streaming.start(request).await;
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    let first = body
+        .frame()
+        .await
+        .expect("a first chunk")
+        .expect("no error");
+    assert!(first.is_data());
+    let mut idle = KeepAlive::connect(addr).await;
+    assert_eq!(idle.get_session("kept").await, "a");
+
+    old.signal("-USR2");
+    let pid = new_pid(&mut old).await;
+    let _new = KillOnDrop(pid);
+    // The keep-alive client's next request: answered, and told to close.
+    let request = get("/")
+        .header("x-session-id", "kept")
+        .body(Full::default());
+    let (head, text) = idle.send(request.expect("a request")).await;
+    assert_eq!(head.status(), 200, "{text:?}");
+    assert_eq!(
+        head.headers().get("connection").map(|v| v.as_bytes()),
+        Some(&b"close"[..])
+    );
+    // The stream goes on to its end.
+    backends.release(1);
+    let rest = body
+        .collect()
+        .await
+        .expect("the rest of the stream")
+        .to_bytes();
+    assert!(!rest.is_empty(), "the second chunk");
+    drop(streaming);
+    assert_eq!(KeepAlive::connect(addr).await.get_session("new").await, "a");
+    let status = old.process.wait().await.expect("the old process exits");
+    assert!(status.success(), "{status}: nothing was cut");
+}

@@ -43,9 +43,10 @@ use tokio::time::{Instant, Sleep};
 
 use crate::telemetry::stats::QuietClose;
 
-/// When a drain begins, a connection that has sent no request yet waits
-/// this long for its first one (it was accepted, so its client is sending
-/// it) before it is closed: a client that connected just before the drain
+/// When a drain begins, an idle client connection waits this long for a
+/// request that may be on its way (a connection accepted just before the
+/// drain, a keep-alive client's next request) before it is closed; one
+/// that comes is answered with `connection: close`. A client that sent it
 /// gets an answer, not a close that races its request.
 pub const FIRST_REQUEST_GRACE: Duration = Duration::from_secs(1);
 

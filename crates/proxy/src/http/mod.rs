@@ -287,15 +287,13 @@ impl HttpPath {
         let ended = match ended {
             Some(ended) => ended,
             None => {
-                // A connection accepted just before the drain has its
-                // request on the way: it gets a moment to arrive rather than
-                // a close that races it.
-                let fresh = !c.conn.has_requested();
+                // A request may be on its way (a connection accepted just
+                // before the drain, a keep-alive client's next): it gets a
+                // moment to arrive rather than a close that races it.
                 let early = tokio::select! {
-                    ended = connection.as_mut(), if fresh => Some(ended),
-                    () = tokio::time::sleep(client_deadlines::FIRST_REQUEST_GRACE), if fresh => None,
+                    ended = connection.as_mut() => Some(ended),
+                    () = tokio::time::sleep(client_deadlines::FIRST_REQUEST_GRACE) => None,
                     _ = c.stop.cancelled() => None,
-                    () = std::future::ready(()), if !fresh => None,
                 };
                 match early {
                     Some(ended) => ended,

@@ -57,11 +57,6 @@ impl ClientConn {
         })
     }
 
-    /// Whether a request has begun on this connection.
-    pub fn has_requested(&self) -> bool {
-        self.requests.load(Ordering::Relaxed) > 0
-    }
-
     /// A request begins on this connection, its method idempotent or not:
     /// the idle connections `reuse` lets it take.
     pub fn claim(&self, reuse: Reuse, idempotent: bool) -> Claim {

@@ -106,8 +106,8 @@ pub enum Ended<S> {
 /// Shutdown and the end of its grace are awaited once for the whole
 /// connection, not once per request: shutdown closes it while it idles (a
 /// request in flight finishes first, its answer saying `connection:
-/// close`; a connection that has sent no request yet waits
-/// [`FIRST_REQUEST_GRACE`] for its first), the grace's end closes it
+/// close`; an idle one waits [`FIRST_REQUEST_GRACE`] for a request that
+/// may be on its way, and answers it so), the grace's end closes it
 /// whatever it does.
 pub async fn serve<S: ClientIo>(io: S, c: &Client<'_>) -> Ended<S> {
     let idle = AtomicBool::new(true);
@@ -118,9 +118,10 @@ pub async fn serve<S: ClientIo>(io: S, c: &Client<'_>) -> Ended<S> {
         _ = c.stop.cancelled() => return Ended::Closed(Next::Reset),
         _ = c.shutdown.cancelled() => {}
     }
-    if idle.load(Ordering::Relaxed) && !c.conn.has_requested() {
-        // Accepted just before the drain: its first request is on its way
-        // and gets a moment to arrive (it is answered `connection: close`).
+    if idle.load(Ordering::Relaxed) {
+        // A request may be on its way (a connection accepted just before
+        // the drain, a keep-alive client sending its next): it gets a moment
+        // to arrive, and is answered `connection: close`.
         tokio::select! {
             ended = &mut requests => return ended,
             _ = c.stop.cancelled() => return Ended::Closed(Next::Reset),
@@ -163,9 +164,7 @@ async fn requests<S: ClientIo>(mut io: S, c: &Client<'_>, idle: &AtomicBool) -> 
             if quiet {
                 c.instance.stats.count_quiet_close(why_quiet);
             }
-            // In a drain only a connection's first request is still taken.
-            let draining = c.shutdown.is_cancelled() && c.conn.has_requested();
-            if !matches!(read, Ok(n) if n > 0) || draining {
+            if !matches!(read, Ok(n) if n > 0) {
                 return Ended::Closed(Next::Close);
             }
             idle.store(false, Ordering::Relaxed);
