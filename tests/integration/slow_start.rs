@@ -77,3 +77,77 @@ async fn an_added_backend_takes_its_keys_over_its_ramp_and_at_once_without() {
         m.stop().await;
     }
 }
+
+/// Two magpies with their own health checks see a backend come back at
+/// moments up to a check interval (plus its jitter) apart; over its ramp
+/// they send a key differently only when its fraction falls between their
+/// two progresses. Measured: the largest share of the backend's keys the
+/// two route differently at one moment of the ramp.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_magpies_agree_on_a_revived_backends_keys_but_for_a_check_interval() {
+    use magpie_proxy::routing::route::Route;
+    let others = HttpBackends::start(&["a", "b"]).await;
+    let spare = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let c_addr = spare.local_addr().expect("its address");
+    drop(spare);
+    let c = HttpBackends::start_on(c_addr, &["c"]).await;
+    let mut list = others.list.clone();
+    list.extend(c.list.iter().cloned());
+    let settings = format!(
+        "mode: http\n{SESSION_KEY}health:\n  interval: 200ms\n  timeout: 200ms\n  rise: 1\n  fall: 2\nplacement:\n  slow_start: 4s\n"
+    );
+    let yaml = config_yaml("127.0.0.1:0", &settings, &list);
+    let (one, two) = (Magpie::start(&yaml).await, Magpie::start(&yaml).await);
+    let up_on_both = |up: bool| {
+        let (one, two) = (&one, &two);
+        async move {
+            within("both magpies to see c's health change", async {
+                while one.backend("c").live.health.is_up() != up
+                    || two.backend("c").live.health.is_up() != up
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+            })
+            .await;
+        }
+    };
+    drop(c);
+    up_on_both(false).await;
+    let c = HttpBackends::start_on(c_addr, &["c"]).await;
+    up_on_both(true).await;
+    let keys: Vec<u64> = (0..20_000u64)
+        .map(|i| magpie_core::hash::h64(&i.to_be_bytes()))
+        .filter(|&k| one.candidates(k)[0] == "c")
+        .collect();
+    let to_c = |m: &Magpie, k: u64| {
+        let snapshot = m.instance.snapshot.load();
+        Route::preview(&snapshot, k)
+            .first()
+            .is_some_and(|b| b.name == "c")
+    };
+    let mut worst = 0.0f64;
+    let mut last_share = 0.0;
+    // Sampled over the 4 s ramp and a little past it.
+    for _ in 0..45 {
+        let differ = keys
+            .iter()
+            .filter(|&&k| to_c(&one, k) != to_c(&two, k))
+            .count();
+        worst = worst.max(differ as f64 / keys.len() as f64);
+        let share = keys.iter().filter(|&&k| to_c(&one, k)).count() as f64 / keys.len() as f64;
+        assert!(share >= last_share, "the share of moved keys only grows");
+        last_share = share;
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "slow start: at most {:.1}% of c's keys routed apart by two magpies",
+        worst * 100.0
+    );
+    // One check interval (200 ms, with up to 10% jitter) of a 4 s ramp is
+    // 5.5%; the rest is room for a loaded machine's scheduling.
+    assert!(worst <= 0.10, "{worst}");
+    assert_eq!(last_share, 1.0, "all moved after the ramp");
+    drop(c);
+    one.stop().await;
+    two.stop().await;
+}

@@ -405,7 +405,7 @@ mod tests {
             .lines()
             .filter(|l| l.starts_with("magpie_backend_spills_total{"))
             .count();
-        assert_eq!(spills, 3, "{text}");
+        assert_eq!(spills, crate::routing::backend::Spill::COUNT, "{text}");
         assert!(
             text.lines()
                 .any(|l| l == "magpie_backend_connect_seconds_bucket{le=\"0.005\"} 2"),
