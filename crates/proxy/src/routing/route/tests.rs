@@ -253,3 +253,25 @@ async fn a_backend_added_by_a_reload_ramps_and_a_kept_one_does_not() {
             .all(|&k| Route::preview(&second, k).how == How::Primary)
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn slow_start_leaves_pins_alone() {
+    let s = snapshot("placement: {slow_start: 60s}\n");
+    let a = s.backend("a").unwrap();
+    a.live.health.set_up(false);
+    a.live.health.set_up(true);
+    let key = owned_by(&s, "a", 3000)[0];
+    // Its own key, held back from a, but pinned to a: stays on a.
+    let route = Route::plan_pinned(&s, key, a);
+    assert_eq!(
+        (route.first().unwrap().name.as_str(), route.how),
+        ("a", How::Pinned)
+    );
+    // A key pinned elsewhere stays there too.
+    let b = s.backend("b").unwrap();
+    let route = Route::plan_pinned(&s, key, b);
+    assert_eq!(
+        (route.first().unwrap().name.as_str(), route.how),
+        ("b", How::Pinned)
+    );
+}
