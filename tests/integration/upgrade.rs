@@ -65,6 +65,24 @@ fn alive(pid: &str) -> bool {
         && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
 }
 
+/// Each conversation of `moved` still goes to its pinned backend.
+async fn pins_kept(
+    addr: SocketAddr,
+    sessions: &[String],
+    pinned: &[String],
+    moved: &[usize],
+    when: &str,
+) {
+    for &i in moved {
+        let served = backend_of(&http_get(addr, Some(&sessions[i])).await);
+        assert_eq!(
+            served, pinned[i],
+            "{} keeps its pin across {when}",
+            sessions[i]
+        );
+    }
+}
+
 /// New connections, one request each, until `stop`: (answered, failed).
 fn steady_load(addr: SocketAddr, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<(u64, u64)> {
     tokio::spawn(async move {
@@ -129,14 +147,7 @@ async fn sigusr2_hands_over_sockets_and_pins_and_loses_nothing() {
     let status = old.process.wait().await.expect("the old process exits");
     assert!(status.success(), "{status}: {}", old.log.join("\n"));
     // The new process serves: the pinned conversations stay where they were.
-    for &i in &moved {
-        let served = backend_of(&http_get(addr, Some(&sessions[i])).await);
-        assert_eq!(
-            served, pinned[i],
-            "{} keeps its pin across the upgrade",
-            sessions[i]
-        );
-    }
+    pins_kept(addr, &sessions, &pinned, &moved, "the upgrade").await;
     // And again: the new process hands over to a third, pins and all.
     kill(&first, "-USR2");
     let second = new_pid(&mut old).await;
@@ -147,14 +158,7 @@ async fn sigusr2_hands_over_sockets_and_pins_and_loses_nothing() {
         }
     })
     .await;
-    for &i in &moved {
-        let served = backend_of(&http_get(addr, Some(&sessions[i])).await);
-        assert_eq!(
-            served, pinned[i],
-            "{} keeps its pin across two upgrades",
-            sessions[i]
-        );
-    }
+    pins_kept(addr, &sessions, &pinned, &moved, "two upgrades").await;
     stop.store(true, Ordering::Relaxed);
     let (answered, failed) = load.await.expect("the load task");
     eprintln!("steady load across the upgrade: {answered} answered, {failed} failed");

@@ -312,7 +312,7 @@ struct Bound {
     admin_listener: Option<TcpListener>,
     admin: Option<SocketAddr>,
     /// Copies of every listening socket, for a binary upgrade.
-    sockets: Vec<(SocketAddr, OwnedFd)>,
+    sockets: Vec<OwnedFd>,
 }
 
 impl Bound {
@@ -337,10 +337,10 @@ impl Bound {
         let sockets = all
             .filter_map(|l| {
                 let copy = l.as_fd().try_clone_to_owned();
-                let copy = copy.inspect_err(
+                copy.inspect_err(
                     |e| warn!(error = %e, "cannot keep a copy of a listener for upgrades"),
-                );
-                Some((l.local_addr().ok()?, copy.ok()?))
+                )
+                .ok()
             })
             .collect();
         Ok(Bound {

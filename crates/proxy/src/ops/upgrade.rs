@@ -22,7 +22,6 @@
 //! PID before it exits.
 
 use std::io;
-use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -95,12 +94,7 @@ impl Handover {
         let mut pins = Vec::new();
         let mut line = String::new();
         loop {
-            line.clear();
-            let mut limited = (&mut self.reader).take(MAX_LINE as u64 + 1);
-            let n = (limited.read_line(&mut line).await).map_err(broken)?;
-            if n == 0 || n > MAX_LINE {
-                return Err(UpgradeError::Broken("a line too long, or no end".into()));
-            }
+            next_line(&mut self.reader, &mut line).await?;
             if line.trim_end() == "end" {
                 return Ok(pins);
             }
@@ -123,9 +117,24 @@ fn broken(e: io::Error) -> UpgradeError {
     UpgradeError::Broken(e.to_string())
 }
 
+/// The next line of the hand-over into `line`: at most [`MAX_LINE`] bytes,
+/// and the other side may not end before it.
+async fn next_line(
+    reader: &mut BufReader<UnixStream>,
+    line: &mut String,
+) -> Result<(), UpgradeError> {
+    line.clear();
+    let mut limited = reader.take(MAX_LINE as u64 + 1);
+    let n = limited.read_line(line).await.map_err(broken)?;
+    if n == 0 || n > MAX_LINE {
+        return Err(UpgradeError::Broken("a line too long, or none".into()));
+    }
+    Ok(())
+}
+
 /// The old process's side: the sockets to hand over (duplicates of the
-/// listeners, with their addresses).
-pub struct Sockets(pub Vec<(SocketAddr, OwnedFd)>);
+/// listeners, in the config's order).
+pub struct Sockets(pub Vec<OwnedFd>);
 
 /// SIGUSR2, handled from the moment this is made (before the listeners are
 /// announced, so a signal sent as soon as they are does not kill magpie);
@@ -242,8 +251,7 @@ async fn send_pins(instance: &Instance, stream: UnixStream) -> Result<(), Upgrad
     stream.get_mut().write_all(&out).await.map_err(broken)?;
     info!(pins = pins.len(), "session pins handed over");
     let mut line = String::new();
-    let mut limited = (&mut stream).take(MAX_LINE as u64);
-    limited.read_line(&mut line).await.map_err(broken)?;
+    next_line(&mut stream, &mut line).await?;
     if line.trim_end() == "ready" {
         Ok(())
     } else {
@@ -264,7 +272,7 @@ fn spawn_new(sockets: &Sockets, path: &Path) -> Result<tokio::process::Child, Up
         source,
     };
     let mut mappings = Vec::new();
-    for (i, (_, fd)) in sockets.0.iter().enumerate() {
+    for (i, fd) in sockets.0.iter().enumerate() {
         let parent_fd = fd.try_clone().map_err(spawn_error)?;
         mappings.push(FdMapping {
             parent_fd,

@@ -10,7 +10,7 @@ use super::body::Body;
 use crate::routing::backend::Backend;
 use crate::routing::instance::Instance;
 use crate::routing::recent::Last;
-use crate::routing::route::Route;
+use crate::routing::route::{self, Route};
 use crate::routing::sessions::group_pin;
 use crate::routing::snapshot::Snapshot;
 use magpie_core::key::group::GroupBy;
@@ -76,11 +76,7 @@ pub fn table_json(snapshot: &Snapshot) -> serde_json::Value {
 /// How far `backend` is in its slow-start ramp (0 to 1), if it is in one.
 fn slow_start_progress(snapshot: &Snapshot, backend: &Backend) -> Option<f64> {
     let length = snapshot.config.placement.slow_start?;
-    let elapsed = backend
-        .live
-        .health
-        .since_joined(tokio::time::Instant::now())?;
-    magpie_core::placement::slow_start::progress(elapsed, length)
+    route::slow_start_progress(backend, length, tokio::time::Instant::now())
 }
 
 /// `/route?key=K` or `?addr=A` (and `&group=G` with `key.group`).

@@ -349,16 +349,16 @@ fn far_over(snapshot: &Snapshot, backend: &Backend) -> bool {
         .is_some_and(|l| backend.live.engine.far_over(l, tokio::time::Instant::now()))
 }
 
-/// Whether `backend` is warming up (a ramp of `length` since it joined the
-/// pool, `placement.slow_start`) and `key` has not moved to it yet.
+/// How far `backend` is into its slow-start ramp of `length` at `now` (0 to
+/// 1), if it is in one (`placement.slow_start`).
+pub fn slow_start_progress(backend: &Backend, length: Duration, now: Instant) -> Option<f64> {
+    slow_start::progress(backend.live.health.since_joined(now)?, length)
+}
+
+/// Whether `backend` is warming up and `key` has not moved to it yet.
 fn held_back(backend: &Backend, key: u64, ramp: Option<(Duration, Instant)>) -> bool {
-    let Some((length, now)) = ramp else {
-        return false;
-    };
-    let Some(elapsed) = backend.live.health.since_joined(now) else {
-        return false;
-    };
-    slow_start::progress(elapsed, length).is_some_and(|p| !slow_start::moved(key, &backend.name, p))
+    ramp.and_then(|(length, now)| slow_start_progress(backend, length, now))
+        .is_some_and(|p| !slow_start::moved(key, &backend.name, p))
 }
 
 /// The bounded-load caps in force now, if any.
@@ -380,11 +380,10 @@ fn select(snapshot: &Snapshot, key: u64, mut on_skip: impl FnMut(&Backend, Spill
     let caps = caps_of(snapshot);
     // With `queue`, a full engine counts as at its limit: the request
     // waits for it (crate::routing::admission) rather than passing it over.
-    let now = tokio::time::Instant::now();
     let engine = (config.load_limits())
         .filter(|_| config.queue.is_none())
-        .map(|l| (l, now));
-    let ramp = config.placement.slow_start.map(|length| (length, now));
+        .map(|l| (l, Instant::now()));
+    let ramp = (config.placement.slow_start).map(|length| (length, Instant::now()));
     let mut targets = Vec::with_capacity(attempts);
     let mut skipped_down = false;
     let mut how = How::Primary;

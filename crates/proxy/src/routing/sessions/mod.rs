@@ -186,6 +186,11 @@ impl Pins {
             last_used: now,
             refreshed: Some(now),
         };
+        self.push(&mut shard, key, pin);
+    }
+
+    /// Puts `pin` in `shard`, counting the pin it evicts (if another key's).
+    fn push(&self, shard: &mut LruCache<u64, Pin>, key: u64, pin: Pin) {
         if let Some((evicted, _)) = shard.push(key, pin)
             && evicted != key
         {
@@ -222,11 +227,7 @@ impl Pins {
             last_used,
             refreshed: None,
         };
-        if let Some((evicted, _)) = self.shard(key).push(key, pin)
-            && evicted != key
-        {
-            self.evictions.fetch_add(1, Ordering::Relaxed);
-        }
+        self.push(&mut self.shard(key), key, pin);
     }
 
     /// Pins held now (expired ones not yet removed included).
