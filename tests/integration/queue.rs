@@ -32,6 +32,12 @@ async fn hold(magpie: &Magpie) -> (KeepAlive, Response<Incoming>) {
     (client, response)
 }
 
+/// The names of the requests `a` received, in order.
+fn arrivals(backends: &HyperBackends) -> Vec<String> {
+    let a = backends.get("a");
+    a.arrivals.lock().expect("not poisoned").clone()
+}
+
 /// Waits until `n` requests wait in magpie's queue.
 async fn queued(magpie: &Magpie, n: usize) {
     within(&format!("{n} requests queued"), async {
@@ -42,8 +48,10 @@ async fn queued(magpie: &Magpie, n: usize) {
     .await;
 }
 
-/// Sends `GET /` with `headers` on a connection of its own, in the
-/// background; its name and status go to `done` when answered.
+/// Sends `GET /` with `headers` and `x-test-name: name` on a connection of
+/// its own, in the background; its name and status go to `done` when
+/// answered. The backend keeps the names in the order magpie let them
+/// through; answers may be read in another order.
 fn send(
     magpie: &Magpie,
     name: &'static str,
@@ -51,7 +59,7 @@ fn send(
     done: &mpsc::UnboundedSender<(&'static str, u16, Option<String>)>,
 ) {
     let (addr, done) = (magpie.addr, done.clone());
-    let mut request = get("/");
+    let mut request = get("/").header("x-test-name", name);
     for (k, v) in headers {
         request = request.header(*k, *v);
     }
@@ -103,8 +111,13 @@ async fn at_its_limit_requests_wait_and_leave_by_class() {
         assert_eq!(status, 200, "{name}");
         answered.push(name);
     }
+    answered.sort();
+    assert_eq!(answered, ["batch", "interactive", "none", "unknown"]);
     // No class header and an unknown class are the default class, first in first out.
-    assert_eq!(answered, ["interactive", "none", "unknown", "batch"]);
+    assert_eq!(
+        arrivals(&backends),
+        ["interactive", "none", "unknown", "batch"]
+    );
     let stats = &magpie.instance.admission.stats;
     assert_eq!(stats.admitted_count(1, Admit::Waited), 2);
     assert_eq!(stats.admitted_count(0, Admit::Waited), 1);
@@ -178,7 +191,10 @@ async fn tenants_take_turns_so_a_burst_does_not_starve_a_trickle() {
     for _ in 0..4 {
         answered.push(within("an answer", rx.recv()).await.expect("one").0);
     }
-    assert_eq!(answered, ["noisy-1", "quiet-1", "noisy-2", "noisy-3"]);
+    answered.sort();
+    assert_eq!(answered, ["noisy-1", "noisy-2", "noisy-3", "quiet-1"]);
+    let order = arrivals(&backends);
+    assert_eq!(order, ["noisy-1", "quiet-1", "noisy-2", "noisy-3"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,12 +15,14 @@
 //! * anything else: `backend: NAME\n` and the `x-session-id` it saw.
 //!
 //! Each backend counts the requests in flight (max seen), so bounded-load
-//! tests can check the caps at every instant.
+//! tests can check the caps at every instant, and keeps the `x-test-name`
+//! of each request in the order they came, so queue tests can check the
+//! order magpie let them through (not the order their answers were read).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
@@ -47,6 +49,8 @@ pub struct HyperBackend {
     pub max_in_flight: AtomicU64,
     /// Requests served.
     pub served: AtomicU64,
+    /// The `x-test-name` of each request that carried one, in arrival order.
+    pub arrivals: Mutex<Vec<String>>,
     /// The prompt and cached tokens its chat answers reported.
     pub prompt_reported: AtomicU64,
     pub cached_reported: AtomicU64,
@@ -134,6 +138,7 @@ async fn start_one(name: &str, bind: SocketAddr, stop: CancellationToken) -> Arc
         in_flight: AtomicU64::new(0),
         max_in_flight: AtomicU64::new(0),
         served: AtomicU64::new(0),
+        arrivals: Mutex::new(Vec::new()),
         prompt_reported: AtomicU64::new(0),
         cached_reported: AtomicU64::new(0),
         gate: Semaphore::new(0),
@@ -240,6 +245,10 @@ fn streamed(backend: Arc<HyperBackend>) -> (mpsc::Sender<Bytes>, Response<Body>)
 
 async fn answer(req: Request<Incoming>, b: Arc<HyperBackend>) -> Response<Body> {
     b.served.fetch_add(1, Ordering::SeqCst);
+    if let Some(name) = req.headers().get("x-test-name") {
+        let name = String::from_utf8_lossy(name.as_bytes()).into_owned();
+        b.arrivals.lock().expect("not poisoned").push(name);
+    }
     let path = req.uri().path().to_string();
     match path.as_str() {
         "/health" => {
