@@ -92,6 +92,9 @@ enum Command {
     Engine(magpie_lab::engine::EngineArgs),
     /// Multi-turn chats against OpenAI-compatible URLs: cache hits, prefill against the ideal, TTFT, splits.
     Workload(Box<magpie_lab::workload::WorkloadArgs>),
+    /// A UDP echo server, or a UDP load against one through a proxy (bench/udp).
+    #[command(subcommand)]
+    Datagrams(magpie_lab::datagrams::DatagramsCommand),
     /// GET an http://host:port/path URL; exit 0 on a 2xx answer, else 1 (for health checks).
     Probe {
         url: String,
@@ -174,6 +177,9 @@ fn main() -> ExitCode {
             rt.block_on(magpie_lab::workload::main(&args))?;
             Ok(ExitCode::SUCCESS)
         }),
+        Command::Datagrams(command) => magpie_lab::datagrams::main(&command)
+            .map(|()| ExitCode::SUCCESS)
+            .map_err(anyhow::Error::from),
         Command::Probe { url, timeout } => Ok(magpie_proxy::ops::probe::run(&url, timeout)),
     };
     match result {
@@ -470,7 +476,7 @@ async fn demo(
     let at = running.listen[0];
     let mut out = String::new();
     let keyed = match mode {
-        Mode::Tcp => "each connection keyed by its x-session-id header",
+        Mode::Tcp | Mode::Udp => "each connection keyed by its x-session-id header",
         Mode::Http => {
             "each request keyed by its x-session-id header, else the prompt_cache_key of its JSON body"
         }

@@ -3,7 +3,8 @@
 //! its own, so a restart behind a socket that outlives it refuses no
 //! connection: what comes in between waits in the socket's backlog and is
 //! served by the next magpie. A handed socket that the config does not
-//! name is a start error.
+//! name is a start error. Mode udp takes a UDP socket the same way: what is
+//! sent between two magpies waits in its receive buffer.
 
 use std::net::TcpListener;
 
@@ -73,4 +74,29 @@ async fn a_handed_socket_the_config_does_not_name_is_a_start_error() {
     assert!(line.contains(&addr.to_string()), "{line}");
     let status = child.process.wait().await.expect("magpie exits");
     assert_eq!(status.code(), Some(1), "{}", child.log.join("\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mode_udp_takes_a_handed_datagram_socket_and_what_waits_in_it() {
+    let backends = UdpBackends::start("127.0.0.1", &["a"]).await;
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind a socket to hand over");
+    let addr = socket.local_addr().expect("its address");
+    let yaml = config_yaml(&addr.to_string(), "mode: udp\n", &backends.pairs());
+    let file = TempFile::new("magpie.yaml", &yaml);
+    let path = file.path.to_str().expect("a UTF-8 temp path");
+    // Sent before any magpie runs: it waits in the socket.
+    let client = client_on("127.0.0.1").await;
+    client.send_to(b"early", addr).await.expect("sent");
+    let mut child = Child::spawn_activated(&socket, &["run", "--config", path]);
+    assert_eq!(child.listen_addr().await, addr, "the handed socket");
+    let mut buf = [0u8; 64];
+    let (n, from) = within("the early datagram's answer", client.recv_from(&mut buf))
+        .await
+        .expect("received");
+    assert_eq!((&buf[..n], from), (&b"a:early"[..], addr));
+    let (answer, _) = exchange(&client, addr, b"later").await;
+    assert_eq!(answer, "a:later");
+    child.signal("-TERM");
+    let status = child.process.wait().await.expect("magpie exits");
+    assert!(status.success(), "{status}: {}", child.log.join("\n"));
 }

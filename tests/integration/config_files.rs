@@ -39,6 +39,7 @@ fn every_file_in_config_parses_and_builds() {
         "llm-sessions.yaml",
         "sidecar.yaml",
         "agents.yaml",
+        "udp.yaml",
     ] {
         assert!(
             checked.iter().any(|c| c == required),

@@ -116,6 +116,9 @@ fn contexts() -> Vec<Value> {
         json!({"mode": "http", "queue": {"tenant": {"header": "x-t"}}}),
         json!({"mode": "http", "key": {"from": "header", "header": "x-s", "group": "system"},
                "sessions": {}, "queue": {}}),
+        json!({"mode": "udp", "key": {"from": "quic"}}),
+        json!({"mode": "udp", "health": {"port": 8053}}),
+        json!({"mode": "udp", "health": {"datagram": {"send": "00"}}}),
     ]
 }
 

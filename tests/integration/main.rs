@@ -43,5 +43,6 @@ mod stickiness;
 mod support;
 mod tls;
 mod transfer;
+mod udp;
 mod upgrade;
 mod upstream_tls;

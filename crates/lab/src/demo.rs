@@ -130,7 +130,8 @@ async fn serve_http(mut stream: TcpStream, name: &str) -> io::Result<()> {
 
 /// The demo's config: Maglev, keyed by `x-session-id` (per connection, or per
 /// request with the `prompt_cache_key` body field as a second choice), in
-/// front of `backends`.
+/// front of `backends`. Its backends speak HTTP over TCP: any mode but http
+/// gives the mode tcp demo.
 pub fn config_yaml(
     mode: Mode,
     listen: SocketAddr,
@@ -138,7 +139,7 @@ pub fn config_yaml(
     backends: &[(String, SocketAddr)],
 ) -> String {
     let (mode_line, body, http) = match mode {
-        Mode::Tcp => ("", "", ""),
+        Mode::Tcp | Mode::Udp => ("", "", ""),
         Mode::Http => (
             "mode: http\n",
             "  body_field: prompt_cache_key\n",

@@ -15,7 +15,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UdpSocket};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -23,7 +23,7 @@ use crate::config::{Config, Mode};
 use crate::http::HttpPath;
 use crate::intake::listener::{self, Drained};
 use crate::net::activation::Inherited;
-use crate::net::{adopt, bind};
+use crate::net::{adopt, adopt_datagram, bind, bind_datagram};
 use crate::ops::upgrade::{self, Handover, Sockets, UpgradeError};
 use crate::routing::discovery::{Discovery, DiscoveryError};
 use crate::routing::instance::Instance;
@@ -197,13 +197,12 @@ pub async fn start_with(
         admin: drained.clone(),
     };
     upgrade::spawn(Arc::clone(&instance), sockets, usr2, stops);
-    let serving = serve(
-        config.mode,
-        bound.listeners,
+    let sockets = Listening {
+        streams: bound.listeners,
+        datagrams: bound.datagrams,
         tls,
-        Arc::clone(&instance),
-        shutdown,
-    );
+    };
+    let serving = serve(config.mode, sockets, Arc::clone(&instance), shutdown);
     let logged = Arc::clone(&instance);
     let task = tokio::spawn(async move {
         let ended = serving.await;
@@ -307,6 +306,8 @@ async fn flush_access_log(instance: &Instance) {
 /// The sockets magpie listens on, bound before anything is served.
 struct Bound {
     listeners: Vec<TcpListener>,
+    /// Mode udp: the datagram sockets, in place of listeners.
+    datagrams: Vec<UdpSocket>,
     /// Where each listener listens (a port 0 in the config is resolved).
     listen: Vec<SocketAddr>,
     admin_listener: Option<TcpListener>,
@@ -317,26 +318,32 @@ struct Bound {
 
 impl Bound {
     fn bind(config: &Config, inherited: &mut Inherited) -> Result<Bound, StartError> {
-        let mut one = |addr: SocketAddr| match inherited.take(addr) {
-            Some(socket) => adopt(socket).map_err(|error| StartError::Adopt { addr, error }),
-            None => bind(addr).map_err(|error| bind_error(config, addr, error)),
-        };
         let mut listeners = Vec::new();
+        let mut datagrams = Vec::new();
         let mut listen = Vec::new();
         for &addr in &config.listen {
-            let listener = one(addr)?;
+            if config.mode == Mode::Udp {
+                let socket = Bound::datagram(config, addr, inherited)?;
+                listen.push(socket.local_addr().unwrap_or(addr));
+                datagrams.push(socket);
+                continue;
+            }
+            let listener = Bound::stream(config, addr, inherited)?;
             listen.push(listener.local_addr().unwrap_or(addr));
             listeners.push(listener);
         }
-        let admin_listener = config.admin.map(&mut one).transpose()?;
+        let admin_listener = (config.admin)
+            .map(|addr| Bound::stream(config, addr, inherited))
+            .transpose()?;
         let admin = admin_listener.as_ref().and_then(|l| l.local_addr().ok());
         if !inherited.is_empty() {
             return Err(StartError::Unclaimed(inherited.left()));
         }
-        let all = listeners.iter().chain(&admin_listener);
-        let sockets = all
-            .filter_map(|l| {
-                let copy = l.as_fd().try_clone_to_owned();
+        let streams = listeners.iter().chain(&admin_listener).map(|l| l.as_fd());
+        let sockets = streams
+            .chain(datagrams.iter().map(|d| d.as_fd()))
+            .filter_map(|fd| {
+                let copy = fd.try_clone_to_owned();
                 copy.inspect_err(
                     |e| warn!(error = %e, "cannot keep a copy of a listener for upgrades"),
                 )
@@ -345,11 +352,38 @@ impl Bound {
             .collect();
         Ok(Bound {
             listeners,
+            datagrams,
             listen,
             admin_listener,
             admin,
             sockets,
         })
+    }
+
+    /// The listener inherited for `addr`, or one bound there.
+    fn stream(
+        config: &Config,
+        addr: SocketAddr,
+        inherited: &mut Inherited,
+    ) -> Result<TcpListener, StartError> {
+        match inherited.take(addr) {
+            Some(socket) => adopt(socket).map_err(|error| StartError::Adopt { addr, error }),
+            None => bind(addr).map_err(|error| bind_error(config, addr, error)),
+        }
+    }
+
+    /// Mode udp: the socket inherited for `addr`, or one bound there.
+    fn datagram(
+        config: &Config,
+        addr: SocketAddr,
+        inherited: &mut Inherited,
+    ) -> Result<UdpSocket, StartError> {
+        match inherited.take_datagram(addr) {
+            Some(socket) => {
+                adopt_datagram(socket).map_err(|error| StartError::Adopt { addr, error })
+            }
+            None => bind_datagram(addr).map_err(|error| bind_error(config, addr, error)),
+        }
     }
 
     /// One line for the start, and one `listening role=... addr=...` line
@@ -374,22 +408,31 @@ impl Bound {
     }
 }
 
-/// Serves `listeners` with the data path of `mode` until `shutdown`, then
+/// What the data path serves: listeners (mode tcp and http) or datagram
+/// sockets (mode udp), and each listener's TLS.
+struct Listening {
+    streams: Vec<TcpListener>,
+    datagrams: Vec<UdpSocket>,
+    tls: Vec<Option<tokio_rustls::TlsAcceptor>>,
+}
+
+/// Serves `sockets` with the data path of `mode` until `shutdown`, then
 /// drains.
 async fn serve(
     mode: Mode,
-    listeners: Vec<TcpListener>,
-    tls: Vec<Option<tokio_rustls::TlsAcceptor>>,
+    sockets: Listening,
     instance: Arc<Instance>,
     shutdown: CancellationToken,
 ) -> Drained {
+    let listeners = sockets.streams;
     match mode {
+        Mode::Udp => crate::udp::serve(sockets.datagrams, instance, shutdown).await,
         Mode::Tcp => {
             listener::serve(listeners, instance, shutdown, crate::tcp::serve_connection).await
         }
         Mode::Http => {
             let path = HttpPath {
-                tls: tls.into(),
+                tls: sockets.tls.into(),
                 ..HttpPath::default()
             };
             listener::serve(listeners, instance, shutdown, move |a| {

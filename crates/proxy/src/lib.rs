@@ -30,6 +30,7 @@
 //! | [`intake`] | the accept loop, PROXY protocol, bytes read ahead: where both data paths begin |
 //! | [`tcp`] | data path `mode: tcp`: one connection in phases, its header or TLS server-name key from the first bytes, copying both ways |
 //! | [`http`] | data path `mode: http`: TLS termination, each request's keys and pin, one request journey over two wire formats (its own HTTP/1.1 pass-through, hyper for HTTP/2), pooled upstreams, deadlines |
+//! | [`udp`] | data path `mode: udp`: flows of datagrams keyed by address or QUIC connection ID, each with its own socket to its backend; the flow table |
 //! | [`ops`] | admin endpoint, Prometheus export, reload, `check`, `probe` |
 //! | [`app`] | start and run a whole magpie: listeners, admin, health, reload, drain |
 //!
@@ -47,3 +48,4 @@ pub mod ops;
 pub mod routing;
 pub mod tcp;
 pub mod telemetry;
+pub mod udp;

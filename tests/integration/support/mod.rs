@@ -10,6 +10,7 @@
 mod admin;
 mod backends;
 mod client;
+mod datagram;
 mod dns;
 mod engine;
 pub mod http;
@@ -24,6 +25,7 @@ mod upstream;
 pub use admin::*;
 pub use backends::*;
 pub use client::*;
+pub use datagram::*;
 pub use dns::*;
 pub use engine::*;
 pub use http::*;

@@ -75,10 +75,10 @@ impl Child {
     }
 
     /// Runs magpie with `socket` as its fd 3 and `LISTEN_FDS=1`, as
-    /// systemd's socket activation hands a listening socket over.
-    pub fn spawn_activated(socket: &std::net::TcpListener, args: &[&str]) -> Child {
+    /// systemd's socket activation hands a listening (or UDP) socket over.
+    pub fn spawn_activated(socket: &impl std::os::fd::AsFd, args: &[&str]) -> Child {
         use command_fds::{CommandFdExt, FdMapping};
-        let fd = socket.try_clone().expect("dup the listening socket");
+        let fd = (socket.as_fd().try_clone_to_owned()).expect("dup the socket");
         let mut command = std::process::Command::new(magpie_bin());
         command
             .args(args)

@@ -18,6 +18,8 @@
 //! * `sni`: the server name of a TLS ClientHello, lower-cased and without a
 //!   trailing dot ([`sni`]); the TCP path (`tcp::sni_key`) reads the hello
 //!   from a connection's first bytes, which stay encrypted end to end.
+//! * `quic` (mode udp): the destination connection ID of a QUIC packet
+//!   ([`quic`]), so a client whose address changes keeps its backend.
 //!
 //! With `key.group` (mode http), a second key, the group ([`group`]: a
 //! chat body's instructions and tools, a prefix of them, or a tenant header),
@@ -32,6 +34,7 @@
 pub mod conversation;
 pub mod group;
 pub mod json;
+pub mod quic;
 pub mod sni;
 
 use std::net::{IpAddr, SocketAddr};
@@ -111,6 +114,8 @@ pub enum KeyTextError {
     NotIp(String),
     #[error("{0:?} is not an ip:port address (the key is the source address)")]
     NotSocketAddr(String),
+    #[error("{0:?} is not a connection ID in hex (the key is a QUIC connection ID)")]
+    NotHex(String),
 }
 
 /// The key of a client whose address is written as text: `ip` or `ip:port`
@@ -145,6 +150,9 @@ labels! {
         NotTls => "not_tls",
         /// `key.from: sni`: a complete ClientHello without a server name.
         NoSni => "no_sni",
+        /// `key.from: quic`: a datagram too short for its QUIC header, or
+        /// one whose connection ID is empty.
+        NotQuic => "not_quic",
         /// The head (or the ClientHello) did not fit in `max_bytes`.
         TooLarge => "too_large",
         /// The deadline passed before the head was complete.

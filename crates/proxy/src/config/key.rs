@@ -44,6 +44,13 @@ pub enum KeyConfig {
     Sni {
         read: KeyRead,
     },
+    /// `mode: udp`: the destination connection ID of a QUIC packet
+    /// ([`magpie_core::key::quic`]); IDs in short headers are `cid_length`
+    /// bytes long. A datagram without one is keyed by `fallback`.
+    Quic {
+        cid_length: usize,
+        fallback: Fallback,
+    },
 }
 
 /// How a key is read from the client's bytes, and what stands in when none
@@ -114,6 +121,10 @@ impl KeyConfig {
                 server_name: true,
                 ..none
             },
+            KeyConfig::Quic { .. } => KeySources {
+                from: "quic",
+                ..none
+            },
         }
     }
 
@@ -124,7 +135,7 @@ impl KeyConfig {
             | KeyConfig::Body { read, .. }
             | KeyConfig::Conversation { read, .. }
             | KeyConfig::Sni { read } => Some(read),
-            KeyConfig::SourceIp | KeyConfig::SourceAddr => None,
+            KeyConfig::SourceIp | KeyConfig::SourceAddr | KeyConfig::Quic { .. } => None,
         }
     }
 
@@ -134,6 +145,7 @@ impl KeyConfig {
         match self {
             KeyConfig::SourceIp => Fallback::SourceIp,
             KeyConfig::SourceAddr => Fallback::SourceAddr,
+            KeyConfig::Quic { fallback, .. } => *fallback,
             _ => self.read().map_or(Fallback::SourceIp, |r| r.fallback),
         }
     }
@@ -147,13 +159,17 @@ impl KeyConfig {
     /// The key the proxy would use for a key written as text: a header value
     /// (or body field) in those modes, a server name with `sni` (any case,
     /// a trailing dot or not), an IP (or `ip:port`, the port left out) in
-    /// `source_ip` mode, an `ip:port` in `source_addr` mode. This is what
+    /// `source_ip` mode, an `ip:port` in `source_addr` mode, a connection
+    /// ID in hex with `quic`. This is what
     /// `magpie lookup`, `plan --keys` and `/route?key=` hash.
     pub fn key_of_text(&self, text: &str) -> Result<u64, KeyTextError> {
         match self {
             KeyConfig::SourceIp => key::address_text_key(Fallback::SourceIp, text),
             KeyConfig::SourceAddr => key::address_text_key(Fallback::SourceAddr, text),
             KeyConfig::Sni { .. } => Ok(key::sni::server_name_key(text.trim().as_bytes())),
+            KeyConfig::Quic { .. } => key::quic::from_hex(text.trim())
+                .map(|cid| key::quic::cid_key(&cid))
+                .ok_or_else(|| KeyTextError::NotHex(text.to_string())),
             _ => Ok(key::text_key(text.trim().as_bytes())),
         }
     }

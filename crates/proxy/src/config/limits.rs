@@ -51,6 +51,17 @@ pub const MAX_REDIS_PREFIX: usize = 64;
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 pub const DEFAULT_ATTEMPTS: u32 = 3;
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
+/// `mode: udp`: a flow that sends and receives nothing for this long ends
+/// (`idle_timeout`), as nginx's and Envoy's UDP sessions do.
+pub const DEFAULT_UDP_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// `udp.responses`: the most datagrams a flow may await back before it ends.
+pub const MAX_UDP_RESPONSES: u64 = 1_000_000;
+/// `key.quic_cid_length`: the length of connection IDs in short headers.
+/// QUIC version 1 allows at most 20 bytes.
+pub const DEFAULT_QUIC_CID_LENGTH: u64 = 8;
+pub const MAX_QUIC_CID_LENGTH: u64 = 20;
+/// `health.datagram`: the largest probe and expected answer.
+pub const MAX_HEALTH_DATAGRAM: usize = 1024;
 pub const DEFAULT_MAX_CONNECTIONS: u64 = 10_000;
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 pub const DEFAULT_PROXY_HEADER_TIMEOUT: Duration = Duration::from_secs(3);

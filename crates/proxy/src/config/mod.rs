@@ -30,6 +30,7 @@ mod key;
 mod limits;
 mod metrics;
 mod queue;
+mod udp;
 pub use access_log::{
     AccessLogConfig, DEFAULT_ACCESS_LOG_QUEUE, LogField, LogFormat, LogTarget, MAX_ACCESS_LOG_QUEUE,
 };
@@ -41,6 +42,7 @@ pub use limits::*;
 pub use metrics::{MetricsConfig, PER_BACKEND_AUTO_MAX, PerBackend};
 pub use queue::*;
 pub use tls::{Certificate, ListenerTls};
+pub use udp::{DatagramProbe, UdpConfig};
 pub(crate) use validate::reaches;
 mod raw;
 mod raw_listen;
@@ -93,6 +95,9 @@ pub enum Mode {
     Tcp,
     /// One key per HTTP request; requests go over pooled connections.
     Http,
+    /// One key per flow of datagrams (what one client address sends);
+    /// each flow has its own socket towards its backend.
+    Udp,
 }
 
 impl Mode {
@@ -100,6 +105,7 @@ impl Mode {
         match self {
             Mode::Tcp => "tcp",
             Mode::Http => "http",
+            Mode::Udp => "udp",
         }
     }
 }
@@ -198,6 +204,8 @@ pub struct Config {
     /// Per-backend limits and the queue in front of them; `None`: requests
     /// (or connections) go out as they come.
     pub queue: Option<QueueConfig>,
+    /// `mode: udp`: how flows end.
+    pub udp: UdpConfig,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -252,6 +260,12 @@ pub struct HealthConfig {
     pub passive_status: bool,
     /// Engine load signals read from each backend's metrics; `None`: off.
     pub load: Option<LoadConfig>,
+    /// Checks go to this port of the backend's address instead of its own
+    /// (`health.port`; mode udp needs it unless `datagram` is set).
+    pub port: Option<u16>,
+    /// Mode udp: a datagram sent to the backend, whose answer must start
+    /// with `expect` (`health.datagram`), instead of a TCP or HTTP check.
+    pub datagram: Option<DatagramProbe>,
 }
 
 impl Default for HealthConfig {
@@ -267,6 +281,8 @@ impl Default for HealthConfig {
             expect_status: DEFAULT_EXPECT_STATUS,
             passive_status: false,
             load: None,
+            port: None,
+            datagram: None,
         }
     }
 }

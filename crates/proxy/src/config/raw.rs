@@ -65,6 +65,26 @@ pub struct RawConfig {
     pub(super) access_log: Option<RawAccessLog>,
     #[serde(default)]
     pub(super) queue: Option<Spanned<RawQueue>>,
+    #[serde(default)]
+    pub(super) udp: Option<Spanned<RawUdp>>,
+}
+
+/// `udp` (mode udp): how flows end.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawUdp {
+    #[serde(default)]
+    pub(super) responses: Option<Spanned<u64>>,
+}
+
+/// `health.datagram` (mode udp): a probe datagram and the start of the
+/// answer it expects, both in hex.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDatagram {
+    pub(super) send: Spanned<String>,
+    #[serde(default)]
+    pub(super) expect: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -155,6 +175,7 @@ pub(super) enum KeyFrom {
     Body,
     Conversation,
     Sni,
+    Quic,
 }
 
 #[derive(Debug, Deserialize)]
@@ -176,6 +197,8 @@ pub(super) struct RawKey {
     pub(super) group: Option<Spanned<RawGroup>>,
     #[serde(default)]
     pub(super) group_choices: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub(super) quic_cid_length: Option<Spanned<u64>>,
 }
 
 /// `key.group`: `system`, `{prefix_bytes: N}` or `{header: NAME}`. Read by
@@ -283,6 +306,10 @@ pub(super) struct RawHealth {
     pub(super) passive_status: Option<Spanned<bool>>,
     #[serde(default)]
     pub(super) load: Option<Spanned<RawLoad>>,
+    #[serde(default)]
+    pub(super) port: Option<Spanned<u16>>,
+    #[serde(default)]
+    pub(super) datagram: Option<Spanned<RawDatagram>>,
 }
 
 /// `health.load`: engine load signals from each backend's metrics.

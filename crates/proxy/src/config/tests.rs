@@ -525,12 +525,64 @@ backends:
             "test.yaml:2:7: unknown variant `zerocopy`, expected one of auto, buffered, splice",
         ),
         (
-            "mode: udp
-listen: 127.0.0.1:7000
-backends:
-  - {name: a, addr: 127.0.0.1:8001}
-",
-            "test.yaml:1:7: unknown variant `udp`",
+            "mode: sctp\nlisten: 127.0.0.1:7000\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+            "test.yaml:1:7: unknown variant `sctp`, expected one of tcp, http, udp",
+        ),
+        (
+            "listen: 127.0.0.1:7000\nkey: {from: quic}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+            "test.yaml:2:13: key.from: quic needs mode: udp",
+        ),
+        (
+            "mode: udp\nlisten: 127.0.0.1:7000\nkey: {from: header, header: x-s}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+            "test.yaml:3:13: key.from: header needs mode: tcp or http",
+        ),
+        (
+            "mode: udp\nlisten: 127.0.0.1:7000\nkey: {from: sni}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+            "test.yaml:3:13: key.from: sni needs mode: tcp",
+        ),
+        (
+            "mode: udp\nlisten: 127.0.0.1:7000\nkey: {from: quic, quic_cid_length: 21}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+            "test.yaml:3:36: key.quic_cid_length 21 is out of range (1 to 20",
+        ),
+        (
+            "mode: udp\nlisten: 127.0.0.1:7000\nkey: {from: quic, read_timeout: 1s}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+            "test.yaml:3:33: key.read_timeout does not apply with key.from: quic",
+        ),
+        (
+            "mode: udp\nlisten: 127.0.0.1:7000\nkey: {from: source_ip, quic_cid_length: 8}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+            "test.yaml:3:41: key.quic_cid_length only applies with key.from: quic",
+        ),
+        (
+            "listen: 127.0.0.1:7000\nudp: {responses: 1}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+            "test.yaml:2:6: the udp section needs mode: udp",
+        ),
+        (
+            "mode: udp\nlisten: 127.0.0.1:7000\nudp: {responses: 0}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+            "test.yaml:3:18: udp.responses 0 is out of range",
+        ),
+        (
+            "mode: udp\nlisten: 127.0.0.1:7000\nhealth: {interval: 2s}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+            "test.yaml:3:9: health in mode udp needs health.port",
+        ),
+        (
+            "mode: udp\nlisten: 127.0.0.1:7000\nhealth: {datagram: {send: \"0g\"}}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+            "health.datagram.send \"0g\" is not hex",
+        ),
+        (
+            "mode: udp\nlisten: 127.0.0.1:7000\nhealth: {port: 53, datagram: {send: \"00\"}}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+            "health.port and health.datagram are two kinds of check",
+        ),
+        (
+            "listen: 127.0.0.1:7000\nhealth: {datagram: {send: \"00\"}}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+            "health.datagram needs mode: udp",
+        ),
+        (
+            "mode: udp\nlisten: 127.0.0.1:7000\nproxy_protocol: {send: v2}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+            "proxy_protocol needs mode: tcp or http",
+        ),
+        (
+            "mode: udp\nlisten: 127.0.0.1:7000\nsessions: {ttl: 1m}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+            "sessions needs mode: http",
         ),
     ];
     for (text, needle) in cases {

@@ -9,20 +9,24 @@
 //! inherited socket bound to exactly its address ([`Inherited::take`]), or
 //! binds its own (a port 0 in the config takes the first socket on its IP
 //! address); a socket that no `listen` or `admin` address names is a start
-//! error, not a port silently left open.
+//! error, not a port silently left open. `mode: udp` takes datagram
+//! sockets (`ListenDatagram=`) the same way ([`Inherited::take_datagram`]).
 
 use std::io;
-use std::net::{SocketAddr, TcpListener};
+use std::net::{SocketAddr, TcpListener, UdpSocket};
 
 /// Listening sockets inherited at start, with the address each is bound to.
 #[derive(Debug, Default)]
 pub struct Inherited {
     sockets: Vec<(SocketAddr, TcpListener)>,
+    datagrams: Vec<(SocketAddr, UdpSocket)>,
 }
 
-/// An inherited socket that is not a listening TCP socket.
+/// An inherited socket that is neither a listening TCP socket nor a UDP one.
 #[derive(Debug, thiserror::Error)]
-#[error("LISTEN_FDS: the socket at fd {fd} is not a listening TCP socket: {source}")]
+#[error(
+    "LISTEN_FDS: the socket at fd {fd} is neither a listening TCP socket nor a UDP socket: {source}"
+)]
 pub struct ActivationError {
     pub fd: usize,
     #[source]
@@ -39,17 +43,20 @@ impl Inherited {
     /// child process does not take them for its own).
     pub fn from_env() -> Result<Inherited, ActivationError> {
         let mut fds = listenfd::ListenFd::from_env();
-        let mut sockets = Vec::new();
+        let mut inherited = Inherited::default();
         for idx in 0..fds.len() {
             let fd = idx + 3;
             let bad = |source| ActivationError { fd, source };
-            let Some(listener) = fds.take_tcp_listener(idx).map_err(bad)? else {
-                continue;
-            };
-            let addr = listener.local_addr().map_err(bad)?;
-            sockets.push((addr, listener));
+            // Not a TCP socket leaves it in place, for the UDP try.
+            if let Ok(Some(listener)) = fds.take_tcp_listener(idx) {
+                let addr = listener.local_addr().map_err(bad)?;
+                inherited.sockets.push((addr, listener));
+            } else if let Some(socket) = fds.take_udp_socket(idx).map_err(bad)? {
+                let addr = socket.local_addr().map_err(bad)?;
+                inherited.datagrams.push((addr, socket));
+            }
         }
-        Ok(Inherited { sockets })
+        Ok(inherited)
     }
 
     /// The inherited socket bound to `addr`, taken; for a port 0 (any
@@ -66,13 +73,30 @@ impl Inherited {
         Some(self.sockets.remove(i).1)
     }
 
+    /// The inherited UDP socket bound to `addr`, taken, as [`Self::take`].
+    pub fn take_datagram(&mut self, addr: SocketAddr) -> Option<UdpSocket> {
+        let exact = self.datagrams.iter().position(|(a, _)| *a == addr);
+        let any_port = || {
+            (addr.port() == 0)
+                .then(|| self.datagrams.iter().position(|(a, _)| a.ip() == addr.ip()))
+                .flatten()
+        };
+        let i = exact.or_else(any_port)?;
+        Some(self.datagrams.remove(i).1)
+    }
+
     /// The addresses of the sockets not taken.
     pub fn left(&self) -> Vec<SocketAddr> {
-        self.sockets.iter().map(|(a, _)| *a).collect()
+        let datagrams = self.datagrams.iter().map(|(a, _)| *a);
+        self.sockets
+            .iter()
+            .map(|(a, _)| *a)
+            .chain(datagrams)
+            .collect()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.sockets.is_empty()
+        self.sockets.is_empty() && self.datagrams.is_empty()
     }
 }
 
@@ -86,6 +110,7 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let mut inherited = Inherited {
             sockets: vec![(addr, listener)],
+            datagrams: Vec::new(),
         };
         let other: SocketAddr = "127.0.0.1:1".parse().unwrap();
         assert!(inherited.take(other).is_none());
@@ -104,11 +129,26 @@ mod tests {
         let (a, b) = (one.local_addr().unwrap(), two.local_addr().unwrap());
         let mut inherited = Inherited {
             sockets: vec![(a, one), (b, two)],
+            datagrams: Vec::new(),
         };
         let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let v6: SocketAddr = "[::1]:0".parse().unwrap();
         assert!(inherited.take(v6).is_none());
         assert_eq!(inherited.take(any).unwrap().local_addr().unwrap(), a);
         assert_eq!(inherited.take(any).unwrap().local_addr().unwrap(), b);
+    }
+
+    #[test]
+    fn datagram_sockets_are_taken_apart_from_listeners() {
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = socket.local_addr().unwrap();
+        let mut inherited = Inherited {
+            sockets: Vec::new(),
+            datagrams: vec![(addr, socket)],
+        };
+        assert!(inherited.take(addr).is_none());
+        assert_eq!(inherited.left(), [addr]);
+        assert!(inherited.take_datagram(addr).is_some());
+        assert!(inherited.is_empty());
     }
 }

@@ -32,7 +32,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tracing::debug;
 
 /// Listen backlog (the kernel caps it at `net.core.somaxconn`).
@@ -84,6 +84,32 @@ pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
     socket.listen(BACKLOG)?;
     socket.set_nonblocking(true)?;
     TcpListener::from_std(socket.into())
+}
+
+/// A UDP socket for `mode: udp` at `addr`: v6-only for IPv6 (as [`bind`]),
+/// without SO_REUSEADDR (two processes would silently share the port), with
+/// a receive buffer of [`DATAGRAM_BUFFER`] where the kernel allows it, so a
+/// burst waits in the kernel rather than being dropped there.
+pub fn bind_datagram(addr: SocketAddr) -> io::Result<UdpSocket> {
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.bind(&addr.into())?;
+    adopt_datagram(socket.into())
+}
+
+/// The receive buffer a datagram socket asks for (the kernel caps it at
+/// `net.core.rmem_max`).
+pub const DATAGRAM_BUFFER: usize = 4 << 20;
+
+/// A UDP socket bound elsewhere (inherited), tuned as [`bind_datagram`]
+/// tunes its own and made non-blocking.
+pub fn adopt_datagram(socket: std::net::UdpSocket) -> io::Result<UdpSocket> {
+    // Best effort: a smaller buffer still works.
+    let _ = SockRef::from(&socket).set_recv_buffer_size(DATAGRAM_BUFFER);
+    socket.set_nonblocking(true)?;
+    UdpSocket::from_std(socket)
 }
 
 /// A listening socket bound elsewhere (inherited: [`activation`]), tuned as

@@ -7,12 +7,14 @@
 //! | module | owns |
 //! |---|---|
 //! | [`stats`] | the global counters the data paths bump, latency histograms, TLS handshake labels |
-//! | [`access_log`] | one line per request (mode http) or connection (mode tcp): sampling, a bounded queue that drops rather than waits, JSON or text lines, the writer task (batches, reopens on SIGUSR1) |
+//! | [`datagrams`] | mode udp's counters: flows open, created and ended, datagrams dropped by why |
+//! | [`access_log`] | one line per request (mode http), connection (mode tcp) or flow (mode udp): sampling, a bounded queue that drops rather than waits, JSON or text lines, the writer task (batches, reopens on SIGUSR1) |
 //! | [`key_budget`] | the bytes all requests together hold while reading bodies for keys (`limits.key_buffer_bytes`) |
 //! | [`throttle`] | rate-limited log lines for conditions that can repeat thousands of times a second |
 //! | [`supervise`] | long-lived tasks restarted (and counted) if they panic; the panic hook |
 
 pub mod access_log;
+pub mod datagrams;
 pub mod key_budget;
 pub mod stats;
 pub mod supervise;

@@ -119,6 +119,8 @@ pub struct Stats {
     tls_ok: [AtomicU64; TlsVersion::COUNT],
     /// The bytes requests hold while their bodies are read for keys.
     pub key_budget: std::sync::Arc<crate::telemetry::key_budget::KeyBudget>,
+    /// Mode udp's flows and drops.
+    pub datagrams: crate::telemetry::datagrams::DatagramStats,
 }
 
 impl Stats {

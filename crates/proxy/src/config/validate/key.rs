@@ -38,6 +38,10 @@ impl Validator<'_> {
             .from
             .as_ref()
             .map_or(Location::UNKNOWN, |f| f.referenced);
+        if from == KeyFrom::Quic {
+            return self.quic_key(&raw, mode, from_at);
+        }
+        self.no_quic_settings(&raw);
         match from {
             KeyFrom::SourceIp | KeyFrom::SourceAddr => {
                 self.no_read_settings(&raw);
@@ -46,11 +50,17 @@ impl Validator<'_> {
                     _ => KeyConfig::SourceIp,
                 };
             }
-            KeyFrom::Body if mode == Mode::Tcp => {
+            KeyFrom::Body if mode != Mode::Http => {
                 self.err(&from_at, "key.from: body needs mode: http");
             }
-            KeyFrom::Conversation if mode == Mode::Tcp => {
+            KeyFrom::Conversation if mode != Mode::Http => {
                 self.err(&from_at, "key.from: conversation needs mode: http");
+            }
+            KeyFrom::Header if mode == Mode::Udp => {
+                self.err(&from_at, "key.from: header needs mode: tcp or http (in mode udp the key is the client's address or a QUIC connection ID)");
+            }
+            KeyFrom::Sni if mode == Mode::Udp => {
+                self.err(&from_at, "key.from: sni needs mode: tcp (in mode udp, key QUIC by its connection ID: key.from: quic)");
             }
             KeyFrom::Sni if mode == Mode::Http => {
                 self.err(&from_at, "key.from: sni needs mode: tcp (mode http reads requests in plain text; sni keys TLS passed through undecrypted)");
@@ -95,7 +105,7 @@ impl Validator<'_> {
     ) -> Option<GroupBy> {
         let raw = raw?;
         let at = raw.referenced;
-        if mode == Mode::Tcp {
+        if mode != Mode::Http {
             self.err(
                 &at,
                 "key.group needs mode: http (the group is read from each request)",
@@ -178,7 +188,7 @@ impl Validator<'_> {
             self.err(
                 &at,
                 format!(
-                    "key.{field} only applies with key.from: header, body, conversation or sni"
+                    "key.{field} only applies with key.from: header, body, conversation, sni or quic"
                 ),
             );
         }
@@ -188,7 +198,7 @@ impl Validator<'_> {
     /// and bounds.
     fn key_read(&mut self, raw: &RawKey, mode: Mode) -> KeyRead {
         let (default_timeout, default_max, max_max) = match mode {
-            Mode::Tcp => (DEFAULT_READ_TIMEOUT, DEFAULT_MAX_BYTES, MAX_MAX_BYTES),
+            Mode::Tcp | Mode::Udp => (DEFAULT_READ_TIMEOUT, DEFAULT_MAX_BYTES, MAX_MAX_BYTES),
             Mode::Http => (
                 DEFAULT_HTTP_READ_TIMEOUT,
                 DEFAULT_HTTP_MAX_BYTES,
@@ -229,7 +239,7 @@ impl Validator<'_> {
     /// `key.body_field`: a field name or a JSON pointer, in mode http only.
     fn body_field(&mut self, raw: Option<&Spanned<String>>, mode: Mode) -> Option<FieldPath> {
         let f = raw?;
-        if mode == Mode::Tcp {
+        if mode != Mode::Http {
             self.err(
                 &f.referenced,
                 "key.body_field needs mode: http (in mode tcp the key is read once per connection, from the request head)",

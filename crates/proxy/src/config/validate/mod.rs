@@ -38,9 +38,9 @@ use super::resolve;
 use super::{
     Algorithm, BackendConfig, Config, ConfigError, ConfigErrors, DEFAULT_ADMIN,
     DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_POINTS_PER_WEIGHT,
-    DEFAULT_SHUTDOWN_GRACE, DEFAULT_SPILL_MIN_EXCESS, ListenerTls, MAX_DRAIN_TIMEOUT,
-    MAX_IDLE_TIMEOUT, MAX_MAX_CONNECTIONS, MAX_RING_POINTS, MAX_SHUTDOWN_GRACE, MAX_SLOW_START,
-    MAX_SPILL_MIN_EXCESS, MAX_TABLE_SIZE, Mode, Place, PlacementConfig, Places,
+    DEFAULT_SHUTDOWN_GRACE, DEFAULT_SPILL_MIN_EXCESS, DEFAULT_UDP_IDLE_TIMEOUT, ListenerTls,
+    MAX_DRAIN_TIMEOUT, MAX_IDLE_TIMEOUT, MAX_MAX_CONNECTIONS, MAX_RING_POINTS, MAX_SHUTDOWN_GRACE,
+    MAX_SLOW_START, MAX_SPILL_MIN_EXCESS, MAX_TABLE_SIZE, Mode, Place, PlacementConfig, Places,
 };
 use magpie_core::placement::{bounded, maglev};
 
@@ -54,6 +54,7 @@ mod modes;
 mod queue;
 mod settings;
 mod tls;
+mod udp;
 mod upstream_tls;
 
 pub(super) struct Validator<'a> {
@@ -166,10 +167,14 @@ impl<'a> Validator<'a> {
         let key = self.key(raw.key, mode);
         let connect = self.connect(raw.connect);
         let idle_written = raw.idle_timeout.is_some();
+        let idle_default = match mode {
+            Mode::Udp => DEFAULT_UDP_IDLE_TIMEOUT,
+            _ => DEFAULT_IDLE_TIMEOUT,
+        };
         let idle_timeout = self.positive(
             raw.idle_timeout,
             "idle_timeout",
-            DEFAULT_IDLE_TIMEOUT,
+            idle_default,
             MAX_IDLE_TIMEOUT,
         );
         let max_connections = self.count(
@@ -181,6 +186,7 @@ impl<'a> Validator<'a> {
         let shutdown_grace = self.shutdown_grace(raw.shutdown_grace);
         let drain_timeout = self.drain_timeout(raw.drain_timeout);
         self.send_needs_tcp(raw.proxy_protocol.as_ref(), mode);
+        self.proxy_protocol_needs_streams(raw.proxy_protocol.as_ref(), mode);
         let copy = self.copy(raw.copy, mode);
         let proxy_protocol = self.proxy_protocol(raw.proxy_protocol);
         let health = raw.health.map(|h| self.health(h, mode));
@@ -192,6 +198,7 @@ impl<'a> Validator<'a> {
         let group_choices = self.group_choices(raw_choices, group.is_some(), connect.attempts);
         let access_log = self.access_log(raw.access_log);
         let queue = self.queue(raw.queue, mode, group.is_some());
+        let udp = self.udp(raw.udp, mode);
 
         if self.errors.is_empty() {
             Ok(Config {
@@ -224,6 +231,7 @@ impl<'a> Validator<'a> {
                 metrics: Validator::metrics(raw.metrics),
                 access_log,
                 queue,
+                udp,
             })
         } else {
             self.errors.sort_by_key(|e| (e.line, e.column));

@@ -91,6 +91,7 @@ impl Validator<'_> {
         let mut raw = raw.value;
         let mut http = HealthConfig::default();
         self.http_health(&mut raw, mode, &mut http);
+        let (port, datagram) = self.probe_target(&mut raw, mode, at);
         let load = raw.load.take().map(|l| self.load(l));
         let interval = self.positive(
             raw.interval,
@@ -134,6 +135,8 @@ impl Validator<'_> {
                 .map(|w| w.value)
                 .unwrap_or(AllDown::TryAnyway),
             load,
+            port,
+            datagram,
             ..http
         }
     }

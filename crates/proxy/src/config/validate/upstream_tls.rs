@@ -27,10 +27,10 @@ impl Validator<'_> {
         backends: &mut [BackendConfig],
         wanted: Vec<(usize, Location)>,
     ) {
-        if mode == Mode::Tcp {
+        if mode != Mode::Http {
             let places = wanted.iter().map(|(_, at)| *at);
             for at in raw.iter().map(|r| r.referenced).chain(places) {
-                self.err(&at, "TLS to backends needs mode: http (in mode tcp a TLS client talks to its backend itself; see key.from: sni)");
+                self.err(&at, "TLS to backends needs mode: http (in mode tcp a TLS client talks to its backend itself, see key.from: sni; in mode udp QUIC carries its own)");
             }
             return;
         }
@@ -155,7 +155,7 @@ mod tests {
         assert_eq!(
             problems(&config("tcp", "", true)),
             [
-                "test.yaml:4:42: TLS to backends needs mode: http (in mode tcp a TLS client talks to its backend itself; see key.from: sni)"
+                "test.yaml:4:42: TLS to backends needs mode: http (in mode tcp a TLS client talks to its backend itself, see key.from: sni; in mode udp QUIC carries its own)"
             ]
         );
         assert_eq!(

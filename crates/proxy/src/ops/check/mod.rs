@@ -58,10 +58,10 @@ pub fn report(
         None => writeln!(out, "admin:       off")?,
     }
     writeln!(out, "mode:        {}", config.mode.as_str())?;
-    if config.mode == Mode::Tcp {
-        writeln!(out, "copy:        {}", copy_text(config.copy))?;
-    } else {
-        writeln!(out, "deadlines:   {}", deadlines_text(&config.http))?;
+    match config.mode {
+        Mode::Tcp => writeln!(out, "copy:        {}", copy_text(config.copy))?,
+        Mode::Http => writeln!(out, "deadlines:   {}", deadlines_text(&config.http))?,
+        Mode::Udp => writeln!(out, "flows:       {}", flows_text(config))?,
     }
     writeln!(out, "key:         {}", key_text(&config.key))?;
     if let Some(group) = &config.group {
@@ -275,10 +275,10 @@ fn access_log_text(config: &Config) -> String {
         LogTarget::File(path) => path.display().to_string(),
     };
     let fields: Vec<&str> = log.fields.iter().map(|f| f.as_str()).collect();
-    let per = if config.mode == Mode::Http {
-        "request"
-    } else {
-        "connection"
+    let per = match config.mode {
+        Mode::Http => "request",
+        Mode::Tcp => "connection",
+        Mode::Udp => "flow",
     };
     format!(
         "{} to {target}, one line per {per} ({}% sampled), fields {}; keys {}, queries {}; at most {} lines queued",
@@ -318,6 +318,16 @@ fn metrics_text(snapshot: &Snapshot) -> String {
 fn key_text(key: &KeyConfig) -> String {
     let k = key.sources();
     let mut parts = Vec::new();
+    if let KeyConfig::Quic {
+        cid_length,
+        fallback,
+    } = key
+    {
+        return format!(
+            "the QUIC destination connection ID (short headers: {cid_length} bytes), else {}",
+            fallback.as_str()
+        );
+    }
     parts.extend(k.header.map(|h| format!("header {h}")));
     parts.extend(k.body_field.map(|b| format!("body field {}", b.text)));
     if k.conversation {
@@ -347,6 +357,18 @@ fn group_text(group: &GroupBy, choices: usize) -> String {
     };
     format!(
         "{what}: places a conversation's first request on its group's home; the key above pins it (without a group, the key places it too); {home}"
+    )
+}
+
+/// Mode udp: how many flows, and what ends one.
+fn flows_text(config: &Config) -> String {
+    let responses = config.udp.responses.map_or(String::new(), |n| {
+        format!(", or after {n} answer{}", if n == 1 { "" } else { "s" })
+    });
+    format!(
+        "at most {}, each with its own socket to its backend; a flow ends after {} without a datagram{responses}",
+        config.max_connections,
+        humantime::format_duration(config.idle_timeout)
     )
 }
 
@@ -415,7 +437,12 @@ fn health_text(config: &Config) -> String {
     let Some(h) = &config.health else {
         return "off".to_string();
     };
+    let port = h.port.map_or(String::new(), |p| format!(" on port {p}"));
     let check = match &h.http_path {
+        _ if h.datagram.is_some() => {
+            let probe = h.datagram.as_ref().map_or(0, |d| d.send.len());
+            format!("a datagram of {probe} bytes, its answer checked,")
+        }
         Some(path) => format!(
             "HTTP GET {path} ({}-{})",
             h.expect_status.start(),
@@ -424,7 +451,7 @@ fn health_text(config: &Config) -> String {
         None => "TCP connect".to_string(),
     };
     format!(
-        "{check} every {}, timeout {}, rise {}, fall {}, passive after {} failed connects",
+        "{check}{port} every {}, timeout {}, rise {}, fall {}, passive after {} failed connects",
         humantime::format_duration(h.interval),
         humantime::format_duration(h.timeout),
         h.rise,

@@ -209,7 +209,7 @@ pub const BACKEND: &[Family] = &[
         name: "magpie_backend_health_checks_total",
         kind: COUNTER,
         labels: &["backend", "addr", "result"],
-        help: "Active health checks, by result (ok, failed, timeout, bad_status).",
+        help: "Active health checks, by result (ok, failed, timeout, bad_status, bad_answer).",
         read: Read::Backend(|b, s| s.by(|outcome: CheckOutcome| b.live().health.checks(outcome))),
     },
     Family {

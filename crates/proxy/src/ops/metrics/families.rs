@@ -26,8 +26,10 @@ use MetricType::{COUNTER, GAUGE, HISTOGRAM};
 /// Every exported family, backends' first. docs/metrics.md lists the same.
 pub fn families() -> impl Iterator<Item = &'static Family> {
     (super::backend_families::BACKEND.iter())
+        .chain(super::datagram_families::BACKEND)
         .chain(GLOBAL)
         .chain(super::queue_families::QUEUE)
+        .chain(super::datagram_families::GLOBAL)
 }
 
 /// The families read once per scrape.

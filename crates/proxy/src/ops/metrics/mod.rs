@@ -16,6 +16,7 @@
 //! | [`tls`] | the TLS families' readers: handshakes, certificate expiry |
 
 pub mod backend_families;
+pub mod datagram_families;
 pub mod families;
 pub mod queue_families;
 pub mod series;

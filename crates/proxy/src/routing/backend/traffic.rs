@@ -99,6 +99,9 @@ pub struct Traffic {
     bytes_received: AtomicU64,
     /// Bytes sent to the backend (received from clients).
     bytes_sent: AtomicU64,
+    /// Mode udp: datagrams sent to the backend, and received from it.
+    datagrams_sent: AtomicU64,
+    datagrams_received: AtomicU64,
     spills: [AtomicU64; Spill::COUNT],
     /// Requests answered (`mode: http`), by code class.
     requests: [AtomicU64; CodeClass::COUNT],
@@ -132,6 +135,8 @@ impl Default for Traffic {
             connections: AtomicU64::new(0),
             bytes_received: AtomicU64::new(0),
             bytes_sent: AtomicU64::new(0),
+            datagrams_sent: AtomicU64::new(0),
+            datagrams_received: AtomicU64::new(0),
             spills: Default::default(),
             requests: Default::default(),
             client_aborts: AtomicU64::new(0),
@@ -172,6 +177,26 @@ impl Traffic {
 
     pub fn bytes_received(&self) -> u64 {
         self.bytes_received.load(Ordering::Relaxed)
+    }
+
+    /// Mode udp: a datagram of `bytes` went to the backend.
+    pub fn count_datagram_sent(&self, bytes: usize) {
+        self.datagrams_sent.fetch_add(1, Ordering::Relaxed);
+        self.add_bytes_sent(bytes as u64);
+    }
+
+    /// Mode udp: a datagram of `bytes` came from the backend.
+    pub fn count_datagram_received(&self, bytes: usize) {
+        self.datagrams_received.fetch_add(1, Ordering::Relaxed);
+        self.add_bytes_received(bytes as u64);
+    }
+
+    pub fn datagrams_sent(&self) -> u64 {
+        self.datagrams_sent.load(Ordering::Relaxed)
+    }
+
+    pub fn datagrams_received(&self) -> u64 {
+        self.datagrams_received.load(Ordering::Relaxed)
     }
 
     /// A response's `usage`: its prompt tokens, how many of them the engine

@@ -1,6 +1,8 @@
 //! Active health checks: a TCP connect to every backend, or with
 //! `health.http_path` an HTTP `GET` over a fresh connection whose status must
-//! be in `health.expect_status`; every `interval` (plus up to 10% jitter, so a
+//! be in `health.expect_status`, at the backend's port or `health.port`; or
+//! (mode udp, `health.datagram`) a probe datagram whose answer must start
+//! with the expected bytes; every `interval` (plus up to 10% jitter, so a
 //! fleet does not probe in step), with `timeout`, `rise` and `fall`. An
 //! inference server whose engine hung keeps its port open; only the HTTP
 //! check (`/health` on vLLM and SGLang) sees it.
@@ -86,8 +88,15 @@ async fn check_all<P: Targets>(pool: &P, targets: Vec<Arc<P::Target>>, health: &
 /// (over that TLS) whose status must be in `health.expect_status`. `None`
 /// when magpie itself is out of file descriptors or memory: no verdict.
 pub async fn probe(target: &impl Target, health: &HealthConfig) -> Option<CheckOutcome> {
+    let addr = match health.port {
+        Some(port) => std::net::SocketAddr::new(target.addr().ip(), port),
+        None => target.addr(),
+    };
     let check = async {
-        let stream = tokio::net::TcpStream::connect(target.addr()).await?;
+        if let Some(datagram) = &health.datagram {
+            return datagram_check(addr, datagram).await;
+        }
+        let stream = tokio::net::TcpStream::connect(addr).await?;
         let Some(tls) = target.tls() else {
             return match &health.http_path {
                 None => Ok(CheckOutcome::Ok),
@@ -121,6 +130,30 @@ pub async fn probe(target: &impl Target, health: &HealthConfig) -> Option<CheckO
             Some(CheckOutcome::Timeout)
         }
     }
+}
+
+/// Sends `probe.send` to `addr` from a socket of its own and reads one
+/// answer: it passes when the answer starts with `probe.expect`. A port
+/// that is closed fails at once where the host says so (ICMP).
+async fn datagram_check(
+    addr: std::net::SocketAddr,
+    probe: &crate::config::DatagramProbe,
+) -> std::io::Result<CheckOutcome> {
+    let any: std::net::SocketAddr = if addr.is_ipv4() {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let socket = tokio::net::UdpSocket::bind(any).await?;
+    socket.connect(addr).await?;
+    socket.send(&probe.send).await?;
+    let mut answer = vec![0; probe.expect.len().max(1) + 1];
+    let n = socket.recv(&mut answer).await?;
+    Ok(if answer[..n].starts_with(&probe.expect) {
+        CheckOutcome::Ok
+    } else {
+        CheckOutcome::BadAnswer
+    })
 }
 
 /// `GET path` over `stream` (HTTP/1.1, `Connection: close`); the status decides.

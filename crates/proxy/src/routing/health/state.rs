@@ -29,6 +29,9 @@ labels! {
         Timeout => "timeout",
         /// An HTTP check got a status outside `health.expect_status`.
         BadStatus => "bad_status",
+        /// A datagram check got an answer that does not start with
+        /// `health.datagram.expect`.
+        BadAnswer => "bad_answer",
     }
 }
 

@@ -1,0 +1,285 @@
+//! Data path `mode: udp`: consistent hashing for datagrams.
+//!
+//! `datagram ─▶ flow table (client address, or QUIC connection ID) ─▶ known
+//! flow: send on its socket | new flow: key ─▶ route ─▶ its own socket to
+//! the first backend that takes it ─▶ send`; each flow's task relays the
+//! backend's answers to the client from the address the client sent to.
+//!
+//! A flow is what one client address sends, keyed by that address
+//! (`key.from: source_ip` or `source_addr`) or by the destination
+//! connection ID of its first QUIC packet (`key.from: quic`), so that every
+//! magpie with the same config sends it to the same backend. Its own
+//! upstream socket is what tells the backend's answers apart. A flow keeps
+//! its backend for its whole life: a reload that changes the table moves
+//! only new flows, and a removed backend's flows end at their idle timeout.
+//! A flow whose backend health marked down ends at the client's next
+//! datagram, which opens a new flow on a backend that is up.
+//!
+//! Bounds: at most `max_connections` flows (a new one past it is dropped
+//! and counted), each ending after `idle_timeout` without a datagram either
+//! way or after `udp.responses` answers; nothing is queued, so a datagram
+//! that finds a socket buffer full is dropped and counted.
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`batch`] | datagrams read in batches (recvmmsg), readiness given up on a short one |
+//! | [`flows`] | the flow table, by address and by connection ID |
+//! | [`flow`] | one flow: its socket, its answers, its end and its line |
+
+pub mod batch;
+pub mod flow;
+pub mod flows;
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+
+use tokio::net::UdpSocket;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, info, warn};
+
+use crate::config::KeyConfig;
+use crate::intake::listener::Drained;
+use crate::net::is_resource_exhaustion;
+use crate::routing::instance::Instance;
+use crate::routing::recent::Decision;
+use crate::routing::route::Route;
+use crate::telemetry::datagrams::{DatagramDrop, FlowEnd};
+use crate::telemetry::stats::Exhausted;
+use crate::telemetry::supervise::{self, Task};
+use crate::telemetry::throttle::Throttle;
+use batch::with_batch;
+use flow::{Flow, MAX_DATAGRAM, Opened, Relay};
+use flows::Flows;
+use magpie_core::key::{self, FallbackReason};
+
+/// What every receive loop shares.
+struct Shared {
+    instance: Arc<Instance>,
+    flows: Arc<Flows>,
+    tracker: TaskTracker,
+    /// Fires at shutdown: the flows then only await answers on their way.
+    draining: CancellationToken,
+}
+
+/// Serves `sockets` until `shutdown`; then stops reading them and lets the
+/// open flows relay the answers on their way (each until it has had none
+/// for [`flow::DRAIN_IDLE`] or its idle timeout), for at most
+/// `shutdown_grace`.
+pub async fn serve(
+    sockets: Vec<UdpSocket>,
+    instance: Arc<Instance>,
+    shutdown: CancellationToken,
+) -> Drained {
+    let shared = Arc::new(Shared {
+        instance: Arc::clone(&instance),
+        flows: Arc::new(Flows::default()),
+        tracker: TaskTracker::new(),
+        draining: shutdown.clone(),
+    });
+    let loops: Vec<_> = sockets
+        .into_iter()
+        .map(|socket| {
+            let (socket, shared, stop) = (Arc::new(socket), Arc::clone(&shared), shutdown.clone());
+            supervise::spawn(Task::Accept, move || {
+                receive(Arc::clone(&socket), Arc::clone(&shared), stop.clone())
+            })
+        })
+        .collect();
+    shutdown.cancelled().await;
+    instance.start_draining();
+    for receive_loop in loops {
+        if let Err(e) = receive_loop.await {
+            warn!(error = %e, "datagram receive loop ended abnormally");
+        }
+    }
+    let tracker = &shared.tracker;
+    tracker.close();
+    let grace = instance.snapshot.load().config.shutdown_grace;
+    info!(open = shared.flows.len(), grace = ?grace, "shutting down: no new datagrams; open flows relay the answers on their way");
+    let mut cut = 0;
+    if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
+        let open = shared.flows.all();
+        cut = open.len();
+        for flow in open {
+            flow.stop(FlowEnd::Shutdown);
+        }
+        tracker.wait().await;
+    }
+    Drained { cut, failed: false }
+}
+
+/// Reads one socket's datagrams, a batch at a time, until `stop`.
+async fn receive(socket: Arc<UdpSocket>, shared: Arc<Shared>, stop: CancellationToken) {
+    static ERRORS: Throttle = Throttle::new(std::time::Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            ready = socket.readable() => if let Err(e) = ready {
+                warn!(error = %e, "a datagram socket failed");
+                return;
+            },
+        }
+        loop {
+            let more = with_batch(|batch| {
+                let more = match batch.read(&socket) {
+                    Ok(()) => true,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => false,
+                    Err(e) => {
+                        if let Some(held_back) = ERRORS.allow() {
+                            warn!(error = %e, held_back, "cannot receive a datagram");
+                        }
+                        false
+                    }
+                };
+                for (datagram, client) in batch.datagrams() {
+                    let Some(client) = client else { continue };
+                    let delivered = match datagram.len() > MAX_DATAGRAM {
+                        true => Err(DatagramDrop::Oversized),
+                        false => deliver(&shared, &socket, client, datagram),
+                    };
+                    if let Err(why) = delivered {
+                        shared.instance.stats.datagrams.count_drop(why);
+                    }
+                }
+                more
+            });
+            if !more {
+                break;
+            }
+            // A full batch: more wait, after the other tasks' turn.
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
+/// Sends one client datagram on: through its flow, or a new one.
+fn deliver(
+    shared: &Shared,
+    listener: &Arc<UdpSocket>,
+    client: SocketAddr,
+    datagram: &[u8],
+) -> Result<(), DatagramDrop> {
+    let snapshot = shared.instance.snapshot.load();
+    let id = match &snapshot.config.key {
+        KeyConfig::Quic { cid_length, .. } => {
+            key::quic::destination_cid(datagram, *cid_length).ok()
+        }
+        _ => None,
+    };
+    let flow = match shared.flows.lookup(client, id) {
+        Some(flow) if flow.backend.live.health.is_up() => flow,
+        Some(flow) => {
+            // Its backend is down: the next datagram finds one that is up.
+            shared.flows.remove(&flow);
+            flow.stop(FlowEnd::BackendDown);
+            drop(snapshot);
+            open(shared, listener, client, datagram)?
+        }
+        None => {
+            drop(snapshot);
+            open(shared, listener, client, datagram)?
+        }
+    };
+    flow.forward(datagram, &shared.instance)
+}
+
+/// A new flow for `client`, whose first datagram is `datagram`: keyed,
+/// routed, given its socket, entered in the table and its task started.
+fn open(
+    shared: &Shared,
+    listener: &Arc<UdpSocket>,
+    client: SocketAddr,
+    datagram: &[u8],
+) -> Result<Arc<Flow>, DatagramDrop> {
+    let instance = &shared.instance;
+    let snapshot = instance.snapshot.load_full();
+    let config = &snapshot.config;
+    if shared.flows.len() >= config.max_connections {
+        return Err(DatagramDrop::TableFull);
+    }
+    let (key, id, fallback) = flow_key(&config.key, client, datagram);
+    if fallback {
+        instance.stats.count_fallback(FallbackReason::NotQuic);
+    }
+    let route = Route::plan(&snapshot, key).for_fallback(fallback);
+    drop(snapshot);
+    for backend in &route.targets {
+        let Some(slot) = route.reserve(backend) else {
+            continue;
+        };
+        let upstream = match upstream_socket(backend.addr) {
+            Ok(socket) => socket,
+            Err(e) if is_resource_exhaustion(&e) => {
+                instance.stats.count_exhausted(Exhausted::Connect);
+                return Err(DatagramDrop::NoBackend);
+            }
+            Err(e) => {
+                debug!(backend = %backend.name, error = %e, "cannot open a socket to the backend");
+                continue;
+            }
+        };
+        let how = route.how;
+        let flow = Arc::new(Flow::new(Opened {
+            backend: Arc::clone(backend),
+            upstream,
+            slot,
+            client,
+            listener: Arc::clone(listener),
+            key,
+            how,
+        }));
+        shared.flows.insert(Arc::clone(&flow), id);
+        instance.stats.datagrams.flow_created();
+        backend.live.traffic.count_connection();
+        let decision = Decision {
+            how,
+            pin_lost: false,
+            group: None,
+            prompt_bytes: 0,
+        };
+        instance.recent.routed(key, backend, decision);
+        let table = Arc::clone(&shared.flows);
+        let relay = Relay {
+            instance: Arc::clone(instance),
+            draining: shared.draining.clone(),
+            leave: move |f: &Arc<Flow>| table.remove(f),
+        };
+        shared.tracker.spawn(Arc::clone(&flow).relay(relay));
+        return Ok(flow);
+    }
+    Err(DatagramDrop::NoBackend)
+}
+
+/// A new flow's key, the connection ID it is known by (QUIC), and whether
+/// the key is the fallback (a datagram without a QUIC connection ID).
+fn flow_key<'d>(
+    config: &KeyConfig,
+    client: SocketAddr,
+    datagram: &'d [u8],
+) -> (u64, Option<&'d [u8]>, bool) {
+    match config {
+        KeyConfig::Quic {
+            cid_length,
+            fallback,
+        } => match key::quic::destination_cid(datagram, *cid_length) {
+            Ok(id) => (key::quic::cid_key(id), Some(id), false),
+            Err(_) => (key::fallback_key(*fallback, client), None, true),
+        },
+        other => (other.address_key(client), None, false),
+    }
+}
+
+/// A socket of its own towards `backend`, connected, so only its answers
+/// reach it (and an ICMP unreachable is reported on it).
+fn upstream_socket(backend: SocketAddr) -> io::Result<UdpSocket> {
+    let any = match backend.ip() {
+        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    };
+    let socket = std::net::UdpSocket::bind(SocketAddr::new(any, 0))?;
+    socket.connect(backend)?;
+    socket.set_nonblocking(true)?;
+    UdpSocket::from_std(socket)
+}

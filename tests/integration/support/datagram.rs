@@ -1,0 +1,115 @@
+//! For the `mode: udp` tests: UDP backends that answer each datagram with
+//! `NAME:` and the datagram (a probe `ping` with `pong`), and remember the
+//! addresses that sent to them; and a client socket that sends and awaits
+//! answers.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use tokio::net::UdpSocket;
+use tokio_util::sync::CancellationToken;
+
+use super::within;
+
+/// One UDP backend's state, shared with the test.
+pub struct UdpBackend {
+    pub name: String,
+    pub addr: SocketAddr,
+    /// Every address a datagram came from, in order (probes left out).
+    pub peers: Mutex<Vec<SocketAddr>>,
+    stop: CancellationToken,
+}
+
+/// UDP echo backends; they stop when dropped.
+pub struct UdpBackends {
+    pub list: Vec<Arc<UdpBackend>>,
+}
+
+impl UdpBackends {
+    /// Backends named `names`, on `ip` (port 0).
+    pub async fn start(ip: &str, names: &[&str]) -> UdpBackends {
+        let mut list = Vec::new();
+        for name in names {
+            let socket = UdpSocket::bind(format!("{ip}:0"))
+                .await
+                .expect("a backend socket");
+            let backend = Arc::new(UdpBackend {
+                name: name.to_string(),
+                addr: socket.local_addr().expect("bound"),
+                peers: Mutex::new(Vec::new()),
+                stop: CancellationToken::new(),
+            });
+            tokio::spawn(echo(socket, Arc::clone(&backend)));
+            list.push(backend);
+        }
+        UdpBackends { list }
+    }
+
+    /// (name, address) pairs, for configs.
+    pub fn pairs(&self) -> Vec<(String, SocketAddr)> {
+        self.list.iter().map(|b| (b.name.clone(), b.addr)).collect()
+    }
+
+    pub fn get(&self, name: &str) -> &Arc<UdpBackend> {
+        self.list
+            .iter()
+            .find(|b| b.name == name)
+            .unwrap_or_else(|| panic!("no backend {name}"))
+    }
+
+    /// Closes one backend's socket: its port is closed from now on.
+    pub fn kill(&self, name: &str) {
+        self.get(name).stop.cancel();
+    }
+}
+
+impl Drop for UdpBackends {
+    fn drop(&mut self) {
+        for b in &self.list {
+            b.stop.cancel();
+        }
+    }
+}
+
+async fn echo(socket: UdpSocket, b: Arc<UdpBackend>) {
+    let mut buf = vec![0u8; 65_536];
+    loop {
+        let (n, from) = tokio::select! {
+            _ = b.stop.cancelled() => return,
+            got = socket.recv_from(&mut buf) => match got {
+                Ok(got) => got,
+                Err(_) => continue,
+            },
+        };
+        let answer = if &buf[..n] == b"ping" {
+            b"pong".to_vec()
+        } else {
+            b.peers.lock().expect("not poisoned").push(from);
+            [format!("{}:", b.name).as_bytes(), &buf[..n]].concat()
+        };
+        let _ = socket.send_to(&answer, from).await;
+    }
+}
+
+/// A client socket on `ip` (port 0).
+pub async fn client_on(ip: &str) -> UdpSocket {
+    UdpSocket::bind(format!("{ip}:0"))
+        .await
+        .expect("a client socket")
+}
+
+/// Sends `datagram` to `to` from `socket` and returns the answer's text and
+/// the address it came from.
+pub async fn exchange(socket: &UdpSocket, to: SocketAddr, datagram: &[u8]) -> (String, SocketAddr) {
+    socket.send_to(datagram, to).await.expect("sent");
+    let mut buf = vec![0u8; 65_536];
+    let (n, from) = within("an answer through magpie", socket.recv_from(&mut buf))
+        .await
+        .expect("received");
+    (String::from_utf8_lossy(&buf[..n]).into_owned(), from)
+}
+
+/// The name of the backend that answered (the text before `:`).
+pub fn answered_by(answer: &str) -> &str {
+    answer.split(':').next().unwrap_or("")
+}

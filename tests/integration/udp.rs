@@ -1,0 +1,302 @@
+//! `mode: udp`: flows of datagrams keyed by the client's address or a QUIC
+//! connection ID, each with its own socket to its backend; answers come
+//! back from the address the client sent to; a bounded flow table, idle
+//! timeouts, `udp.responses`, health, reload, metrics and access log; DNS
+//! through `dig` and a QUIC-shaped client that changes its address.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use magpie_core::key::{quic, source_ip_key};
+use magpie_proxy::telemetry::datagrams::{DatagramDrop, FlowEnd};
+
+use crate::support::*;
+
+/// Waits until `check` holds, polling every 5 ms.
+async fn until(what: &str, check: impl Fn() -> bool) {
+    within(what, async {
+        while !check() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_client_address_is_a_flow_on_the_backend_its_key_owns() {
+    let backends = UdpBackends::start("127.0.0.1", &["a", "b", "c"]).await;
+    let magpie = Magpie::with("mode: udp\n", &backends.pairs()).await;
+    for last in 2..12 {
+        let ip = format!("127.0.0.{last}");
+        let client = client_on(&ip).await;
+        let want = magpie.primary(source_ip_key(ip.parse().expect("an IP")));
+        for turn in 0..3 {
+            let (answer, from) =
+                exchange(&client, magpie.addr, format!("q{turn}").as_bytes()).await;
+            assert_eq!(answer, format!("{want}:q{turn}"), "{ip}");
+            assert_eq!(
+                from, magpie.addr,
+                "answers come from the address the client sent to"
+            );
+        }
+    }
+    let stats = &magpie.instance.stats.datagrams;
+    assert_eq!((stats.created(), stats.open()), (10, 10));
+    let sent: u64 = (backends.list.iter())
+        .map(|b| magpie.backend(&b.name).live.traffic.datagrams_sent())
+        .sum();
+    assert_eq!(sent, 30);
+    // Each flow's datagrams reached its backend from one socket of its own.
+    for b in &backends.list {
+        let peers = b.peers.lock().expect("not poisoned").clone();
+        let distinct: std::collections::BTreeSet<_> = peers.iter().collect();
+        assert_eq!(distinct.len() * 3, peers.len(), "{}", b.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_clients_and_backends() {
+    let backends = UdpBackends::start("[::1]", &["a", "b"]).await;
+    let magpie = Magpie::start(&config_yaml("[::1]:0", "mode: udp\n", &backends.pairs())).await;
+    let client = client_on("[::1]").await;
+    let want = magpie.primary(source_ip_key("::1".parse().expect("an IP")));
+    let (answer, from) = exchange(&client, magpie.addr, b"six").await;
+    assert_eq!((answer, from), (format!("{want}:six"), magpie.addr));
+}
+
+/// A QUIC long header (version 1 Initial) to connection ID `id`.
+fn long_header(id: &[u8]) -> Vec<u8> {
+    [&[0xc3, 0, 0, 0, 1, id.len() as u8][..], id, b"initial"].concat()
+}
+
+/// A QUIC short header to connection ID `id`.
+fn short_header(id: &[u8]) -> Vec<u8> {
+    [&[0x41][..], id, b"1-rtt"].concat()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quic_connection_keeps_its_backend_when_the_client_moves() {
+    let backends = UdpBackends::start("127.0.0.1", &["a", "b", "c"]).await;
+    let settings = "mode: udp\nkey:\n  from: quic\n  quic_cid_length: 8\n";
+    let magpie = Magpie::with(settings, &backends.pairs()).await;
+    let (first, server) = (*b"client-0", *b"server-7");
+    let want = magpie.primary(quic::cid_key(&first));
+    let before = client_on("127.0.0.1").await;
+    let (answer, _) = exchange(&before, magpie.addr, &long_header(&first)).await;
+    assert_eq!(answered_by(&answer), want);
+    // The server's own ID, in a long header from the same address: one flow.
+    let (answer, _) = exchange(&before, magpie.addr, &long_header(&server)).await;
+    assert_eq!(answered_by(&answer), want);
+    // The client moves (a new port and IP) and sends 1-RTT packets to the
+    // server's ID: the same flow, so the same backend and upstream socket,
+    // and the answer reaches the new address.
+    let after = client_on("127.0.0.9").await;
+    let (answer, from) = exchange(&after, magpie.addr, &short_header(&server)).await;
+    assert_eq!((answered_by(&answer), from), (want.as_str(), magpie.addr));
+    let backend = backends.get(&want);
+    let peers = backend.peers.lock().expect("not poisoned").clone();
+    assert_eq!(peers.len(), 3);
+    assert!(
+        peers.iter().all(|p| *p == peers[0]),
+        "one upstream socket: {peers:?}"
+    );
+    assert_eq!(magpie.instance.stats.datagrams.created(), 1);
+    // A datagram that is not QUIC falls back to the client's address.
+    let stranger = client_on("127.0.0.3").await;
+    let (answer, _) = exchange(&stranger, magpie.addr, &[]).await;
+    let by_address = magpie.primary(source_ip_key("127.0.0.3".parse().expect("an IP")));
+    assert_eq!(answered_by(&answer), by_address);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_flow_table_is_bounded_and_idle_flows_end() {
+    let backends = UdpBackends::start("127.0.0.1", &["a"]).await;
+    let settings = "mode: udp\nmax_connections: 2\nidle_timeout: 300ms\n";
+    let magpie = Magpie::with(settings, &backends.pairs()).await;
+    let (one, two, three) = (
+        client_on("127.0.0.1").await,
+        client_on("127.0.0.1").await,
+        client_on("127.0.0.1").await,
+    );
+    exchange(&one, magpie.addr, b"1").await;
+    exchange(&two, magpie.addr, b"2").await;
+    three.send_to(b"3", magpie.addr).await.expect("sent");
+    let stats = &magpie.instance.stats.datagrams;
+    until("the third flow dropped", || {
+        stats.dropped(DatagramDrop::TableFull) == 1
+    })
+    .await;
+    assert_eq!(stats.open(), 2);
+    // Both flows idle out, and their backend's slots come back.
+    until("idle flows ended", || stats.ended(FlowEnd::Idle) == 2).await;
+    assert_eq!(stats.open(), 0);
+    assert_eq!(magpie.backend("a").live.load.active(), 0);
+    let (answer, _) = exchange(&three, magpie.addr, b"3").await;
+    assert_eq!(answer, "a:3");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flow_ends_after_its_responses_and_its_line_is_logged() {
+    let backends = UdpBackends::start("127.0.0.1", &["a"]).await;
+    let log = TempFile::new("access.log", "");
+    let settings = format!(
+        "mode: udp\nudp:\n  responses: 1\naccess_log:\n  path: {}\n  format: json\n",
+        log.path.display()
+    );
+    let magpie = Magpie::with(&settings, &backends.pairs()).await;
+    let client = client_on("127.0.0.1").await;
+    exchange(&client, magpie.addr, b"query").await;
+    let stats = &magpie.instance.stats.datagrams;
+    until("the flow ended", || stats.ended(FlowEnd::Responses) == 1).await;
+    magpie.stop().await;
+    let text = std::fs::read_to_string(&log.path).expect("the log");
+    let line: serde_json::Value = serde_json::from_str(text.trim()).expect("one JSON line");
+    assert_eq!(line["status"], "responses", "{line}");
+    assert_eq!(line["backend"], "a");
+    assert_eq!(line["bytes_in"], 5);
+    assert_eq!(line["bytes_out"], 7);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_health_takes_down_ends_its_flows_at_their_next_datagram() {
+    let backends = UdpBackends::start("127.0.0.1", &["a", "b"]).await;
+    let settings = "mode: udp\nhealth:\n  interval: 100ms\n  timeout: 100ms\n  rise: 1\n  fall: 1\n  datagram:\n    send: \"70 69 6e 67\"\n    expect: \"70 6f 6e 67\"\n";
+    let magpie = Magpie::with(settings, &backends.pairs()).await;
+    let ip = "127.0.0.1";
+    let home = magpie.primary(source_ip_key(ip.parse().expect("an IP")));
+    let other = if home == "a" { "b" } else { "a" };
+    let client = client_on(ip).await;
+    let (answer, _) = exchange(&client, magpie.addr, b"x").await;
+    assert_eq!(answered_by(&answer), home);
+    backends.kill(&home);
+    let down = magpie.backend(&home);
+    until("the probe to mark it down", || !down.live.health.is_up()).await;
+    let (answer, _) = exchange(&client, magpie.addr, b"y").await;
+    assert_eq!(answered_by(&answer), other);
+    let stats = &magpie.instance.stats.datagrams;
+    assert_eq!(stats.ended(FlowEnd::BackendDown), 1);
+    assert_eq!(stats.created(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_keeps_live_flows_on_their_backend() {
+    let backends = UdpBackends::start("127.0.0.1", &["a", "b", "c", "d"]).await;
+    let pairs = backends.pairs();
+    let settings = "mode: udp\nreload:\n  watch: false\n";
+    let file = TempFile::new(
+        "magpie.yaml",
+        &config_yaml("127.0.0.1:0", settings, &pairs[..1]),
+    );
+    let magpie = Magpie::start_file(&file.path).await;
+    let mut clients = Vec::new();
+    for last in 2..10 {
+        let client = client_on(&format!("127.0.0.{last}")).await;
+        let (answer, _) = exchange(&client, magpie.addr, b"before").await;
+        assert_eq!(answered_by(&answer), "a");
+        clients.push(client);
+    }
+    std::fs::write(&file.path, config_yaml("127.0.0.1:0", settings, &pairs)).expect("written");
+    let mut reloader = magpie_proxy::ops::reload::Reloader::new(
+        file.path.clone(),
+        std::sync::Arc::clone(&magpie.instance),
+    );
+    within("the reload", reloader.reload(true))
+        .await
+        .expect("the reload applies");
+    let mut moved_in_table = 0;
+    for (i, client) in clients.iter().enumerate() {
+        let ip: std::net::IpAddr = format!("127.0.0.{}", i + 2).parse().expect("an IP");
+        moved_in_table += usize::from(magpie.primary(source_ip_key(ip)) != "a");
+        let (answer, _) = exchange(client, magpie.addr, b"after").await;
+        assert_eq!(answered_by(&answer), "a", "a live flow stays");
+    }
+    assert!(moved_in_table > 0, "the new table moves some of these keys");
+}
+
+/// `dig` from the Debian package bind9-dnsutils.
+fn dig() -> PathBuf {
+    std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .map(|dir| dir.join("dig"))
+        .find(|candidate| candidate.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "dig is not on PATH: install the Debian package bind9-dnsutils (script/test does)"
+            )
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dns_queries_from_dig_reach_the_server_their_address_owns() {
+    let (one, two) = (DnsServer::start().await, DnsServer::start().await);
+    one.set_addresses("www.example", &["192.0.2.1".parse().expect("an IP")]);
+    two.set_addresses("www.example", &["192.0.2.2".parse().expect("an IP")]);
+    let pairs = [("one".to_string(), one.addr), ("two".to_string(), two.addr)];
+    let magpie = Magpie::with("mode: udp\nudp:\n  responses: 1\n", &pairs).await;
+    let dig = dig();
+    for last in 2..8 {
+        let source = format!("127.0.0.{last}");
+        let port = magpie.addr.port().to_string();
+        let args = [
+            "-p",
+            &port,
+            "-b",
+            &source,
+            "@127.0.0.1",
+            "www.example",
+            "A",
+            "+short",
+            "+tries=1",
+            "+time=5",
+        ];
+        let out = tokio::task::spawn_blocking({
+            let dig = dig.clone();
+            let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+            move || Command::new(dig).args(args).output()
+        })
+        .await
+        .expect("joined")
+        .expect("dig runs");
+        let answer = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let want = match magpie
+            .primary(source_ip_key(source.parse().expect("an IP")))
+            .as_str()
+        {
+            "one" => "192.0.2.1",
+            _ => "192.0.2.2",
+        };
+        assert_eq!(
+            answer,
+            want,
+            "dig from {source}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let stats = &magpie.instance.stats.datagrams;
+    until("every flow ended at its answer", || {
+        stats.ended(FlowEnd::Responses) == 6
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_show_flows_and_datagrams() {
+    let backends = UdpBackends::start("127.0.0.1", &["a"]).await;
+    let yaml = config_yaml_with_admin("127.0.0.1:0", "mode: udp\n", &backends.pairs());
+    let magpie = Magpie::start(&yaml).await;
+    let client = client_on("127.0.0.1").await;
+    exchange(&client, magpie.addr, b"m").await;
+    let admin: SocketAddr = magpie.admin.expect("admin is on");
+    let (status, text) = admin_get(admin, "/metrics").await;
+    assert_eq!(status, 200);
+    for line in [
+        "magpie_udp_flows_open 1",
+        "magpie_udp_flows_created_total 1",
+        "magpie_backend_datagrams_sent_total{backend=\"a\"",
+        "magpie_backend_datagrams_received_total{backend=\"a\"",
+        "magpie_udp_datagrams_dropped_total{reason=\"table_full\"} 0",
+    ] {
+        assert!(text.contains(line), "{line} in\n{text}");
+    }
+}
