@@ -86,7 +86,7 @@ impl Child {
             .env_remove("LISTEN_PID");
         command
             .fd_mappings(vec![FdMapping {
-                parent_fd: fd.into(),
+                parent_fd: fd,
                 child_fd: 3,
             }])
             .expect("fd 3 is free in the child");
