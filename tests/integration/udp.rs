@@ -300,3 +300,30 @@ async fn metrics_show_flows_and_datagrams() {
         assert!(text.contains(line), "{line} in\n{text}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_port_counts_towards_passive_health() {
+    let backends = UdpBackends::start("127.0.0.1", &["a", "b"]).await;
+    // Active checks rarely (a probe every hour): only the data path sees it.
+    let settings = "mode: udp\nhealth:\n  interval: 1h\n  timeout: 1s\n  passive_failures: 2\n  datagram:\n    send: \"70 69 6e 67\"\n";
+    let magpie = Magpie::with(settings, &backends.pairs()).await;
+    let ip = "127.0.0.1";
+    let home = magpie.primary(source_ip_key(ip.parse().expect("an IP")));
+    let other = if home == "a" { "b" } else { "a" };
+    let client = client_on(ip).await;
+    exchange(&client, magpie.addr, b"up").await;
+    backends.kill(&home);
+    let down = magpie.backend(&home);
+    let stats = &magpie.instance.stats.datagrams;
+    // Each datagram to the closed port comes back as ICMP port unreachable.
+    within("passive health to mark it down", async {
+        while down.live.health.is_up() {
+            client.send_to(b"lost", magpie.addr).await.expect("sent");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(stats.dropped(DatagramDrop::BackendRefused) >= 2);
+    let (answer, _) = exchange(&client, magpie.addr, b"again").await;
+    assert_eq!(answered_by(&answer), other);
+}

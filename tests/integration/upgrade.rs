@@ -285,3 +285,88 @@ async fn a_streamed_answer_and_a_keep_alive_client_cross_the_upgrade() {
     let status = old.process.wait().await.expect("the old process exits");
     assert!(status.success(), "{status}: nothing was cut");
 }
+
+/// Mode udp: the datagram socket is handed over like a listener. Clients
+/// that keep sending across the upgrade lose no datagram and keep their
+/// backend; the old process relays the answers on their way and exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mode_udp_flows_cross_the_upgrade_without_a_lost_datagram() {
+    let backends = UdpBackends::start("127.0.0.1", &["a", "b", "c"]).await;
+    let yaml = config_yaml(
+        "127.0.0.1:0",
+        "mode: udp\nshutdown_grace: 10s\n",
+        &backends.pairs(),
+    );
+    let file = TempFile::new("magpie.yaml", &yaml);
+    let path = file.path.to_str().expect("a UTF-8 temp path");
+    let mut old = Child::spawn(&["run", "--config", path]);
+    let addr = old.listen_addr().await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let rounds = Arc::new(AtomicU64::new(0));
+    let load = {
+        let (stop, rounds) = (Arc::clone(&stop), Arc::clone(&rounds));
+        tokio::spawn(async move {
+            let mut clients = Vec::new();
+            for last in 2..10 {
+                clients.push((client_on(&format!("127.0.0.{last}")).await, None));
+            }
+            let mut lost = 0u64;
+            // Bounded: at most 5,000 rounds or 60 s.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            for round in 0..5_000u64 {
+                if stop.load(Ordering::Relaxed) || tokio::time::Instant::now() > deadline {
+                    break;
+                }
+                for (client, first) in &mut clients {
+                    let datagram = format!("r{round}");
+                    client
+                        .send_to(datagram.as_bytes(), addr)
+                        .await
+                        .expect("sent");
+                    let mut buf = [0u8; 64];
+                    let got =
+                        tokio::time::timeout(Duration::from_secs(1), client.recv_from(&mut buf))
+                            .await;
+                    let Ok(Ok((n, _))) = got else {
+                        lost += 1;
+                        continue;
+                    };
+                    let answer = String::from_utf8_lossy(&buf[..n]).into_owned();
+                    let by = answered_by(&answer).to_string();
+                    assert_eq!(answer, format!("{by}:{datagram}"));
+                    assert_eq!(
+                        first.get_or_insert(by.clone()),
+                        &by,
+                        "a client keeps its backend"
+                    );
+                }
+                rounds.fetch_add(1, Ordering::Relaxed);
+            }
+            lost
+        })
+    };
+    let at_least = |n: u64| {
+        let rounds = Arc::clone(&rounds);
+        async move {
+            within("the load to go on", async {
+                while rounds.load(Ordering::Relaxed) < n {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+            .await;
+        }
+    };
+    at_least(20).await;
+    old.signal("-USR2");
+    let pid = new_pid(&mut old).await;
+    let _new = KillOnDrop(pid);
+    let status = within("the old process to drain", old.process.wait())
+        .await
+        .expect("the old process exits");
+    assert!(status.success(), "{status}");
+    let after = rounds.load(Ordering::Relaxed);
+    at_least(after + 20).await;
+    stop.store(true, Ordering::Relaxed);
+    let lost = load.await.expect("the load ran");
+    assert_eq!(lost, 0, "no datagram lost across the upgrade");
+}

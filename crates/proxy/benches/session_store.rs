@@ -58,6 +58,8 @@ async fn measure(
     out
 }
 
+type Row = (&'static str, &'static str, Vec<Duration>);
+
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
     let n = if full { 20_000 } else { 200 };
@@ -73,78 +75,87 @@ fn main() {
             local_config.sessions.as_ref().expect("sessions"),
         ));
         let [local_miss, local_hit] = measure(&local, &snapshot, 0, n).await;
-        let mut rows = vec![
-            ("local", "miss", local_miss.clone()),
-            ("local", "hit", local_hit.clone()),
-        ];
-
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        let redis = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-        match redis {
-            Err(e) => println!("redis-server not available ({e}): measuring store: local only"),
-            Ok(mut redis) => {
-                let redis_config = config(&format!(
-                    "  store: redis\n  redis: {{addr: \"127.0.0.1:{port}\", timeout: 1s}}\n"
-                ));
-                let sessions = Arc::new(Sessions::new(
-                    redis_config.sessions.as_ref().expect("sessions"),
-                ));
-                let store = sessions.store.clone().expect("a store");
-                let waited = Instant::now();
-                while !store.is_connected() && waited.elapsed() < Duration::from_secs(10) {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-                assert!(
-                    store.is_connected(),
-                    "redis-server did not accept a connection"
-                );
-                let [miss, hit] = measure(&sessions, &snapshot, 1 << 40, n).await;
-                assert_eq!(
-                    store.stats.fallbacks(),
-                    0,
-                    "the store timed out during the bench"
-                );
-                rows.push(("redis", "miss", miss));
-                rows.push(("redis", "hit", hit));
-                let _ = redis.kill();
-                let _ = redis.wait();
-            }
-        }
-        println!("routing decisions per case: {n}");
-        println!(
-            "{:<6} {:<5} {:>10} {:>10} {:>12} {:>12}",
-            "store", "keys", "p50", "p99", "p50 / local", "p99 / local"
-        );
-        for (store, keys, sorted) in &rows {
-            let base = if *keys == "miss" {
-                &local_miss
-            } else {
-                &local_hit
-            };
-            let (p50, p99) = (percentile(sorted, 0.5), percentile(sorted, 0.99));
-            println!(
-                "{store:<6} {keys:<5} {:>10.1?} {:>10.1?} {:>12.1} {:>12.1}",
-                p50,
-                p99,
-                p50.as_secs_f64() / percentile(base, 0.5).as_secs_f64(),
-                p99.as_secs_f64() / percentile(base, 0.99).as_secs_f64(),
-            );
-        }
+        let mut rows: Vec<Row> = vec![("local", "miss", local_miss), ("local", "hit", local_hit)];
+        rows.extend(with_redis(&snapshot, n).await);
+        print_rows(&rows, n);
     });
+}
+
+/// The redis rows, against a redis-server started on a free port (none
+/// when it cannot start).
+async fn with_redis(snapshot: &Snapshot, n: u64) -> Vec<Row> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let redis = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    let mut redis = match redis {
+        Err(e) => {
+            println!("redis-server not available ({e}): measuring store: local only");
+            return Vec::new();
+        }
+        Ok(redis) => redis,
+    };
+    let redis_config = config(&format!(
+        "  store: redis\n  redis: {{addr: \"127.0.0.1:{port}\", timeout: 1s}}\n"
+    ));
+    let sessions = Arc::new(Sessions::new(
+        redis_config.sessions.as_ref().expect("sessions"),
+    ));
+    let store = sessions.store.clone().expect("a store");
+    let waited = Instant::now();
+    while !store.is_connected() && waited.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        store.is_connected(),
+        "redis-server did not accept a connection"
+    );
+    let [miss, hit] = measure(&sessions, snapshot, 1 << 40, n).await;
+    assert_eq!(
+        store.stats.fallbacks(),
+        0,
+        "the store timed out during the bench"
+    );
+    let _ = redis.kill();
+    let _ = redis.wait();
+    vec![("redis", "miss", miss), ("redis", "hit", hit)]
+}
+
+/// Each row's percentiles, and their ratio to the local store's.
+fn print_rows(rows: &[Row], n: u64) {
+    let base = |keys: &str| {
+        let local = rows
+            .iter()
+            .find(|(store, k, _)| *store == "local" && *k == keys);
+        local.map(|(_, _, sorted)| sorted).expect("the local rows")
+    };
+    println!("routing decisions per case: {n}");
+    println!(
+        "{:<6} {:<5} {:>10} {:>10} {:>12} {:>12}",
+        "store", "keys", "p50", "p99", "p50 / local", "p99 / local"
+    );
+    for (store, keys, sorted) in rows {
+        let (p50, p99) = (percentile(sorted, 0.5), percentile(sorted, 0.99));
+        println!(
+            "{store:<6} {keys:<5} {:>10.1?} {:>10.1?} {:>12.1} {:>12.1}",
+            p50,
+            p99,
+            p50.as_secs_f64() / percentile(base(keys), 0.5).as_secs_f64(),
+            p99.as_secs_f64() / percentile(base(keys), 0.99).as_secs_f64(),
+        );
+    }
 }

@@ -46,6 +46,7 @@ pub use udp::{DatagramProbe, UdpConfig};
 pub(crate) use validate::reaches;
 mod raw;
 mod raw_listen;
+mod raw_udp;
 mod resolve;
 mod validate;
 

@@ -15,6 +15,7 @@ use serde_saphyr::Spanned;
 
 use super::access_log::RawAccessLog;
 use super::raw_listen::Listen;
+pub(super) use super::raw_udp::{RawDatagram, RawUdp};
 use super::{Algorithm, AllDown, ConfigError, CopyMode, LoadPreset, Mode, PerBackend, Reuse};
 use magpie_core::key::Fallback;
 
@@ -67,24 +68,6 @@ pub struct RawConfig {
     pub(super) queue: Option<Spanned<RawQueue>>,
     #[serde(default)]
     pub(super) udp: Option<Spanned<RawUdp>>,
-}
-
-/// `udp` (mode udp): how flows end.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawUdp {
-    #[serde(default)]
-    pub(super) responses: Option<Spanned<u64>>,
-}
-
-/// `health.datagram` (mode udp): a probe datagram and the start of the
-/// answer it expects, both in hex.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawDatagram {
-    pub(super) send: Spanned<String>,
-    #[serde(default)]
-    pub(super) expect: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

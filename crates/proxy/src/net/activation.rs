@@ -63,26 +63,12 @@ impl Inherited {
     /// port), the first one on its IP address (a binary upgrade hands the
     /// sockets over in the config's order).
     pub fn take(&mut self, addr: SocketAddr) -> Option<TcpListener> {
-        let exact = self.sockets.iter().position(|(a, _)| *a == addr);
-        let any_port = || {
-            (addr.port() == 0)
-                .then(|| self.sockets.iter().position(|(a, _)| a.ip() == addr.ip()))
-                .flatten()
-        };
-        let i = exact.or_else(any_port)?;
-        Some(self.sockets.remove(i).1)
+        take_bound(&mut self.sockets, addr)
     }
 
     /// The inherited UDP socket bound to `addr`, taken, as [`Self::take`].
     pub fn take_datagram(&mut self, addr: SocketAddr) -> Option<UdpSocket> {
-        let exact = self.datagrams.iter().position(|(a, _)| *a == addr);
-        let any_port = || {
-            (addr.port() == 0)
-                .then(|| self.datagrams.iter().position(|(a, _)| a.ip() == addr.ip()))
-                .flatten()
-        };
-        let i = exact.or_else(any_port)?;
-        Some(self.datagrams.remove(i).1)
+        take_bound(&mut self.datagrams, addr)
     }
 
     /// The addresses of the sockets not taken.
@@ -98,6 +84,19 @@ impl Inherited {
     pub fn is_empty(&self) -> bool {
         self.sockets.is_empty() && self.datagrams.is_empty()
     }
+}
+
+/// The socket of `sockets` bound to `addr`, taken; for a port 0, the
+/// first one on its IP address.
+fn take_bound<T>(sockets: &mut Vec<(SocketAddr, T)>, addr: SocketAddr) -> Option<T> {
+    let exact = sockets.iter().position(|(a, _)| *a == addr);
+    let any_port = || {
+        (addr.port() == 0)
+            .then(|| sockets.iter().position(|(a, _)| a.ip() == addr.ip()))
+            .flatten()
+    };
+    let i = exact.or_else(any_port)?;
+    Some(sockets.remove(i).1)
 }
 
 #[cfg(test)]

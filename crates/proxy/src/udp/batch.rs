@@ -21,7 +21,9 @@ use nix::sys::socket::{MsgFlags, MultiHeaders, SockaddrStorage, recvmmsg};
 use tokio::io::Interest;
 use tokio::net::UdpSocket;
 
-use super::flow::MAX_DATAGRAM;
+/// The largest datagram: a UDP payload's bound over IPv6 (65,535 less the
+/// 8-byte UDP header); IPv4's is smaller.
+pub const MAX_DATAGRAM: usize = 65_527;
 
 /// The most datagrams one call reads.
 pub const BATCH: usize = 16;

@@ -20,17 +20,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use super::batch::with_batch;
+use super::batch::{MAX_DATAGRAM, with_batch};
 use crate::routing::backend::{ActiveGuard, Backend};
 use crate::routing::health::passive;
 use crate::routing::instance::Instance;
 use crate::routing::route::How;
 use crate::telemetry::access_log::{Entry, Status};
 use crate::telemetry::datagrams::{DatagramDrop, FlowEnd};
-
-/// The largest datagram: a UDP payload's bound over IPv6 (65,535 less the
-/// 8-byte UDP header); IPv4's is smaller.
-pub const MAX_DATAGRAM: usize = 65_527;
 
 /// During a drain, how long a flow waits for an answer already on its way.
 pub const DRAIN_IDLE: Duration = Duration::from_secs(1);

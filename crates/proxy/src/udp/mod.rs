@@ -49,8 +49,8 @@ use crate::telemetry::datagrams::{DatagramDrop, FlowEnd};
 use crate::telemetry::stats::Exhausted;
 use crate::telemetry::supervise::{self, Task};
 use crate::telemetry::throttle::Throttle;
-use batch::with_batch;
-use flow::{Flow, MAX_DATAGRAM, Opened, Relay};
+use batch::{MAX_DATAGRAM, with_batch};
+use flow::{Flow, Opened, Relay};
 use flows::Flows;
 use magpie_core::key::{self, FallbackReason};
 

@@ -167,16 +167,7 @@ impl<'a> Validator<'a> {
         let key = self.key(raw.key, mode);
         let connect = self.connect(raw.connect);
         let idle_written = raw.idle_timeout.is_some();
-        let idle_default = match mode {
-            Mode::Udp => DEFAULT_UDP_IDLE_TIMEOUT,
-            _ => DEFAULT_IDLE_TIMEOUT,
-        };
-        let idle_timeout = self.positive(
-            raw.idle_timeout,
-            "idle_timeout",
-            idle_default,
-            MAX_IDLE_TIMEOUT,
-        );
+        let idle_timeout = self.idle_timeout(raw.idle_timeout, mode);
         let max_connections = self.count(
             raw.max_connections,
             "max_connections",
@@ -237,6 +228,16 @@ impl<'a> Validator<'a> {
             self.errors.sort_by_key(|e| (e.line, e.column));
             Err(ConfigErrors(self.errors))
         }
+    }
+
+    /// `idle_timeout`, whose default depends on the mode (a UDP flow's is
+    /// shorter: nothing says when it ends).
+    fn idle_timeout(&mut self, raw: Option<Spanned<HumanDuration>>, mode: Mode) -> Duration {
+        let default = match mode {
+            Mode::Udp => DEFAULT_UDP_IDLE_TIMEOUT,
+            _ => DEFAULT_IDLE_TIMEOUT,
+        };
+        self.positive(raw, "idle_timeout", default, MAX_IDLE_TIMEOUT)
     }
 
     /// `shutdown_grace`: zero is allowed, and closes open connections at once.
