@@ -327,3 +327,37 @@ async fn a_closed_port_counts_towards_passive_health() {
     let (answer, _) = exchange(&client, magpie.addr, b"again").await;
     assert_eq!(answered_by(&answer), other);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_checks_another_port_of_each_backend() {
+    // Each backend on its own loopback address, with a TCP health port.
+    let (a, b) = (
+        UdpBackends::start("127.0.0.2", &["a"]).await,
+        UdpBackends::start("127.0.0.3", &["b"]).await,
+    );
+    let health_a = std::net::TcpListener::bind("127.0.0.2:0").expect("a health port");
+    let port = health_a.local_addr().expect("bound").port();
+    let _health_b = std::net::TcpListener::bind(("127.0.0.3", port)).expect("the same port on b");
+    let pairs = [a.pairs(), b.pairs()].concat();
+    let settings = format!(
+        "mode: udp\nhealth:\n  port: {port}\n  interval: 100ms\n  timeout: 100ms\n  rise: 1\n  fall: 1\n"
+    );
+    let magpie = Magpie::with(&settings, &pairs).await;
+    let (up_a, up_b) = (magpie.backend("a"), magpie.backend("b"));
+    let checked = || {
+        let ok = |b: &magpie_proxy::routing::backend::Backend| {
+            b.live
+                .health
+                .checks(magpie_proxy::routing::health::state::CheckOutcome::Ok)
+        };
+        ok(&up_a) > 0 && ok(&up_b) > 0
+    };
+    until("both health ports answered", checked).await;
+    assert!(up_a.live.health.is_up() && up_b.live.health.is_up());
+    drop(health_a);
+    until("a's closed health port marks it down", || {
+        !up_a.live.health.is_up()
+    })
+    .await;
+    assert!(up_b.live.health.is_up());
+}

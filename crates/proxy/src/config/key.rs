@@ -222,6 +222,24 @@ mod tests {
     }
 
     #[test]
+    fn a_quic_key_is_written_as_its_connection_id_in_hex() {
+        let quic = KeyConfig::Quic {
+            cid_length: 8,
+            fallback: Fallback::SourceIp,
+        };
+        assert_eq!(
+            quic.key_of_text("0102ff"),
+            Ok(key::quic::cid_key(&[1, 2, 255]))
+        );
+        assert_eq!(
+            quic.key_of_text("conv-1"),
+            Err(KeyTextError::NotHex("conv-1".into()))
+        );
+        let client: SocketAddr = "127.0.0.1:5555".parse().unwrap();
+        assert_eq!(quic.address_key(client), key::source_ip_key(client.ip()));
+    }
+
+    #[test]
     fn an_address_gives_the_fallback_key_in_header_mode() {
         let client: SocketAddr = "127.0.0.1:5555".parse().unwrap();
         for fallback in [Fallback::SourceIp, Fallback::SourceAddr] {

@@ -525,6 +525,10 @@ backends:
             "test.yaml:2:7: unknown variant `zerocopy`, expected one of auto, buffered, splice",
         ),
         (
+            "mode: udp\nlisten: 0.0.0.0:53\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+            "test.yaml:2:9: mode udp needs each listen address written out, not 0.0.0.0:53",
+        ),
+        (
             "mode: sctp\nlisten: 127.0.0.1:7000\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
             "test.yaml:1:7: unknown variant `sctp`, expected one of tcp, http, udp",
         ),

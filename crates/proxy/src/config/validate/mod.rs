@@ -296,6 +296,7 @@ impl<'a> Validator<'a> {
         for (item, raw_tls) in items {
             let listener_tls = raw_tls.and_then(|t| self.listener_tls(t, mode));
             if let Some(addr) = self.socket_addr(&item, "listen address") {
+                self.datagram_listen(addr, mode, &item.referenced);
                 if out.contains(&addr) {
                     self.err(
                         &item.referenced,

@@ -9,6 +9,8 @@
 //! so mode udp needs `health.port` (a TCP or HTTP check there) or
 //! `health.datagram` (a probe datagram and its expected answer).
 
+use std::net::SocketAddr;
+
 use serde_saphyr::{Location, Spanned};
 
 use super::Validator;
@@ -160,6 +162,18 @@ impl Validator<'_> {
                 );
                 Vec::new()
             }
+        }
+    }
+
+    /// Mode udp answers a client from the socket it sent to, whose address
+    /// must then be the one the client sent to: a wildcard (`0.0.0.0`,
+    /// `[::]`) would let the kernel pick another on a host with several.
+    pub(super) fn datagram_listen(&mut self, addr: SocketAddr, mode: Mode, at: &Location) {
+        if mode == Mode::Udp && addr.ip().is_unspecified() {
+            self.err(
+                at,
+                format!("mode udp needs each listen address written out, not {addr}: answers leave from the address the client sent to (list each of the host's addresses)"),
+            );
         }
     }
 
