@@ -25,6 +25,7 @@
 //! | `drive` | running it: a task per conversation, the scale-up, the deadline |
 //! | `turn` | one request: its body and key, the ideal cache it is checked against, its record |
 //! | [`trace`] | a production trace (Mooncake's format): its window, its conversations rebuilt, each block rendered as text |
+//! | [`trace_cache`] | what one LRU cache of a share of a window's blocks would prefill: the reference when caches are small |
 //! | `replay` | sending a trace's conversations at its clock, sped up |
 //! | [`report`] | the records' summary: hit ratio, prefill ÷ ideal, TTFT, splits, shares, moves |
 
@@ -40,6 +41,7 @@ pub mod report;
 #[cfg(test)]
 mod tests;
 pub mod trace;
+pub mod trace_cache;
 mod turn;
 
 pub use report::{Record, Summary};

@@ -260,6 +260,9 @@ pub struct TraceFacts {
     pub ideal_hit_ratio: f64,
     /// The largest request, scaled (tokens).
     pub max_input_tokens: usize,
+    /// One LRU cache of a share of the distinct blocks: what it prefills
+    /// over the ideal ([`super::trace_cache`]).
+    pub one_cache: Vec<super::trace_cache::OneCache>,
 }
 
 /// The facts of `threads` (one window of `path`).
@@ -296,6 +299,7 @@ pub fn facts(threads: &[Thread], setup: &FactsSetup) -> TraceFacts {
             .map(|r| setup.scale.tokens(r.input_tokens))
             .max()
             .unwrap_or(0),
+        one_cache: super::trace_cache::one_cache(&all, seen.len(), total - hit),
     }
 }
 
