@@ -81,8 +81,14 @@ async fn a_quic_connection_keeps_its_backend_when_the_client_moves() {
     let backends = UdpBackends::start("127.0.0.1", &["a", "b", "c"]).await;
     let settings = "mode: udp\nkey:\n  from: quic\n  quic_cid_length: 8\n";
     let magpie = Magpie::with(settings, &backends.pairs()).await;
-    let (first, server) = (*b"client-0", *b"server-7");
+    let first = *b"client-0";
     let want = magpie.primary(quic::cid_key(&first));
+    // The server's ID hashes elsewhere: only the flow table keeps the
+    // connection on its backend.
+    let server = (0..100u8)
+        .map(|n| [b's', b'e', b'r', b'v', b'e', b'r', b'-', n])
+        .find(|id| magpie.primary(quic::cid_key(id)) != want)
+        .expect("an ID owned by another backend");
     let before = client_on("127.0.0.1").await;
     let (answer, _) = exchange(&before, magpie.addr, &long_header(&first)).await;
     assert_eq!(answered_by(&answer), want);
@@ -90,19 +96,32 @@ async fn a_quic_connection_keeps_its_backend_when_the_client_moves() {
     let (answer, _) = exchange(&before, magpie.addr, &long_header(&server)).await;
     assert_eq!(answered_by(&answer), want);
     // The client moves (a new port and IP) and sends 1-RTT packets to the
-    // server's ID: the same flow, so the same backend and upstream socket,
-    // and the answer reaches the new address.
+    // server's ID: a new flow, on the same backend, and the answer reaches
+    // the new address. The server sees the connection come from a new
+    // address (a socket of the new flow's own), so it can validate the
+    // new path itself.
     let after = client_on("127.0.0.9").await;
-    let (answer, from) = exchange(&after, magpie.addr, &short_header(&server)).await;
-    assert_eq!((answered_by(&answer), from), (want.as_str(), magpie.addr));
+    for _ in 0..2 {
+        let (answer, from) = exchange(&after, magpie.addr, &short_header(&server)).await;
+        assert_eq!((answered_by(&answer), from), (want.as_str(), magpie.addr));
+    }
     let backend = backends.get(&want);
     let peers = backend.peers.lock().expect("not poisoned").clone();
-    assert_eq!(peers.len(), 3);
-    assert!(
-        peers.iter().all(|p| *p == peers[0]),
-        "one upstream socket: {peers:?}"
+    assert_eq!(peers.len(), 4);
+    assert_eq!(
+        (peers[0], peers[2]),
+        (peers[1], peers[3]),
+        "a socket per flow"
     );
-    assert_eq!(magpie.instance.stats.datagrams.created(), 1);
+    assert_ne!(
+        peers[0], peers[2],
+        "the moved client's flow has its own socket"
+    );
+    assert_eq!(magpie.instance.stats.datagrams.created(), 2);
+    // The old address keeps its own flow.
+    let (answer, _) = exchange(&before, magpie.addr, &short_header(&server)).await;
+    assert_eq!(answered_by(&answer), want);
+    assert_eq!(magpie.instance.stats.datagrams.created(), 2);
     // A datagram that is not QUIC falls back to the client's address.
     let stranger = client_on("127.0.0.3").await;
     let (answer, _) = exchange(&stranger, magpie.addr, &[]).await;

@@ -58,7 +58,8 @@ pub struct Flow {
     pub backend: Arc<Backend>,
     upstream: UdpSocket,
     listener: Arc<UdpSocket>,
-    client: Mutex<SocketAddr>,
+    /// Where its answers go.
+    pub client: SocketAddr,
     /// Connection IDs it carried (`key.from: quic`), for the table.
     ids: Mutex<Vec<Box<[u8]>>>,
     pub key: u64,
@@ -92,7 +93,7 @@ impl Flow {
             backend: opened.backend,
             upstream: opened.upstream,
             listener: opened.listener,
-            client: Mutex::new(opened.client),
+            client: opened.client,
             ids: Mutex::new(Vec::new()),
             key: opened.key,
             how: opened.how,
@@ -104,16 +105,6 @@ impl Flow {
             stopped_as: OnceLock::new(),
             _slot: opened.slot,
         }
-    }
-
-    /// Where its answers go now.
-    pub fn client(&self) -> SocketAddr {
-        *self.client.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The client's address changed (a QUIC connection migrated).
-    pub fn moved_to(&self, client: SocketAddr) {
-        *self.client.lock().unwrap_or_else(|e| e.into_inner()) = client;
     }
 
     /// Remembers connection ID `id`, unless it holds `max` already.
@@ -263,7 +254,7 @@ impl Flow {
                 return more;
             }
             self.touch();
-            let to = SockAddr::from(self.client());
+            let to = SockAddr::from(self.client);
             let client = SockRef::from(&*self.listener);
             for (answer, _) in batch.datagrams() {
                 if answer.len() > MAX_DATAGRAM {
@@ -288,10 +279,10 @@ impl Flow {
         if instance.access_log.sampled().is_none() {
             return;
         }
-        let listener = self.listener.local_addr().unwrap_or(self.client());
+        let listener = self.listener.local_addr().unwrap_or(self.client);
         let entry = Entry {
             time: SystemTime::now(),
-            client: self.client(),
+            client: self.client,
             listener,
             backend: Some((self.backend.name.clone(), self.backend.addr)),
             key_hash: self.key,

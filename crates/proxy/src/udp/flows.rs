@@ -1,19 +1,25 @@
-//! The flow table: which flow a datagram belongs to, by the client's
-//! address, or (`key.from: quic`) by a connection ID the flow has carried,
-//! so a QUIC client whose address changed finds its flow, its upstream
-//! socket and its backend again, and its answers follow it to the new
-//! address.
+//! The flow table: the flow of each client address, and (`key.from: quic`)
+//! the flow that carried each connection ID, so that a QUIC client whose
+//! address changed is sent to the backend its connection is on.
 //!
-//! One mutex guards both maps; a lookup holds it for two hash probes.
-//! The table holds at most `max_connections` flows (checked by the data
-//! path before it opens one) and each flow at most
-//! [`MAX_IDS_PER_FLOW`] connection IDs, so its size is bounded by config.
+//! A flow is what one client address sends: a client that moves gets a
+//! new flow, with a socket of its own, on its connection's backend. The
+//! server then sees the connection arrive from a new address and validates
+//! the new path itself (QUIC's defense against a forged migration), where
+//! moving the old flow's answers to whoever showed a connection ID would
+//! hand them to anyone who saw one on the wire.
+//!
+//! One mutex guards both maps; a lookup holds it for two hash probes. The
+//! table holds at most `max_connections` flows (checked by the data path
+//! before it opens one) and each flow at most [`MAX_IDS_PER_FLOW`]
+//! connection IDs, so its size is bounded by config.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::flow::Flow;
+use crate::routing::backend::Backend;
 
 /// The most connection IDs remembered per flow: a QUIC connection uses
 /// the client's first ID, then those its server issues (a few at a time).
@@ -30,6 +36,17 @@ struct Table {
     by_id: HashMap<Box<[u8]>, Arc<Flow>>,
 }
 
+/// What the table knows of a datagram.
+#[derive(Debug)]
+pub enum Found {
+    /// The flow of its client address.
+    Flow(Arc<Flow>),
+    /// No flow of its address, but its connection ID is another flow's
+    /// (the client moved): a new flow should go to this backend.
+    Moved(Arc<Backend>),
+    Nothing,
+}
+
 impl Flows {
     /// Flows open.
     pub fn len(&self) -> usize {
@@ -40,30 +57,21 @@ impl Flows {
         self.len() == 0
     }
 
-    /// The flow of a datagram from `client` carrying connection ID `id`
-    /// (QUIC): by the ID first, then by the address. A flow found by its
-    /// ID from a new address moves there; a new ID on a known flow is
-    /// remembered (up to [`MAX_IDS_PER_FLOW`]).
-    pub fn lookup(&self, client: SocketAddr, id: Option<&[u8]>) -> Option<Arc<Flow>> {
+    /// What is known of a datagram from `client` carrying connection ID
+    /// `id` (QUIC). A new ID on a known flow is remembered (up to
+    /// [`MAX_IDS_PER_FLOW`], and while no other flow has it).
+    pub fn lookup(&self, client: SocketAddr, id: Option<&[u8]>) -> Found {
         let mut table = self.lock();
-        let by_id = id.and_then(|id| table.by_id.get(id)).cloned();
-        let flow = by_id.or_else(|| table.by_client.get(&client).cloned())?;
-        let was = flow.client();
-        if was != client {
-            if table
-                .by_client
-                .get(&was)
-                .is_some_and(|f| Arc::ptr_eq(f, &flow))
-            {
-                table.by_client.remove(&was);
+        if let Some(flow) = table.by_client.get(&client).cloned() {
+            if let Some(id) = id {
+                table.remember(&flow, id);
             }
-            table.by_client.insert(client, Arc::clone(&flow));
-            flow.moved_to(client);
+            return Found::Flow(flow);
         }
-        if let Some(id) = id {
-            table.remember(&flow, id);
+        match id.and_then(|id| table.by_id.get(id)) {
+            Some(flow) => Found::Moved(Arc::clone(&flow.backend)),
+            None => Found::Nothing,
         }
-        Some(flow)
     }
 
     /// A new flow, with the ID its first datagram carried.
@@ -72,19 +80,14 @@ impl Flows {
         if let Some(id) = id {
             table.remember(&flow, id);
         }
-        table.by_client.insert(flow.client(), flow);
+        table.by_client.insert(flow.client, flow);
     }
 
     /// `flow` leaves the table (its entries, not a newer flow's).
     pub fn remove(&self, flow: &Arc<Flow>) {
         let mut table = self.lock();
-        let client = flow.client();
-        if table
-            .by_client
-            .get(&client)
-            .is_some_and(|f| Arc::ptr_eq(f, flow))
-        {
-            table.by_client.remove(&client);
+        if (table.by_client.get(&flow.client)).is_some_and(|f| Arc::ptr_eq(f, flow)) {
+            table.by_client.remove(&flow.client);
         }
         for id in flow.take_ids() {
             if table.by_id.get(&id).is_some_and(|f| Arc::ptr_eq(f, flow)) {

@@ -8,7 +8,9 @@
 //! A flow is what one client address sends, keyed by that address
 //! (`key.from: source_ip` or `source_addr`) or by the destination
 //! connection ID of its first QUIC packet (`key.from: quic`), so that every
-//! magpie with the same config sends it to the same backend. Its own
+//! magpie with the same config sends it to the same backend; a QUIC client
+//! that moves to another address opens a flow there on the backend its
+//! connection is on ([`flows`]). Its own
 //! upstream socket is what tells the backend's answers apart. A flow keeps
 //! its backend for its whole life: a reload that changes the table moves
 //! only new flows, and a removed backend's flows end at their idle timeout.
@@ -42,6 +44,7 @@ use tracing::{debug, info, warn};
 use crate::config::KeyConfig;
 use crate::intake::listener::Drained;
 use crate::net::is_resource_exhaustion;
+use crate::routing::backend::Backend;
 use crate::routing::instance::Instance;
 use crate::routing::recent::Decision;
 use crate::routing::route::Route;
@@ -51,7 +54,7 @@ use crate::telemetry::supervise::{self, Task};
 use crate::telemetry::throttle::Throttle;
 use batch::{MAX_DATAGRAM, with_batch};
 use flow::{Flow, Opened, Relay};
-use flows::Flows;
+use flows::{Flows, Found};
 use magpie_core::key::{self, FallbackReason};
 
 /// What every receive loop shares.
@@ -168,31 +171,54 @@ fn deliver(
         }
         _ => None,
     };
+    drop(snapshot);
+    let new = NewFlow {
+        listener,
+        client,
+        datagram,
+        moved_from: None,
+    };
     let flow = match shared.flows.lookup(client, id) {
-        Some(flow) if flow.backend.live.health.is_up() => flow,
-        Some(flow) => {
+        Found::Flow(flow) if flow.backend.live.health.is_up() => flow,
+        Found::Flow(flow) => {
             // Its backend is down: the next datagram finds one that is up.
             shared.flows.remove(&flow);
             flow.stop(FlowEnd::BackendDown);
-            drop(snapshot);
-            open(shared, listener, client, datagram)?
+            open(shared, new)?
         }
-        None => {
-            drop(snapshot);
-            open(shared, listener, client, datagram)?
-        }
+        Found::Moved(backend) => open(
+            shared,
+            NewFlow {
+                moved_from: Some(backend),
+                ..new
+            },
+        )?,
+        Found::Nothing => open(shared, new)?,
     };
     flow.forward(datagram, &shared.instance)
 }
 
-/// A new flow for `client`, whose first datagram is `datagram`: keyed,
-/// routed, given its socket, entered in the table and its task started.
-fn open(
-    shared: &Shared,
-    listener: &Arc<UdpSocket>,
+/// What a new flow starts from.
+struct NewFlow<'a> {
+    /// The socket its first datagram came to.
+    listener: &'a Arc<UdpSocket>,
     client: SocketAddr,
-    datagram: &[u8],
-) -> Result<Arc<Flow>, DatagramDrop> {
+    datagram: &'a [u8],
+    /// The backend of the connection it belongs to, when its client moved
+    /// (a QUIC connection ID another flow carried).
+    moved_from: Option<Arc<Backend>>,
+}
+
+/// A new flow for `new.client`: keyed, routed (to its connection's
+/// backend first when its client moved), given its socket, entered in the
+/// table and its task started.
+fn open(shared: &Shared, new: NewFlow<'_>) -> Result<Arc<Flow>, DatagramDrop> {
+    let NewFlow {
+        listener,
+        client,
+        datagram,
+        moved_from,
+    } = new;
     let instance = &shared.instance;
     let snapshot = instance.snapshot.load_full();
     let config = &snapshot.config;
@@ -203,7 +229,10 @@ fn open(
     if fallback {
         instance.stats.count_fallback(FallbackReason::NotQuic);
     }
-    let route = Route::plan(&snapshot, key).for_fallback(fallback);
+    let mut route = Route::plan(&snapshot, key).for_fallback(fallback);
+    if let Some(backend) = &moved_from {
+        route = route.pin_first(&snapshot, backend);
+    }
     drop(snapshot);
     for backend in &route.targets {
         let Some(slot) = route.reserve(backend) else {
