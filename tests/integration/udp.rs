@@ -380,3 +380,26 @@ async fn health_checks_another_port_of_each_backend() {
     .await;
     assert!(up_b.live.health.is_up());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_to_two_listen_addresses_is_two_flows_each_answered_from_its_own() {
+    let backends = UdpBackends::start("127.0.0.1", &["a"]).await;
+    let yaml = config_yaml("127.0.0.1:0", "mode: udp\n", &backends.pairs()).replace(
+        "listen: \"127.0.0.1:0\"",
+        "listen: [\"127.0.0.1:0\", \"127.0.0.2:0\"]",
+    );
+    let magpie = Magpie::start(&yaml).await;
+    let listening = magpie.listening();
+    let client = client_on("127.0.0.1").await;
+    for turn in 0..2 {
+        for &to in &listening {
+            let (answer, from) = exchange(&client, to, format!("t{turn}").as_bytes()).await;
+            assert_eq!(
+                (answer, from),
+                (format!("a:t{turn}"), to),
+                "answered from {to}"
+            );
+        }
+    }
+    assert_eq!(magpie.instance.stats.datagrams.created(), 2);
+}

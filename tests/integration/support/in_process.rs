@@ -60,6 +60,13 @@ impl Magpie {
         Magpie::start(&config_yaml("127.0.0.1:0", settings, backends)).await
     }
 
+    /// Every address it listens on, in the config's order.
+    pub fn listening(&self) -> Vec<SocketAddr> {
+        self.running
+            .as_ref()
+            .map_or_else(Vec::new, |r| r.listen.clone())
+    }
+
     /// The backends for `key`, primary first, by name.
     pub fn candidates(&self, key: u64) -> Vec<String> {
         self.instance

@@ -47,7 +47,8 @@ pub struct Opened {
     pub upstream: UdpSocket,
     pub slot: ActiveGuard,
     pub client: SocketAddr,
-    /// The socket the client sent to: answers leave from it.
+    /// The socket the client sent to (at `local`): answers leave from it.
+    pub local: SocketAddr,
     pub listener: Arc<UdpSocket>,
     pub key: u64,
     pub how: How,
@@ -60,6 +61,8 @@ pub struct Flow {
     listener: Arc<UdpSocket>,
     /// Where its answers go.
     pub client: SocketAddr,
+    /// The listening address its client sent to, where answers leave from.
+    pub local: SocketAddr,
     /// Connection IDs it carried (`key.from: quic`), for the table.
     ids: Mutex<Vec<Box<[u8]>>>,
     pub key: u64,
@@ -94,6 +97,7 @@ impl Flow {
             upstream: opened.upstream,
             listener: opened.listener,
             client: opened.client,
+            local: opened.local,
             ids: Mutex::new(Vec::new()),
             key: opened.key,
             how: opened.how,
@@ -279,11 +283,10 @@ impl Flow {
         if instance.access_log.sampled().is_none() {
             return;
         }
-        let listener = self.listener.local_addr().unwrap_or(self.client);
         let entry = Entry {
             time: SystemTime::now(),
             client: self.client,
-            listener,
+            listener: self.local,
             backend: Some((self.backend.name.clone(), self.backend.addr)),
             key_hash: self.key,
             key: None,

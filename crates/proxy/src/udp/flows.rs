@@ -1,4 +1,5 @@
-//! The flow table: the flow of each client address, and (`key.from: quic`)
+//! The flow table: the flow of each client address at each listening
+//! address (one client may send to several), and (`key.from: quic`)
 //! the flow that carried each connection ID, so that a QUIC client whose
 //! address changed is sent to the backend its connection is on.
 //!
@@ -32,7 +33,8 @@ pub struct Flows {
 
 #[derive(Debug, Default)]
 struct Table {
-    by_client: HashMap<SocketAddr, Arc<Flow>>,
+    /// By (listening address, client address).
+    by_client: HashMap<(SocketAddr, SocketAddr), Arc<Flow>>,
     by_id: HashMap<Box<[u8]>, Arc<Flow>>,
 }
 
@@ -57,12 +59,12 @@ impl Flows {
         self.len() == 0
     }
 
-    /// What is known of a datagram from `client` carrying connection ID
-    /// `id` (QUIC). A new ID on a known flow is remembered (up to
-    /// [`MAX_IDS_PER_FLOW`], and while no other flow has it).
-    pub fn lookup(&self, client: SocketAddr, id: Option<&[u8]>) -> Found {
+    /// What is known of a datagram from `client` to `local` carrying
+    /// connection ID `id` (QUIC). A new ID on a known flow is remembered
+    /// (up to [`MAX_IDS_PER_FLOW`], and while no other flow has it).
+    pub fn lookup(&self, local: SocketAddr, client: SocketAddr, id: Option<&[u8]>) -> Found {
         let mut table = self.lock();
-        if let Some(flow) = table.by_client.get(&client).cloned() {
+        if let Some(flow) = table.by_client.get(&(local, client)).cloned() {
             if let Some(id) = id {
                 table.remember(&flow, id);
             }
@@ -80,14 +82,15 @@ impl Flows {
         if let Some(id) = id {
             table.remember(&flow, id);
         }
-        table.by_client.insert(flow.client, flow);
+        table.by_client.insert((flow.local, flow.client), flow);
     }
 
     /// `flow` leaves the table (its entries, not a newer flow's).
     pub fn remove(&self, flow: &Arc<Flow>) {
         let mut table = self.lock();
-        if (table.by_client.get(&flow.client)).is_some_and(|f| Arc::ptr_eq(f, flow)) {
-            table.by_client.remove(&flow.client);
+        let at = (flow.local, flow.client);
+        if (table.by_client.get(&at)).is_some_and(|f| Arc::ptr_eq(f, flow)) {
+            table.by_client.remove(&at);
         }
         for id in flow.take_ids() {
             if table.by_id.get(&id).is_some_and(|f| Arc::ptr_eq(f, flow)) {

@@ -57,6 +57,12 @@ use flow::{Flow, Opened, Relay};
 use flows::{Flows, Found};
 use magpie_core::key::{self, FallbackReason};
 
+/// One listening socket and its address.
+struct Listening {
+    socket: Arc<UdpSocket>,
+    local: SocketAddr,
+}
+
 /// What every receive loop shares.
 struct Shared {
     instance: Arc<Instance>,
@@ -116,6 +122,16 @@ pub async fn serve(
 /// Reads one socket's datagrams, a batch at a time, until `stop`.
 async fn receive(socket: Arc<UdpSocket>, shared: Arc<Shared>, stop: CancellationToken) {
     static ERRORS: Throttle = Throttle::new(std::time::Duration::from_secs(1));
+    let to = match socket.local_addr() {
+        Ok(local) => Listening {
+            socket: Arc::clone(&socket),
+            local,
+        },
+        Err(e) => {
+            warn!(error = %e, "a datagram socket has no address");
+            return;
+        }
+    };
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -140,7 +156,7 @@ async fn receive(socket: Arc<UdpSocket>, shared: Arc<Shared>, stop: Cancellation
                     let Some(client) = client else { continue };
                     let delivered = match datagram.len() > MAX_DATAGRAM {
                         true => Err(DatagramDrop::Oversized),
-                        false => deliver(&shared, &socket, client, datagram),
+                        false => deliver(&shared, &to, client, datagram),
                     };
                     if let Err(why) = delivered {
                         shared.instance.stats.datagrams.count_drop(why);
@@ -160,7 +176,7 @@ async fn receive(socket: Arc<UdpSocket>, shared: Arc<Shared>, stop: Cancellation
 /// Sends one client datagram on: through its flow, or a new one.
 fn deliver(
     shared: &Shared,
-    listener: &Arc<UdpSocket>,
+    listener: &Listening,
     client: SocketAddr,
     datagram: &[u8],
 ) -> Result<(), DatagramDrop> {
@@ -178,7 +194,7 @@ fn deliver(
         datagram,
         moved_from: None,
     };
-    let flow = match shared.flows.lookup(client, id) {
+    let flow = match shared.flows.lookup(listener.local, client, id) {
         Found::Flow(flow) if flow.backend.live.health.is_up() => flow,
         Found::Flow(flow) => {
             // Its backend is down: the next datagram finds one that is up.
@@ -201,7 +217,7 @@ fn deliver(
 /// What a new flow starts from.
 struct NewFlow<'a> {
     /// The socket its first datagram came to.
-    listener: &'a Arc<UdpSocket>,
+    listener: &'a Listening,
     client: SocketAddr,
     datagram: &'a [u8],
     /// The backend of the connection it belongs to, when its client moved
@@ -255,7 +271,8 @@ fn open(shared: &Shared, new: NewFlow<'_>) -> Result<Arc<Flow>, DatagramDrop> {
             upstream,
             slot,
             client,
-            listener: Arc::clone(listener),
+            listener: Arc::clone(&listener.socket),
+            local: listener.local,
             key,
             how,
         }));
