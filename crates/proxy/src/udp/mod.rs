@@ -5,13 +5,13 @@
 //! the first backend that takes it ─▶ send`; each flow's task relays the
 //! backend's answers to the client from the address the client sent to.
 //!
-//! A flow is what one client address sends, keyed by that address
-//! (`key.from: source_ip` or `source_addr`) or by the destination
-//! connection ID of its first QUIC packet (`key.from: quic`), so that every
-//! magpie with the same config sends it to the same backend; a QUIC client
-//! that moves to another address opens a flow there on the backend its
-//! connection is on ([`flows`]). Its own
-//! upstream socket is what tells the backend's answers apart. A flow keeps
+//! A flow is what one client address sends to one listening address, keyed
+//! by the client's address (`key.from: source_ip` or `source_addr`) or by
+//! the destination connection ID of its first QUIC packet (`key.from:
+//! quic`), so that every magpie with the same config sends it to the same
+//! backend; a QUIC client that moves to another address opens a flow there
+//! on the backend its connection is on ([`flows`]). Its own upstream
+//! socket is what tells the backend's answers apart. A flow keeps
 //! its backend for its whole life: a reload that changes the table moves
 //! only new flows, and a removed backend's flows end at their idle timeout.
 //! A flow whose backend health marked down ends at the client's next
