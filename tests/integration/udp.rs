@@ -132,7 +132,9 @@ async fn a_quic_connection_keeps_its_backend_when_the_client_moves() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_flow_table_is_bounded_and_idle_flows_end() {
     let backends = UdpBackends::start("127.0.0.1", &["a"]).await;
-    let settings = "mode: udp\nmax_connections: 2\nidle_timeout: 300ms\n";
+    // Long enough that a loaded machine does not idle the flows out
+    // before the third is refused.
+    let settings = "mode: udp\nmax_connections: 2\nidle_timeout: 1s\n";
     let magpie = Magpie::with(settings, &backends.pairs()).await;
     let (one, two, three) = (
         client_on("127.0.0.1").await,
@@ -181,7 +183,7 @@ async fn a_flow_ends_after_its_responses_and_its_line_is_logged() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_health_takes_down_ends_its_flows_at_their_next_datagram() {
     let backends = UdpBackends::start("127.0.0.1", &["a", "b"]).await;
-    let settings = "mode: udp\nhealth:\n  interval: 100ms\n  timeout: 100ms\n  rise: 1\n  fall: 1\n  datagram:\n    send: \"70 69 6e 67\"\n    expect: \"70 6f 6e 67\"\n";
+    let settings = "mode: udp\nhealth:\n  interval: 300ms\n  timeout: 300ms\n  rise: 1\n  fall: 1\n  datagram:\n    send: \"70 69 6e 67\"\n    expect: \"70 6f 6e 67\"\n";
     let magpie = Magpie::with(settings, &backends.pairs()).await;
     let ip = "127.0.0.1";
     let home = magpie.primary(source_ip_key(ip.parse().expect("an IP")));
@@ -189,7 +191,7 @@ async fn a_backend_health_takes_down_ends_its_flows_at_their_next_datagram() {
     let client = client_on(ip).await;
     let (answer, _) = exchange(&client, magpie.addr, b"x").await;
     assert_eq!(answered_by(&answer), home);
-    backends.kill(&home);
+    backends.kill(&home).await;
     let down = magpie.backend(&home);
     until("the probe to mark it down", || !down.live.health.is_up()).await;
     let (answer, _) = exchange(&client, magpie.addr, b"y").await;
@@ -331,7 +333,7 @@ async fn a_closed_port_counts_towards_passive_health() {
     let other = if home == "a" { "b" } else { "a" };
     let client = client_on(ip).await;
     exchange(&client, magpie.addr, b"up").await;
-    backends.kill(&home);
+    backends.kill(&home).await;
     let down = magpie.backend(&home);
     let stats = &magpie.instance.stats.datagrams;
     // Each datagram to the closed port comes back as ICMP port unreachable.
@@ -359,7 +361,7 @@ async fn health_checks_another_port_of_each_backend() {
     let _health_b = std::net::TcpListener::bind(("127.0.0.3", port)).expect("the same port on b");
     let pairs = [a.pairs(), b.pairs()].concat();
     let settings = format!(
-        "mode: udp\nhealth:\n  port: {port}\n  interval: 100ms\n  timeout: 100ms\n  rise: 1\n  fall: 1\n"
+        "mode: udp\nhealth:\n  port: {port}\n  interval: 300ms\n  timeout: 300ms\n  rise: 1\n  fall: 1\n"
     );
     let magpie = Magpie::with(&settings, &pairs).await;
     let (up_a, up_b) = (magpie.backend("a"), magpie.backend("b"));

@@ -18,6 +18,8 @@ pub struct UdpBackend {
     /// Every address a datagram came from, in order (probes left out).
     pub peers: Mutex<Vec<SocketAddr>>,
     stop: CancellationToken,
+    /// Fires once its socket is closed.
+    closed: CancellationToken,
 }
 
 /// UDP echo backends; they stop when dropped.
@@ -38,6 +40,7 @@ impl UdpBackends {
                 addr: socket.local_addr().expect("bound"),
                 peers: Mutex::new(Vec::new()),
                 stop: CancellationToken::new(),
+                closed: CancellationToken::new(),
             });
             tokio::spawn(echo(socket, Arc::clone(&backend)));
             list.push(backend);
@@ -57,9 +60,12 @@ impl UdpBackends {
             .unwrap_or_else(|| panic!("no backend {name}"))
     }
 
-    /// Closes one backend's socket: its port is closed from now on.
-    pub fn kill(&self, name: &str) {
-        self.get(name).stop.cancel();
+    /// Closes one backend's socket, and waits until it is closed: its port
+    /// is closed from now on, and nothing it received is answered any more.
+    pub async fn kill(&self, name: &str) {
+        let b = self.get(name);
+        b.stop.cancel();
+        within("the backend's socket to close", b.closed.cancelled()).await;
     }
 }
 
@@ -72,6 +78,13 @@ impl Drop for UdpBackends {
 }
 
 async fn echo(socket: UdpSocket, b: Arc<UdpBackend>) {
+    answer(&socket, &b).await;
+    drop(socket);
+    b.closed.cancel();
+}
+
+/// Answers `socket`'s datagrams until `b` is stopped.
+async fn answer(socket: &UdpSocket, b: &UdpBackend) {
     let mut buf = vec![0u8; 65_536];
     loop {
         let (n, from) = tokio::select! {
