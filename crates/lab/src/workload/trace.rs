@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::trace_cache::{Blocks, OneCache, one_cache};
 use crate::engine::prompt::answer_text;
 use magpie_core::hash::{h64, h64_parts};
 
@@ -262,7 +263,7 @@ pub struct TraceFacts {
     pub max_input_tokens: usize,
     /// One LRU cache of a share of the distinct blocks: what it prefills
     /// over the ideal ([`super::trace_cache`]).
-    pub one_cache: Vec<super::trace_cache::OneCache>,
+    pub one_cache: Vec<OneCache>,
 }
 
 /// The facts of `threads` (one window of `path`).
@@ -278,6 +279,12 @@ pub fn facts(threads: &[Thread], setup: &FactsSetup) -> TraceFacts {
         seen.extend(r.ids.iter().copied());
     }
     let block = setup.scale.block_tokens();
+    let blocks: Vec<Blocks> = (all.iter())
+        .map(|r| Blocks {
+            input_tokens: r.input_tokens,
+            ids: &r.ids,
+        })
+        .collect();
     TraceFacts {
         path: setup.path.clone(),
         from_s: setup.window.from.as_secs_f64(),
@@ -299,7 +306,7 @@ pub fn facts(threads: &[Thread], setup: &FactsSetup) -> TraceFacts {
             .map(|r| setup.scale.tokens(r.input_tokens))
             .max()
             .unwrap_or(0),
-        one_cache: super::trace_cache::one_cache(&all, seen.len(), total - hit),
+        one_cache: one_cache(&blocks, TRACE_BLOCK_TOKENS, seen.len(), total - hit),
     }
 }
 

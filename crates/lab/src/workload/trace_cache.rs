@@ -13,7 +13,13 @@
 use lru::LruCache;
 use serde::Serialize;
 
-use super::trace::{TRACE_BLOCK_TOKENS, TraceRequest};
+/// One request as a cache sees it: its input tokens, and its chained ids
+/// of blocks of `block_tokens` tokens each.
+#[derive(Debug, Clone, Copy)]
+pub struct Blocks<'a> {
+    pub input_tokens: usize,
+    pub ids: &'a [u64],
+}
 
 /// The shares of the window's distinct blocks one cache is measured at.
 pub const SHARES: [f64; 4] = [0.125, 0.25, 0.375, 0.75];
@@ -28,13 +34,19 @@ pub struct OneCache {
 }
 
 /// For each of [`SHARES`]: one cache of that size over `requests`, in
-/// arrival order; `ideal` is the tokens an unbounded cache prefills.
-pub fn one_cache(requests: &[&TraceRequest], distinct: usize, ideal: usize) -> Vec<OneCache> {
+/// arrival order, of blocks of `block_tokens` tokens; `ideal` is the
+/// tokens an unbounded cache prefills.
+pub fn one_cache(
+    requests: &[Blocks<'_>],
+    block_tokens: usize,
+    distinct: usize,
+    ideal: usize,
+) -> Vec<OneCache> {
     SHARES
         .iter()
         .map(|&share| {
             let blocks = ((distinct as f64 * share) as usize).max(1);
-            let prefilled = prefilled(requests, blocks);
+            let prefilled = prefilled(requests, block_tokens, blocks);
             OneCache {
                 share,
                 blocks,
@@ -47,12 +59,12 @@ pub fn one_cache(requests: &[&TraceRequest], distinct: usize, ideal: usize) -> V
 /// The tokens one LRU cache of `capacity` blocks prefills over `requests`:
 /// a request's cached prefix is its leading blocks that are cached; then
 /// all its blocks are used, the head last, so the head is evicted last.
-fn prefilled(requests: &[&TraceRequest], capacity: usize) -> usize {
+fn prefilled(requests: &[Blocks<'_>], block_tokens: usize, capacity: usize) -> usize {
     let mut cache: LruCache<u64, ()> = LruCache::unbounded();
     let mut missed = 0;
     for r in requests {
         let matched = r.ids.iter().take_while(|id| cache.contains(*id)).count();
-        missed += r.input_tokens - (matched * TRACE_BLOCK_TOKENS).min(r.input_tokens);
+        missed += r.input_tokens - (matched * block_tokens).min(r.input_tokens);
         for id in r.ids.iter().rev() {
             cache.put(*id, ());
         }
@@ -66,15 +78,9 @@ fn prefilled(requests: &[&TraceRequest], capacity: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
-    fn request(input: usize, ids: &[u64]) -> TraceRequest {
-        TraceRequest {
-            at: Duration::ZERO,
-            input_tokens: input,
-            output_tokens: 1,
-            ids: ids.to_vec(),
-        }
+    fn request(input_tokens: usize, ids: &[u64]) -> Blocks<'_> {
+        Blocks { input_tokens, ids }
     }
 
     #[test]
@@ -84,12 +90,12 @@ mod tests {
             request(1024, &[0, 2]),
             request(1536, &[0, 1, 3]),
         );
-        let all = [&a, &b, &c];
+        let all = [a, b, c];
         // Ideal: 1024, then 512 (block 0 shared), then 512 (0 and 1 cached).
-        assert_eq!(prefilled(&all, 100), 2048);
+        assert_eq!(prefilled(&all, 512, 100), 2048);
         // Two blocks: after b, 0 and 2 are cached; c finds 0 but not 1.
-        assert_eq!(prefilled(&all, 2), 1024 + 512 + 1024);
-        let measured = one_cache(&all, 4, 2048);
+        assert_eq!(prefilled(&all, 512, 2), 1024 + 512 + 1024);
+        let measured = one_cache(&all, 512, 4, 2048);
         assert_eq!(measured[3].blocks, 3);
         assert!(
             (measured[3].prefill_over_ideal - 1.0).abs() < 1e-9,
