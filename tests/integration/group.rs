@@ -40,6 +40,51 @@ fn head_group(body: &str) -> u64 {
     body_group_key(body.as_bytes(), &GroupBy::System).expect("a group")
 }
 
+/// `key.group: conversation` beside a header session key: conversations
+/// that open with one document land on that opening's primary whatever
+/// their session keys (which alone would spread them), turn after turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conversations_that_open_alike_land_together_whatever_their_keys() {
+    let backends = HyperBackends::start(&["a", "b", "c", "d"]).await;
+    let config = "mode: http\nkey:\n  from: header\n  header: x-session-id\n  group: conversation\nsessions:\n  ttl: 10m\n";
+    let magpie = Magpie::with(config, &backends.pairs()).await;
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    let mut homes = std::collections::BTreeSet::new();
+    for d in 0..6 {
+        let document = format!("document {d}");
+        let opening = chat("summarize", &[&document]);
+        let group = body_group_key(opening.as_bytes(), &GroupBy::Conversation).expect("a group");
+        let home = magpie.primary(group);
+        homes.insert(home.clone());
+        let sessions: Vec<String> = (0..5).map(|s| format!("reader-{d}-{s}")).collect();
+        let by_session: std::collections::BTreeSet<String> = (sessions.iter())
+            .map(|s| magpie.primary(text_key(s.as_bytes())))
+            .collect();
+        assert!(by_session.len() > 1, "document {d}: {by_session:?}");
+        for session in &sessions {
+            let mut turns = vec![document.as_str()];
+            for turn in 0..3 {
+                let got = client
+                    .post_json(&chat("summarize", &turns), Some(session))
+                    .await;
+                assert_eq!(got, home, "{session}, turn {turn}");
+                turns.extend(["noted", "go on"]);
+            }
+        }
+    }
+    assert!(
+        homes.len() > 1,
+        "the openings spread over the pool: {homes:?}"
+    );
+    // A body without a user message has no group: its session key places it.
+    let no_user = r#"{"model":"llama","messages":[{"role":"system","content":"s"}]}"#;
+    let got = client.post_json(no_user, Some("lonely")).await;
+    assert_eq!(got, magpie.primary(text_key(b"lonely")));
+    let misses = magpie.instance.stats.group_misses(GroupMiss::NoUserMessage);
+    assert_eq!(misses, 1);
+    magpie.stop().await;
+}
+
 /// 8 heads × 6 conversations × 3 turns: each conversation lands on its
 /// head's primary, turn after turn, whatever its opening.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

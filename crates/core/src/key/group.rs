@@ -17,6 +17,10 @@
 //!   group even when their ends differ.
 //! * `header: NAME`: a request header's value, hashed like a header key
 //!   (a tenant such as `x-tenant-id`).
+//! * `conversation`: the conversation key of the body
+//!   ([`ChatHead::conversation_key`]: the model, the instructions and the
+//!   first user message), so conversations that open alike (one document,
+//!   one few-shot preamble) share a replica whatever their session keys.
 //!
 //! The rendered head is the model, then each instruction's text, then the
 //! `tools` array in canonical JSON ([`canonical_json`]: compact, object keys
@@ -46,6 +50,8 @@ pub enum GroupBy {
     PrefixBytes(usize),
     /// A header's value; the name lower-case.
     Header(String),
+    /// The conversation key: the model, instructions and first user message.
+    Conversation,
 }
 
 impl GroupBy {
@@ -60,14 +66,21 @@ impl GroupBy {
             GroupBy::System => "system".to_string(),
             GroupBy::PrefixBytes(n) => format!("prefix_bytes {n}"),
             GroupBy::Header(name) => format!("header {name}"),
+            GroupBy::Conversation => "conversation".to_string(),
         }
     }
 
-    /// The group key of a chat head (`system`, `prefix_bytes`); `None` for
-    /// `header` groups, which no body carries.
+    /// The group key of a chat head (`system`, `prefix_bytes`,
+    /// `conversation`); `None` for `header` groups, which no body carries.
     pub fn of_head(&self, head: &ChatHead) -> Option<Result<u64, GroupMiss>> {
         let rendered = match self {
             GroupBy::Header(_) => return None,
+            GroupBy::Conversation => {
+                return Some(
+                    head.conversation_key()
+                        .map_err(|_| GroupMiss::NoUserMessage),
+                );
+            }
             _ => render_head(head),
         };
         let Some(rendered) = rendered else {
@@ -88,6 +101,8 @@ labels! {
         MissingHeader => "missing_header",
         /// The body has neither instructions nor tools.
         NoHead => "no_head",
+        /// `key.group: conversation`: the body has no user message.
+        NoUserMessage => "no_user_message",
         /// The body is not JSON (by content type or by content).
         NotJson => "not_json",
         /// The body did not fit in `key.max_bytes`.
@@ -131,8 +146,9 @@ pub fn render_head(head: &ChatHead) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// The group key of a JSON body under `by` (`system` or `prefix_bytes`), or
-/// why there is none; what `magpie` computes from a buffered body.
+/// The group key of a JSON body under `by` (`system`, `prefix_bytes` or
+/// `conversation`), or why there is none; what `magpie` computes from a
+/// buffered body.
 pub fn body_group_key(body: &[u8], by: &GroupBy) -> Result<u64, GroupMiss> {
     let head = read_head(body).map_err(GroupMiss::of_body)?;
     by.of_head(&head).unwrap_or(Err(GroupMiss::MissingHeader))
@@ -202,6 +218,22 @@ mod tests {
         assert_ne!(system(&a), system(&a.replace(r#""m""#, r#""m2""#)));
         assert_ne!(system(&a), system(&a.replace("agent", "agent2")));
         assert_ne!(system(&a), system(&a.replace("search", "fetch")));
+    }
+
+    #[test]
+    fn conversations_that_open_alike_share_a_group() {
+        let by = |body: &str| body_group_key(body.as_bytes(), &GroupBy::Conversation);
+        let opening = r#"{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"doc"}]}"#;
+        let later = r#"{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"doc"},{"role":"assistant","content":"a"},{"role":"user","content":"q"}]}"#;
+        assert!(by(opening).is_ok());
+        assert_eq!(by(opening), by(later));
+        // The group is the conversation key.
+        let key = crate::key::conversation::conversation_key(opening.as_bytes());
+        assert_eq!(by(opening).ok(), key.ok());
+        assert_ne!(by(opening), by(&opening.replace("doc", "other")));
+        let no_user = r#"{"model":"m","messages":[{"role":"system","content":"s"}]}"#;
+        assert_eq!(by(no_user), Err(GroupMiss::NoUserMessage));
+        assert_eq!(by("not json"), Err(GroupMiss::NotJson));
     }
 
     #[test]

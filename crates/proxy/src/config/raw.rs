@@ -184,16 +184,19 @@ pub(super) struct RawKey {
     pub(super) quic_cid_length: Option<Spanned<u64>>,
 }
 
-/// `key.group`: `system`, `{prefix_bytes: N}` or `{header: NAME}`. Read by
-/// hand, so a wrong form is answered with the three right ones.
+/// `key.group`: `system`, `conversation`, `{prefix_bytes: N}` or
+/// `{header: NAME}`. Read by hand, so a wrong form is answered with the
+/// four right ones.
 #[derive(Debug)]
 pub(super) enum RawGroup {
     System,
+    Conversation,
     PrefixBytes(u64),
     Header(String),
 }
 
-const GROUP_FORMS: &str = "write key.group: system, {prefix_bytes: N} or {header: NAME}";
+const GROUP_FORMS: &str =
+    "write key.group: system, conversation, {prefix_bytes: N} or {header: NAME}";
 
 impl<'de> Deserialize<'de> for RawGroup {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -206,6 +209,7 @@ impl<'de> Deserialize<'de> for RawGroup {
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawGroup, E> {
                 match v.trim() {
                     "system" => Ok(RawGroup::System),
+                    "conversation" => Ok(RawGroup::Conversation),
                     other => Err(E::custom(format!("key.group {other:?}: {GROUP_FORMS}"))),
                 }
             }

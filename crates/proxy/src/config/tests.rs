@@ -652,6 +652,12 @@ fn key_group_forms_and_their_needs() {
     ] {
         assert_eq!(parse(&with(group, sessions)).unwrap().group, Some(want));
     }
+    let by_header = with("conversation", sessions)
+        .replace("from: conversation", "from: header\n  header: x-session-id");
+    assert_eq!(
+        parse(&by_header).unwrap().group,
+        Some(GroupBy::Conversation)
+    );
     assert_eq!(
         parse(&with("system", sessions).replace("  group: system\n", ""))
             .unwrap()
@@ -663,7 +669,8 @@ fn key_group_forms_and_their_needs() {
         (with("{prefix_bytes: 8}", sessions), "prefix_bytes 8 is out of range (16 to 1048576)"),
         (with("{prefix_bytes: 2097152}", sessions), "out of range"),
         (with("{header: \"a b\"}", sessions), "not a valid HTTP header name"),
-        (with("tenant", sessions), "write key.group: system, {prefix_bytes: N} or {header: NAME}"),
+        (with("tenant", sessions), "write key.group: system, conversation, {prefix_bytes: N} or {header: NAME}"),
+        (with("conversation", sessions), "test.yaml:5:10: key.group: conversation with key.from: conversation groups nothing"),
         (with("{model: x}", sessions), "key.group has no field \"model\""),
         (with("{header: a, prefix_bytes: 64}", sessions), "key.group takes one form"),
         (with("system", sessions).replace("from: conversation", "from: source_ip"), "key.group needs key.from: header, body or conversation"),

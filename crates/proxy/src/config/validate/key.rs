@@ -117,6 +117,12 @@ impl Validator<'_> {
         }
         let group = match raw.value {
             RawGroup::System => GroupBy::System,
+            RawGroup::Conversation => {
+                if matches!(key, KeyConfig::Conversation { .. }) {
+                    self.err(&at, "key.group: conversation with key.from: conversation groups nothing: the session key is the conversation already (use key.from: header or body for the session, or another group)");
+                }
+                GroupBy::Conversation
+            }
             RawGroup::PrefixBytes(n) => {
                 if !(MIN_GROUP_PREFIX_BYTES..=MAX_GROUP_PREFIX_BYTES).contains(&n) {
                     self.err(&at, format!("key.group.prefix_bytes {n} is out of range ({MIN_GROUP_PREFIX_BYTES} to {MAX_GROUP_PREFIX_BYTES})"));

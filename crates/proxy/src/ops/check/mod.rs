@@ -350,6 +350,9 @@ fn group_text(group: &GroupBy, choices: usize) -> String {
             format!("the first {n} bytes of the body's model, instructions and tools")
         }
         GroupBy::Header(name) => format!("header {name}"),
+        GroupBy::Conversation => {
+            "the body's model, instructions and first user message".to_string()
+        }
     };
     let home = match choices {
         1 => "a group's home is its first candidate that takes it".to_string(),

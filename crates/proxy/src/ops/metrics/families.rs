@@ -131,7 +131,7 @@ pub const GLOBAL: &[Family] = &[
         name: "magpie_group_fallbacks_total",
         kind: COUNTER,
         labels: &["reason"],
-        help: "key.group: requests without a group, so the table was looked up by their session key, by reason (missing_header, no_head, not_json, too_large, timeout, buffer_budget).",
+        help: "key.group: requests without a group, so the table was looked up by their session key, by reason (missing_header, no_head, no_user_message, not_json, too_large, timeout, buffer_budget).",
         read: Read::Global(|g, s| s.by(|why: GroupMiss| g.stats.group_misses(why))),
     },
     Family {
