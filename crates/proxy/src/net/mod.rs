@@ -99,6 +99,17 @@ pub fn bind_datagram(addr: SocketAddr) -> io::Result<UdpSocket> {
     adopt_datagram(socket.into())
 }
 
+/// A UDP socket of its own connected to `peer` (from an ephemeral port of
+/// the same family), so only `peer`'s datagrams reach it and an ICMP
+/// unreachable is reported on it: a flow's socket towards its backend, a
+/// health probe's.
+pub fn connected_datagram(peer: SocketAddr) -> io::Result<UdpSocket> {
+    let socket = Socket::new(Domain::for_address(peer), Type::DGRAM, Some(Protocol::UDP))?;
+    socket.connect(&peer.into())?;
+    socket.set_nonblocking(true)?;
+    UdpSocket::from_std(socket.into())
+}
+
 /// The receive buffer a datagram socket asks for (the kernel caps it at
 /// `net.core.rmem_max`).
 pub const DATAGRAM_BUFFER: usize = 4 << 20;

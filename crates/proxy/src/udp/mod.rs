@@ -32,8 +32,7 @@ pub mod batch;
 pub mod flow;
 pub mod flows;
 
-use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::net::UdpSocket;
@@ -43,11 +42,12 @@ use tracing::{debug, info, warn};
 
 use crate::config::KeyConfig;
 use crate::intake::listener::Drained;
-use crate::net::is_resource_exhaustion;
+use crate::net::{connected_datagram, is_resource_exhaustion};
 use crate::routing::backend::Backend;
 use crate::routing::instance::Instance;
 use crate::routing::recent::Decision;
 use crate::routing::route::Route;
+use crate::routing::snapshot::Snapshot;
 use crate::telemetry::datagrams::{DatagramDrop, FlowEnd};
 use crate::telemetry::stats::Exhausted;
 use crate::telemetry::supervise::{self, Task};
@@ -144,7 +144,7 @@ async fn receive(socket: Arc<UdpSocket>, shared: Arc<Shared>, stop: Cancellation
             let more = with_batch(|batch| {
                 let more = match batch.read(&socket) {
                     Ok(()) => true,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => false,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
                     Err(e) => {
                         if let Some(held_back) = ERRORS.allow() {
                             warn!(error = %e, held_back, "cannot receive a datagram");
@@ -187,11 +187,11 @@ fn deliver(
         }
         _ => None,
     };
-    drop(snapshot);
     let new = NewFlow {
+        snapshot: &snapshot,
         listener,
         client,
-        datagram,
+        id,
         moved_from: None,
     };
     let flow = match shared.flows.lookup(listener.local, client, id) {
@@ -216,10 +216,13 @@ fn deliver(
 
 /// What a new flow starts from.
 struct NewFlow<'a> {
+    /// The snapshot its first datagram was read under.
+    snapshot: &'a Snapshot,
     /// The socket its first datagram came to.
     listener: &'a Listening,
     client: SocketAddr,
-    datagram: &'a [u8],
+    /// `key.from: quic`: its first datagram's connection ID, if it had one.
+    id: Option<&'a [u8]>,
     /// The backend of the connection it belongs to, when its client moved
     /// (a QUIC connection ID another flow carried).
     moved_from: Option<Arc<Backend>>,
@@ -230,31 +233,30 @@ struct NewFlow<'a> {
 /// table and its task started.
 fn open(shared: &Shared, new: NewFlow<'_>) -> Result<Arc<Flow>, DatagramDrop> {
     let NewFlow {
+        snapshot,
         listener,
         client,
-        datagram,
+        id,
         moved_from,
     } = new;
     let instance = &shared.instance;
-    let snapshot = instance.snapshot.load_full();
     let config = &snapshot.config;
     if shared.flows.len() >= config.max_connections {
         return Err(DatagramDrop::TableFull);
     }
-    let (key, id, fallback) = flow_key(&config.key, client, datagram);
+    let (key, fallback) = flow_key(&config.key, client, id);
     if fallback {
         instance.stats.count_fallback(FallbackReason::NotQuic);
     }
-    let mut route = Route::plan(&snapshot, key).for_fallback(fallback);
+    let mut route = Route::plan(snapshot, key).for_fallback(fallback);
     if let Some(backend) = &moved_from {
-        route = route.pin_first(&snapshot, backend);
+        route = route.pin_first(snapshot, backend);
     }
-    drop(snapshot);
     for backend in &route.targets {
         let Some(slot) = route.reserve(backend) else {
             continue;
         };
-        let upstream = match upstream_socket(backend.addr) {
+        let upstream = match connected_datagram(backend.addr) {
             Ok(socket) => socket,
             Err(e) if is_resource_exhaustion(&e) => {
                 instance.stats.count_exhausted(Exhausted::Connect);
@@ -298,34 +300,12 @@ fn open(shared: &Shared, new: NewFlow<'_>) -> Result<Arc<Flow>, DatagramDrop> {
     Err(DatagramDrop::NoBackend)
 }
 
-/// A new flow's key, the connection ID it is known by (QUIC), and whether
-/// the key is the fallback (a datagram without a QUIC connection ID).
-fn flow_key<'d>(
-    config: &KeyConfig,
-    client: SocketAddr,
-    datagram: &'d [u8],
-) -> (u64, Option<&'d [u8]>, bool) {
-    match config {
-        KeyConfig::Quic {
-            cid_length,
-            fallback,
-        } => match key::quic::destination_cid(datagram, *cid_length) {
-            Ok(id) => (key::quic::cid_key(id), Some(id), false),
-            Err(_) => (key::fallback_key(*fallback, client), None, true),
-        },
-        other => (other.address_key(client), None, false),
+/// A new flow's key, and whether it is the fallback key (`key.from: quic`
+/// and a first datagram without a connection ID `id`).
+fn flow_key(config: &KeyConfig, client: SocketAddr, id: Option<&[u8]>) -> (u64, bool) {
+    match (config, id) {
+        (KeyConfig::Quic { .. }, Some(id)) => (key::quic::cid_key(id), false),
+        (KeyConfig::Quic { fallback, .. }, None) => (key::fallback_key(*fallback, client), true),
+        (other, _) => (other.address_key(client), false),
     }
-}
-
-/// A socket of its own towards `backend`, connected, so only its answers
-/// reach it (and an ICMP unreachable is reported on it).
-fn upstream_socket(backend: SocketAddr) -> io::Result<UdpSocket> {
-    let any = match backend.ip() {
-        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-    };
-    let socket = std::net::UdpSocket::bind(SocketAddr::new(any, 0))?;
-    socket.connect(backend)?;
-    socket.set_nonblocking(true)?;
-    UdpSocket::from_std(socket)
 }

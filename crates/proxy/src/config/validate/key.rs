@@ -179,18 +179,12 @@ impl Validator<'_> {
     /// Read settings under an address key are a silent mistake: each is an
     /// error at its place.
     fn no_read_settings(&mut self, raw: &RawKey) {
-        let stray = [
-            raw.header.as_ref().map(|h| ("header", h.referenced)),
-            raw.body_field
-                .as_ref()
-                .map(|h| ("body_field", h.referenced)),
-            raw.read_timeout
-                .as_ref()
-                .map(|h| ("read_timeout", h.referenced)),
-            raw.max_bytes.as_ref().map(|h| ("max_bytes", h.referenced)),
-            raw.fallback.as_ref().map(|h| ("fallback", h.referenced)),
-        ];
-        for (field, at) in stray.into_iter().flatten() {
+        let fallback = raw.fallback.as_ref().map(|h| ("fallback", h.referenced));
+        for (field, at) in byte_read_settings(raw)
+            .into_iter()
+            .chain([fallback])
+            .flatten()
+        {
             self.err(
                 &at,
                 format!(
@@ -313,6 +307,17 @@ impl Validator<'_> {
 /// RFC 9110 `tchar`: the bytes allowed in a header field name.
 fn is_http_token_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// The settings written that only keys read from the client's bytes use
+/// (`header`, `body_field`, `read_timeout`, `max_bytes`), with where.
+pub(super) fn byte_read_settings(raw: &RawKey) -> [Option<(&'static str, Location)>; 4] {
+    [
+        raw.header.as_ref().map(|h| ("header", h.referenced)),
+        (raw.body_field.as_ref()).map(|h| ("body_field", h.referenced)),
+        (raw.read_timeout.as_ref()).map(|h| ("read_timeout", h.referenced)),
+        raw.max_bytes.as_ref().map(|h| ("max_bytes", h.referenced)),
+    ]
 }
 
 #[cfg(test)]

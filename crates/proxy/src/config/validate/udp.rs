@@ -14,6 +14,7 @@ use std::net::SocketAddr;
 use serde_saphyr::{Location, Spanned};
 
 use super::Validator;
+use super::key::byte_read_settings;
 use crate::config::raw::{RawHealth, RawKey, RawProxyProtocol, RawUdp};
 use crate::config::{
     DEFAULT_QUIC_CID_LENGTH, DatagramProbe, KeyConfig, MAX_HEALTH_DATAGRAM, MAX_QUIC_CID_LENGTH,
@@ -52,17 +53,7 @@ impl Validator<'_> {
         if mode != Mode::Udp {
             self.err(&from_at, "key.from: quic needs mode: udp");
         }
-        let stray = [
-            raw.header.as_ref().map(|h| ("header", h.referenced)),
-            raw.body_field
-                .as_ref()
-                .map(|h| ("body_field", h.referenced)),
-            raw.read_timeout
-                .as_ref()
-                .map(|h| ("read_timeout", h.referenced)),
-            raw.max_bytes.as_ref().map(|h| ("max_bytes", h.referenced)),
-        ];
-        for (field, at) in stray.into_iter().flatten() {
+        for (field, at) in byte_read_settings(raw).into_iter().flatten() {
             self.err(
                 &at,
                 format!("key.{field} does not apply with key.from: quic (the key is the first datagram's connection ID)"),

@@ -139,13 +139,7 @@ async fn datagram_check(
     addr: std::net::SocketAddr,
     probe: &crate::config::DatagramProbe,
 ) -> std::io::Result<CheckOutcome> {
-    let any: std::net::SocketAddr = if addr.is_ipv4() {
-        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
-    } else {
-        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
-    };
-    let socket = tokio::net::UdpSocket::bind(any).await?;
-    socket.connect(addr).await?;
+    let socket = crate::net::connected_datagram(addr)?;
     socket.send(&probe.send).await?;
     let mut answer = vec![0; probe.expect.len().max(1) + 1];
     let n = socket.recv(&mut answer).await?;
