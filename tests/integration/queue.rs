@@ -15,6 +15,10 @@ use tokio::sync::mpsc;
 
 use magpie_proxy::routing::admission::{Admit, Refusal};
 
+use bytes::Bytes;
+use magpie_core::key::group::{GroupBy, body_group_key};
+use magpie_core::key::text_key;
+
 use crate::support::*;
 
 const QUEUE: &str = "mode: http\nqueue:\n  max_inflight: 1\n  timeout: 30s\n  priority:\n    header: x-priority\n    classes: [interactive, default, batch]\n";
@@ -325,4 +329,108 @@ async fn work_awaiting_prefill_holds_the_next_request_until_a_first_byte() {
         .expect("one");
     assert_eq!((name, status), ("next", 200));
     assert_eq!(live.load.prefill_tokens(), 0);
+}
+
+/// Waits until magpie has `n` requests in flight in all.
+async fn in_flight(magpie: &Magpie, n: u64) {
+    within(&format!("{n} in flight"), async {
+        while magpie.active().iter().map(|(_, k)| k).sum::<u64>() != n {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+}
+
+/// A request to `path` of session `session`, with a chat `body` if any.
+fn chat_request(path: &str, session: &str, body: Option<&str>) -> hyper::Request<Full<Bytes>> {
+    let builder = hyper::Request::post(path)
+        .header("host", "magpie")
+        .header("content-type", "application/json")
+        .header("x-session-id", session);
+    let body = body.map_or_else(Bytes::new, |b| Bytes::from(b.to_string()));
+    builder.body(Full::new(body)).expect("a request")
+}
+
+/// Holds a `/slow` request (its slot stays taken until the backend is
+/// released or the client goes): the client, the response, and the
+/// backend that took it.
+async fn hold_slow(
+    magpie: &Magpie,
+    session: &str,
+    body: Option<&str>,
+) -> (KeepAlive, Response<Incoming>, String) {
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    let mut response = client.start(chat_request("/slow", session, body)).await;
+    let frame = within("the first chunk", response.body_mut().frame())
+        .await
+        .expect("a frame")
+        .expect("a good frame");
+    let text = String::from_utf8_lossy(frame.data_ref().expect("data")).into_owned();
+    let name = (text.trim().strip_prefix("first from "))
+        .unwrap_or_else(|| panic!("not a slow answer: {text:?}"))
+        .to_string();
+    (client, response, name)
+}
+
+/// Under a queue, a conversation's first request goes where the latest one
+/// that opened alike went (its cache is there), not to its group's primary,
+/// and waits for that backend as a turn waits for its pin, although others
+/// have room: grouped by how they open, or by their instructions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_that_opens_alike_waits_for_where_the_latest_went() {
+    opens_alike("conversation", &GroupBy::Conversation).await;
+    opens_alike("system", &GroupBy::System).await;
+}
+
+async fn opens_alike(group_setting: &str, by: &GroupBy) {
+    let backends = HyperBackends::start(&["a", "b", "c"]).await;
+    let settings = format!(
+        "mode: http\nkey:\n  from: header\n  header: x-session-id\n  group: {group_setting}\nsessions:\n  ttl: 10m\nqueue:\n  max_inflight: 1\n  affinity_wait: 30s\n  timeout: 30s\n"
+    );
+    let magpie = Magpie::with(&settings, &backends.pairs()).await;
+    let opening = r#"{"model":"m","messages":[{"role":"system","content":"summarize"},{"role":"user","content":"document 7"}]}"#;
+    let group = body_group_key(opening.as_bytes(), by).expect("a group");
+    let order = magpie.candidates(group);
+    // The opening's primary is busy with a request of another key (no
+    // body, no group: its session key places it).
+    let other = (0..10_000)
+        .map(|i| format!("other-{i}"))
+        .find(|s| magpie.primary(text_key(s.as_bytes())) == order[0])
+        .expect("a key of the opening's primary");
+    let (busy, busy_response, at) = hold_slow(&magpie, &other, None).await;
+    assert_eq!(at, order[0]);
+    // So the first conversation that opens so takes the next with room.
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    assert_eq!(client.post_json(opening, Some("first")).await, order[1]);
+    drop((busy, busy_response));
+    in_flight(&magpie, 0).await;
+    // The primary has room again, and the next one goes where the first went.
+    assert_eq!(client.post_json(opening, Some("second")).await, order[1]);
+    // Where the first went is busy: the next one waits for it.
+    let (held, held_response, at) = hold_slow(&magpie, "first", Some(opening)).await;
+    assert_eq!(at, order[1]);
+    let (addr, body) = (magpie.addr, opening.to_string());
+    let third = tokio::spawn(async move {
+        let mut client = KeepAlive::connect(addr).await;
+        client.post_json(&body, Some("third")).await
+    });
+    within("the third to queue", async {
+        while magpie.instance.admission.len() != 1 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+    let active: std::collections::BTreeMap<String, u64> = magpie.active().into_iter().collect();
+    assert_eq!(active[&order[1]], 1);
+    assert_eq!(
+        active[&order[0]] + active[&order[2]],
+        0,
+        "others have room: {active:?}"
+    );
+    drop((held, held_response));
+    let landed = within("the third's answer", third)
+        .await
+        .expect("not panicked");
+    assert_eq!(landed, order[1]);
+    magpie.stop().await;
 }

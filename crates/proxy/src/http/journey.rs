@@ -56,7 +56,7 @@ use crate::routing::admission::{Admit, Ask, Refusal, SlotLimits, Standing};
 use crate::routing::backend::{ActiveGuard, Awaiting, Backend, CodeClass, Spill, WorkGuard};
 use crate::routing::health::passive::{self, Blame};
 use crate::routing::instance::Instance;
-use crate::routing::recent::Decision;
+use crate::routing::recent::{Decision, opening_record};
 use crate::routing::route::{How, Keys};
 
 /// A wire format: what differs in sending a request to a backend and
@@ -164,21 +164,29 @@ impl Journey<'_> {
         let mut tried = Vec::new();
         let mut how = self.pinned.route.how;
         let mut rest = self.pinned.route.targets.clone();
-        // Its cache is at its home, unless it opens a conversation.
+        // Its cache is at its home, unless it opens a conversation: then
+        // at where the latest conversation that opened alike went, if any.
         let mut sticky = !self.pinned.pin_lost() && opening.is_none();
+        let mut work_key = self.keys.session;
+        if let Some(opening) = self.opens_alike(&mut rest) {
+            sticky = true;
+            work_key = opening_record(opening);
+        }
         while !rest.is_empty() {
-            let (backend, slot, work) =
-                match self.take_slot(&mut rest, &mut how, sticky, wire).await {
-                    Slot::Taken(backend, slot, work) => (backend, slot, work),
-                    Slot::Passed => continue,
-                    Slot::Refused(Refusal::ClientGone) => return Forwarded::ClientGone,
-                    Slot::Refused(why) => {
-                        if let Some(log) = self.log.as_mut() {
-                            log.queued(Duration::ZERO, why.as_str());
-                        }
-                        return Forwarded::Failed(self.failed(Failure::Refused(why)));
+            let (backend, slot, work) = match self
+                .take_slot(&mut rest, &mut how, (sticky, work_key), wire)
+                .await
+            {
+                Slot::Taken(backend, slot, work) => (backend, slot, work),
+                Slot::Passed => continue,
+                Slot::Refused(Refusal::ClientGone) => return Forwarded::ClientGone,
+                Slot::Refused(why) => {
+                    if let Some(log) = self.log.as_mut() {
+                        log.queued(Duration::ZERO, why.as_str());
                     }
-                };
+                    return Forwarded::Failed(self.failed(Failure::Refused(why)));
+                }
+            };
             sticky = false;
             let awaiting = awaiting_at(&backend, &mut opening, work);
             tried.push(backend.name.clone());
@@ -208,15 +216,31 @@ impl Journey<'_> {
         Forwarded::Failed(self.failed(Failure::NoBackend { tried }))
     }
 
+    /// With `queue`, a conversation's first request (no pin) that opens
+    /// like one served lately (its opening's record in
+    /// [`crate::routing::recent`]): the backend that served that one moves
+    /// to the front of `rest`, and the request waits for it as a turn waits
+    /// for its pin, its work there told by that record. Returns the opening.
+    fn opens_alike(&self, rest: &mut [Arc<Backend>]) -> Option<u64> {
+        self.config.queue.as_ref()?;
+        let opening = self.keys.opening.filter(|_| self.pinned.pin_lost())?;
+        let at = self.instance.recent.opened_at(opening)?;
+        let i = rest.iter().position(|b| Arc::ptr_eq(&b.live, &at.live))?;
+        rest[..=i].rotate_right(1);
+        Some(opening)
+    }
+
     /// A slot at the next of `rest` that takes the request, which leaves
     /// `rest`: without `queue`, the first if it is under its bounded-load
     /// cap; with it, the one admission gives (the home, or after
     /// `queue.affinity_wait` the next with room), waiting if need be.
+    /// `sticky`: it waits for its home; its work is told by `work_key`'s
+    /// record.
     async fn take_slot<W: Wire>(
         &mut self,
         rest: &mut Vec<Arc<Backend>>,
         how: &mut How,
-        sticky: bool,
+        (sticky, work_key): (bool, u64),
         wire: &mut W,
     ) -> Slot {
         let Some(queue) = &self.config.queue else {
@@ -240,7 +264,7 @@ impl Journey<'_> {
                 _ => self.standing.tenant,
             },
             bytes: self.held,
-            work: (self.instance.recent).work(self.keys.session, self.prompt_bytes),
+            work: (self.instance.recent).work(work_key, self.prompt_bytes),
             key: self.keys.table(),
             queue,
             limits: SlotLimits::of(queue, self.config.load_limits()),
@@ -317,6 +341,11 @@ impl Journey<'_> {
         };
         let session = self.keys.session;
         let moved = self.instance.recent.routed(session, backend, decision);
+        if let Some(opening) = self.keys.opening.filter(|_| self.config.queue.is_some()) {
+            self.instance
+                .recent
+                .opened(opening, backend, self.prompt_bytes);
+        }
         self.pinned.served(backend);
         let in_flight = InFlight {
             backend: Arc::clone(backend),

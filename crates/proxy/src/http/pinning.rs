@@ -191,6 +191,7 @@ pub async fn route_found(
     let keys = Keys {
         session: found.key,
         group,
+        opening: found.opening,
     };
     if let Some(log) = log.as_mut() {
         log.keyed(keys.session);

@@ -45,6 +45,11 @@ pub struct RequestKey {
     /// With `key.group`: the group key, or why the request has none (then
     /// the table is looked up by the session key). `None` without groups.
     pub group: Option<Result<u64, GroupMiss>>,
+    /// How its conversation opens (the conversation key of its chat body:
+    /// the model, instructions and first user message), when the body was
+    /// parsed for a key: where conversations that open alike meet under a
+    /// `queue`.
+    pub opening: Option<u64>,
 }
 
 /// The client stopped sending its body while it was read for the key.
@@ -125,6 +130,7 @@ pub fn head_keys<'a, 'h>(
             key: plan.key.address_key(plan.client.0),
             fallback: None,
             group: None,
+            opening: None,
         });
     };
     let sources = plan.key.sources();
@@ -161,7 +167,12 @@ pub fn head_keys<'a, 'h>(
             FallbackReason::MissingHeader
         };
         let group = group_reads_body.then_some(Err(GroupMiss::NotJson));
-        return HeadKeys::Known(wants.found(session.ok_or(why), group));
+        let found = BodyKeys {
+            session: session.ok_or(why),
+            group,
+            opening: None,
+        };
+        return HeadKeys::Known(wants.found(found));
     }
     HeadKeys::ReadBody(wants)
 }
@@ -169,7 +180,7 @@ pub fn head_keys<'a, 'h>(
 impl BodyWants<'_> {
     /// The keys, once the body was read as far as it was (`outcome`).
     pub fn keys(&self, outcome: &Read) -> RequestKey {
-        let (by_body, group) = match outcome {
+        let by_body = match outcome {
             Read::Complete(bytes) => {
                 let wants = Wants {
                     session: self.session_reads_body,
@@ -177,38 +188,36 @@ impl BodyWants<'_> {
                 };
                 body_keys(&self.sources, wants, bytes)
             }
-            Read::Early(found) => (*found, None),
+            Read::Early(found) => BodyKeys {
+                session: *found,
+                group: None,
+                opening: None,
+            },
             Read::TooLarge => unread(FallbackReason::TooLarge, self.group_reads_body),
             Read::Timeout => unread(FallbackReason::Timeout, self.group_reads_body),
             Read::OverBudget => unread(FallbackReason::BufferBudget, self.group_reads_body),
         };
         let session = match self.session {
             Some(key) => Ok(key),
-            None if self.session_reads_body => by_body,
+            None if self.session_reads_body => by_body.session,
             None => Err(FallbackReason::MissingHeader),
         };
-        self.found(session, group)
+        self.found(BodyKeys { session, ..by_body })
     }
 
-    /// The keys found: the session key (or the fallback key, and why) and
-    /// the group (a header's before the body's).
-    fn found(
-        &self,
-        session: Result<u64, FallbackReason>,
-        group: Option<Result<u64, GroupMiss>>,
-    ) -> RequestKey {
-        let group = self.header_group.or(group);
-        match session {
-            Ok(key) => RequestKey {
-                key,
-                fallback: None,
-                group,
-            },
-            Err(why) => RequestKey {
-                key: self.fallback_key,
-                fallback: Some(why),
-                group,
-            },
+    /// The keys found: the session key (or the fallback key, and why), the
+    /// group (a header's before the body's) and the opening.
+    fn found(&self, found: BodyKeys) -> RequestKey {
+        let group = self.header_group.or(found.group);
+        let (key, fallback) = match found.session {
+            Ok(key) => (key, None),
+            Err(why) => (self.fallback_key, Some(why)),
+        };
+        RequestKey {
+            key,
+            fallback,
+            group,
+            opening: found.opening,
         }
     }
 }
@@ -231,25 +240,26 @@ struct Wants<'a> {
     group: Option<&'a GroupBy>,
 }
 
+/// What a body gave (or, for the session key, why it gave none).
+struct BodyKeys {
+    session: Result<u64, FallbackReason>,
+    group: Option<Result<u64, GroupMiss>>,
+    opening: Option<u64>,
+}
+
 /// The keys a body that was not read in full gives: none, for `why`.
-fn unread(
-    why: FallbackReason,
-    group_reads_body: bool,
-) -> (Result<u64, FallbackReason>, Option<Result<u64, GroupMiss>>) {
-    (
-        Err(why),
-        group_reads_body.then_some(Err(GroupMiss::of_body(why))),
-    )
+fn unread(why: FallbackReason, group_reads_body: bool) -> BodyKeys {
+    BodyKeys {
+        session: Err(why),
+        group: group_reads_body.then_some(Err(GroupMiss::of_body(why))),
+        opening: None,
+    }
 }
 
 /// The session key (the field, else the conversation) and the group key in
 /// a complete JSON body, each only if wanted; the chat head is parsed once
-/// for both.
-fn body_keys(
-    sources: &KeySources<'_>,
-    wants: Wants<'_>,
-    bytes: &[u8],
-) -> (Result<u64, FallbackReason>, Option<Result<u64, GroupMiss>>) {
+/// for both, and then gives the opening too.
+fn body_keys(sources: &KeySources<'_>, wants: Wants<'_>, bytes: &[u8]) -> BodyKeys {
     let by_field = match sources.body_field {
         Some(field) if wants.session => json_field_key(bytes, field),
         _ => Err(FallbackReason::MissingField),
@@ -269,7 +279,15 @@ fn body_keys(
         Some(Err(why)) => Some(Err(GroupMiss::of_body(*why))),
         None => None,
     });
-    (session, group)
+    let opening = match &head {
+        Some(Ok(head)) => head.conversation_key().ok(),
+        _ => None,
+    };
+    BodyKeys {
+        session,
+        group,
+        opening,
+    }
 }
 
 /// A header's value when present and not blank (the first, if repeated).

@@ -13,6 +13,12 @@
 //! process; every magpie keeps its own memory, and the routing that reads it
 //! (a spilled key stays put) depends only on loads every instance sees.
 //!
+//! Under a `queue`, how conversations open is remembered too: beside the
+//! session keys, a record per opening (the conversation key of a body read
+//! for a key, [`opening_record`]) says where the latest request that opened
+//! so went, so that a new conversation that opens alike waits there for
+//! the cache it shares.
+//!
 //! The map is bounded (`sessions.max`, or [`DEFAULT_MAX`] keys without
 //! `sessions`; least recently used forgotten first) and split into shards by
 //! key. A spill is remembered for `sessions.ttl`, or [`SPILL_TTL`].
@@ -57,6 +63,13 @@ labels! {
         /// Same backend: the engine evicted the cache on its own.
         Evicted => "evicted",
     }
+}
+
+/// The key of an opening's own record ([`Recent::opened`]), apart from any
+/// session key's (with `key.from: conversation` the session key is the
+/// opening itself).
+pub fn opening_record(opening: u64) -> u64 {
+    opening ^ 0x6f70_656e_696e_6773 // "openings"
 }
 
 /// One key's memory.
@@ -239,6 +252,33 @@ impl Recent {
         record.group = decision.group;
         record.prompt_bytes = decision.prompt_bytes;
         moved
+    }
+
+    /// A request whose conversation opens as `opening` (its conversation
+    /// key) went to `backend` with a body of `prompt_bytes`: the opening's
+    /// record ([`opening_record`]) says so, for the next conversation that
+    /// opens alike ([`Recent::opened_at`], [`Recent::work`]). Nothing is
+    /// counted.
+    pub fn opened(&self, opening: u64, backend: &Arc<Backend>, prompt_bytes: u64) {
+        let key = opening_record(opening);
+        let mut shard = self.shard(key);
+        let record = Record {
+            backend: Arc::clone(backend),
+            how: How::Primary,
+            at: Instant::now(),
+            spilled: false,
+            served: None,
+            group: None,
+            prompt_bytes,
+        };
+        shard.put(key, record);
+    }
+
+    /// Where the latest request that opened as `opening` went
+    /// ([`Recent::opened`]).
+    pub fn opened_at(&self, opening: u64) -> Option<Arc<Backend>> {
+        let key = opening_record(opening);
+        self.shard(key).get(&key).map(|r| Arc::clone(&r.backend))
     }
 
     /// `key`'s request was answered by `backend` with `tokens`: a cache miss

@@ -18,9 +18,11 @@
 //! owner of its key. It waits for its home at least `queue.affinity_wait`,
 //! then takes another of its targets only where that pays in work
 //! ([`Waiter::spill_pays`]); a new conversation (sessions on, no
-//! pin yet) has no cache anywhere and takes, at once, the target with room
+//! pin yet) has, as a rule, no cache and takes, at once, the target with room
 //! that has the least work (ties in the table's order; a grouped one, whose
-//! head is cached at its group's candidates, the first with room). A
+//! head is cached at its group's candidates, the first with room; one that
+//! opens like a conversation served lately comes sticky, its home where
+//! that one went, see [`crate::routing::recent::opening_record`]). A
 //! backend whose engine reports itself full (`health.load`), or whose
 //! requests awaiting their first byte hold `queue.max_prefill_tokens` of
 //! prefill, counts as at its limit. Work is the prompt tokens a backend

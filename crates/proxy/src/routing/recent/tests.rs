@@ -161,3 +161,28 @@ fn work_subtracts_what_the_previous_request_left_at_that_backend() {
     recent.routed(1, b, turn);
     assert_eq!(recent.work(1, 4000).at(a), 1333);
 }
+
+#[test]
+fn an_opening_remembers_where_its_latest_request_went_apart_from_its_key() {
+    let s = snapshot();
+    let (a, b) = (s.backend("a").unwrap(), s.backend("b").unwrap());
+    let recent = Recent::new(100, Duration::from_secs(60));
+    assert!(recent.opened_at(7).is_none());
+    // The session key 7 went to a; the opening 7 (another key space) to b.
+    recent.routed(7, a, decision(How::Primary));
+    recent.opened(7, b, 2000);
+    recent.opened(7, b, 3000);
+    assert_eq!(
+        recent.opened_at(7).map(|at| at.name.clone()),
+        Some("b".into())
+    );
+    assert_eq!(recent.last(7).map(|l| l.backend), Some("a".to_string()));
+    // Its work at b: what the latest request that opened so left there.
+    let work = recent.work(opening_record(7), 4000);
+    assert_eq!((work.at(a), work.at(b)), (1000, 250));
+    assert_eq!(
+        recent.routed_total(How::Primary),
+        1,
+        "an opening is not counted"
+    );
+}

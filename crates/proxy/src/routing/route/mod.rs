@@ -100,6 +100,10 @@ impl How {
 pub struct Keys {
     pub session: u64,
     pub group: Option<u64>,
+    /// How its conversation opens, when its body was parsed for a key
+    /// (mode http): with a `queue`, a conversation's first request goes
+    /// where the latest that opened alike went.
+    pub opening: Option<u64>,
 }
 
 impl Keys {
@@ -108,6 +112,7 @@ impl Keys {
         Keys {
             session: key,
             group: None,
+            opening: None,
         }
     }
 
