@@ -14,6 +14,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use magpie_proxy::routing::admission::{Admit, Refusal};
+use magpie_proxy::routing::route::How;
 
 use bytes::Bytes;
 use magpie_core::key::group::{GroupBy, body_group_key};
@@ -432,5 +433,7 @@ async fn opens_alike(group_setting: &str, by: &GroupBy) {
         .await
         .expect("not panicked");
     assert_eq!(landed, order[1]);
+    // The second and the third, each away from its table's first.
+    assert_eq!(magpie.instance.recent.routed_total(How::Opening), 2);
     magpie.stop().await;
 }

@@ -168,9 +168,12 @@ impl Journey<'_> {
         // at where the latest conversation that opened alike went, if any.
         let mut sticky = !self.pinned.pin_lost() && opening.is_none();
         let mut work_key = self.keys.session;
-        if let Some(opening) = self.opens_alike(&mut rest) {
+        if let Some((opening, moved)) = self.opens_alike(&mut rest) {
             sticky = true;
             work_key = opening_record(opening);
+            if moved {
+                how = How::Opening;
+            }
         }
         while !rest.is_empty() {
             let (backend, slot, work) = match self
@@ -220,14 +223,15 @@ impl Journey<'_> {
     /// like one served lately (its opening's record in
     /// [`crate::routing::recent`]): the backend that served that one moves
     /// to the front of `rest`, and the request waits for it as a turn waits
-    /// for its pin, its work there told by that record. Returns the opening.
-    fn opens_alike(&self, rest: &mut [Arc<Backend>]) -> Option<u64> {
+    /// for its pin, its work there told by that record. Returns the opening,
+    /// and whether that backend was not already the first.
+    fn opens_alike(&self, rest: &mut [Arc<Backend>]) -> Option<(u64, bool)> {
         self.config.queue.as_ref()?;
         let opening = self.keys.opening.filter(|_| self.pinned.pin_lost())?;
         let at = self.instance.recent.opened_at(opening)?;
         let i = rest.iter().position(|b| Arc::ptr_eq(&b.live, &at.live))?;
         rest[..=i].rotate_right(1);
-        Some(opening)
+        Some((opening, i > 0))
     }
 
     /// A slot at the next of `rest` that takes the request, which leaves

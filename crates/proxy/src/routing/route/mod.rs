@@ -51,6 +51,9 @@ labels! {
         /// Its group's home (`key.group_choices`), which is not the table's
         /// first that takes it.
         GroupHome => "group_home",
+        /// A conversation's first request, to where the latest one that
+        /// opened alike went (`queue`), which is not the table's first.
+        Opening => "opening",
         /// Its first candidate was at its bounded-load cap.
         SpilledAtCap => "spilled_at_cap",
         /// Its first candidate was down (or refused the connection).
@@ -81,7 +84,7 @@ impl How {
     /// spill or a fallback key keeps its reason.
     pub fn passed_over(self, why: Spill) -> How {
         match self {
-            How::Primary | How::Pinned | How::GroupHome => How::of_spill(why),
+            How::Primary | How::Pinned | How::GroupHome | How::Opening => How::of_spill(why),
             other => other,
         }
     }
