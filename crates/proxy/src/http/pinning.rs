@@ -191,7 +191,8 @@ pub async fn route_found(
     let keys = Keys {
         session: found.key,
         group,
-        opening: found.opening,
+        // Keyed by the conversation, its pin is its opening's memory.
+        opening: found.opening.filter(|&o| o != found.key),
     };
     if let Some(log) = log.as_mut() {
         log.keyed(keys.session);
