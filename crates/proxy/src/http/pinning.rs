@@ -191,8 +191,7 @@ pub async fn route_found(
     let keys = Keys {
         session: found.key,
         group,
-        // Keyed by the conversation, its pin is its opening's memory.
-        opening: found.opening.filter(|&o| o != found.key),
+        opening: found.opening,
     };
     if let Some(log) = log.as_mut() {
         log.keyed(keys.session);

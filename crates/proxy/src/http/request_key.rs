@@ -48,7 +48,7 @@ pub struct RequestKey {
     /// How its conversation opens (the conversation key of its chat body:
     /// the model, instructions and first user message), when the body was
     /// parsed for a key: where conversations that open alike meet under a
-    /// `queue`.
+    /// `queue`. None when the session key is the conversation key.
     pub opening: Option<u64>,
 }
 
@@ -264,23 +264,27 @@ fn body_keys(sources: &KeySources<'_>, wants: Wants<'_>, bytes: &[u8]) -> BodyKe
         Some(field) if wants.session => json_field_key(bytes, field),
         _ => Err(FallbackReason::MissingField),
     };
-    let needs_head =
-        (wants.session && sources.conversation && by_field.is_err()) || wants.group.is_some();
+    let by_conversation = wants.session && sources.conversation && by_field.is_err();
+    let needs_head = by_conversation || wants.group.is_some();
     let head: Option<Result<ChatHead, FallbackReason>> = needs_head.then(|| read_head(bytes));
-    let session = match (&head, by_field) {
-        (Some(head), Err(_)) if wants.session && sources.conversation => head
+    let session = match &head {
+        Some(head) if by_conversation => head
             .as_ref()
             .map_err(|why| *why)
             .and_then(ChatHead::conversation_key),
-        (_, found) => found,
+        _ => by_field,
     };
     let group = wants.group.and_then(|by| match &head {
         Some(Ok(head)) => by.of_head(head),
         Some(Err(why)) => Some(Err(GroupMiss::of_body(*why))),
         None => None,
     });
-    let opening = match &head {
-        Some(Ok(head)) => head.conversation_key().ok(),
+    // How it opens: none when that is the session key already (its pin
+    // is that memory), the group when it is grouped so, else hashed once.
+    let opening = match (&head, wants.group) {
+        _ if by_conversation => None,
+        (_, Some(GroupBy::Conversation)) => group.and_then(Result::ok),
+        (Some(Ok(head)), _) => head.conversation_key().ok(),
         _ => None,
     };
     BodyKeys {
