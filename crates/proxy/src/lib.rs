@@ -1,5 +1,6 @@
 //! magpie's proxy: a consistent-hash load balancer, per TCP connection
-//! (`mode: tcp`) or per HTTP request (`mode: http`). The pure parts (hash,
+//! (`mode: tcp`), per HTTP request (`mode: http`) or per flow of datagrams
+//! (`mode: udp`). The pure parts (hash,
 //! placement, keys, usage) are in `magpie-core`; the `magpie` command and
 //! the lab build on this crate.
 //!

@@ -17,6 +17,7 @@
 //! | [`gpu`] | the time model: queue, serial prefill, batched decode |
 //! | `server` | the HTTP/1.1 server: routes, request parsing, limits |
 //! | `reply` | response bodies: JSON, server-sent events, metrics, info |
+//! | `state` | what every connection of one engine shares: settings, the queue to its GPU, counters, its name |
 
 use crate::bounds::{OutOfRange, range};
 use std::net::SocketAddr;

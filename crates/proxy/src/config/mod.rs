@@ -1,7 +1,7 @@
 //! The config file: YAML text → [`RawConfig`] (serde) → validated [`Config`].
 //!
 //! This is the first arrow of the data flow, in three rooms: `raw.rs` parses
-//! (unknown fields and duplicate keys are errors), `validate.rs` turns loose
+//! (unknown fields and duplicate keys are errors), `validate/` turns loose
 //! values into real types (socket addresses, durations, CIDR blocks, enums) so
 //! an invalid `Config` cannot be built, and `resolve.rs` looks up host names in
 //! `backends[].addr`, once per load; nothing on the data path resolves names.
@@ -150,7 +150,7 @@ impl fmt::Display for CopyMode {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
-    /// `tcp` or `http`; a change needs a restart, like `listen`.
+    /// `tcp`, `http` or `udp`; a change needs a restart, like `listen`.
     pub mode: Mode,
     /// The file this came from (for messages), or `<inline>`.
     pub source: PathBuf,

@@ -12,6 +12,8 @@
 //! |---|---|
 //! | [`families`] | every family, declared once, with how its series are read; those read once per scrape |
 //! | [`backend_families`] | the families read once per backend |
+//! | [`queue_families`] | the queue's families: what waits, how long, what was admitted and refused, by class |
+//! | [`datagram_families`] | mode udp's families: flows, dropped datagrams, datagrams per backend each way |
 //! | [`series`] | what a scrape reads, and the writer a family's series go through |
 //! | [`tls`] | the TLS families' readers: handshakes, certificate expiry |
 
