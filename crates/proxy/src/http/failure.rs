@@ -1,18 +1,35 @@
 //! Why a request reached no backend, and magpie's own answer to it: the
-//! failures of [`super::journey`] (each counted where it happens) and the
-//! short local answers both wire formats write ([`LocalAnswer`]).
+//! failures of [`super::journey`] and the short local answers both wire
+//! formats write ([`LocalAnswer`]).
+//!
+//! A [`Failure`] only classifies: where it happened ([`Source`]); it is
+//! final for its request (the journey tries another target only before a
+//! byte was sent, which is no failure). Building one changes nothing: the
+//! journey counts it against its backend and marks passive health.
 
 use std::time::Duration;
 
 use hyper::StatusCode;
-use tracing::warn;
 
 use super::response_body::BoxError;
-use crate::config::Config;
 use crate::routing::admission::Refusal;
-use crate::routing::backend::{Backend, CodeClass, TimeoutKind};
-use crate::routing::health::passive;
+use crate::routing::backend::Backend;
 use crate::telemetry::stats::ClientFailure;
+
+/// Where a request failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// No backend took it: every target was down, full or refused it.
+    Pool,
+    /// magpie itself (file descriptors, memory).
+    Local,
+    /// The backend it was sent to.
+    Backend,
+    /// The client (its body).
+    Client,
+    /// The queue refused it (`queue`).
+    Queue,
+}
 
 /// Why a request reached no backend.
 #[derive(Debug)]
@@ -36,42 +53,40 @@ pub enum Failure {
 }
 
 impl Failure {
-    /// The backend failed after the request was (at least partly) written:
-    /// a failed request, counted against it.
+    /// The backend failed after the request was (at least partly) written.
     pub fn after_send(backend: &Backend, error: BoxError) -> Failure {
-        backend.live.traffic.count_request(CodeClass::Error);
-        warn!(backend = %backend.name, %error, "backend failed after the request was sent");
         Failure::AfterSend {
             backend: backend.name.clone(),
             error,
         }
     }
 
-    /// The backend answered `101` unasked: a failed request, counted
-    /// against it.
+    /// The backend answered `101` unasked.
     pub fn switched(backend: &Backend) -> Failure {
-        backend.live.traffic.count_request(CodeClass::Error);
-        warn!(backend = %backend.name, "backend answered 101 Switching Protocols unasked; the client gets 502");
         Failure::Switched {
             backend: backend.name.clone(),
         }
     }
 
-    /// The backend sent no response head in time: a timeout and a failed
-    /// request for it, and with `health.passive_status` a failed answer
-    /// towards passive health, as a `504` from the backend itself would be.
-    pub fn timed_out(backend: &Backend, config: &Config) -> Failure {
-        let traffic = &backend.live.traffic;
-        traffic.count_timeout(TimeoutKind::Response);
-        traffic.count_request(CodeClass::Error);
-        let after = config.http.response_timeout;
-        warn!(backend = %backend.name, timeout = ?after, "backend sent no response head within http.response_timeout; the client gets 504");
-        if let Some(health) = config.health.as_ref().filter(|h| h.passive_status) {
-            passive::answer_failed(backend, 504, health);
-        }
+    /// The backend sent no response head within `after`
+    /// (`http.response_timeout`).
+    pub fn timed_out(backend: &Backend, after: Duration) -> Failure {
         Failure::ResponseTimeout {
             backend: backend.name.clone(),
             after,
+        }
+    }
+
+    /// Where it failed: whose fault it is, and so who is counted for it.
+    pub fn source(&self) -> Source {
+        match self {
+            Failure::NoBackend { .. } => Source::Pool,
+            Failure::LocalResources => Source::Local,
+            Failure::AfterSend { .. }
+            | Failure::ResponseTimeout { .. }
+            | Failure::Switched { .. } => Source::Backend,
+            Failure::ClientBody { .. } => Source::Client,
+            Failure::Refused(_) => Source::Queue,
         }
     }
 

@@ -85,7 +85,7 @@ impl Wire for HyperWire<'_> {
         let timeout = config.http.response_timeout;
         let Some(answer) = backend_deadlines::response_head(head, &progress, timeout).await else {
             // The lease is dropped here: its connection closes.
-            return Exchange::Failed(Failure::timed_out(backend, config));
+            return Exchange::Failed(Failure::timed_out(backend, timeout));
         };
         let mut error = match answer {
             Ok(response) if response.status() == StatusCode::SWITCHING_PROTOCOLS => {

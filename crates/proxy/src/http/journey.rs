@@ -41,9 +41,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::warn;
 
 use super::backend_deadlines::Progress;
-pub use super::failure::{BODY_UNREADABLE, Failure, LocalAnswer, RETRY_AFTER_SECONDS};
+pub use super::failure::{BODY_UNREADABLE, Failure, LocalAnswer, RETRY_AFTER_SECONDS, Source};
 use super::logged::{Answer, Logged};
 use super::pinning::{Opening, Pinned};
 use super::pool::{Lease, Limits, Pool, Pooled};
@@ -53,7 +54,9 @@ use super::upstream::{self, UpstreamIo};
 use crate::config::Config;
 use crate::config::TenantBy;
 use crate::routing::admission::{Admit, Ask, Refusal, SlotLimits, Standing};
-use crate::routing::backend::{ActiveGuard, Awaiting, Backend, CodeClass, Spill, WorkGuard};
+use crate::routing::backend::{
+    ActiveGuard, Awaiting, Backend, CodeClass, Spill, TimeoutKind, WorkGuard,
+};
 use crate::routing::health::passive::{self, Blame};
 use crate::routing::instance::Instance;
 use crate::routing::recent::{Decision, opening_record};
@@ -212,7 +215,10 @@ impl Journey<'_> {
                     ));
                 }
                 Exchange::NotSent { .. } => how = how.passed_over(Spill::Down),
-                Exchange::Failed(failure) => return Forwarded::Failed(self.failed(failure)),
+                Exchange::Failed(failure) => {
+                    charge(&backend, &failure, self.config);
+                    return Forwarded::Failed(self.failed(failure));
+                }
                 Exchange::ClientGone => return Forwarded::ClientGone,
             }
         }
@@ -469,6 +475,34 @@ async fn connect<W: Wire>(
                 &instance.stats,
             ))
         }
+    }
+}
+
+/// Counts a failure at `backend` against it when it is the backend's: a
+/// failed request (a timeout too, and with `health.passive_status` a failed
+/// answer for passive health, as a `504` of its own would be), and a
+/// warning.
+fn charge(backend: &Backend, failure: &Failure, config: &Config) {
+    if failure.source() != Source::Backend {
+        return;
+    }
+    let traffic = &backend.live.traffic;
+    traffic.count_request(CodeClass::Error);
+    match failure {
+        Failure::ResponseTimeout { after, .. } => {
+            traffic.count_timeout(TimeoutKind::Response);
+            warn!(backend = %backend.name, timeout = ?after, "backend sent no response head within http.response_timeout; the client gets 504");
+            if let Some(health) = config.health.as_ref().filter(|h| h.passive_status) {
+                passive::answer_failed(backend, 504, health);
+            }
+        }
+        Failure::Switched { .. } => {
+            warn!(backend = %backend.name, "backend answered 101 Switching Protocols unasked; the client gets 502")
+        }
+        Failure::AfterSend { error, .. } => {
+            warn!(backend = %backend.name, %error, "backend failed after the request was sent")
+        }
+        _ => {}
     }
 }
 

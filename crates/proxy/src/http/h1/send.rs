@@ -169,7 +169,10 @@ enum Event {
 /// The outcome of an event that ends an exchange.
 fn failed<W: Wire>(backend: &Backend, event: Event, config: &Config) -> Exchange<W> {
     match event {
-        Event::TimedOut => Exchange::Failed(Failure::timed_out(backend, config)),
+        Event::TimedOut => {
+            let after = config.http.response_timeout;
+            Exchange::Failed(Failure::timed_out(backend, after))
+        }
         Event::ClientGone => {
             backend.live.traffic.count_client_abort();
             Exchange::ClientGone
