@@ -396,7 +396,7 @@ const EXIT_CUT: u8 = 2;
 async fn demo_load() -> anyhow::Result<ExitCode> {
     let dir = std::env::temp_dir().join(format!("magpie-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let table = magpie_lab::llm_demo::load(&dir).await;
+    let table = magpie_lab::demo::llm::load(&dir).await;
     let _ = std::fs::remove_dir_all(&dir);
     emit(&table?)
 }
@@ -405,8 +405,8 @@ async fn demo_load() -> anyhow::Result<ExitCode> {
 /// http, and what to try.
 async fn llm_demo(listen: SocketAddr, admin: SocketAddr) -> anyhow::Result<ExitCode> {
     let shutdown = shutdown_on_signals()?;
-    let engines = magpie_lab::llm_demo::start_engines(3, &shutdown).await?;
-    let yaml = magpie_lab::llm_demo::config_yaml(listen, admin, &engines, true);
+    let engines = magpie_lab::demo::llm::start_engines(3, &shutdown).await?;
+    let yaml = magpie_lab::demo::llm::config_yaml(listen, admin, &engines, true);
     let config =
         Config::parse(std::path::Path::new("<demo>"), &yaml).map_err(|e| anyhow::anyhow!("{e}"))?;
     let running = magpie_proxy::app::start(config, shutdown)
@@ -462,12 +462,13 @@ async fn demo(
     let shutdown = shutdown_on_signals()?;
     let mut backends = Vec::new();
     for name in ["demo-a", "demo-b", "demo-c"] {
-        let addr = magpie_lab::demo::start_backend(name, "127.0.0.1:0".parse()?, shutdown.clone())
-            .await
-            .with_context(|| format!("cannot start demo backend {name}"))?;
+        let addr =
+            magpie_lab::demo::tcp::start_backend(name, "127.0.0.1:0".parse()?, shutdown.clone())
+                .await
+                .with_context(|| format!("cannot start demo backend {name}"))?;
         backends.push((name.to_string(), addr));
     }
-    let yaml = magpie_lab::demo::config_yaml(mode, listen, admin, &backends);
+    let yaml = magpie_lab::demo::tcp::config_yaml(mode, listen, admin, &backends);
     let config =
         Config::parse(std::path::Path::new("<demo>"), &yaml).map_err(|e| anyhow::anyhow!("{e}"))?;
     let running = magpie_proxy::app::start(config, shutdown)

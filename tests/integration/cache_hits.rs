@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::Request;
 use magpie_core::key;
-use magpie_proxy::routing::recent::MissCause;
+use magpie_proxy::routing::key_memory::MissCause;
 use std::sync::atomic::Ordering;
 
 use crate::support::*;
@@ -73,10 +73,10 @@ async fn token_counts_match_the_engines_and_misses_have_causes() {
     magpie.backend(&home).live.health.set_up(true);
     assert_eq!(turn(&mut client, "s1", 5000, 3000, true).await, home);
 
-    let recent = &magpie.instance.recent;
-    assert_eq!(recent.misses_total(MissCause::Evicted), 1);
-    assert_eq!(recent.misses_total(MissCause::BackendDown), 2);
-    assert_eq!(recent.misses_total(MissCause::Spill), 0);
+    let memory = &magpie.instance.key_memory;
+    assert_eq!(memory.misses_total(MissCause::Evicted), 1);
+    assert_eq!(memory.misses_total(MissCause::BackendDown), 2);
+    assert_eq!(memory.misses_total(MissCause::Spill), 0);
 
     let (_, metrics) = admin_get(admin, "/metrics").await;
     for b in &backends.list {

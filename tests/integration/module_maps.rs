@@ -100,7 +100,11 @@ fn every_module_map_names_the_modules_declared() {
         }
     }
     assert!(maps >= 10, "only {maps} module maps found");
-    assert!(wrong.is_empty(), "module maps that disagree:\n{}", wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "module maps that disagree:\n{}",
+        wrong.join("\n")
+    );
 }
 
 #[test]

@@ -13,7 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-use magpie_proxy::routing::admission::{Admit, Refusal};
+use magpie_proxy::routing::queue::{Admit, Refusal};
 use magpie_proxy::routing::route::How;
 
 use bytes::Bytes;
@@ -46,7 +46,7 @@ fn arrivals(backends: &HyperBackends) -> Vec<String> {
 /// Waits until `n` requests wait in magpie's queue.
 async fn queued(magpie: &Magpie, n: usize) {
     within(&format!("{n} requests queued"), async {
-        while magpie.instance.admission.len() != n {
+        while magpie.instance.queue.len() != n {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     })
@@ -100,7 +100,7 @@ async fn at_its_limit_requests_wait_and_leave_by_class() {
         send(&magpie, name, &[("x-priority", class)], &tx);
         queued(&magpie, n + 1).await;
     }
-    assert_eq!(magpie.instance.admission.depths(3), [1, 2, 1]);
+    assert_eq!(magpie.instance.queue.depths(3), [1, 2, 1]);
     let (status, queue) = admin_get(magpie.admin.expect("admin is on"), "/queue").await;
     assert_eq!(status, 200);
     let queue: serde_json::Value = serde_json::from_str(&queue).expect("JSON");
@@ -123,7 +123,7 @@ async fn at_its_limit_requests_wait_and_leave_by_class() {
         arrivals(&backends),
         ["interactive", "none", "unknown", "batch"]
     );
-    let stats = &magpie.instance.admission.stats;
+    let stats = &magpie.instance.queue.stats;
     assert_eq!(stats.admitted_count(1, Admit::Waited), 2);
     assert_eq!(stats.admitted_count(0, Admit::Waited), 1);
     assert!(stats.wait.count() >= 4);
@@ -146,10 +146,10 @@ async fn a_full_queue_answers_429_and_a_long_wait_503() {
     );
     let (name, status, retry) = within("the timeout", rx.recv()).await.expect("one");
     assert_eq!((name, status, retry.as_deref()), ("waits", 503, Some("1")));
-    let stats = &magpie.instance.admission.stats;
+    let stats = &magpie.instance.queue.stats;
     assert_eq!(stats.refused_count(0, Refusal::Full), 1);
     assert_eq!(stats.refused_count(0, Refusal::TimedOut), 1);
-    assert!(magpie.instance.admission.is_empty());
+    assert!(magpie.instance.queue.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -164,7 +164,7 @@ async fn a_client_that_goes_away_leaves_the_queue() {
     queued(&magpie, 1).await;
     drop(raw);
     queued(&magpie, 0).await;
-    let stats = &magpie.instance.admission.stats;
+    let stats = &magpie.instance.queue.stats;
     within("the refusal counted", async {
         while stats.refused_count(1, Refusal::ClientGone) != 1 {
             tokio::time::sleep(Duration::from_millis(2)).await;
@@ -226,7 +226,7 @@ async fn a_request_waits_for_its_home_then_spills_in_the_tables_order() {
         got, candidates[1],
         "after the home wait, the next in the table's order"
     );
-    let stats = &magpie.instance.admission.stats;
+    let stats = &magpie.instance.queue.stats;
     assert_eq!(stats.admitted_count(0, Admit::Spilled), 1);
     assert!(stats.wait.sum_seconds() >= 0.2);
 }
@@ -256,7 +256,7 @@ async fn a_reload_keeps_waiting_requests_and_binds_them_to_the_new_table() {
         .expect("the reload applies");
     let (name, status, _) = within("the answer", rx.recv()).await.expect("one");
     assert_eq!((name, status), ("waits", 200));
-    assert!(magpie.instance.admission.is_empty());
+    assert!(magpie.instance.queue.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -279,7 +279,7 @@ async fn mode_tcp_connections_wait_for_room() {
         .await
         .expect("read");
     assert!(n > 0, "the waiting connection was served");
-    assert!(magpie.instance.admission.is_empty());
+    assert!(magpie.instance.queue.is_empty());
     // A waiting connection whose client closes leaves the queue.
     let mut third = TcpStream::connect(magpie.addr).await.expect("connected");
     third.write_all(b"three\n").await.expect("sent");
@@ -416,7 +416,7 @@ async fn opens_alike(group_setting: &str, by: &GroupBy) {
         client.post_json(&body, Some("third")).await
     });
     within("the third to queue", async {
-        while magpie.instance.admission.len() != 1 {
+        while magpie.instance.queue.len() != 1 {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     })
@@ -434,6 +434,6 @@ async fn opens_alike(group_setting: &str, by: &GroupBy) {
         .expect("not panicked");
     assert_eq!(landed, order[1]);
     // The second and the third, each away from its table's first.
-    assert_eq!(magpie.instance.recent.routed_total(How::Opening), 2);
+    assert_eq!(magpie.instance.key_memory.routed_total(How::Opening), 2);
     magpie.stop().await;
 }

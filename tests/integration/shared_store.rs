@@ -110,7 +110,7 @@ async fn decide(m: &Magpie, session: &str) -> (String, Duration) {
     let pinned = pinning::route(
         m.instance.sessions(),
         &snapshot,
-        &m.instance.recent,
+        &m.instance.key_memory,
         Keys::single(text_key(session.as_bytes())),
     )
     .await;

@@ -13,7 +13,6 @@ pub mod bounds;
 pub mod datagrams;
 pub mod demo;
 pub mod engine;
-pub mod llm_demo;
 pub mod plan;
 pub mod simulate;
 pub mod workload;

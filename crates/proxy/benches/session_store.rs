@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use magpie_proxy::config::Config;
 use magpie_proxy::http::pinning;
-use magpie_proxy::routing::recent::{self, Recent};
+use magpie_proxy::routing::key_memory::{self, KeyMemory};
 use magpie_proxy::routing::route::Keys;
 use magpie_proxy::routing::sessions::Sessions;
 use magpie_proxy::routing::snapshot::Snapshot;
@@ -38,7 +38,7 @@ async fn measure(
     first: u64,
     n: u64,
 ) -> [Vec<Duration>; 2] {
-    let recent = Recent::new(recent::DEFAULT_MAX, recent::SPILL_TTL);
+    let memory = KeyMemory::new(key_memory::DEFAULT_MAX, key_memory::SPILL_TTL);
     let mut out = [Vec::new(), Vec::new()];
     for round in out.iter_mut() {
         for key in first..first + n {
@@ -46,7 +46,7 @@ async fn measure(
             let pinned = pinning::route(
                 Some(Arc::clone(sessions)),
                 snapshot,
-                &recent,
+                &memory,
                 Keys::single(key),
             )
             .await;

@@ -25,7 +25,7 @@ impl HttpBackends {
         let stop = CancellationToken::new();
         let mut list = Vec::new();
         for name in names {
-            let addr = magpie_lab::demo::start_backend(name, bind, stop.clone())
+            let addr = magpie_lab::demo::tcp::start_backend(name, bind, stop.clone())
                 .await
                 .unwrap_or_else(|e| panic!("cannot start HTTP backend {name} on {bind}: {e}"));
             list.push((name.to_string(), addr));

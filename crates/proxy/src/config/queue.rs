@@ -5,7 +5,7 @@
 //!
 //! Validation ([`super::validate`]) fills in [`QueueConfig`] from the YAML
 //! types in [`super::raw`];
-//! [`crate::routing::admission`] works from it, and takes a new one at every
+//! [`crate::routing::queue`] works from it, and takes a new one at every
 //! reload.
 
 use std::time::Duration;

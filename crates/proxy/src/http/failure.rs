@@ -12,8 +12,8 @@ use std::time::Duration;
 use hyper::StatusCode;
 
 use super::response_body::BoxError;
-use crate::routing::admission::Refusal;
 use crate::routing::backend::Backend;
+use crate::routing::queue::Refusal;
 use crate::telemetry::stats::ClientFailure;
 
 /// Where a request failed.

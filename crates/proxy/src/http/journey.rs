@@ -14,7 +14,7 @@
 //!
 //! * A target at its cap is passed over; each one taken holds a slot (what
 //!   bounded load counts) and counts as awaiting its first byte. With
-//!   `queue`, the slot is the one [`crate::routing::admission`] gives: the
+//!   `queue`, the slot is the one [`crate::routing::queue`] gives: the
 //!   key's home, or after `queue.affinity_wait` the next target with room,
 //!   waiting in the queue if need be (`429` when it is full, `503` past
 //!   `queue.timeout`, both with `Retry-After`).
@@ -45,21 +45,21 @@ use tracing::warn;
 
 use super::backend_deadlines::Progress;
 pub use super::failure::{BODY_UNREADABLE, Failure, LocalAnswer, RETRY_AFTER_SECONDS, Source};
-use super::logged::{Answer, Logged};
 use super::pinning::{Opening, Pinned};
 use super::pool::{Lease, Limits, Pool, Pooled};
+use super::request_log::{Answer, RequestLog};
 use super::response_body::{FirstByte, InFlight, Tally};
 use super::reuse::Claim;
 use super::upstream::{self, UpstreamIo};
 use crate::config::Config;
 use crate::config::TenantBy;
-use crate::routing::admission::{Admit, Ask, Refusal, SlotLimits, Standing};
 use crate::routing::backend::{
     ActiveGuard, Awaiting, Backend, CodeClass, Spill, TimeoutKind, WorkGuard,
 };
 use crate::routing::health::passive::{self, Blame};
 use crate::routing::instance::Instance;
-use crate::routing::recent::{Decision, opening_record};
+use crate::routing::key_memory::{Decision, opening_record};
+use crate::routing::queue::{Admit, Ask, Refusal, SlotLimits, Standing};
 use crate::routing::route::{How, Keys};
 
 /// A wire format: what differs in sending a request to a backend and
@@ -156,7 +156,7 @@ pub struct Journey<'a> {
     pub instance: &'a Arc<Instance>,
     /// The request's access-log line, if it is sampled: it moves into the
     /// answer's [`InFlight`], or stays for magpie's own answer.
-    pub log: &'a mut Option<Logged>,
+    pub log: &'a mut Option<RequestLog>,
 }
 
 impl Journey<'_> {
@@ -227,14 +227,14 @@ impl Journey<'_> {
 
     /// With `queue`, a conversation's first request (no pin) that opens
     /// like one served lately (its opening's record in
-    /// [`crate::routing::recent`]): the backend that served that one moves
+    /// [`crate::routing::key_memory`]): the backend that served that one moves
     /// to the front of `rest`, and the request waits for it as a turn waits
     /// for its pin, its work there told by that record. Returns the opening,
     /// and whether that backend was not already the first.
     fn opens_alike(&self, rest: &mut [Arc<Backend>]) -> Option<(u64, bool)> {
         self.config.queue.as_ref()?;
         let opening = self.keys.opening.filter(|_| self.pinned.pin_lost())?;
-        let at = self.instance.recent.opened_at(opening)?;
+        let at = self.instance.key_memory.opened_at(opening)?;
         let i = rest.iter().position(|b| Arc::ptr_eq(&b.live, &at.live))?;
         rest[..=i].rotate_right(1);
         Some((opening, i > 0))
@@ -242,7 +242,7 @@ impl Journey<'_> {
 
     /// A slot at the next of `rest` that takes the request, which leaves
     /// `rest`: without `queue`, the first if it is under its bounded-load
-    /// cap; with it, the one admission gives (the home, or after
+    /// cap; with it, the one the queue gives (the home, or after
     /// `queue.affinity_wait` the next with room), waiting if need be.
     /// `sticky`: it waits for its home; its work is told by `work_key`'s
     /// record.
@@ -274,12 +274,12 @@ impl Journey<'_> {
                 _ => self.standing.tenant,
             },
             bytes: self.held,
-            work: (self.instance.recent).work(work_key, self.prompt_bytes),
+            work: (self.instance.key_memory).work(work_key, self.prompt_bytes),
             key: self.keys.table(),
             queue,
             limits: SlotLimits::of(queue, self.config.load_limits()),
         };
-        let admitted = match self.instance.admission.admit(ask, wire.client_gone()).await {
+        let admitted = match self.instance.queue.admit(ask, wire.client_gone()).await {
             Ok(admitted) => admitted,
             Err(why) => return Slot::Refused(why),
         };
@@ -350,10 +350,10 @@ impl Journey<'_> {
             prompt_bytes: self.prompt_bytes,
         };
         let session = self.keys.session;
-        let moved = self.instance.recent.routed(session, backend, decision);
+        let moved = self.instance.key_memory.routed(session, backend, decision);
         if let Some(opening) = self.keys.opening.filter(|_| self.config.queue.is_some()) {
             self.instance
-                .recent
+                .key_memory
                 .opened(opening, backend, self.prompt_bytes);
         }
         self.pinned.served(backend);

@@ -30,7 +30,7 @@
 //! | [`upstream`] | a connection to a backend below HTTP: TCP, then TLS for a `tls: true` backend |
 //! | [`request_body`] | a request body: the bytes read for the key, then the rest |
 //! | [`response_body`] | a response body: counted, timed, its connection given back at the end |
-//! | [`logged`] | a request's access-log line: begun on arrival, completed as it is routed and answered, written at its end |
+//! | [`request_log`] | a request's access-log line: begun on arrival, completed as it is routed and answered, written at its end |
 //! | [`reply`] | what the client gets: a backend's response body, or magpie's own short answer |
 //! | [`reuse`] | which idle upstream connection a request may take (`http.reuse`), and what keeps one out of the pool |
 //! | [`resets`] | HTTP/2 streams reset by the client after dispatch, and the budget past which a connection gets GOAWAY |
@@ -46,13 +46,13 @@ pub mod fields;
 pub mod h1;
 pub mod hyper_wire;
 pub mod journey;
-pub mod logged;
 pub mod normalize;
 pub mod pinning;
 pub mod pool;
 pub mod reply;
 pub mod request_body;
 pub mod request_key;
+pub mod request_log;
 pub mod resets;
 pub mod response_body;
 pub mod reuse;
@@ -83,11 +83,11 @@ use self::h1::io::{ClientIo, Replay};
 use self::h1::{Ended, Next};
 use self::hyper_wire::{HyperWire, local};
 use self::journey::{BODY_UNREADABLE, Failure, Forwarded, Journey};
-use self::logged::{Arrival, Logged};
 use self::pool::Pool;
 use self::pool::RawConn;
 use self::reply::Reply;
 use self::request_key::KeyPlan;
+use self::request_log::{Arrival, RequestLog};
 use self::resets::{Dispatched, Resets};
 use self::reuse::{ClientConn, idempotent};
 use self::socket::ClientSocket;
@@ -95,8 +95,8 @@ use crate::config::{DEFAULT_HTTP_READ_TIMEOUT, KeyConfig};
 use crate::intake::listener::Accepted;
 use crate::intake::proxy_protocol::{self, Addresses};
 use crate::net::{Client, reset_on_close};
-use crate::routing::admission::Standing;
 use crate::routing::instance::Instance;
+use crate::routing::queue::Standing;
 use crate::telemetry::stats::{ClientFailure, Stats};
 
 /// The smallest head buffer hyper accepts.
@@ -364,7 +364,7 @@ impl HttpPath {
             // idle keep-alive client.
             Box::pin(async move {
                 let busy = clock.serving();
-                let mut log = Logged::start(&request, arrival, &instance);
+                let mut log = RequestLog::start(&request, arrival, &instance);
                 let response = path
                     .request(request, &instance, (arrival.client, &conn), &mut log)
                     .await;
@@ -385,7 +385,7 @@ impl HttpPath {
         request: Request<Incoming>,
         instance: &Arc<Instance>,
         (client, conn): (Client, &ClientConn),
-        log: &mut Option<Logged>,
+        log: &mut Option<RequestLog>,
     ) -> Response<Reply> {
         if let Some(refused) = normalize::refuse(&request, &instance.stats, client) {
             return refused;

@@ -15,7 +15,7 @@
 //!
 //! A key that spilled off a loaded backend stays where it spilled: with
 //! `store: local` its pin says so; without `sessions` the key's
-//! [`crate::routing::recent`] record does. Either way it goes back to its primary
+//! [`crate::routing::key_memory`] record does. Either way it goes back to its primary
 //! once that one is below its mean share. A shared pin stays where it is
 //! bound (moving it back would need every instance to agree on loads).
 //!
@@ -37,12 +37,12 @@
 
 use std::sync::Arc;
 
-use super::logged::Logged;
 use super::request_key::RequestKey;
+use super::request_log::RequestLog;
 use crate::routing::backend::groups::Rank;
 use crate::routing::backend::{Awaiting, Backend};
 use crate::routing::instance::Instance;
-use crate::routing::recent::Recent;
+use crate::routing::key_memory::KeyMemory;
 use crate::routing::route::How;
 use crate::routing::route::{Keys, Route};
 use crate::routing::sessions::homes::{AwaitingMark, Candidate};
@@ -175,7 +175,7 @@ pub async fn route_found(
     found: &RequestKey,
     instance: &Instance,
     snapshot: &Snapshot,
-    log: &mut Option<Logged>,
+    log: &mut Option<RequestLog>,
 ) -> (Keys, Pinned) {
     if let Some(why) = found.fallback {
         instance.stats.count_fallback(why);
@@ -196,7 +196,7 @@ pub async fn route_found(
     if let Some(log) = log.as_mut() {
         log.keyed(keys.session);
     }
-    let pinned = route(instance.sessions(), snapshot, &instance.recent, keys)
+    let pinned = route(instance.sessions(), snapshot, &instance.key_memory, keys)
         .await
         .for_fallback(found.fallback.is_some());
     (keys, pinned)
@@ -208,14 +208,14 @@ pub async fn route_found(
 pub async fn route(
     sessions: Option<Arc<Sessions>>,
     snapshot: &Snapshot,
-    recent: &Recent,
+    memory: &KeyMemory,
     keys: Keys,
 ) -> Pinned {
     // Only a cap or a full engine makes a key spill: without either
     // there is nothing to remember.
     let config = &snapshot.config;
     let spills = config.placement.bounded_load.is_some() || config.load_limits().is_some();
-    let spilled_to = spills.then(|| recent.spilled_to(keys.session)).flatten();
+    let spilled_to = spills.then(|| memory.spilled_to(keys.session)).flatten();
     let spilled_to = spilled_to.as_deref();
     let (route, bound) = match &sessions {
         None => (

@@ -16,7 +16,7 @@
 //! A JSON or event-stream answer is also read for its `usage` as it passes
 //! ([`magpie_core::usage`], at most [`magpie_core::usage::MAX_BUFFER`] bytes held): at
 //! its end the engine's token counts go to the backend's counters, and the
-//! key's memory ([`crate::routing::recent`]) tells whether the cache was missed, and
+//! key's memory ([`crate::routing::key_memory`]) tells whether the cache was missed, and
 //! why.
 
 use std::pin::Pin;
@@ -29,11 +29,11 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use super::backend_deadlines::Silence;
-use super::logged::Logged;
 use super::pool::{Conn, Lease, Pooled};
+use super::request_log::RequestLog;
 use crate::routing::backend::{ActiveGuard, AwaitingGuard, Backend, TimeoutKind, WorkGuard};
 use crate::routing::instance::Instance;
-use crate::routing::recent::{MissCause, Tokens};
+use crate::routing::key_memory::{MissCause, Tokens};
 use crate::routing::sessions::homes::AwaitingMark;
 use crate::telemetry::access_log;
 use crate::telemetry::throttle::Throttle;
@@ -56,7 +56,7 @@ pub struct InFlight<C: Pooled = Conn> {
     /// `http.stream_idle_timeout`.
     pub stream_idle: std::time::Duration,
     /// The request's access-log line, written at the body's end.
-    pub log: Option<Logged>,
+    pub log: Option<RequestLog>,
     /// Counts the request as awaiting its first byte of body until that
     /// byte passes.
     pub awaiting: Option<FirstByte>,
@@ -79,9 +79,9 @@ pub struct FirstByte {
 pub struct Tally {
     pub instance: Arc<Instance>,
     pub key: u64,
-    /// Why the key moved to this backend, if it did ([`Recent::routed`]).
+    /// Why the key moved to this backend, if it did ([`KeyMemory::routed`]).
     ///
-    /// [`Recent::routed`]: crate::routing::recent::Recent::routed
+    /// [`KeyMemory::routed`]: crate::routing::key_memory::KeyMemory::routed
     pub moved: Option<MissCause>,
 }
 
@@ -202,7 +202,7 @@ fn count_usage<C: Pooled>(f: &InFlight<C>, usage: Usage) {
     };
     let t = &f.tally;
     t.instance
-        .recent
+        .key_memory
         .served(t.key, &f.backend.name, tokens, t.moved);
 }
 

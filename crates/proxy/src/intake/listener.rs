@@ -113,7 +113,7 @@ where
     // Queued requests are served or refused (503) a little before the
     // grace ends, so their answers go out before connections are cut.
     let margin = (grace / 10).min(std::time::Duration::from_secs(1));
-    (instance.admission).close_by(tokio::time::Instant::now() + grace - margin);
+    (instance.queue).close_by(tokio::time::Instant::now() + grace - margin);
     let open = tracker.len();
     info!(open, grace = ?grace, "shutting down: no new connections; waiting for open ones");
     let mut cut = 0;

@@ -10,9 +10,9 @@
 //! | `limit` | publish (resized) | accept |
 //! | `discovery` | discovery's resolve loop | reload, metrics |
 //! | sessions | publish (kept or replaced) | mode http's routing |
-//! | `recent` | the data paths | routing, admin `/route`, metrics |
+//! | `key_memory` | the data paths | routing, admin `/route`, metrics |
 //! | `access_log` | publish (settings), the data paths (lines) | its writer task |
-//! | `admission` | the data paths (wait, admit), publish (rebind) | metrics, admin |
+//! | `queue` | the data paths (wait, admit), publish (rebind) | metrics, admin |
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -23,11 +23,11 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use tokio::sync::{Semaphore, watch};
 
 use crate::config::Config;
-use crate::routing::admission::Admission;
 use crate::routing::backend::{Backend, Live, SlotFreed};
 use crate::routing::discovery::Discovery;
 use crate::routing::health;
-use crate::routing::recent::{self, Recent};
+use crate::routing::key_memory::{self, KeyMemory};
+use crate::routing::queue::Queue;
 use crate::routing::sessions::Sessions;
 use crate::routing::snapshot::Snapshot;
 use crate::telemetry::access_log::AccessLog;
@@ -51,13 +51,13 @@ pub struct Instance {
     /// Session pins (`sessions`), kept across reloads that keep their settings.
     sessions: ArcSwapOption<Sessions>,
     /// What routing last did with each key (spills, misses, `/route`).
-    pub recent: Recent,
+    pub key_memory: KeyMemory,
     /// Set at the first SIGTERM: `/readyz` answers 503 from then on.
     draining: std::sync::atomic::AtomicBool,
     /// `access_log`: its settings, queue and counters.
     pub access_log: AccessLog,
     /// `queue`: the requests (or connections) waiting for a backend's room.
-    pub admission: Arc<Admission>,
+    pub queue: Arc<Queue>,
 }
 
 impl Instance {
@@ -72,10 +72,10 @@ impl Instance {
         let (version, _) = watch::channel(snapshot.version);
         let sessions = ArcSwapOption::from(sessions_for(&snapshot.config));
         let (max, ttl) = recent_size(&snapshot.config);
-        let recent = Recent::new(max, ttl);
+        let key_memory = KeyMemory::new(max, ttl);
         let access_log = AccessLog::new(snapshot.config.access_log.as_ref());
-        let admission = Arc::new(Admission::default());
-        wait_on(&snapshot, &admission);
+        let queue = Arc::new(Queue::default());
+        wait_on(&snapshot, &queue);
         Instance {
             snapshot: ArcSwap::from_pointee(snapshot),
             stats: Stats::default(),
@@ -84,10 +84,10 @@ impl Instance {
             limit,
             version,
             sessions,
-            recent,
+            key_memory,
             draining: std::sync::atomic::AtomicBool::new(false),
             access_log,
-            admission,
+            queue,
         }
     }
 
@@ -132,16 +132,16 @@ impl Instance {
         if next.config.sessions != self.snapshot.load().config.sessions {
             self.sessions.store(sessions_for(&next.config));
             let (max, ttl) = recent_size(&next.config);
-            self.recent.configure(max, ttl);
+            self.key_memory.configure(max, ttl);
         }
         if next.config.access_log != self.snapshot.load().config.access_log {
             self.access_log.configure(next.config.access_log.as_ref());
         }
-        wait_on(&next, &self.admission);
+        wait_on(&next, &self.queue);
         let next = Arc::new(next);
         let old = self.snapshot.swap(Arc::clone(&next));
         // Waiting requests leave the queue by the new table.
-        self.admission.rebind(&next);
+        self.queue.rebind(&next);
         self.resize_limit(old_limit, new_limit);
         let removed: Vec<Arc<Backend>> = old
             .backends
@@ -192,12 +192,12 @@ impl Instance {
     }
 }
 
-/// Tells `admission` whenever a backend of `snapshot` gives a slot back
+/// Tells `queue` whenever a backend of `snapshot` gives a slot back
 /// (a backend kept from an earlier snapshot tells it already).
-fn wait_on(snapshot: &Snapshot, admission: &Arc<Admission>) {
+fn wait_on(snapshot: &Snapshot, queue: &Arc<Queue>) {
     for b in &snapshot.backends {
         b.live.waiters.get_or_init(|| {
-            let hook: Arc<dyn SlotFreed> = Arc::clone(admission) as Arc<dyn SlotFreed>;
+            let hook: Arc<dyn SlotFreed> = Arc::clone(queue) as Arc<dyn SlotFreed>;
             hook
         });
     }
@@ -225,13 +225,15 @@ fn sessions_for(config: &Config) -> Option<Arc<Sessions>> {
     config.sessions.as_ref().map(|s| Arc::new(Sessions::new(s)))
 }
 
-/// How many keys [`Recent`] remembers and how long a spill lasts: as
+/// How many keys [`KeyMemory`] remembers and how long a spill lasts: as
 /// `sessions` says, else the built-in bounds.
 fn recent_size(config: &Config) -> (usize, Duration) {
     config
         .sessions
         .as_ref()
-        .map_or((recent::DEFAULT_MAX, recent::SPILL_TTL), |s| (s.max, s.ttl))
+        .map_or((key_memory::DEFAULT_MAX, key_memory::SPILL_TTL), |s| {
+            (s.max, s.ttl)
+        })
 }
 
 /// A poisoned lock only means another thread panicked while holding it; the

@@ -15,20 +15,20 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
+use super::connection_log::ConnectionLog;
 use super::copy::{End, Transfer, copy_both_ways};
 use super::header_key::{HeaderKey, Want, read_header_key};
-use super::logged::Logged;
 use super::sni_key::{HelloWant, read_sni_key};
 use crate::config::{Config, KeyConfig};
 use crate::intake::listener::Accepted;
 use crate::intake::proxy_protocol::{self, Addresses, Intake, Signature};
 use crate::intake::read_ahead::ReadAhead;
 use crate::net::{Client, Peer, reset_on_close};
-use crate::routing::admission::{Admit, Ask, Refusal, SlotLimits};
 use crate::routing::backend::{ActiveGuard, Backend, Side, Spill};
 use crate::routing::health::passive::{self, Blame};
 use crate::routing::instance::Instance;
-use crate::routing::recent::Decision;
+use crate::routing::key_memory::Decision;
+use crate::routing::queue::{Admit, Ask, Refusal, SlotLimits};
 use crate::routing::route::How;
 use crate::routing::route::Route;
 use crate::telemetry::stats::{ClientFailure, Stats};
@@ -59,8 +59,8 @@ pub async fn serve(accepted: Accepted) {
         return;
     };
     let (key, fallback) = key(&config, &mut intake, stats).await;
-    let mut log = Logged::start(&instance, intake.client, intake.local, key);
-    let spilled_to = instance.recent.spilled_to(key);
+    let mut log = ConnectionLog::start(&instance, intake.client, intake.local, key);
+    let spilled_to = instance.key_memory.spilled_to(key);
     let route =
         Route::plan_remembered(&snapshot, key, spilled_to.as_deref()).for_fallback(fallback);
     drop(snapshot);
@@ -88,7 +88,7 @@ pub async fn serve(accepted: Accepted) {
         group: None,
         prompt_bytes: 0,
     };
-    instance.recent.routed(key, &backend, decision);
+    instance.key_memory.routed(key, &backend, decision);
     let connected = Instant::now();
     if config.proxy_protocol.send_v2 && !send_proxy_header(&intake, &backend, &mut upstream).await {
         log.failed(&instance, "proxy_header_failed");
@@ -238,7 +238,7 @@ async fn connect_first(
                 let gone = client_gone(&mut intake.stream);
                 // Boxed: a connection that never waits does not carry the
                 // wait's state in its task.
-                let admitted = Box::pin(instance.admission.admit(ask, gone))
+                let admitted = Box::pin(instance.queue.admit(ask, gone))
                     .await
                     .map_err(|why| match why {
                         Refusal::TimedOut => ClientFailure::QueueTimeout,

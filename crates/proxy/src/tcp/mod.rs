@@ -6,7 +6,7 @@
 //! | module | owns |
 //! |---|---|
 //! | [`connection`] | one connection in phases: intake, signature check, key, route, connect, copy, account |
-//! | [`logged`] | a connection's access-log line: begun at accept, written at its end with how it ended |
+//! | [`connection_log`] | a connection's access-log line: begun at accept, written at its end with how it ended |
 //! | [`header_key`] | reading a header key from the first bytes, under a deadline |
 //! | [`sni_key`] | reading a TLS ClientHello's server name from the first bytes, under a deadline |
 //! | [`copy`] | copying both ways with half-close, idle timeout, drain and stop |
@@ -14,10 +14,10 @@
 //! | [`pipe`] | splice(2) through pooled pipes: socket → pipe → socket without a userspace copy (Linux) |
 
 pub mod connection;
+pub mod connection_log;
 pub mod copy;
 pub mod direction;
 pub mod header_key;
-pub mod logged;
 // The one module allowed `unsafe`: three libc calls (pipe2, fcntl, splice).
 #[allow(unsafe_code)]
 pub mod pipe;

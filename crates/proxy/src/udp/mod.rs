@@ -45,7 +45,7 @@ use crate::intake::listener::Drained;
 use crate::net::{connected_datagram, is_resource_exhaustion};
 use crate::routing::backend::Backend;
 use crate::routing::instance::Instance;
-use crate::routing::recent::Decision;
+use crate::routing::key_memory::Decision;
 use crate::routing::route::Route;
 use crate::routing::snapshot::Snapshot;
 use crate::telemetry::datagrams::{DatagramDrop, FlowEnd};
@@ -287,7 +287,7 @@ fn open(shared: &Shared, new: NewFlow<'_>) -> Result<Arc<Flow>, DatagramDrop> {
             group: None,
             prompt_bytes: 0,
         };
-        instance.recent.routed(key, backend, decision);
+        instance.key_memory.routed(key, backend, decision);
         let table = Arc::clone(&shared.flows);
         let relay = Relay {
             instance: Arc::clone(instance),

@@ -20,11 +20,11 @@ use httparse::{Header, Status};
 use super::framing::Framing;
 use crate::config::QueueConfig;
 use crate::http::fields::HOP_BY_HOP_BUT_FRAMING;
-use crate::http::logged::{Arrival, Logged, RequestLine};
 use crate::http::request_key::{HeadKeys, KeyPlan, head_keys};
+use crate::http::request_log::{Arrival, RequestLine, RequestLog};
 use crate::http::reuse::idempotent;
-use crate::routing::admission::Standing;
 use crate::routing::instance::Instance;
+use crate::routing::queue::Standing;
 
 /// The most header fields one request head may have (hyper's limit too).
 pub const MAX_HEADERS: usize = 100;
@@ -76,7 +76,7 @@ pub struct Head<'a> {
     pub upstream: Vec<u8>,
     pub keys: HeadKeys<'a>,
     /// The access-log line, when the log samples the request.
-    pub log: Option<Logged>,
+    pub log: Option<RequestLog>,
     /// Its class and tenant (with a header's tenant), for the queue.
     pub standing: Standing,
 }
@@ -127,7 +127,7 @@ pub fn parse<'a>(buf: &[u8], cx: &Context<'a, '_>) -> Parse<'a> {
         protocol: "HTTP/1.1",
         header: &header,
     };
-    let log = Logged::begin(line, cx.arrival, cx.instance);
+    let log = RequestLog::begin(line, cx.arrival, cx.instance);
     let keys = head_keys(&cx.plan, header, header("content-type"));
     let standing = Standing::of(cx.queue, header, None);
     Parse::Ready(Box::new(Head {

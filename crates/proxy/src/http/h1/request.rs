@@ -20,9 +20,9 @@ use super::send::{Outbound, READ_CHUNK, RawWire, Received};
 use super::{Client, Next};
 use crate::config::Config;
 use crate::http::journey::{Answered, Failure, Forwarded, Journey, LocalAnswer};
-use crate::http::logged::Logged;
 use crate::http::pinning;
 use crate::http::request_key::{HeadKeys, KeyPlan, RequestKey};
+use crate::http::request_log::RequestLog;
 use crate::telemetry::key_budget::Held;
 use crate::telemetry::stats::ClientFailure;
 
@@ -203,7 +203,7 @@ async fn body_keys<S: ClientIo>(
 async fn refuse_body<S: ClientIo>(
     io: &mut S,
     why: BodyFailed,
-    log: &mut Option<Logged>,
+    log: &mut Option<RequestLog>,
     c: &Client<'_>,
 ) -> Next {
     debug!(client = %c.arrival.client, ?why, "request body failed while reading its key");
@@ -215,7 +215,11 @@ async fn refuse_body<S: ClientIo>(
 
 /// Writes magpie's own short answer (and its log line); what the
 /// connection does next.
-async fn local<S: ClientIo>(io: &mut S, answer: &LocalAnswer, log: &mut Option<Logged>) -> Next {
+async fn local<S: ClientIo>(
+    io: &mut S,
+    answer: &LocalAnswer,
+    log: &mut Option<RequestLog>,
+) -> Next {
     let bytes = encode(answer);
     if let Some(log) = log.take() {
         log.answered_locally(answer.status.as_u16(), answer.text.len() as u64);
@@ -291,7 +295,7 @@ async fn failed<S: ClientIo>(
     failure: &Failure,
     out: &mut Outbound<'_, S>,
     close_asked: bool,
-    log: &mut Option<Logged>,
+    log: &mut Option<RequestLog>,
 ) -> Next {
     let mut answer = failure.answer();
     // A body not read to its end cannot be followed by a request.

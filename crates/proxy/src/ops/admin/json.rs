@@ -9,7 +9,7 @@ use serde_json::json;
 use super::body::Body;
 use crate::routing::backend::Backend;
 use crate::routing::instance::Instance;
-use crate::routing::recent::Last;
+use crate::routing::key_memory::Last;
 use crate::routing::route::{self, Route};
 use crate::routing::sessions::group_pin;
 use crate::routing::snapshot::Snapshot;
@@ -21,8 +21,8 @@ pub fn queue_json(snapshot: &Snapshot, instance: &Instance) -> serde_json::Value
     let Some(q) = &snapshot.config.queue else {
         return json!({"enabled": false});
     };
-    let admission = &instance.admission;
-    let depths = admission.depths(q.priority.classes.len());
+    let queue = &instance.queue;
+    let depths = queue.depths(q.priority.classes.len());
     let classes: Vec<_> = (q.priority.classes.iter().zip(depths))
         .map(|(name, waiting)| json!({"class": name, "waiting": waiting}))
         .collect();
@@ -37,9 +37,9 @@ pub fn queue_json(snapshot: &Snapshot, instance: &Instance) -> serde_json::Value
         .collect();
     json!({
         "enabled": true,
-        "waiting": admission.len(),
+        "waiting": queue.len(),
         "size": q.size,
-        "body_bytes": admission.stats.bytes(),
+        "body_bytes": queue.stats.bytes(),
         "classes": classes,
         "backends": backends,
     })
@@ -98,7 +98,7 @@ pub(super) fn route_answer(
         Ok(key) => key,
         Err(e) => return bad(e.to_string()),
     };
-    let last = instance.recent.last(key);
+    let last = instance.key_memory.last(key);
     let pin = instance.sessions().and_then(|s| s.pins.peek(key));
     let Some(by) = &snapshot.config.group else {
         let mut answer = route_json(snapshot, &key_text, key, key);

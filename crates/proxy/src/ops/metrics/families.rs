@@ -13,7 +13,7 @@ use super::peak_ratio;
 use super::series::{Family, Read};
 use super::tls;
 use crate::routing::discovery::Lookup;
-use crate::routing::recent::MissCause;
+use crate::routing::key_memory::MissCause;
 use crate::routing::route::How;
 use crate::routing::sessions::store::{OpResult, Store};
 use crate::telemetry::stats::{ClientFailure, Exhausted, FAST_BUCKETS, Histogram, QuietClose};
@@ -139,14 +139,14 @@ pub const GLOBAL: &[Family] = &[
         kind: COUNTER,
         labels: &["how"],
         help: "Requests (mode tcp: connections) that reached a backend, by why it was that backend: primary, pinned, spilled_at_cap, spilled_down, spilled_engine_full, fallback_key.",
-        read: Read::Global(|g, s| s.by(|how: How| g.recent.routed_total(how))),
+        read: Read::Global(|g, s| s.by(|how: How| g.key_memory.routed_total(how))),
     },
     Family {
         name: "magpie_cache_misses_total",
         kind: COUNTER,
         labels: &["cause"],
         help: "Requests whose engine reported fewer cached prompt tokens than the key's previous request had prompt tokens, by cause: spill, backend_down, table_changed, pin_expired, evicted.",
-        read: Read::Global(|g, s| s.by(|cause: MissCause| g.recent.misses_total(cause))),
+        read: Read::Global(|g, s| s.by(|cause: MissCause| g.key_memory.misses_total(cause))),
     },
     Family {
         name: "magpie_connections_accepted_total",

@@ -155,10 +155,10 @@ impl Collector for Exporter {
             stats: &self.instance.stats,
             sessions: sessions.as_deref(),
             discovery: &self.instance.discovery,
-            recent: &self.instance.recent,
+            key_memory: &self.instance.key_memory,
             access_log: self.instance.access_log.counters(),
             renders: &self.renders,
-            admission: &self.instance.admission,
+            queue: &self.instance.queue,
         };
         // The current backends with their shares, then the draining ones;
         // each with its address as text, for its labels.

@@ -5,7 +5,7 @@
 use prometheus::proto::MetricType;
 
 use super::series::{Family, Read};
-use crate::routing::admission::{Admit, Refusal};
+use crate::routing::queue::{Admit, Refusal};
 
 use MetricType::{COUNTER, GAUGE, HISTOGRAM};
 
@@ -18,7 +18,7 @@ pub const QUEUE: &[Family] = &[
         help: "Requests (mode tcp: connections) waiting in the queue for a backend's room now, by class (queue.priority.classes; default without classes).",
         read: Read::Global(|g, s| {
             let classes = g.classes();
-            let depths = g.admission.depths(classes.len());
+            let depths = g.queue.depths(classes.len());
             for (class, depth) in classes.iter().zip(depths) {
                 s.value(&[class], depth as f64);
             }
@@ -29,14 +29,14 @@ pub const QUEUE: &[Family] = &[
         kind: GAUGE,
         labels: &[],
         help: "Body bytes the waiting requests hold (read for their keys; at most queue.max_body_bytes).",
-        read: Read::Global(|g, s| s.value(&[], g.admission.stats.bytes() as f64)),
+        read: Read::Global(|g, s| s.value(&[], g.queue.stats.bytes() as f64)),
     },
     Family {
         name: "magpie_queue_wait_seconds",
         kind: HISTOGRAM,
         labels: &[],
         help: "How long the requests that waited in the queue waited before a backend took them.",
-        read: Read::Global(|g, s| s.histogram(&[], &g.admission.stats.wait)),
+        read: Read::Global(|g, s| s.histogram(&[], &g.queue.stats.wait)),
     },
     Family {
         name: "magpie_queue_admitted_total",
@@ -46,7 +46,7 @@ pub const QUEUE: &[Family] = &[
         read: Read::Global(|g, s| {
             for (c, class) in g.classes().iter().enumerate() {
                 for how in Admit::ALL {
-                    let n = g.admission.stats.admitted_count(c, how);
+                    let n = g.queue.stats.admitted_count(c, how);
                     s.value(&[class, how.as_str()], n as f64);
                 }
             }
@@ -60,7 +60,7 @@ pub const QUEUE: &[Family] = &[
         read: Read::Global(|g, s| {
             for (c, class) in g.classes().iter().enumerate() {
                 for why in Refusal::ALL {
-                    let n = g.admission.stats.refused_count(c, why);
+                    let n = g.queue.stats.refused_count(c, why);
                     s.value(&[class, why.as_str()], n as f64);
                 }
             }

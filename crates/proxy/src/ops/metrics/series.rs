@@ -9,7 +9,7 @@
 //! without those two labels, which adds each value to the series with the
 //! same labels (or keeps the largest, see [`Merge`]).
 
-use crate::routing::admission::Admission;
+use crate::routing::queue::Queue;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ use prometheus::proto::{
 
 use crate::routing::backend::{Backend, Live};
 use crate::routing::discovery::Discovery;
-use crate::routing::recent::Recent;
+use crate::routing::key_memory::KeyMemory;
 use crate::routing::sessions::Sessions;
 use crate::routing::sessions::store::Store;
 use crate::routing::snapshot::Snapshot;
@@ -53,13 +53,13 @@ pub struct Scrape<'a> {
     pub stats: &'a Stats,
     pub sessions: Option<&'a Sessions>,
     pub discovery: &'a Discovery,
-    pub recent: &'a Recent,
+    pub key_memory: &'a KeyMemory,
     /// Lines written, dropped and failed.
     pub access_log: &'a Counters,
     /// The exporter's renderings (the admin endpoint's families).
     pub renders: &'a Renders,
     /// `queue`: what waits, and what was admitted and refused.
-    pub admission: &'a Admission,
+    pub queue: &'a Queue,
 }
 
 impl Scrape<'_> {

@@ -15,7 +15,7 @@
 //! is their work (with `queue`): the prompt tokens they are estimated to
 //! still have to prefill, each request's size less the prefix its key's
 //! previous request left in that backend's cache
-//! ([`crate::routing::recent::Recent::work`]), reserved with the slot at
+//! ([`crate::routing::key_memory::KeyMemory::work`]), reserved with the slot at
 //! admission and given back at the answer's first byte.
 //! Taking a slot under a cap is
 //! one atomic step, so concurrent accepts never push a backend past its

@@ -24,7 +24,7 @@
 //! `placement.spill_min_excess` above its mean, so an ordinary burst spills
 //! nothing. A key that did spill stays where it spilled while it keeps being
 //! used, and goes back to its primary only once that one is below its mean
-//! ([`Route::plan_remembered`], with the key's [`crate::routing::recent`] record).
+//! ([`Route::plan_remembered`], with the key's [`crate::routing::key_memory`] record).
 //!
 //! Every route says why its first target was chosen ([`How`]), which traffic
 //! counts in `magpie_requests_routed_total{how}`.
@@ -97,7 +97,7 @@ impl How {
 }
 
 /// The keys of one request: the session key names the conversation (its
-/// pin, its memory in [`crate::routing::recent`]); the table is looked up by its
+/// pin, its memory in [`crate::routing::key_memory`]); the table is looked up by its
 /// group (`key.group`) when it has one, else by the session key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Keys {
@@ -187,7 +187,7 @@ impl Route {
     /// because its primary was loaded stays on the backend it spilled to
     /// (while that one is up and has room) until the primary is below its
     /// mean share again; then it goes home.
-    /// `spilled_to` is where the key spilled, from [`crate::routing::recent`].
+    /// `spilled_to` is where the key spilled, from [`crate::routing::key_memory`].
     pub fn plan_remembered(snapshot: &Snapshot, key: u64, spilled_to: Option<&str>) -> Route {
         let route = Route::plan(snapshot, key);
         let Some(spilled_to) = spilled_to else {
@@ -387,7 +387,7 @@ fn select(snapshot: &Snapshot, key: u64, mut on_skip: impl FnMut(&Backend, Spill
     let attempts = config.connect.attempts as usize;
     let caps = caps_of(snapshot);
     // With `queue`, a full engine counts as at its limit: the request
-    // waits for it (crate::routing::admission) rather than passing it over.
+    // waits for it (crate::routing::queue) rather than passing it over.
     let engine = (config.load_limits())
         .filter(|_| config.queue.is_none())
         .map(|l| (l, Instant::now()));

@@ -3,9 +3,9 @@ use std::time::Duration;
 
 use super::*;
 use crate::config::{BackendConfig, Priority};
-use crate::routing::recent::Work;
+use crate::routing::key_memory::Work;
 
-fn backend(name: &str, port: u16, admission: &Arc<Admission>) -> Arc<Backend> {
+fn backend(name: &str, port: u16, queue: &Arc<Queue>) -> Arc<Backend> {
     let config = BackendConfig {
         name: name.into(),
         addr_text: format!("127.0.0.1:{port}"),
@@ -17,12 +17,12 @@ fn backend(name: &str, port: u16, admission: &Arc<Admission>) -> Arc<Backend> {
         max_inflight: None,
     };
     let live = Arc::new(Live::default());
-    let hook: Arc<dyn SlotFreed> = admission.clone();
+    let hook: Arc<dyn SlotFreed> = queue.clone();
     live.waiters.set(hook).unwrap();
     Arc::new(Backend::new(&config, live))
 }
 
-fn queue(max_inflight: u64) -> QueueConfig {
+fn config(max_inflight: u64) -> QueueConfig {
     QueueConfig {
         max_inflight,
         max_prefill_tokens: None,
@@ -60,12 +60,12 @@ fn ask<'a>(targets: &'a [Arc<Backend>], q: &'a QueueConfig, class: usize) -> Ask
 
 #[tokio::test(start_paused = true)]
 async fn waits_for_its_home_then_spills_in_order() {
-    let admission = Arc::new(Admission::default());
-    let a = backend("a", 1, &admission);
-    let b = backend("b", 2, &admission);
-    let q = queue(1);
+    let queue = Arc::new(Queue::default());
+    let a = backend("a", 1, &queue);
+    let b = backend("b", 2, &queue);
+    let q = config(1);
     let targets = [Arc::clone(&a), Arc::clone(&b)];
-    let first = admission
+    let first = queue
         .admit(ask(&targets, &q, 1), std::future::pending())
         .await
         .unwrap();
@@ -75,7 +75,7 @@ async fn waits_for_its_home_then_spills_in_order() {
     );
     // a is full: the next request waits for it, then takes b.
     let started = Instant::now();
-    let second = admission
+    let second = queue
         .admit(ask(&targets, &q, 1), std::future::pending())
         .await
         .unwrap();
@@ -86,32 +86,32 @@ async fn waits_for_its_home_then_spills_in_order() {
     assert_eq!(started.elapsed(), q.affinity_wait);
     // Both are full: a request that is not sticky waits, and the first slot
     // given back (at a) goes to it.
-    let admission2 = Arc::clone(&admission);
+    let queue2 = Arc::clone(&queue);
     let waiting = tokio::spawn(async move {
         let targets = targets;
-        let q = queue(1);
+        let q = config(1);
         let mut a = ask(&targets, &q, 1);
         a.sticky = false;
-        admission2
+        queue2
             .admit(a, std::future::pending())
             .await
             .map(|x| x.backend.name.clone())
     });
     tokio::task::yield_now().await;
-    assert_eq!(admission.len(), 1);
+    assert_eq!(queue.len(), 1);
     drop(first);
     assert_eq!(waiting.await.unwrap().unwrap(), "a");
-    assert_eq!(admission.stats.admitted_count(1, Admit::Spilled), 1);
+    assert_eq!(queue.stats.admitted_count(1, Admit::Spilled), 1);
     drop(second);
 }
 
 #[tokio::test(start_paused = true)]
 async fn slots_go_by_class_and_the_queue_is_bounded() {
-    let admission = Arc::new(Admission::default());
-    let a = backend("a", 1, &admission);
-    let q = Arc::new(queue(1));
+    let queue = Arc::new(Queue::default());
+    let a = backend("a", 1, &queue);
+    let q = Arc::new(config(1));
     let targets: Arc<[Arc<Backend>]> = Arc::from(vec![Arc::clone(&a)]);
-    let held = admission
+    let held = queue
         .admit(ask(&targets, &q, 1), std::future::pending())
         .await
         .unwrap();
@@ -123,14 +123,14 @@ async fn slots_go_by_class_and_the_queue_is_bounded() {
         ("interactive", 0),
         ("batch-2", 2),
     ] {
-        let (admission, q, targets, tx) = (
-            Arc::clone(&admission),
+        let (queue, q, targets, tx) = (
+            Arc::clone(&queue),
             Arc::clone(&q),
             Arc::clone(&targets),
             tx.clone(),
         );
         tasks.push(tokio::spawn(async move {
-            let got = admission
+            let got = queue
                 .admit(ask(&targets, &q, class), std::future::pending())
                 .await;
             // Hold the slot until the test has seen who got it.
@@ -140,9 +140,9 @@ async fn slots_go_by_class_and_the_queue_is_bounded() {
         }));
         tokio::task::yield_now().await;
     }
-    assert_eq!(admission.len(), 4);
+    assert_eq!(queue.len(), 4);
     // Full: the fifth is refused at once.
-    let refused = admission
+    let refused = queue
         .admit(ask(&targets, &q, 0), std::future::pending())
         .await;
     assert_eq!(refused.err(), Some(Refusal::Full));
@@ -152,61 +152,61 @@ async fn slots_go_by_class_and_the_queue_is_bounded() {
         order.push(rx.recv().await.unwrap());
     }
     assert_eq!(order, ["interactive", "default", "batch", "batch-2"]);
-    assert_eq!(admission.stats.refused_count(0, Refusal::Full), 1);
-    assert_eq!(admission.stats.bytes(), 0);
+    assert_eq!(queue.stats.refused_count(0, Refusal::Full), 1);
+    assert_eq!(queue.stats.bytes(), 0);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_timeout_or_a_client_gone_leaves_the_queue() {
-    let admission = Arc::new(Admission::default());
-    let a = backend("a", 1, &admission);
-    let q = queue(1);
+    let queue = Arc::new(Queue::default());
+    let a = backend("a", 1, &queue);
+    let q = config(1);
     let targets = [Arc::clone(&a)];
-    let _held = admission
+    let _held = queue
         .admit(ask(&targets, &q, 1), std::future::pending())
         .await
         .unwrap();
     let started = Instant::now();
-    let timed_out = admission
+    let timed_out = queue
         .admit(ask(&targets, &q, 1), std::future::pending())
         .await;
     assert_eq!(timed_out.err(), Some(Refusal::TimedOut));
     assert_eq!(started.elapsed(), q.timeout);
-    assert!(admission.is_empty());
-    let gone = admission
+    assert!(queue.is_empty());
+    let gone = queue
         .admit(
             ask(&targets, &q, 1),
             tokio::time::sleep(Duration::from_millis(5)),
         )
         .await;
     assert_eq!(gone.err(), Some(Refusal::ClientGone));
-    assert!(admission.is_empty());
-    assert_eq!(admission.stats.bytes(), 0);
+    assert!(queue.is_empty());
+    assert_eq!(queue.stats.bytes(), 0);
     // A dropped request leaves too.
     let dropped = tokio::time::timeout(
         Duration::from_millis(5),
-        admission.admit(ask(&targets, &q, 1), std::future::pending()),
+        queue.admit(ask(&targets, &q, 1), std::future::pending()),
     )
     .await;
     assert!(dropped.is_err());
-    assert!(admission.is_empty());
+    assert!(queue.is_empty());
 }
 
 #[tokio::test(start_paused = true)]
 async fn at_shutdown_every_waiting_request_is_refused_by_the_close() {
-    let admission = Arc::new(Admission::default());
-    let a = backend("a", 1, &admission);
-    let q = queue(1);
+    let queue = Arc::new(Queue::default());
+    let a = backend("a", 1, &queue);
+    let q = config(1);
     let targets = [Arc::clone(&a)];
-    let _held = admission
+    let _held = queue
         .admit(ask(&targets, &q, 1), std::future::pending())
         .await
         .unwrap();
     let close = Instant::now() + Duration::from_secs(2);
-    let waiting = admission.admit(ask(&targets, &q, 1), std::future::pending());
+    let waiting = queue.admit(ask(&targets, &q, 1), std::future::pending());
     let closer = async {
         tokio::time::sleep(Duration::from_millis(10)).await;
-        admission.close_by(close);
+        queue.close_by(close);
         std::future::pending::<()>().await;
     };
     let refused = tokio::select! {
@@ -223,15 +223,15 @@ async fn at_shutdown_every_waiting_request_is_refused_by_the_close() {
 
 #[tokio::test(start_paused = true)]
 async fn work_at_its_limit_holds_a_request_until_a_prefill_ends() {
-    let admission = Arc::new(Admission::default());
-    let a = backend("a", 1, &admission);
+    let queue = Arc::new(Queue::default());
+    let a = backend("a", 1, &queue);
     let targets = vec![Arc::clone(&a)];
-    let mut q = queue(8);
+    let mut q = config(8);
     q.max_prefill_tokens = Some(1000);
     // A backend with no work takes any request, however large.
     let mut long = ask(&targets, &q, 1);
     long.work = Work::cold(5000);
-    let first = admission.admit(long, std::future::pending()).await.unwrap();
+    let first = queue.admit(long, std::future::pending()).await.unwrap();
     assert_eq!(a.live.load.prefill_tokens(), 5000);
     let Admitted {
         slot: first,
@@ -239,15 +239,15 @@ async fn work_at_its_limit_holds_a_request_until_a_prefill_ends() {
         ..
     } = first;
     let waiting = tokio::spawn({
-        let (admission, targets, q) = (Arc::clone(&admission), targets.clone(), q.clone());
+        let (queue, targets, q) = (Arc::clone(&queue), targets.clone(), q.clone());
         async move {
             let mut next = ask(&targets, &q, 1);
             next.work = Work::cold(700);
-            let admitted = admission.admit(next, std::future::pending()).await;
+            let admitted = queue.admit(next, std::future::pending()).await;
             admitted.map(|a| (a.how, a.work))
         }
     });
-    while admission.is_empty() {
+    while queue.is_empty() {
         tokio::task::yield_now().await;
     }
     // Its slots are free (one of eight taken), its work is not.
@@ -264,44 +264,38 @@ async fn work_at_its_limit_holds_a_request_until_a_prefill_ends() {
 
 #[tokio::test(start_paused = true)]
 async fn a_new_conversation_goes_where_there_is_least_work() {
-    let admission = Arc::new(Admission::default());
+    let queue = Arc::new(Queue::default());
     let targets: Vec<_> = (1..=3)
-        .map(|i| backend(&format!("b{i}"), i, &admission))
+        .map(|i| backend(&format!("b{i}"), i, &queue))
         .collect();
-    let q = queue(8);
+    let q = config(8);
     let _busy = targets[0].live.try_reserve_work(8, 900, None);
     let _less = targets[1].live.try_reserve_work(8, 300, None);
     let mut opening = ask(&targets, &q, 1);
     opening.sticky = false;
     opening.spread = true;
-    let admitted = admission
-        .admit(opening, std::future::pending())
-        .await
-        .unwrap();
+    let admitted = queue.admit(opening, std::future::pending()).await.unwrap();
     assert_eq!(admitted.backend.name, "b3");
     // Equal work keeps the table's order; without spread, the first with room.
     let mut later = ask(&targets, &q, 1);
     later.sticky = false;
-    let admitted = admission
-        .admit(later, std::future::pending())
-        .await
-        .unwrap();
+    let admitted = queue.admit(later, std::future::pending()).await.unwrap();
     assert_eq!(admitted.backend.name, "b1");
 }
 
 #[tokio::test(start_paused = true)]
 async fn past_its_affinity_wait_a_request_spills_only_where_it_pays() {
-    let admission = Arc::new(Admission::default());
-    let home = backend("home", 1, &admission);
-    let other = backend("other", 2, &admission);
+    let queue = Arc::new(Queue::default());
+    let home = backend("home", 1, &queue);
+    let other = backend("other", 2, &queue);
     let targets = vec![Arc::clone(&home), Arc::clone(&other)];
-    let q = queue(1);
+    let q = config(1);
     // Home is full, and holds 500 tokens of prefill; the other is full too.
     let _home_slot = home.live.try_reserve_work(1, 500, None).unwrap();
     let other_slot = other.live.try_reserve_work(1, 0, None).unwrap();
     // 4,000 tokens anywhere, 100 at home where its cache is.
     let waiting = tokio::spawn({
-        let (admission, targets, q) = (Arc::clone(&admission), targets.clone(), q.clone());
+        let (queue, targets, q) = (Arc::clone(&queue), targets.clone(), q.clone());
         let warm = Arc::clone(&home);
         async move {
             let mut turn = ask(&targets, &q, 1);
@@ -309,11 +303,11 @@ async fn past_its_affinity_wait_a_request_spills_only_where_it_pays() {
                 tokens: 4000,
                 warm_at: Some((warm, 100)),
             };
-            let admitted = admission.admit(turn, std::future::pending()).await;
+            let admitted = queue.admit(turn, std::future::pending()).await;
             admitted.map(|a| (a.backend.name.clone(), a.how))
         }
     });
-    while admission.is_empty() {
+    while queue.is_empty() {
         tokio::task::yield_now().await;
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -323,11 +317,7 @@ async fn past_its_affinity_wait_a_request_spills_only_where_it_pays() {
     assert!(busy.is_none());
     drop(other_slot);
     tokio::task::yield_now().await;
-    assert_eq!(
-        admission.len(),
-        1,
-        "a spill that loses the cache does not pay"
-    );
+    assert_eq!(queue.len(), 1, "a spill that loses the cache does not pay");
     drop(_home_slot);
     let (name, how) = waiting.await.unwrap().unwrap();
     assert_eq!((name.as_str(), how), ("home", Admit::Waited));

@@ -17,11 +17,9 @@ use std::path::{Path, PathBuf};
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
-use super::engine::{self, EngineConfig, EngineError};
-use super::workload::{self, Summary, WorkloadArgs, WorkloadError};
-
-/// The session header the demo's clients send.
-pub const SESSION_HEADER: &str = "x-session-id";
+use super::SESSION_HEADER;
+use crate::engine::{self, EngineConfig, EngineError};
+use crate::workload::{self, Summary, WorkloadArgs, WorkloadError};
 
 /// Why the demo could not run.
 #[derive(Debug, thiserror::Error)]

@@ -4,9 +4,9 @@
 //! prompt tokens the engine last reported for it (so a cache miss can be
 //! told and given a cause).
 //!
-//! `routed ─▶ (the response streams) ─▶ served(usage)`. [`Recent::routed`]
+//! `routed ─▶ (the response streams) ─▶ served(usage)`. [`KeyMemory::routed`]
 //! records the decision and says why the key moved, if it did;
-//! [`Recent::served`] compares the engine's `cached_tokens` with the prompt
+//! [`KeyMemory::served`] compares the engine's `cached_tokens` with the prompt
 //! the key's previous request had on record: a request whose engine served
 //! fewer cached tokens than that (less [`MISS_SLACK_TOKENS`]) is a cache
 //! miss, counted by [`MissCause`]. Everything here is counted in the
@@ -65,7 +65,7 @@ labels! {
     }
 }
 
-/// The key of an opening's own record ([`Recent::opened`]), apart from any
+/// The key of an opening's own record ([`KeyMemory::opened`]), apart from any
 /// session key's (with `key.from: conversation` the session key is the
 /// opening itself).
 pub fn opening_record(opening: u64) -> u64 {
@@ -112,7 +112,7 @@ pub struct Decision {
     pub prompt_bytes: u64,
 }
 
-/// A request's prefill work ([`Recent::work`]), in prompt tokens.
+/// A request's prefill work ([`KeyMemory::work`]), in prompt tokens.
 #[derive(Debug, Clone, Default)]
 pub struct Work {
     /// At a backend whose cache holds nothing of it.
@@ -147,24 +147,24 @@ pub struct Tokens {
 }
 
 /// What routing did with each key, bounded, and the counts of its decisions.
-pub struct Recent {
+pub struct KeyMemory {
     shards: Vec<Mutex<LruCache<u64, Record>>>,
     spill_ttl_ms: AtomicU64,
     routed: [AtomicU64; How::COUNT],
     misses: [AtomicU64; MissCause::COUNT],
 }
 
-impl std::fmt::Debug for Recent {
+impl std::fmt::Debug for KeyMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Recent").finish_non_exhaustive()
+        f.debug_struct("KeyMemory").finish_non_exhaustive()
     }
 }
 
-impl Recent {
+impl KeyMemory {
     /// A memory of at most `max` keys (at least one per shard) in which a
     /// spill lasts `spill_ttl` unused.
-    pub fn new(max: usize, spill_ttl: Duration) -> Recent {
-        let recent = Recent {
+    pub fn new(max: usize, spill_ttl: Duration) -> KeyMemory {
+        let memory = KeyMemory {
             shards: (0..SHARDS)
                 .map(|_| Mutex::new(LruCache::new(NonZeroUsize::MIN)))
                 .collect(),
@@ -172,8 +172,8 @@ impl Recent {
             routed: Default::default(),
             misses: Default::default(),
         };
-        recent.configure(max, spill_ttl);
-        recent
+        memory.configure(max, spill_ttl);
+        memory
     }
 
     /// Resizes the map and sets the spill TTL (on reload); what it holds and
@@ -257,7 +257,7 @@ impl Recent {
     /// A request whose conversation opens as `opening` (its conversation
     /// key) went to `backend` with a body of `prompt_bytes`: the opening's
     /// record ([`opening_record`]) says so, for the next conversation that
-    /// opens alike ([`Recent::opened_at`], [`Recent::work`]). Nothing is
+    /// opens alike ([`KeyMemory::opened_at`], [`KeyMemory::work`]). Nothing is
     /// counted.
     pub fn opened(&self, opening: u64, backend: &Arc<Backend>, prompt_bytes: u64) {
         let key = opening_record(opening);
@@ -275,7 +275,7 @@ impl Recent {
     }
 
     /// Where the latest request that opened as `opening` went
-    /// ([`Recent::opened`]).
+    /// ([`KeyMemory::opened`]).
     pub fn opened_at(&self, opening: u64) -> Option<Arc<Backend>> {
         let key = opening_record(opening);
         self.shard(key).get(&key).map(|r| Arc::clone(&r.backend))
@@ -283,7 +283,7 @@ impl Recent {
 
     /// `key`'s request was answered by `backend` with `tokens`: a cache miss
     /// (fewer cached tokens than the key's previous prompt) is counted and
-    /// returned, with `moved` (from [`Recent::routed`]) as its cause when the
+    /// returned, with `moved` (from [`KeyMemory::routed`]) as its cause when the
     /// key changed backends, else [`MissCause::Evicted`].
     pub fn served(
         &self,

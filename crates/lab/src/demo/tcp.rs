@@ -15,8 +15,8 @@ use tracing::debug;
 
 use magpie_proxy::config::Mode;
 
-/// The session header the demo hashes.
-pub const SESSION_HEADER: &str = "x-session-id";
+use super::SESSION_HEADER;
+
 /// The largest request head a demo backend reads.
 const MAX_HEAD: usize = 64 * 1024;
 

@@ -18,7 +18,7 @@ use crate::telemetry::access_log::{Entry, HttpRequest, Recording, Status, Tokens
 
 /// One request's line while it is gathered.
 #[derive(Debug)]
-pub struct Logged {
+pub struct RequestLog {
     /// Boxed from the start: it is moved to the writer as a pointer.
     entry: Box<Entry>,
     started: Instant,
@@ -34,13 +34,13 @@ pub struct Arrival {
     pub local: Local,
 }
 
-impl Logged {
+impl RequestLog {
     /// The line of `request`, when the access log samples it.
     pub fn start<B>(
         request: &Request<B>,
         arrival: Arrival,
         instance: &Arc<Instance>,
-    ) -> Option<Logged> {
+    ) -> Option<RequestLog> {
         let headers = request.headers();
         let line = RequestLine {
             method: request.method().as_str(),
@@ -48,7 +48,7 @@ impl Logged {
             protocol: protocol(request.version()),
             header: &|name| headers.get(name).map(|v| v.as_bytes()),
         };
-        Logged::begin(line, arrival, instance)
+        RequestLog::begin(line, arrival, instance)
     }
 
     /// The line of a request with this head, when the access log samples it.
@@ -56,7 +56,7 @@ impl Logged {
         line: RequestLine<'_>,
         arrival: Arrival,
         instance: &Arc<Instance>,
-    ) -> Option<Logged> {
+    ) -> Option<RequestLog> {
         let recording = instance.access_log.sampled()?;
         let key = recording
             .log_keys
@@ -85,7 +85,7 @@ impl Logged {
             http: Some(http),
             tokens: None,
         });
-        Some(Logged {
+        Some(RequestLog {
             entry,
             started: Instant::now(),
             progress: None,

@@ -14,7 +14,7 @@ use crate::telemetry::access_log::{Entry, Status};
 /// One connection's line while it is open; nothing when the access log is
 /// off or did not sample it (boxed: a connection's task stays small).
 #[derive(Debug)]
-pub struct Logged(Option<Box<Open>>);
+pub struct ConnectionLog(Option<Box<Open>>);
 
 #[derive(Debug)]
 struct Open {
@@ -22,11 +22,11 @@ struct Open {
     accepted: Instant,
 }
 
-impl Logged {
+impl ConnectionLog {
     /// The line of a connection from `client` to `local`, if the access log
     /// samples it.
-    pub fn start(instance: &Instance, client: Client, local: Local, key: u64) -> Logged {
-        Logged(Open::start(instance, client, local, key).map(Box::new))
+    pub fn start(instance: &Instance, client: Client, local: Local, key: u64) -> ConnectionLog {
+        ConnectionLog(Open::start(instance, client, local, key).map(Box::new))
     }
 
     /// The backend it went to, and why that one.

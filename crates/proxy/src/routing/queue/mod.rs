@@ -1,4 +1,4 @@
-//! Admission (`queue`): each backend takes at most `max_inflight` requests
+//! Queue (`queue`): each backend takes at most `max_inflight` requests
 //! (mode http) or connections (mode tcp) at once; what finds no room waits
 //! in one bounded queue, and leaves it by priority, by tenant in turn, and
 //! for the backend that holds its cache.
@@ -22,7 +22,7 @@
 //! that has the least work (ties in the table's order; a grouped one, whose
 //! head is cached at its group's candidates, the first with room; one that
 //! opens like a conversation served lately comes sticky, its home where
-//! that one went, see [`crate::routing::recent::opening_record`]). A
+//! that one went, see [`crate::routing::key_memory::opening_record`]). A
 //! backend whose engine reports itself full (`health.load`), or whose
 //! requests awaiting their first byte hold `queue.max_prefill_tokens` of
 //! prefill, counts as at its limit. Work is the prompt tokens a backend
@@ -35,7 +35,7 @@
 //! `queue.max_body_bytes` of their bodies (only what was read for the key
 //! is held; the rest waits in the client's socket), and `queue.timeout`.
 //! The queue lives as long as the instance: a reload rebinds every waiting
-//! request to the new table ([`Admission::rebind`]).
+//! request to the new table ([`Queue::rebind`]).
 
 pub mod order;
 pub mod room;
@@ -56,13 +56,13 @@ pub use self::stats::{Admit, QueueStats, Refusal};
 use crate::config::DEFAULT_MAX_INFLIGHT;
 use crate::config::{Config, DEFAULT_AGING, MAX_CLASSES, QueueConfig, TenantBy};
 use crate::routing::backend::{ActiveGuard, Backend, Live, SlotFreed, WorkGuard};
-use crate::routing::recent::Work;
+use crate::routing::key_memory::Work;
 use crate::routing::route::Route;
 use crate::routing::snapshot::Snapshot;
 
 /// The queue of one magpie, and the limits it enforces.
 #[derive(Debug)]
-pub struct Admission {
+pub struct Queue {
     state: Mutex<State>,
     /// Requests waiting, read without the lock when a slot is given back.
     len: AtomicUsize,
@@ -191,9 +191,9 @@ impl Waiter {
     }
 }
 
-impl Default for Admission {
+impl Default for Queue {
     fn default() -> Self {
-        Admission {
+        Queue {
             state: Mutex::new(State {
                 waiting: Waiting::new(MAX_CLASSES),
                 limits: SlotLimits {
@@ -210,7 +210,7 @@ impl Default for Admission {
     }
 }
 
-impl Admission {
+impl Queue {
     fn lock(&self) -> MutexGuard<'_, State> {
         // Every change to the queue is one step under the lock, so a lock
         // poisoned by a panic elsewhere still guards a consistent queue.
@@ -337,7 +337,7 @@ impl Admission {
             (rx, id)
         };
         let ticket = Ticket {
-            admission: self,
+            queue: self,
             id,
             home_until: started
                 + if waits_for_home {
@@ -469,7 +469,7 @@ impl Admission {
     }
 }
 
-impl SlotFreed for Admission {
+impl SlotFreed for Queue {
     fn slot_freed(&self, live: &Arc<Live>) {
         self.hand_out(live);
     }
@@ -492,7 +492,7 @@ fn fits(waiting: &Waiting<Waiter>, ask: &Ask<'_>, held: u64) -> Result<(), Refus
 /// A request's place in the queue; dropping it (the client went away, the
 /// request was cancelled) leaves the queue.
 struct Ticket<'a> {
-    admission: &'a Admission,
+    queue: &'a Queue,
     id: u64,
     home_until: Instant,
     deadline: Instant,
@@ -514,7 +514,7 @@ impl Ticket<'_> {
         };
         tokio::pin!(gone);
         let mut home_wait = Instant::now() < self.home_until;
-        let mut closing = self.admission.closing.subscribe();
+        let mut closing = self.queue.closing.subscribe();
         loop {
             let deadline = match *closing.borrow_and_update() {
                 Some(at) => at.min(self.deadline),
@@ -530,7 +530,7 @@ impl Ticket<'_> {
                 }
                 () = tokio::time::sleep_until(self.home_until), if home_wait => {
                     home_wait = false;
-                    if let Some((b, slot)) = self.admission.spill(self.id) {
+                    if let Some((b, slot)) = self.queue.spill(self.id) {
                         return Ok((Arc::clone(&b), slot, how(&b)));
                     }
                 }
@@ -552,7 +552,7 @@ impl Ticket<'_> {
         how: impl Fn(&Arc<Backend>) -> Admit,
         why: Refusal,
     ) -> Result<(Arc<Backend>, Room, Admit), Refusal> {
-        if self.admission.leave(self.id) {
+        if self.queue.leave(self.id) {
             return Err(why);
         }
         match rx.try_recv() {
@@ -564,7 +564,7 @@ impl Ticket<'_> {
 
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
-        self.admission.leave(self.id);
+        self.queue.leave(self.id);
     }
 }
 
