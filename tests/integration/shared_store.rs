@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use magpie_core::key::text_key;
-use magpie_proxy::http::pinning;
-use magpie_proxy::routing::route::Keys;
+use magpie_proxy::routing::decision::{self, Request};
+use magpie_proxy::routing::keys::{Keys, SessionKey};
 use magpie_proxy::routing::sessions::store::OpResult;
 
 use crate::support::*;
@@ -107,16 +107,11 @@ async fn pins_heal_after_the_store_is_flushed() {
 async fn decide(m: &Magpie, session: &str) -> (String, Duration) {
     let snapshot = m.instance.snapshot.load_full();
     let started = Instant::now();
-    let pinned = pinning::route(
-        m.instance.sessions(),
-        &snapshot,
-        &m.instance.key_memory,
-        Keys::single(text_key(session.as_bytes())),
-    )
-    .await;
+    let keys = Keys::single(SessionKey::new(text_key(session.as_bytes())));
+    let plan = decision::plan(&m.instance, &snapshot, Request::new(keys)).await;
     let elapsed = started.elapsed();
-    let first = pinned.route.first().expect("a backend");
-    pinned.served(first);
+    let first = plan.targets().first().expect("a backend");
+    plan.commit(&m.instance, first);
     (first.name.clone(), elapsed)
 }
 

@@ -14,10 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use magpie_proxy::config::Config;
-use magpie_proxy::http::pinning;
-use magpie_proxy::routing::key_memory::{self, KeyMemory};
-use magpie_proxy::routing::route::Keys;
-use magpie_proxy::routing::sessions::Sessions;
+use magpie_proxy::routing::decision::{self, Request};
+use magpie_proxy::routing::instance::Instance;
+use magpie_proxy::routing::keys::{Keys, SessionKey};
 use magpie_proxy::routing::snapshot::Snapshot;
 
 fn config(store: &str) -> Config {
@@ -31,26 +30,23 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * p) as usize]
 }
 
+/// A magpie's routing state for `config`: its snapshot, sessions and key
+/// memory.
+fn instance(config: Config) -> Arc<Instance> {
+    let snapshot = Snapshot::build(Arc::new(config), 1, &Default::default()).expect("a table");
+    Arc::new(Instance::new(snapshot))
+}
+
 /// Routes `n` keys from `first` on, twice: new (misses), then again (hits).
-async fn measure(
-    sessions: &Arc<Sessions>,
-    snapshot: &Snapshot,
-    first: u64,
-    n: u64,
-) -> [Vec<Duration>; 2] {
-    let memory = KeyMemory::new(key_memory::DEFAULT_MAX, key_memory::SPILL_TTL);
+async fn measure(instance: &Arc<Instance>, first: u64, n: u64) -> [Vec<Duration>; 2] {
+    let snapshot = instance.snapshot.load_full();
     let mut out = [Vec::new(), Vec::new()];
     for round in out.iter_mut() {
         for key in first..first + n {
             let started = Instant::now();
-            let pinned = pinning::route(
-                Some(Arc::clone(sessions)),
-                snapshot,
-                &memory,
-                Keys::single(key),
-            )
-            .await;
-            pinned.served(pinned.route.first().expect("a target"));
+            let request = Request::new(Keys::single(SessionKey::new(key)));
+            let plan = decision::plan(instance, &snapshot, request).await;
+            plan.commit(instance, plan.targets().first().expect("a target"));
             round.push(started.elapsed());
         }
         round.sort();
@@ -68,22 +64,17 @@ fn main() {
         .build()
         .expect("a runtime");
     runtime.block_on(async {
-        let local_config = Arc::new(config(""));
-        let snapshot =
-            Snapshot::build(Arc::clone(&local_config), 1, &Default::default()).expect("a table");
-        let local = Arc::new(Sessions::new(
-            local_config.sessions.as_ref().expect("sessions"),
-        ));
-        let [local_miss, local_hit] = measure(&local, &snapshot, 0, n).await;
+        let local = instance(config(""));
+        let [local_miss, local_hit] = measure(&local, 0, n).await;
         let mut rows: Vec<Row> = vec![("local", "miss", local_miss), ("local", "hit", local_hit)];
-        rows.extend(with_redis(&snapshot, n).await);
+        rows.extend(with_redis(n).await);
         print_rows(&rows, n);
     });
 }
 
 /// The redis rows, against a redis-server started on a free port (none
 /// when it cannot start).
-async fn with_redis(snapshot: &Snapshot, n: u64) -> Vec<Row> {
+async fn with_redis(n: u64) -> Vec<Row> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
@@ -112,10 +103,10 @@ async fn with_redis(snapshot: &Snapshot, n: u64) -> Vec<Row> {
     let redis_config = config(&format!(
         "  store: redis\n  redis: {{addr: \"127.0.0.1:{port}\", timeout: 1s}}\n"
     ));
-    let sessions = Arc::new(Sessions::new(
-        redis_config.sessions.as_ref().expect("sessions"),
-    ));
-    let store = sessions.store.clone().expect("a store");
+    let instance = instance(redis_config);
+    let store = (instance.sessions())
+        .and_then(|s| s.store.clone())
+        .expect("a store");
     let waited = Instant::now();
     while !store.is_connected() && waited.elapsed() < Duration::from_secs(10) {
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -124,7 +115,7 @@ async fn with_redis(snapshot: &Snapshot, n: u64) -> Vec<Row> {
         store.is_connected(),
         "redis-server did not accept a connection"
     );
-    let [miss, hit] = measure(&sessions, snapshot, 1 << 40, n).await;
+    let [miss, hit] = measure(&instance, 1 << 40, n).await;
     assert_eq!(
         store.stats.fallbacks(),
         0,

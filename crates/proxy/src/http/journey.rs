@@ -1,12 +1,15 @@
 //! One request's journey to a backend and back, written once for both wire
-//! formats: `choose (the next target with room) ─▶ connect (pooled, or new)
-//! ─▶ send ─▶ the answer's head ─▶ account (status, latency, passive health,
-//! the key's memory, the pin, the log line) ─▶ respond ─▶ finish (usage,
-//! log, the connection pooled or closed)`.
+//! formats: the transport of a routing decision. `take a slot (the plan's
+//! next target with room) ─▶ connect (pooled, or new) ─▶ send ─▶ the
+//! answer's head ─▶ account (status, latency, passive health, the log line)
+//! ─▶ commit the decision ─▶ respond ─▶ finish (usage, log, the connection
+//! pooled or closed)`.
 //!
-//! Before the journey, the request was keyed and routed ([`super::pinning`]);
-//! after it, the wire format relays the answer and ends it through
-//! [`InFlight::finish`]. Only what differs between the wire formats sits
+//! Before the journey, the request was keyed and its decision planned
+//! ([`crate::routing::decision`]: where it goes, and what it waits for);
+//! the journey only takes the plan's slots in turn, says which target took
+//! nothing, and commits the one that answered. After it, the wire format
+//! relays the answer and ends it through [`InFlight::finish`]. Only what differs between the wire formats sits
 //! behind [`Wire`]: how a connection is started, whether a pooled one is
 //! ready, and how a request is written and its answer's head read (the
 //! pass-through's own HTTP/1.1 in [`super::h1::send`], hyper's client in
@@ -45,22 +48,18 @@ use tracing::warn;
 
 use super::backend_deadlines::Progress;
 pub use super::failure::{BODY_UNREADABLE, Failure, LocalAnswer, RETRY_AFTER_SECONDS, Source};
-use super::pinning::{Opening, Pinned};
 use super::pool::{Lease, Limits, Pool, Pooled};
 use super::request_log::{Answer, RequestLog};
-use super::response_body::{FirstByte, InFlight, Tally};
+use super::response_body::InFlight;
 use super::reuse::Claim;
 use super::upstream::{self, UpstreamIo};
 use crate::config::Config;
-use crate::config::TenantBy;
-use crate::routing::backend::{
-    ActiveGuard, Awaiting, Backend, CodeClass, Spill, TimeoutKind, WorkGuard,
-};
+use crate::routing::backend::{Backend, CodeClass, Spill, TimeoutKind};
+use crate::routing::decision::{Plan, Slot, Taken};
 use crate::routing::health::passive::{self, Blame};
 use crate::routing::instance::Instance;
-use crate::routing::key_memory::{Decision, opening_record};
-use crate::routing::queue::{Admit, Ask, Refusal, SlotLimits, Standing};
-use crate::routing::route::{How, Keys};
+use crate::routing::queue::Refusal;
+use crate::routing::route::How;
 
 /// A wire format: what differs in sending a request to a backend and
 /// reading its answer's head.
@@ -138,20 +137,14 @@ pub struct Answered<W: Wire> {
     pub how: How,
 }
 
-/// A request on its way: its route and pin, its keys, the config it was
-/// routed with and its log line.
+/// A request on its way: its plan, the config it was routed with and its
+/// log line.
 pub struct Journey<'a> {
-    pub pinned: Pinned,
-    pub keys: Keys,
+    pub plan: Plan,
     /// Which idle connections it may take (`http.reuse`).
     pub claim: Claim,
-    /// Its class and tenant (`queue`).
-    pub standing: Standing,
     /// Body bytes it holds, read for its key: counted while it waits.
     pub held: u64,
-    /// Its body's length (what was read of it, when no length was given):
-    /// its work is estimated from it (`queue`).
-    pub prompt_bytes: u64,
     pub config: &'a Config,
     pub instance: &'a Arc<Instance>,
     /// The request's access-log line, if it is sampled: it moves into the
@@ -160,137 +153,50 @@ pub struct Journey<'a> {
 }
 
 impl Journey<'_> {
-    /// Sends the request to the first target of the route that takes it
+    /// Sends the request to the first target of its plan that takes it
     /// (with `queue`, the first that has room, after waiting for it).
     pub async fn forward<W: Wire>(&mut self, wire: &mut W) -> Forwarded<W> {
-        let mut opening = self.pinned.opening.take();
         let mut tried = Vec::new();
-        let mut how = self.pinned.route.how;
-        let mut rest = self.pinned.route.targets.clone();
-        // Its cache is at its home, unless it opens a conversation: then
-        // at where the latest conversation that opened alike went, if any.
-        let mut sticky = !self.pinned.pin_lost() && opening.is_none();
-        let mut work_key = self.keys.session;
-        if let Some((opening, moved)) = self.opens_alike(&mut rest) {
-            sticky = true;
-            work_key = opening_record(opening);
-            if moved {
-                how = How::Opening;
-            }
-        }
-        while !rest.is_empty() {
-            let (backend, slot, work) = match self
-                .take_slot(&mut rest, &mut how, (sticky, work_key), wire)
+        loop {
+            let gone = wire.client_gone();
+            let slot = match self
+                .plan
+                .take(self.instance, self.config, self.held, gone)
                 .await
             {
-                Slot::Taken(backend, slot, work) => (backend, slot, work),
-                Slot::Passed => continue,
-                Slot::Refused(Refusal::ClientGone) => return Forwarded::ClientGone,
-                Slot::Refused(why) => {
+                Taken::Slot(slot) => slot,
+                Taken::None => break,
+                Taken::Refused(Refusal::ClientGone) => return Forwarded::ClientGone,
+                Taken::Refused(why) => {
                     if let Some(log) = self.log.as_mut() {
                         log.queued(Duration::ZERO, why.as_str());
                     }
                     return Forwarded::Failed(self.failed(Failure::Refused(why)));
                 }
             };
-            sticky = false;
-            let awaiting = awaiting_at(&backend, &mut opening, work);
-            tried.push(backend.name.clone());
-            match self.send(&backend, wire).await {
+            if let (Some(log), Some((waited, how))) = (self.log.as_mut(), slot.queued) {
+                log.queued(waited, how.as_str());
+            }
+            tried.push(slot.backend.name.clone());
+            match self.send(&slot.backend, wire).await {
                 Exchange::Answered {
                     head,
                     lease,
                     sent,
                     progress,
                 } => {
-                    let taken = Taken {
-                        backend: &backend,
-                        slot,
-                        awaiting,
-                        lease,
-                        sent,
-                    };
-                    return Forwarded::Answered(Box::new(
-                        self.answered::<W>(taken, head, progress, how),
-                    ));
+                    let answered = self.answered::<W>(slot, lease, sent, head, progress);
+                    return Forwarded::Answered(Box::new(answered));
                 }
-                Exchange::NotSent { .. } => how = how.passed_over(Spill::Down),
+                Exchange::NotSent { .. } => self.plan.passed_over(Spill::Down),
                 Exchange::Failed(failure) => {
-                    charge(&backend, &failure, self.config);
+                    charge(&slot.backend, &failure, self.config);
                     return Forwarded::Failed(self.failed(failure));
                 }
                 Exchange::ClientGone => return Forwarded::ClientGone,
             }
         }
         Forwarded::Failed(self.failed(Failure::NoBackend { tried }))
-    }
-
-    /// With `queue`, a conversation's first request (no pin) that opens
-    /// like one served lately (its opening's record in
-    /// [`crate::routing::key_memory`]): the backend that served that one moves
-    /// to the front of `rest`, and the request waits for it as a turn waits
-    /// for its pin, its work there told by that record. Returns the opening,
-    /// and whether that backend was not already the first.
-    fn opens_alike(&self, rest: &mut [Arc<Backend>]) -> Option<(u64, bool)> {
-        self.config.queue.as_ref()?;
-        let opening = self.keys.opening.filter(|_| self.pinned.pin_lost())?;
-        let at = self.instance.key_memory.opened_at(opening)?;
-        let i = rest.iter().position(|b| Arc::ptr_eq(&b.live, &at.live))?;
-        rest[..=i].rotate_right(1);
-        Some((opening, i > 0))
-    }
-
-    /// A slot at the next of `rest` that takes the request, which leaves
-    /// `rest`: without `queue`, the first if it is under its bounded-load
-    /// cap; with it, the one the queue gives (the home, or after
-    /// `queue.affinity_wait` the next with room), waiting if need be.
-    /// `sticky`: it waits for its home; its work is told by `work_key`'s
-    /// record.
-    async fn take_slot<W: Wire>(
-        &mut self,
-        rest: &mut Vec<Arc<Backend>>,
-        how: &mut How,
-        (sticky, work_key): (bool, u64),
-        wire: &mut W,
-    ) -> Slot {
-        let Some(queue) = &self.config.queue else {
-            let backend = rest.remove(0);
-            return match self.pinned.route.reserve(&backend) {
-                Some(slot) => Slot::Taken(backend, slot, None),
-                None => {
-                    *how = how.passed_over(Spill::AtCap);
-                    Slot::Passed
-                }
-            };
-        };
-        let ask = Ask {
-            targets: rest,
-            sticky,
-            pinned: self.pinned.route.how == How::Pinned,
-            spread: self.pinned.pin_lost() && self.keys.group.is_none(),
-            class: self.standing.class,
-            tenant: match queue.tenant {
-                Some(TenantBy::Group) => self.keys.group.unwrap_or(0),
-                _ => self.standing.tenant,
-            },
-            bytes: self.held,
-            work: (self.instance.key_memory).work(work_key, self.prompt_bytes),
-            key: self.keys.table(),
-            queue,
-            limits: SlotLimits::of(queue, self.config.load_limits()),
-        };
-        let admitted = match self.instance.queue.admit(ask, wire.client_gone()).await {
-            Ok(admitted) => admitted,
-            Err(why) => return Slot::Refused(why),
-        };
-        if let Some(log) = self.log.as_mut() {
-            log.queued(admitted.waited, admitted.how.as_str());
-        }
-        if admitted.how == Admit::Spilled {
-            *how = how.passed_over(Spill::AtCap);
-        }
-        rest.retain(|b| !Arc::ptr_eq(b, &admitted.backend));
-        Slot::Taken(admitted.backend, admitted.slot, Some(admitted.work))
     }
 
     /// Sends the request to `backend` over a pooled connection, or a new
@@ -315,61 +221,46 @@ impl Journey<'_> {
         }
     }
 
-    /// An answer's head came: counted (status, latency, passive health),
-    /// noted (the log line, the key's memory, the pin), and its request
-    /// made an [`InFlight`] for the wire format to finish.
+    /// An answer's head came over `lease` to the request sent at `sent` in
+    /// `slot`: counted (status, latency, passive health), noted (the log
+    /// line), the decision committed, and the request made an [`InFlight`]
+    /// for the wire format to finish.
     fn answered<W: Wire>(
         &mut self,
-        taken: Taken<'_, W::Conn>,
+        slot: Slot,
+        lease: Lease<W::Conn>,
+        sent: Instant,
         head: W::Head,
         progress: Arc<Progress>,
-        how: How,
     ) -> Answered<W> {
-        let Taken {
+        let Slot {
             backend,
-            slot,
-            awaiting,
-            lease,
-            sent,
-        } = taken;
+            active,
+            first_byte,
+            ..
+        } = slot;
         let status = W::status(&head);
-        account(backend, status, sent, self.config);
+        account(&backend, status, sent, self.config);
+        let how = self.plan.how();
         let mut log = self.log.take();
         if let Some(log) = &mut log {
             log.answered(Answer {
-                backend,
+                backend: &backend,
                 how: how.as_str(),
                 status,
                 progress: &progress,
             });
         }
-        let decision = Decision {
-            how,
-            pin_lost: self.pinned.pin_lost(),
-            group: self.keys.group,
-            prompt_bytes: self.prompt_bytes,
-        };
-        let session = self.keys.session;
-        let moved = self.instance.key_memory.routed(session, backend, decision);
-        if let Some(opening) = self.keys.opening.filter(|_| self.config.queue.is_some()) {
-            self.instance
-                .key_memory
-                .opened(opening, backend, self.prompt_bytes);
-        }
-        self.pinned.served(backend);
+        let committed = self.plan.commit(self.instance, &backend);
         let in_flight = InFlight {
-            backend: Arc::clone(backend),
-            slot,
+            backend,
+            slot: active,
             sent,
             lease,
-            tally: Tally {
-                instance: Arc::clone(self.instance),
-                key: session,
-                moved,
-            },
+            tally: committed.tally(self.instance),
             stream_idle: self.config.http.stream_idle_timeout,
             log,
-            awaiting: Some(awaiting),
+            awaiting: first_byte,
         };
         Answered {
             head,
@@ -383,47 +274,10 @@ impl Journey<'_> {
     /// the log line.
     fn failed(&mut self, failure: Failure) -> Failure {
         if let (Some(log), Some(name)) = (self.log.as_mut(), failure.backend()) {
-            log.tried(name, &self.pinned.route.targets);
+            log.tried(name, self.plan.targets());
         }
         (self.instance.stats).count_client_failure(failure.client_failure());
         failure
-    }
-}
-
-/// A target taken for a request, and the connection it was sent on.
-struct Taken<'b, C: Pooled> {
-    backend: &'b Arc<Backend>,
-    slot: ActiveGuard,
-    awaiting: FirstByte,
-    lease: Lease<C>,
-    sent: Instant,
-}
-
-/// What taking a slot for a request came to.
-enum Slot {
-    /// A slot, and with `queue` the request's work there.
-    Taken(Arc<Backend>, ActiveGuard, Option<WorkGuard>),
-    /// The target was at its cap: the next one.
-    Passed,
-    Refused(Refusal),
-}
-
-/// The request's place among those awaiting a first byte at `backend`, the
-/// one that took it (a conversation's opening at the first backend that
-/// takes it, a new group's at its home only), with its work there.
-fn awaiting_at(
-    backend: &Arc<Backend>,
-    opening: &mut Option<Opening>,
-    work: Option<WorkGuard>,
-) -> FirstByte {
-    let (kind, mark) = match opening.take() {
-        Some(opening) => opening.claimed_at(&backend.name),
-        None => (Awaiting::Turn, None),
-    };
-    FirstByte {
-        count: backend.live.await_first_byte(kind),
-        mark,
-        work,
     }
 }
 

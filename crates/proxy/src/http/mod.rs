@@ -2,8 +2,9 @@
 //! client connection can carry many sessions to many backends.
 //!
 //! `accept ─▶ intake (PROXY header) ─▶ (TLS handshake) ─▶ each request: key from header / JSON
-//! body / conversation / address ─▶ route (and pin) ─▶ pooled upstream ─▶
-//! stream the response`.
+//! body / conversation / address ─▶ the routing decision's plan
+//! ([`crate::routing::decision`]) ─▶ pooled upstream ─▶ commit ─▶ stream
+//! the response`.
 //!
 //! Plain HTTP/1.1 requests go through magpie's own pass-through ([`h1`]):
 //! heads parsed in place and forwarded as they came, bodies passed on in
@@ -21,7 +22,6 @@
 //! | [`failure`] | why a request reached no backend, and magpie's own short answers (status, text, `Retry-After`) |
 //! | [`h1`] | the HTTP/1.1 pass-through: heads, framing, keys from bodies, forwarding and relaying without hyper |
 //! | [`request_key`] | a request's key: header, JSON body field, conversation, or address |
-//! | [`pinning`] | session pins: the route by a key's pin, and binding or using it once served |
 //! | [`normalize`] | requests refused before any backend: `CONNECT`, two `Host`s, unknown transfer codings |
 //! | [`journey`] | one request's journey, written once for both wire formats: choose, connect, send, account, respond, finish; why requests fail |
 //! | [`fields`] | header-field rules both wire formats apply: hop-by-hop fields, the backend's name, which answers are read for usage |
@@ -47,7 +47,6 @@ pub mod h1;
 pub mod hyper_wire;
 pub mod journey;
 pub mod normalize;
-pub mod pinning;
 pub mod pool;
 pub mod reply;
 pub mod request_body;
@@ -95,6 +94,7 @@ use crate::config::{DEFAULT_HTTP_READ_TIMEOUT, KeyConfig};
 use crate::intake::listener::Accepted;
 use crate::intake::proxy_protocol::{self, Addresses};
 use crate::net::{Client, reset_on_close};
+use crate::routing::decision;
 use crate::routing::instance::Instance;
 use crate::routing::queue::Standing;
 use crate::telemetry::stats::{ClientFailure, Stats};
@@ -394,11 +394,9 @@ impl HttpPath {
         let config = Arc::clone(&snapshot.config);
         let claim = conn.claim(config.http.reuse, idempotent(request.method().as_str()));
         let headers = request.headers();
-        let standing = Standing::of(
-            config.queue.as_ref(),
-            |name| headers.get(name).map(|v| v.as_bytes()),
-            None,
-        );
+        let standing = Standing::of(config.queue.as_ref(), |name| {
+            headers.get(name).map(|v| v.as_bytes())
+        });
         let plan = KeyPlan {
             key: &config.key,
             group: config.group.as_ref(),
@@ -416,18 +414,19 @@ impl HttpPath {
                 return local(StatusCode::BAD_REQUEST, BODY_UNREADABLE);
             }
         };
-        let (keys, pinned) = pinning::route_found(&found, instance, &snapshot, log).await;
-        drop(snapshot);
         let held = request.body().held();
         let prompt_bytes = hyper::body::Body::size_hint(request.body())
             .exact()
             .unwrap_or(held);
+        let asked = found.request(standing, prompt_bytes, &instance.stats);
+        if let Some(log) = log.as_mut() {
+            log.keyed(asked.keys.session);
+        }
+        let plan = decision::plan(instance, &snapshot, asked).await;
+        drop(snapshot);
         let mut journey = Journey {
-            pinned,
-            prompt_bytes,
-            keys,
+            plan,
             claim,
-            standing,
             held,
             config: &config,
             instance,

@@ -30,7 +30,11 @@ use tokio::time::Instant;
 use super::request_body::RequestBody;
 use crate::config::{KeyConfig, KeyRead, KeySources};
 use crate::net::Client;
+use crate::routing::decision;
+use crate::routing::keys::{GroupKey, Keys, OpeningKey, SessionKey};
+use crate::routing::queue::Standing;
 use crate::telemetry::key_budget::{Held, KeyBudget};
+use crate::telemetry::stats::Stats;
 use magpie_core::key::conversation::{ChatHead, read_head};
 use magpie_core::key::group::{GroupBy, GroupMiss};
 use magpie_core::key::json::{FieldPath, Prefix, json_field_key, json_field_prefix};
@@ -40,16 +44,52 @@ use magpie_core::key::{self, FallbackReason};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestKey {
     /// The session key (the table's key too, without a group).
-    pub key: u64,
+    pub key: SessionKey,
     pub fallback: Option<FallbackReason>,
     /// With `key.group`: the group key, or why the request has none (then
     /// the table is looked up by the session key). `None` without groups.
-    pub group: Option<Result<u64, GroupMiss>>,
+    pub group: Option<Result<GroupKey, GroupMiss>>,
     /// How its conversation opens (the conversation key of its chat body:
     /// the model, instructions and first user message), when the body was
     /// parsed for a key: where conversations that open alike meet under a
     /// `queue`. None when the session key is the conversation key.
-    pub opening: Option<u64>,
+    pub opening: Option<OpeningKey>,
+}
+
+impl RequestKey {
+    /// What the routing decision is asked with: these keys, the request's
+    /// `standing` and its body's length, counting why a fallback key was
+    /// used or a group is missing.
+    pub fn request(
+        &self,
+        standing: Standing,
+        prompt_bytes: u64,
+        stats: &Stats,
+    ) -> decision::Request {
+        if let Some(why) = self.fallback {
+            stats.count_fallback(why);
+        }
+        let group = match self.group {
+            Some(Ok(group)) => Some(group),
+            Some(Err(why)) => {
+                stats.count_group_miss(why);
+                None
+            }
+            None => None,
+        };
+        decision::Request {
+            keys: Keys {
+                session: self.key,
+                group,
+                opening: self.opening,
+            },
+            fallback: self.fallback.is_some(),
+            standing,
+            prompt_bytes,
+            follows: None,
+            awaits_first_byte: true,
+        }
+    }
 }
 
 /// The client stopped sending its body while it was read for the key.
@@ -127,7 +167,7 @@ pub fn head_keys<'a, 'h>(
 ) -> HeadKeys<'a> {
     let Some(read) = plan.key.read() else {
         return HeadKeys::Known(RequestKey {
-            key: plan.key.address_key(plan.client.0),
+            key: SessionKey::new(plan.key.address_key(plan.client.0)),
             fallback: None,
             group: None,
             opening: None,
@@ -214,10 +254,10 @@ impl BodyWants<'_> {
             Err(why) => (self.fallback_key, Some(why)),
         };
         RequestKey {
-            key,
+            key: SessionKey::new(key),
             fallback,
-            group,
-            opening: found.opening,
+            group: group.map(|g| g.map(GroupKey::new)),
+            opening: found.opening.map(OpeningKey::new),
         }
     }
 }

@@ -14,6 +14,7 @@ use super::backend_deadlines::Progress;
 use crate::net::{Client, Local};
 use crate::routing::backend::Backend;
 use crate::routing::instance::Instance;
+use crate::routing::keys::SessionKey;
 use crate::telemetry::access_log::{Entry, HttpRequest, Recording, Status, Tokens};
 
 /// One request's line while it is gathered.
@@ -94,8 +95,8 @@ impl RequestLog {
     }
 
     /// The request's session key.
-    pub fn keyed(&mut self, key: u64) {
-        self.entry.key_hash = key;
+    pub fn keyed(&mut self, key: SessionKey) {
+        self.entry.key_hash = key.hash();
     }
 
     /// A backend named by a failure, if it is among `targets`.

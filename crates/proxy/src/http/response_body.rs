@@ -15,9 +15,9 @@
 //!
 //! A JSON or event-stream answer is also read for its `usage` as it passes
 //! ([`magpie_core::usage`], at most [`magpie_core::usage::MAX_BUFFER`] bytes held): at
-//! its end the engine's token counts go to the backend's counters, and the
-//! key's memory ([`crate::routing::key_memory`]) tells whether the cache was missed, and
-//! why.
+//! its end the engine's token counts go where the routing decision said
+//! ([`Tally`]: the backend's counters, and whether the cache was missed, and
+//! why).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -31,10 +31,9 @@ use tracing::warn;
 use super::backend_deadlines::Silence;
 use super::pool::{Conn, Lease, Pooled};
 use super::request_log::RequestLog;
-use crate::routing::backend::{ActiveGuard, AwaitingGuard, Backend, TimeoutKind, WorkGuard};
-use crate::routing::instance::Instance;
-use crate::routing::key_memory::{MissCause, Tokens};
-use crate::routing::sessions::homes::AwaitingMark;
+use crate::routing::backend::{ActiveGuard, Backend, TimeoutKind};
+use crate::routing::decision::FirstByte;
+use crate::routing::llm::usage::{Tally, Tokens};
 use crate::telemetry::access_log;
 use crate::telemetry::throttle::Throttle;
 use magpie_core::usage::{Usage, UsageScanner};
@@ -60,29 +59,6 @@ pub struct InFlight<C: Pooled = Conn> {
     /// Counts the request as awaiting its first byte of body until that
     /// byte passes.
     pub awaiting: Option<FirstByte>,
-}
-
-/// What a request awaiting its answer's first byte of body holds: its count
-/// at the backend ([`crate::routing::backend::load`]), and when it opened a
-/// conversation or placed a new group with a shared store, its mark there
-/// ([`crate::routing::sessions::homes`]).
-#[derive(Debug)]
-pub struct FirstByte {
-    pub count: AwaitingGuard,
-    pub mark: Option<AwaitingMark>,
-    /// Its prefill work (`queue`), done at the first byte.
-    pub work: Option<WorkGuard>,
-}
-
-/// Where a response's usage goes: the key's memory (a cache miss and its
-/// cause) and the backend's token counters.
-pub struct Tally {
-    pub instance: Arc<Instance>,
-    pub key: u64,
-    /// Why the key moved to this backend, if it did ([`KeyMemory::routed`]).
-    ///
-    /// [`KeyMemory::routed`]: crate::routing::key_memory::KeyMemory::routed
-    pub moved: Option<MissCause>,
 }
 
 impl<C: Pooled> std::fmt::Debug for InFlight<C> {
@@ -173,7 +149,12 @@ impl<C: Pooled> InFlight<C> {
         let traffic = &self.backend.live.traffic;
         traffic.request_duration.observe(self.sent.elapsed());
         if let Some(usage) = usage {
-            count_usage(&self, usage);
+            let tokens = Tokens {
+                prompt: usage.prompt_tokens,
+                cached: usage.cached_tokens,
+            };
+            self.tally
+                .served(&self.backend, tokens, usage.completion_tokens);
         }
         if let Some(log) = self.log.take() {
             let tokens = usage.map(|u| access_log::Tokens {
@@ -186,24 +167,6 @@ impl<C: Pooled> InFlight<C> {
             self.lease.give_back();
         }
     }
-}
-
-/// An answer's usage: the backend's token counters, and the key's memory
-/// (a cache miss is counted there, with its cause).
-fn count_usage<C: Pooled>(f: &InFlight<C>, usage: Usage) {
-    f.backend.live.traffic.count_tokens(
-        usage.prompt_tokens,
-        usage.cached_tokens,
-        usage.completion_tokens,
-    );
-    let tokens = Tokens {
-        prompt: usage.prompt_tokens,
-        cached: usage.cached_tokens,
-    };
-    let t = &f.tally;
-    t.instance
-        .key_memory
-        .served(t.key, &f.backend.name, tokens, t.moved);
 }
 
 impl Body for ResponseBody {

@@ -1,23 +1,18 @@
-//! What routing last did with each key (the session key, with
-//! `key.group`): the backend its last request went
-//! to and why ([`How`](crate::routing::route::How)), where it spilled to (so it stays there), and the
-//! prompt tokens the engine last reported for it (so a cache miss can be
-//! told and given a cause).
+//! The key memory: what routing last did with each key (the session key,
+//! with `key.group`): the backend its last request went to and why
+//! ([`How`]), and where it spilled to, so that it stays there.
 //!
-//! `routed ─▶ (the response streams) ─▶ served(usage)`. [`KeyMemory::routed`]
-//! records the decision and says why the key moved, if it did;
-//! [`KeyMemory::served`] compares the engine's `cached_tokens` with the prompt
-//! the key's previous request had on record: a request whose engine served
-//! fewer cached tokens than that (less [`MISS_SLACK_TOKENS`]) is a cache
-//! miss, counted by [`MissCause`]. Everything here is counted in the
-//! process; every magpie keeps its own memory, and the routing that reads it
-//! (a spilled key stays put) depends only on loads every instance sees.
-//!
-//! Under a `queue`, how conversations open is remembered too: beside the
-//! session keys, a record per opening (the conversation key of a body read
-//! for a key, [`opening_record`]) says where the latest request that opened
-//! so went, so that a new conversation that opens alike waits there for
-//! the cache it shares.
+//! `routed ─▶ (what it sent, what its engine reported)`.
+//! [`KeyMemory::routed`] records the decision, counts it by [`How`] and
+//! says why the key moved ([`MissCause`]), if it left the backend of its
+//! previous request. Beside the decision, each record keeps a [`Note`] for
+//! the LLM policy ([`crate::routing::llm`]: what the request sent, what its
+//! engine last reported), which reads and writes it through
+//! [`KeyMemory::note`] and [`KeyMemory::note_mut`], and which keeps records
+//! of its own under other keys ([`KeyMemory::keep`], [`MemoryKey`]).
+//! Everything here is counted in the process; every magpie keeps its own
+//! memory, and the routing that reads it (a spilled key stays put) depends
+//! only on loads every instance sees.
 //!
 //! The map is bounded (`sessions.max`, or [`DEFAULT_MAX`] keys without
 //! `sessions`; least recently used forgotten first) and split into shards by
@@ -32,7 +27,8 @@ use lru::LruCache;
 use tokio::time::Instant;
 
 use crate::routing::backend::Backend;
-use crate::routing::backend::load::BYTES_PER_TOKEN;
+use crate::routing::keys::{GroupKey, MemoryKey, SessionKey};
+use crate::routing::llm::note::{Note, Sent};
 use crate::routing::route::How;
 use magpie_core::labels;
 
@@ -42,14 +38,11 @@ const SHARDS: usize = 16;
 pub const DEFAULT_MAX: usize = 100_000;
 /// How long a key that spilled stays where it spilled without `sessions`.
 pub const SPILL_TTL: Duration = Duration::from_secs(5 * 60);
-/// Cached tokens may fall this short of the previous prompt without a miss:
-/// engines cache whole blocks (16 tokens in vLLM), and the last partial
-/// block of a prompt is not reused.
-pub const MISS_SLACK_TOKENS: u64 = 32;
 
 labels! {
-    /// Why a request's engine served fewer cached prompt tokens than its
-    /// key's previous request had.
+    /// Why a key left the backend of its previous request, and so why its
+    /// engine may have served fewer cached prompt tokens than that request
+    /// had (a cache miss, [`crate::routing::llm::usage`]).
     pub enum MissCause {
         /// The key left a loaded backend (or came back to its primary).
         Spill => "spill",
@@ -65,13 +58,6 @@ labels! {
     }
 }
 
-/// The key of an opening's own record ([`KeyMemory::opened`]), apart from any
-/// session key's (with `key.from: conversation` the session key is the
-/// opening itself).
-pub fn opening_record(opening: u64) -> u64 {
-    opening ^ 0x6f70_656e_696e_6773 // "openings"
-}
-
 /// One key's memory.
 struct Record {
     /// Where its last request went, and why.
@@ -80,12 +66,8 @@ struct Record {
     at: Instant,
     /// Set while the key stays on the backend it spilled to.
     spilled: bool,
-    /// The group of its last request (`key.group`), if it had one.
-    group: Option<u64>,
-    /// The backend and prompt tokens of its last request whose usage was read.
-    served: Option<(Arc<str>, u64)>,
-    /// The body bytes of its last request (mode http; 0 when unknown).
-    prompt_bytes: u64,
+    /// What the LLM policy keeps with it.
+    note: Note,
 }
 
 /// The key's last routing decision, for admin `/route`.
@@ -97,7 +79,7 @@ pub struct Last {
     pub spilled: bool,
     pub prompt_tokens: Option<u64>,
     /// The group of the key's last request (`key.group`).
-    pub group: Option<u64>,
+    pub group: Option<GroupKey>,
 }
 
 /// What one request's route means for the key's memory.
@@ -106,44 +88,8 @@ pub struct Decision {
     pub how: How,
     /// Sessions are on and the key was not routed by its pin.
     pub pin_lost: bool,
-    /// The request's group (`key.group`); the memory stays the session key's.
-    pub group: Option<u64>,
-    /// Its body's bytes (mode http; 0 when unknown or mode tcp).
-    pub prompt_bytes: u64,
-}
-
-/// A request's prefill work ([`KeyMemory::work`]), in prompt tokens.
-#[derive(Debug, Clone, Default)]
-pub struct Work {
-    /// At a backend whose cache holds nothing of it.
-    pub tokens: u64,
-    /// The backend its key's previous request went to, and its work there.
-    pub warm_at: Option<(Arc<Backend>, u64)>,
-}
-
-impl Work {
-    /// Work that no cache holds a part of.
-    pub fn cold(tokens: u64) -> Work {
-        Work {
-            tokens,
-            warm_at: None,
-        }
-    }
-
-    /// Its work at `backend`.
-    pub fn at(&self, backend: &Backend) -> u64 {
-        match &self.warm_at {
-            Some((warm, tokens)) if warm.name == backend.name => *tokens,
-            _ => self.tokens,
-        }
-    }
-}
-
-/// A request's usage as the engine reported it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tokens {
-    pub prompt: u64,
-    pub cached: u64,
+    /// What the request sent, for the LLM policy's note.
+    pub sent: Sent,
 }
 
 /// What routing did with each key, bounded, and the counts of its decisions.
@@ -196,8 +142,9 @@ impl KeyMemory {
     }
 
     /// The backend `key` spilled to, while it is used within the spill TTL.
-    pub fn spilled_to(&self, key: u64) -> Option<String> {
+    pub fn spilled_to(&self, key: SessionKey) -> Option<String> {
         let ttl = self.spill_ttl();
+        let key = key.memory().hash();
         let mut shard = self.shard(key);
         let record = shard.peek_mut(&key)?;
         if !record.spilled {
@@ -215,12 +162,13 @@ impl KeyMemory {
     /// its previous request.
     pub fn routed(
         &self,
-        key: u64,
+        key: SessionKey,
         backend: &Arc<Backend>,
         decision: Decision,
     ) -> Option<MissCause> {
         self.routed[decision.how.index()].fetch_add(1, Ordering::Relaxed);
         let now = Instant::now();
+        let key = key.memory().hash();
         let mut shard = self.shard(key);
         let Some(record) = shard.get_mut(&key) else {
             shard.push(
@@ -230,9 +178,7 @@ impl KeyMemory {
                     how: decision.how,
                     at: now,
                     spilled: decision.how.is_load_spill(),
-                    served: None,
-                    group: decision.group,
-                    prompt_bytes: decision.prompt_bytes,
+                    note: Note::of(decision.sent),
                 },
             );
             return None;
@@ -249,100 +195,52 @@ impl KeyMemory {
         }
         record.how = decision.how;
         record.at = now;
-        record.group = decision.group;
-        record.prompt_bytes = decision.prompt_bytes;
+        record.note.sent = decision.sent;
         moved
     }
 
-    /// A request whose conversation opens as `opening` (its conversation
-    /// key) went to `backend` with a body of `prompt_bytes`: the opening's
-    /// record ([`opening_record`]) says so, for the next conversation that
-    /// opens alike ([`KeyMemory::opened_at`], [`KeyMemory::work`]). Nothing is
-    /// counted.
-    pub fn opened(&self, opening: u64, backend: &Arc<Backend>, prompt_bytes: u64) {
-        let key = opening_record(opening);
-        let mut shard = self.shard(key);
+    /// Keeps a record under `key` (not a session key's: see [`MemoryKey`])
+    /// that says a request went to `backend` having sent `sent`, in place
+    /// of any before it. Nothing is counted.
+    pub fn keep(&self, key: MemoryKey, backend: &Arc<Backend>, sent: Sent) {
+        let key = key.hash();
         let record = Record {
             backend: Arc::clone(backend),
             how: How::Primary,
             at: Instant::now(),
             spilled: false,
-            served: None,
-            group: None,
-            prompt_bytes,
+            note: Note::of(sent),
         };
-        shard.put(key, record);
+        self.shard(key).put(key, record);
     }
 
-    /// Where the latest request that opened as `opening` went
-    /// ([`KeyMemory::opened`]).
-    pub fn opened_at(&self, opening: u64) -> Option<Arc<Backend>> {
-        let key = opening_record(opening);
+    /// Where the request `key`'s record was last kept for went
+    /// ([`KeyMemory::keep`]); the record counts as used now.
+    pub fn kept_at(&self, key: MemoryKey) -> Option<Arc<Backend>> {
+        let key = key.hash();
         self.shard(key).get(&key).map(|r| Arc::clone(&r.backend))
     }
 
-    /// `key`'s request was answered by `backend` with `tokens`: a cache miss
-    /// (fewer cached tokens than the key's previous prompt) is counted and
-    /// returned, with `moved` (from [`KeyMemory::routed`]) as its cause when the
-    /// key changed backends, else [`MissCause::Evicted`].
-    pub fn served(
-        &self,
-        key: u64,
-        backend: &str,
-        tokens: Tokens,
-        moved: Option<MissCause>,
-    ) -> Option<MissCause> {
-        let mut shard = self.shard(key);
-        let record = shard.peek_mut(&key)?;
-        let previous = record.served.take();
-        let same = previous.as_ref().is_some_and(|(b, _)| &**b == backend);
-        let name = match &previous {
-            Some((b, _)) if same => Arc::clone(b),
-            _ => Arc::from(backend),
-        };
-        record.served = Some((name, tokens.prompt));
-        drop(shard);
-        let (_, prompt) = previous?;
-        if tokens.cached.saturating_add(MISS_SLACK_TOKENS) >= prompt {
-            return None;
-        }
-        let cause = if same {
-            MissCause::Evicted
-        } else {
-            moved.unwrap_or(MissCause::TableChanged)
-        };
-        self.misses[cause.index()].fetch_add(1, Ordering::Relaxed);
-        Some(cause)
+    /// The backend of `key`'s record and its note, without touching its
+    /// recency.
+    pub fn note(&self, key: MemoryKey) -> Option<(Arc<Backend>, Note)> {
+        let key = key.hash();
+        let shard = self.shard(key);
+        let r = shard.peek(&key)?;
+        Some((Arc::clone(&r.backend), r.note.clone()))
     }
 
-    /// The work a request of `key` with a body of `bytes` brings: its
-    /// prompt tokens anywhere, less, at the backend its key's previous
-    /// request went to, the prefix that request left in the cache. Tokens
-    /// are told from bytes by the previous request's own ratio when its
-    /// usage was read, else at [`BYTES_PER_TOKEN`].
-    pub fn work(&self, key: u64, bytes: u64) -> Work {
-        let shard = self.shard(key);
-        let Some(r) = shard.peek(&key).filter(|r| r.prompt_bytes > 0) else {
-            return Work::cold(bytes / BYTES_PER_TOKEN);
-        };
-        let tokens = |bytes: u64| match &r.served {
-            Some((_, served)) => {
-                let scaled = u128::from(bytes) * u128::from(*served) / u128::from(r.prompt_bytes);
-                u64::try_from(scaled).unwrap_or(u64::MAX)
-            }
-            None => bytes / BYTES_PER_TOKEN,
-        };
-        Work {
-            tokens: tokens(bytes),
-            warm_at: Some((
-                Arc::clone(&r.backend),
-                tokens(bytes.saturating_sub(r.prompt_bytes)),
-            )),
-        }
+    /// `f` applied to `key`'s note, if it has a record, without touching
+    /// its recency.
+    pub fn note_mut<R>(&self, key: SessionKey, f: impl FnOnce(&mut Note) -> R) -> Option<R> {
+        let key = key.memory().hash();
+        let mut shard = self.shard(key);
+        shard.peek_mut(&key).map(|r| f(&mut r.note))
     }
 
     /// `key`'s last decision, without touching its recency.
-    pub fn last(&self, key: u64) -> Option<Last> {
+    pub fn last(&self, key: SessionKey) -> Option<Last> {
+        let key = key.memory().hash();
         let shard = self.shard(key);
         let r = shard.peek(&key)?;
         Some(Last {
@@ -350,14 +248,19 @@ impl KeyMemory {
             how: r.how,
             age: r.at.elapsed(),
             spilled: r.spilled && r.at.elapsed() < self.spill_ttl(),
-            prompt_tokens: r.served.as_ref().map(|(_, p)| *p),
-            group: r.group,
+            prompt_tokens: r.note.served.as_ref().map(|(_, p)| *p),
+            group: r.note.sent.group,
         })
     }
 
     /// Requests (or connections) routed so far for `how`.
     pub fn routed_total(&self, how: How) -> u64 {
         self.routed[how.index()].load(Ordering::Relaxed)
+    }
+
+    /// Counts a cache miss for `cause`.
+    pub fn count_miss(&self, cause: MissCause) {
+        self.misses[cause.index()].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Cache misses counted so far for `cause`.
@@ -390,4 +293,4 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -1,8 +1,9 @@
 //! Data path `mode: udp`: consistent hashing for datagrams.
 //!
 //! `datagram ─▶ flow table (client address, or QUIC connection ID) ─▶ known
-//! flow: send on its socket | new flow: key ─▶ route ─▶ its own socket to
-//! the first backend that takes it ─▶ send`; each flow's task relays the
+//! flow: send on its socket | new flow: key ─▶ the routing decision's plan
+//! ([`crate::routing::decision`]) ─▶ its own socket to the first backend
+//! that takes it ─▶ commit ─▶ send`; each flow's task relays the
 //! backend's answers to the client from the address the client sent to.
 //!
 //! A flow is what one client address sends to one listening address, keyed
@@ -44,9 +45,9 @@ use crate::config::KeyConfig;
 use crate::intake::listener::Drained;
 use crate::net::{connected_datagram, is_resource_exhaustion};
 use crate::routing::backend::Backend;
+use crate::routing::decision::{self, Request, Slot};
 use crate::routing::instance::Instance;
-use crate::routing::key_memory::Decision;
-use crate::routing::route::Route;
+use crate::routing::keys::SessionKey;
 use crate::routing::snapshot::Snapshot;
 use crate::telemetry::datagrams::{DatagramDrop, FlowEnd};
 use crate::telemetry::stats::Exhausted;
@@ -248,14 +249,14 @@ fn open(shared: &Shared, new: NewFlow<'_>) -> Result<Arc<Flow>, DatagramDrop> {
     if fallback {
         instance.stats.count_fallback(FallbackReason::NotQuic);
     }
-    let mut route = Route::plan(snapshot, key).for_fallback(fallback);
-    if let Some(backend) = &moved_from {
-        route = route.pin_first(snapshot, backend);
-    }
-    for backend in &route.targets {
-        let Some(slot) = route.reserve(backend) else {
-            continue;
-        };
+    let request = Request::flow(SessionKey::new(key), fallback, moved_from);
+    let mut plan = decision::plan_now(instance, snapshot, request);
+    while let Some(Slot {
+        backend,
+        active: slot,
+        ..
+    }) = plan.take_now()
+    {
         let upstream = match connected_datagram(backend.addr) {
             Ok(socket) => socket,
             Err(e) if is_resource_exhaustion(&e) => {
@@ -267,9 +268,9 @@ fn open(shared: &Shared, new: NewFlow<'_>) -> Result<Arc<Flow>, DatagramDrop> {
                 continue;
             }
         };
-        let how = route.how;
+        let how = plan.commit(instance, &backend).how;
         let flow = Arc::new(Flow::new(Opened {
-            backend: Arc::clone(backend),
+            backend: Arc::clone(&backend),
             upstream,
             slot,
             client,
@@ -281,13 +282,6 @@ fn open(shared: &Shared, new: NewFlow<'_>) -> Result<Arc<Flow>, DatagramDrop> {
         shared.flows.insert(Arc::clone(&flow), id);
         instance.stats.datagrams.flow_created();
         backend.live.traffic.count_connection();
-        let decision = Decision {
-            how,
-            pin_lost: false,
-            group: None,
-            prompt_bytes: 0,
-        };
-        instance.key_memory.routed(key, backend, decision);
         let table = Arc::clone(&shared.flows);
         let relay = Relay {
             instance: Arc::clone(instance),

@@ -129,7 +129,7 @@ pub fn parse<'a>(buf: &[u8], cx: &Context<'a, '_>) -> Parse<'a> {
     };
     let log = RequestLog::begin(line, cx.arrival, cx.instance);
     let keys = head_keys(&cx.plan, header, header("content-type"));
-    let standing = Standing::of(cx.queue, header, None);
+    let standing = Standing::of(cx.queue, header);
     Parse::Ready(Box::new(Head {
         len,
         framing: checked.framing,

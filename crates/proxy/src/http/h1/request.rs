@@ -1,7 +1,7 @@
 //! One request through the pass-through, in phases: its head (within the
 //! head deadline, at most `limits.max_head_bytes`), its keys (from the head,
-//! or read from the body), its route and pin ([`crate::http::pinning`], as
-//! on hyper's path), the journey to the first backend that takes it
+//! or read from the body), its routing decision's plan
+//! ([`crate::routing::decision`], as on hyper's path), the journey to the first backend that takes it
 //! ([`crate::http::journey`] over [`super::send::RawWire`]), and the answer
 //! relayed back ([`super::relay`]) or magpie's own.
 
@@ -20,9 +20,9 @@ use super::send::{Outbound, READ_CHUNK, RawWire, Received};
 use super::{Client, Next};
 use crate::config::Config;
 use crate::http::journey::{Answered, Failure, Forwarded, Journey, LocalAnswer};
-use crate::http::pinning;
 use crate::http::request_key::{HeadKeys, KeyPlan, RequestKey};
 use crate::http::request_log::RequestLog;
+use crate::routing::decision;
 use crate::telemetry::key_budget::Held;
 use crate::telemetry::stats::ClientFailure;
 
@@ -62,10 +62,17 @@ pub async fn serve<S: ClientIo>(
         Ok(keyed) => keyed,
         Err(why) => return refuse_body(io, why, &mut head.log, c).await,
     };
-    let (keys, pinned) =
-        pinning::route_found(&keyed.found, c.instance, &snapshot, &mut head.log).await;
-    drop(snapshot);
     let keyed_bytes = keyed.walked as u64;
+    let prompt_bytes = match head.framing {
+        Framing::Length(n) => n,
+        _ => keyed_bytes,
+    };
+    let asked = (keyed.found).request(head.standing, prompt_bytes, &c.instance.stats);
+    if let Some(log) = head.log.as_mut() {
+        log.keyed(asked.keys.session);
+    }
+    let plan = decision::plan(c.instance, &snapshot, asked).await;
+    drop(snapshot);
     let mut walked = keyed.walked;
     if walked <= JOIN_BELOW {
         head.upstream.extend_from_slice(&buf.unconsumed()[..walked]);
@@ -87,15 +94,9 @@ pub async fn serve<S: ClientIo>(
         head_method: head.head_method,
     };
     let mut journey = Journey {
-        pinned,
-        keys,
+        plan,
         claim: c.conn.claim(config.http.reuse, head.idempotent),
-        standing: head.standing,
         held: keyed_bytes,
-        prompt_bytes: match head.framing {
-            Framing::Length(n) => n,
-            _ => keyed_bytes,
-        },
         config: &config,
         instance: c.instance,
         log: &mut head.log,

@@ -10,6 +10,7 @@ use super::body::Body;
 use crate::routing::backend::Backend;
 use crate::routing::instance::Instance;
 use crate::routing::key_memory::Last;
+use crate::routing::keys::{GroupKey, SessionKey};
 use crate::routing::route::{self, Route};
 use crate::routing::sessions::group_pin;
 use crate::routing::snapshot::Snapshot;
@@ -98,7 +99,7 @@ pub(super) fn route_answer(
         Ok(key) => key,
         Err(e) => return bad(e.to_string()),
     };
-    let last = instance.key_memory.last(key);
+    let last = instance.key_memory.last(SessionKey::new(key));
     let pin = instance.sessions().and_then(|s| s.pins.peek(key));
     let Some(by) = &snapshot.config.group else {
         let mut answer = route_json(snapshot, &key_text, key, key);
@@ -109,7 +110,7 @@ pub(super) fn route_answer(
     let given = query_param(query, "group");
     let group = match &given {
         Some(text) => match group_of_text(by, text) {
-            Ok(g) => Some((g, "query")),
+            Ok(g) => Some((GroupKey::new(g), "query")),
             Err(e) => return bad(e),
         },
         None => last
@@ -117,7 +118,7 @@ pub(super) fn route_answer(
             .and_then(|l| l.group)
             .map(|g| (g, "last_request")),
     };
-    let table_key = group.map_or(key, |(g, _)| g);
+    let table_key = group.map_or(key, |(g, _)| g.hash());
     let mut answer = route_json(snapshot, &key_text, key, table_key);
     // The group's home (`key.group_choices` above 1): where its new
     // conversations go first.
@@ -142,7 +143,7 @@ pub(super) fn route_answer(
     answer["group"] = json!({
         "setting": by.describe(),
         "given": given,
-        "hash": group.map(|(g, _)| format!("{g:#018x}")),
+        "hash": group.map(|(g, _)| format!("{:#018x}", g.hash())),
         "from": group.map(|(_, from)| from),
         "pin_rank": pin_rank,
         "home": home.as_deref(),

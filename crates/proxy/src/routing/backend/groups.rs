@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::routing::keys::GroupKey;
 use magpie_core::labels;
 
 /// How long one set of group hashes collects before it rotates.
@@ -102,11 +103,11 @@ impl Groups {
     }
 
     /// A request of `group` was served here.
-    pub fn served(&self, group: u64) {
+    pub fn served(&self, group: GroupKey) {
         let mut seen = self.lock();
         seen.rotate(Instant::now());
         if seen.current.len() < MAX_GROUPS_TRACKED {
-            seen.current.insert(group);
+            seen.current.insert(group.hash());
         }
     }
 
@@ -134,13 +135,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn groups_are_counted_over_two_periods() {
         let groups = Groups::default();
-        groups.served(1);
-        groups.served(2);
-        groups.served(1);
+        groups.served(GroupKey::new(1));
+        groups.served(GroupKey::new(2));
+        groups.served(GroupKey::new(1));
         assert_eq!(groups.seen(), 2);
         tokio::time::advance(GROUPS_PERIOD).await;
-        groups.served(2);
-        groups.served(3);
+        groups.served(GroupKey::new(2));
+        groups.served(GroupKey::new(3));
         // 1 from the previous period, 2 and 3 from this one.
         assert_eq!(groups.seen(), 3);
         tokio::time::advance(GROUPS_PERIOD).await;
@@ -154,7 +155,7 @@ mod tests {
     fn a_set_is_bounded() {
         let groups = Groups::default();
         for g in 0..(MAX_GROUPS_TRACKED as u64 + 50) {
-            groups.served(g);
+            groups.served(GroupKey::new(g));
         }
         assert_eq!(groups.seen(), MAX_GROUPS_TRACKED);
     }

@@ -15,7 +15,7 @@
 //! is their work (with `queue`): the prompt tokens they are estimated to
 //! still have to prefill, each request's size less the prefix its key's
 //! previous request left in that backend's cache
-//! ([`crate::routing::key_memory::KeyMemory::work`]), reserved with the slot at
+//! ([`crate::routing::llm::work`]), reserved with the slot at
 //! admission and given back at the answer's first byte.
 //! Taking a slot under a cap is
 //! one atomic step, so concurrent accepts never push a backend past its
@@ -32,10 +32,6 @@ pub struct Load {
     awaiting_cold: AtomicU64,
     prefill_tokens: AtomicU64,
 }
-
-/// What a request's work is estimated from when nothing better is known:
-/// JSON chat bodies run about four bytes to a token.
-pub const BYTES_PER_TOKEN: u64 = 4;
 
 /// What a request awaiting its first byte of body is, for the counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

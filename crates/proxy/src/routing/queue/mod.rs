@@ -56,7 +56,8 @@ pub use self::stats::{Admit, QueueStats, Refusal};
 use crate::config::DEFAULT_MAX_INFLIGHT;
 use crate::config::{Config, DEFAULT_AGING, MAX_CLASSES, QueueConfig, TenantBy};
 use crate::routing::backend::{ActiveGuard, Backend, Live, SlotFreed, WorkGuard};
-use crate::routing::key_memory::Work;
+use crate::routing::keys::TenantKey;
+use crate::routing::llm::work::Work;
 use crate::routing::route::Route;
 use crate::routing::snapshot::Snapshot;
 
@@ -85,17 +86,17 @@ struct State {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Standing {
     pub class: usize,
-    pub tenant: u64,
+    pub tenant: TenantKey,
 }
 
 impl Standing {
     /// A request's standing from its header fields (`header` gives a
-    /// field's value by lower-case name); a tenant told by its group is
-    /// `group` (or none when it has none).
+    /// field's value by lower-case name); a tenant told by its group
+    /// (`queue.tenant: group`) is told by the decision, which knows the
+    /// group ([`crate::routing::decision`]).
     pub fn of<'h>(
         queue: Option<&QueueConfig>,
         header: impl Fn(&str) -> Option<&'h [u8]>,
-        group: Option<u64>,
     ) -> Standing {
         let Some(q) = queue else {
             return Standing::default();
@@ -104,9 +105,10 @@ impl Standing {
             .priority
             .class_of(q.priority.header.as_deref().and_then(&header));
         let tenant = match &q.tenant {
-            Some(TenantBy::Header(name)) => header(name).map_or(0, magpie_core::hash::h64),
-            Some(TenantBy::Group) => group.unwrap_or(0),
-            None => 0,
+            Some(TenantBy::Header(name)) => header(name).map_or(TenantKey::NONE, |v| {
+                TenantKey::new(magpie_core::hash::h64(v))
+            }),
+            Some(TenantBy::Group) | None => TenantKey::NONE,
         };
         Standing { class, tenant }
     }
@@ -125,7 +127,7 @@ pub struct Ask<'a> {
     pub spread: bool,
     /// Its class (an index into `queue.priority.classes`) and tenant.
     pub class: usize,
-    pub tenant: u64,
+    pub tenant: TenantKey,
     /// Body bytes it holds while it waits.
     pub bytes: u64,
     /// Its prefill work, at each target.
@@ -320,7 +322,9 @@ impl Queue {
                 work: ask.work.clone(),
                 grant: tx,
             };
-            let id = state.waiting.push(ask.class, ask.tenant, started, waiter);
+            let id = state
+                .waiting
+                .push(ask.class, ask.tenant.hash(), started, waiter);
             self.len.store(state.waiting.len(), Ordering::SeqCst);
             // A slot given back after the look above and before the push
             // found the queue empty and was handed to nobody: look once
@@ -482,7 +486,7 @@ fn fits(waiting: &Waiting<Waiter>, ask: &Ask<'_>, held: u64) -> Result<(), Refus
         return Err(Refusal::Full);
     }
     if q.tenant_max_queued
-        .is_some_and(|m| waiting.of_tenant(ask.tenant) >= m)
+        .is_some_and(|m| waiting.of_tenant(ask.tenant.hash()) >= m)
     {
         return Err(Refusal::TenantFull);
     }

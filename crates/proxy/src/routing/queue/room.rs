@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use crate::config::{LoadLimits, QueueConfig};
 use crate::routing::backend::{ActiveGuard, Backend, WorkGuard};
-use crate::routing::key_memory::Work;
+use crate::routing::llm::work::Work;
 
 /// Room at a backend: its slot and the request's work there.
 pub type Room = (ActiveGuard, WorkGuard);

@@ -3,7 +3,8 @@ use std::time::Duration;
 
 use super::*;
 use crate::config::{BackendConfig, Priority};
-use crate::routing::key_memory::Work;
+use crate::routing::keys::TenantKey;
+use crate::routing::llm::work::Work;
 
 fn backend(name: &str, port: u16, queue: &Arc<Queue>) -> Arc<Backend> {
     let config = BackendConfig {
@@ -49,7 +50,7 @@ fn ask<'a>(targets: &'a [Arc<Backend>], q: &'a QueueConfig, class: usize) -> Ask
         pinned: false,
         spread: false,
         class,
-        tenant: 0,
+        tenant: TenantKey::NONE,
         bytes: 10,
         work: Work::default(),
         key: 1,

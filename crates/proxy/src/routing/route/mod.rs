@@ -96,35 +96,6 @@ impl How {
     }
 }
 
-/// The keys of one request: the session key names the conversation (its
-/// pin, its memory in [`crate::routing::key_memory`]); the table is looked up by its
-/// group (`key.group`) when it has one, else by the session key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Keys {
-    pub session: u64,
-    pub group: Option<u64>,
-    /// How its conversation opens, when its body was parsed for a key
-    /// (mode http): with a `queue`, a conversation's first request goes
-    /// where the latest that opened alike went.
-    pub opening: Option<u64>,
-}
-
-impl Keys {
-    /// One key for both (no group).
-    pub fn single(key: u64) -> Keys {
-        Keys {
-            session: key,
-            group: None,
-            opening: None,
-        }
-    }
-
-    /// The key the table is looked up by.
-    pub fn table(&self) -> u64 {
-        self.group.unwrap_or(self.session)
-    }
-}
-
 /// The bounded-load caps in force when a route was planned.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Caps {
@@ -261,26 +232,6 @@ impl Route {
             route.how = How::GroupHome;
         }
         route
-    }
-
-    /// The least busy of this route's first `n` targets: the one with the
-    /// fewest new groups' requests awaiting their first byte of body, then
-    /// the fewest groups served lately (the heads its cache holds), then
-    /// the fewest conversations' first requests awaiting (a new prompt may
-    /// bring its head to prefill again), then the fewest requests awaiting,
-    /// then the earlier.
-    /// Where a group without a pin goes (`key.group_choices`).
-    pub fn least_awaiting(&self, n: usize) -> Option<&Arc<Backend>> {
-        let busy = |b: &&Arc<Backend>| {
-            let live = &b.live;
-            (
-                live.load.awaiting_cold(),
-                live.groups.seen(),
-                live.load.awaiting_openings(),
-                live.load.awaiting(),
-            )
-        };
-        self.targets.iter().take(n).min_by_key(busy)
     }
 
     /// This route with `to`, where the key spilled and stays, tried first

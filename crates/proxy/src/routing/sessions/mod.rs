@@ -25,6 +25,8 @@ use std::time::Duration;
 use lru::LruCache;
 use tokio::time::Instant;
 
+use crate::routing::keys::GroupKey;
+
 /// Shards of the map; a power of two.
 const SHARDS: usize = 16;
 
@@ -258,8 +260,8 @@ impl Pins {
 /// Where a group's pin (`key.group`) is kept, in the map and in the shared
 /// store: its hash with a fixed pattern flipped, so it is no session's key.
 /// Every instance computes the same.
-pub fn group_pin(group: u64) -> u64 {
-    group ^ 0x6772_6f75_702d_7069 // "group-pi"
+pub fn group_pin(group: GroupKey) -> u64 {
+    group.hash() ^ 0x6772_6f75_702d_7069 // "group-pi"
 }
 
 /// The session pins of one process, and the shared store behind them.
@@ -303,7 +305,7 @@ impl Sessions {
 
     /// Like [`Sessions::cached`] for a group's pin (counted as no session
     /// pin's hit or miss).
-    pub fn cached_group(&self, group: u64) -> Option<(Arc<str>, bool)> {
+    pub fn cached_group(&self, group: GroupKey) -> Option<(Arc<str>, bool)> {
         let at = group_pin(group);
         match &self.store {
             Some(store) if store.is_usable() => self.pins.peek_and_due(at, self.ttl / 4),

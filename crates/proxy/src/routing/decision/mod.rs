@@ -1,0 +1,408 @@
+//! One routing decision, the same for every data path: a request (mode
+//! http), a connection (mode tcp) or a new flow (mode udp) asks here where
+//! it goes, and tells here where it went. No data path reads or writes pins,
+//! the key memory or the LLM policy's records itself.
+//!
+//! ```text
+//! Request ──plan──▶ Plan: targets in order, why the first (How), what to wait for
+//!    (keys, standing,        │ take: a slot at the next target (its cap, or the queue)
+//!     what it sent)          ▼
+//!                          Slot ──(the data path connects and sends; a target that
+//!                            │     takes nothing: passed_over, then take again)
+//!                            ▼ commit
+//!                      Committed: the key memory, pins, openings, groups; why it moved
+//!                            │ (mode http) the answer's usage
+//!                            ▼
+//!                          Tally: token counters, cache misses
+//! ```
+//!
+//! A plan is the table's route ([`crate::routing::route`]): by the key's
+//! pin under `sessions` ([`pins`]), else by the table and where the key
+//! spilled (the key memory), the fallback key's reason, and for a QUIC
+//! client that moved its connection's backend first. Under a `queue`, a
+//! slot is what the queue gives ([`crate::routing::queue`]), and the plan
+//! says what the request waits for: its home (its cache is there) or, for a
+//! conversation's first request, where its cache is likeliest (the LLM
+//! policy, [`crate::routing::llm`]: groups, openings, prefill work). A
+//! commit writes what the decision means once the backend took it: the key
+//! memory's record, the pin, the opening's record, the group's counts.
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`pins`] | session pins: the route by a key's pin, and binding or using it once served |
+
+pub mod pins;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use self::pins::Pinned;
+use crate::config::{Config, TenantBy};
+use crate::routing::backend::{ActiveGuard, Awaiting, AwaitingGuard, Backend, Spill, WorkGuard};
+use crate::routing::instance::Instance;
+use crate::routing::key_memory::{Decision, MissCause};
+use crate::routing::keys::{Keys, MemoryKey, SessionKey, TenantKey};
+use crate::routing::llm::groups::Grouped;
+use crate::routing::llm::note::Sent;
+use crate::routing::llm::openings;
+use crate::routing::llm::usage::Tally;
+use crate::routing::llm::work::work;
+use crate::routing::queue::{Admit, Ask, Refusal, SlotLimits, Standing};
+use crate::routing::route::{How, Route};
+use crate::routing::sessions::homes::AwaitingMark;
+use crate::routing::snapshot::Snapshot;
+
+/// What a data path knows of one request, connection or new flow.
+#[derive(Debug)]
+pub struct Request {
+    pub keys: Keys,
+    /// No key was found: `keys.session` is the fallback key.
+    pub fallback: bool,
+    /// Its class and tenant (`queue`).
+    pub standing: Standing,
+    /// Its body's length (mode http; what was read of it when no length was
+    /// given): its work is estimated from it.
+    pub prompt_bytes: u64,
+    /// The backend of the connection it belongs to (mode udp: a QUIC client
+    /// that moved), tried first.
+    pub follows: Option<Arc<Backend>>,
+    /// It counts among its backend's requests awaiting their first byte of
+    /// body until that byte comes (mode http).
+    pub awaits_first_byte: bool,
+}
+
+impl Request {
+    /// A request known by its `keys` alone.
+    pub fn new(keys: Keys) -> Request {
+        Request {
+            keys,
+            fallback: false,
+            standing: Standing::default(),
+            prompt_bytes: 0,
+            follows: None,
+            awaits_first_byte: false,
+        }
+    }
+
+    /// A connection (mode tcp) keyed by `key`, of the queue's default class.
+    pub fn connection(key: SessionKey, fallback: bool, config: &Config) -> Request {
+        Request {
+            fallback,
+            standing: Standing::of(config.queue.as_ref(), |_| None),
+            ..Request::new(Keys::single(key))
+        }
+    }
+
+    /// A new flow (mode udp) keyed by `key`; `follows` when its client moved.
+    pub fn flow(key: SessionKey, fallback: bool, follows: Option<Arc<Backend>>) -> Request {
+        Request {
+            fallback,
+            follows,
+            ..Request::new(Keys::single(key))
+        }
+    }
+}
+
+/// Where a request goes: its targets in order, why the next is next, and
+/// what it waits for; what it did once a target took it.
+#[derive(Debug)]
+pub struct Plan {
+    request: Request,
+    /// The route as planned.
+    route: Route,
+    /// The targets not taken yet, the next first.
+    rest: Vec<Arc<Backend>>,
+    /// Why the next target taken is that one.
+    how: How,
+    /// Under `sessions`: what serving the request does to its pin, and
+    /// what rides on it (boxed: a plan without one stays small, as a
+    /// connection's task carries it).
+    pinned: Option<Box<Pinned>>,
+    /// Sessions are on and the key was not routed by its pin.
+    pin_lost: bool,
+    /// It waits for its first target (its cache is there) before it spills.
+    sticky: bool,
+    /// Whose record tells its work (`queue`).
+    work_key: MemoryKey,
+    /// A `queue` was configured: openings are remembered.
+    queued: bool,
+}
+
+/// A backend's room, taken for a request.
+#[derive(Debug)]
+pub struct Slot {
+    pub backend: Arc<Backend>,
+    /// The backend's in-flight slot (what bounded load counts).
+    pub active: ActiveGuard,
+    /// Its count among the requests awaiting a first byte (mode http).
+    pub first_byte: Option<FirstByte>,
+    /// With `queue`: how long it waited and how it was admitted.
+    pub queued: Option<(Duration, Admit)>,
+}
+
+/// What a request awaiting its answer's first byte of body holds: its count
+/// at the backend ([`crate::routing::backend::load`]), and when it opened a
+/// conversation or placed a new group with a shared store, its mark there
+/// ([`crate::routing::sessions::homes`]).
+#[derive(Debug)]
+pub struct FirstByte {
+    pub count: AwaitingGuard,
+    pub mark: Option<AwaitingMark>,
+    /// Its prefill work (`queue`), done at the first byte.
+    pub work: Option<WorkGuard>,
+}
+
+/// What taking a slot came to.
+#[derive(Debug)]
+pub enum Taken {
+    Slot(Slot),
+    /// The queue refused it, or its client went away while it waited.
+    Refused(Refusal),
+    /// No target is left.
+    None,
+}
+
+/// What a decision came to once its backend took the request.
+#[derive(Debug, Clone, Copy)]
+pub struct Committed {
+    /// Why it was that backend.
+    pub how: How,
+    key: SessionKey,
+    /// Why the key moved there, if it did.
+    moved: Option<MissCause>,
+}
+
+impl Committed {
+    /// Where the answer's usage is counted.
+    pub fn tally(&self, instance: &Arc<Instance>) -> Tally {
+        Tally {
+            instance: Arc::clone(instance),
+            key: self.key,
+            moved: self.moved,
+        }
+    }
+}
+
+/// The plan for `request`, under the snapshot it was keyed with: by its pin
+/// when `sessions` is on (which may ask the shared store), else as
+/// [`plan_now`].
+pub async fn plan(instance: &Instance, snapshot: &Snapshot, request: Request) -> Plan {
+    let Some(sessions) = instance.sessions() else {
+        return plan_now(instance, snapshot, request);
+    };
+    let spilled_to = spilled_to(instance, snapshot, request.keys.session);
+    let keys = request.keys;
+    let (route, pinned) = pins::route(sessions, snapshot, keys, spilled_to.as_deref()).await;
+    Plan::new(instance, snapshot, request, route, Some(pinned))
+}
+
+/// The plan for `request` without pins (`sessions` is mode http's): by the
+/// table and where its key spilled. It never waits.
+pub fn plan_now(instance: &Instance, snapshot: &Snapshot, request: Request) -> Plan {
+    let spilled_to = spilled_to(instance, snapshot, request.keys.session);
+    let route = Route::plan_remembered(snapshot, request.keys.table(), spilled_to.as_deref());
+    Plan::new(instance, snapshot, request, route, None)
+}
+
+/// Where `key` spilled and stays, when anything can make a key spill (a
+/// bounded-load cap or engine load limits).
+fn spilled_to(instance: &Instance, snapshot: &Snapshot, key: SessionKey) -> Option<String> {
+    let config = &snapshot.config;
+    let spills = config.placement.bounded_load.is_some() || config.load_limits().is_some();
+    spills
+        .then(|| instance.key_memory.spilled_to(key))
+        .flatten()
+}
+
+impl Plan {
+    fn new(
+        instance: &Instance,
+        snapshot: &Snapshot,
+        request: Request,
+        route: Route,
+        mut pinned: Option<Pinned>,
+    ) -> Plan {
+        let mut route = route.for_fallback(request.fallback);
+        if let Some(backend) = &request.follows {
+            route = route.pin_first(snapshot, backend);
+        }
+        let keys = request.keys;
+        let pin_lost = pinned.is_some() && route.how != How::Pinned;
+        if let Some(pinned) = &mut pinned {
+            pinned.grouped = (keys.group).map(|g| Grouped::new(snapshot, g, pinned.placed));
+        }
+        let opening = pinned.as_ref().is_some_and(|p| p.opening.is_some());
+        let queued = snapshot.config.queue.is_some();
+        let mut plan = Plan {
+            rest: route.targets.clone(),
+            how: route.how,
+            sticky: !pin_lost && !opening,
+            work_key: keys.session.memory(),
+            route,
+            request,
+            pinned: pinned.map(Box::new),
+            pin_lost,
+            queued,
+        };
+        // A conversation's first request that opens like one served lately
+        // waits where that one went, its work there told by its record.
+        let alike = keys.opening.filter(|_| queued && pin_lost);
+        if let Some(opening) = alike
+            && let Some(moved) = openings::alike(&instance.key_memory, opening, &mut plan.rest)
+        {
+            plan.sticky = true;
+            plan.work_key = opening.memory();
+            if moved {
+                plan.how = How::Opening;
+            }
+        }
+        plan
+    }
+
+    /// Why the next target taken is that one.
+    pub fn how(&self) -> How {
+        self.how
+    }
+
+    /// The targets as planned, in order.
+    pub fn targets(&self) -> &[Arc<Backend>] {
+        &self.route.targets
+    }
+
+    /// A slot at the next target that takes the request, which leaves the
+    /// plan: without `config.queue`, the next under its bounded-load cap
+    /// ([`Plan::take_now`]); with it, the one the queue gives (the first,
+    /// or after `queue.affinity_wait` the next with room where a spill
+    /// pays), waiting if need be while it holds `held` bytes of its body;
+    /// `gone` resolves if its client goes away meanwhile.
+    pub async fn take(
+        &mut self,
+        instance: &Instance,
+        config: &Config,
+        held: u64,
+        gone: impl Future<Output = ()>,
+    ) -> Taken {
+        let Some(queue) = &config.queue else {
+            return match self.take_now() {
+                Some(slot) => Taken::Slot(slot),
+                None => Taken::None,
+            };
+        };
+        if self.rest.is_empty() {
+            return Taken::None;
+        }
+        let keys = self.request.keys;
+        let ask = Ask {
+            targets: &self.rest,
+            sticky: self.sticky,
+            pinned: self.route.how == How::Pinned,
+            spread: self.pin_lost && keys.group.is_none(),
+            class: self.request.standing.class,
+            tenant: match queue.tenant {
+                Some(TenantBy::Group) => TenantKey::of_group(keys.group),
+                _ => self.request.standing.tenant,
+            },
+            bytes: held,
+            work: work(
+                &instance.key_memory,
+                self.work_key,
+                self.request.prompt_bytes,
+            ),
+            key: keys.table(),
+            queue,
+            limits: SlotLimits::of(queue, config.load_limits()),
+        };
+        let admitted = match instance.queue.admit(ask, gone).await {
+            Ok(admitted) => admitted,
+            Err(why) => return Taken::Refused(why),
+        };
+        if admitted.how == Admit::Spilled {
+            self.how = self.how.passed_over(Spill::AtCap);
+        }
+        self.rest.retain(|b| !Arc::ptr_eq(b, &admitted.backend));
+        let queued = Some((admitted.waited, admitted.how));
+        let slot = self.slot(admitted.backend, admitted.slot, Some(admitted.work));
+        Taken::Slot(Slot { queued, ..slot })
+    }
+
+    /// A slot at the next target under its bounded-load cap, without
+    /// waiting; a target that filled up since the plan was made is passed
+    /// over (counted as a spill). `None` when no target is left.
+    pub fn take_now(&mut self) -> Option<Slot> {
+        while !self.rest.is_empty() {
+            let backend = self.rest.remove(0);
+            match self.route.reserve(&backend) {
+                Some(active) => return Some(self.slot(backend, active, None)),
+                None => self.how = self.how.passed_over(Spill::AtCap),
+            }
+        }
+        None
+    }
+
+    /// The slot `active` at `backend`, its work there held until the first
+    /// byte; the first slot taken is the last to wait for its home.
+    fn slot(
+        &mut self,
+        backend: Arc<Backend>,
+        active: ActiveGuard,
+        work: Option<WorkGuard>,
+    ) -> Slot {
+        self.sticky = false;
+        let first_byte = self.request.awaits_first_byte.then(|| {
+            // A conversation's opening counts at the first backend that
+            // takes it, a new group's at its home only.
+            let opening = self.pinned.as_mut().and_then(|p| p.opening.take());
+            let (kind, mark) = match opening {
+                Some(opening) => opening.claimed_at(&backend.name),
+                None => (Awaiting::Turn, None),
+            };
+            FirstByte {
+                count: backend.live.await_first_byte(kind),
+                mark,
+                work,
+            }
+        });
+        Slot {
+            backend,
+            active,
+            first_byte,
+            queued: None,
+        }
+    }
+
+    /// The target last taken took nothing (`why`: it refused the connection
+    /// or closed it before a byte went): the next one taken is a spill.
+    pub fn passed_over(&mut self, why: Spill) {
+        self.how = self.how.passed_over(why);
+    }
+
+    /// `backend` took the request: the key memory records the decision (and
+    /// under a `queue` how the conversation opens), the pin is bound or
+    /// used again, and the request's group is counted.
+    pub fn commit(&self, instance: &Instance, backend: &Arc<Backend>) -> Committed {
+        let keys = self.request.keys;
+        let prompt_bytes = self.request.prompt_bytes;
+        let decision = Decision {
+            how: self.how,
+            pin_lost: self.pin_lost,
+            sent: Sent {
+                group: keys.group,
+                prompt_bytes,
+            },
+        };
+        let memory = &instance.key_memory;
+        let moved = memory.routed(keys.session, backend, decision);
+        if let Some(opening) = keys.opening.filter(|_| self.queued) {
+            openings::opened(memory, opening, backend, prompt_bytes);
+        }
+        if let Some(pinned) = &self.pinned {
+            pinned.served(keys, backend);
+        }
+        Committed {
+            how: self.how,
+            key: keys.session,
+            moved,
+        }
+    }
+}

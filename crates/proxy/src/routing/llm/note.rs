@@ -1,0 +1,38 @@
+//! What the key memory keeps with each key for the LLM policy: what the
+//! key's last request sent (its group, its body's bytes) and what its
+//! engine last reported (the backend and the prompt tokens of the last
+//! answer whose usage was read).
+//!
+//! The key memory stores a [`Note`] beside each decision without reading
+//! it; the prefill work ([`super::work`]) and cache misses
+//! ([`super::usage`]) are told from it.
+
+use std::sync::Arc;
+
+use crate::routing::keys::GroupKey;
+
+/// What a request sent, as the key memory keeps it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sent {
+    /// Its group (`key.group`), if it had one.
+    pub group: Option<GroupKey>,
+    /// Its body's bytes (mode http; 0 when unknown, and in mode tcp and udp).
+    pub prompt_bytes: u64,
+}
+
+/// One key's note.
+#[derive(Debug, Clone, Default)]
+pub struct Note {
+    /// What its last request sent.
+    pub sent: Sent,
+    /// The backend and prompt tokens of its last request whose usage was
+    /// read.
+    pub served: Option<(Arc<str>, u64)>,
+}
+
+impl Note {
+    /// The note of a key whose first request sent `sent`.
+    pub fn of(sent: Sent) -> Note {
+        Note { sent, served: None }
+    }
+}

@@ -1,0 +1,68 @@
+//! A request's prefill work (`queue`): the prompt tokens a backend would
+//! still have to compute for it, told from its body's bytes and what its
+//! key's previous request left in that backend's cache.
+//!
+//! The queue counts work at each backend ([`crate::routing::backend::load`])
+//! and weighs a spill by it; the estimate comes from the key memory's note
+//! ([`super::note`]): the previous request's body bytes, and once its usage
+//! was read, its own bytes-to-tokens ratio.
+
+use std::sync::Arc;
+
+use crate::routing::backend::Backend;
+use crate::routing::key_memory::KeyMemory;
+use crate::routing::keys::MemoryKey;
+
+/// What a request's work is estimated from when nothing better is known:
+/// JSON chat bodies run about four bytes to a token.
+pub const BYTES_PER_TOKEN: u64 = 4;
+
+/// A request's prefill work, in prompt tokens.
+#[derive(Debug, Clone, Default)]
+pub struct Work {
+    /// At a backend whose cache holds nothing of it.
+    pub tokens: u64,
+    /// The backend its key's previous request went to, and its work there.
+    pub warm_at: Option<(Arc<Backend>, u64)>,
+}
+
+impl Work {
+    /// Work that no cache holds a part of.
+    pub fn cold(tokens: u64) -> Work {
+        Work {
+            tokens,
+            warm_at: None,
+        }
+    }
+
+    /// Its work at `backend`.
+    pub fn at(&self, backend: &Backend) -> u64 {
+        match &self.warm_at {
+            Some((warm, tokens)) if warm.name == backend.name => *tokens,
+            _ => self.tokens,
+        }
+    }
+}
+
+/// The work a request with a body of `bytes` brings, its key's record at
+/// `key`: its prompt tokens anywhere, less, at the backend the record's
+/// request went to, the prefix that request left in the cache. Tokens are
+/// told from bytes by the previous request's own ratio when its usage was
+/// read, else at [`BYTES_PER_TOKEN`].
+pub fn work(memory: &KeyMemory, key: MemoryKey, bytes: u64) -> Work {
+    let Some((backend, note)) = memory.note(key).filter(|(_, n)| n.sent.prompt_bytes > 0) else {
+        return Work::cold(bytes / BYTES_PER_TOKEN);
+    };
+    let before = note.sent.prompt_bytes;
+    let tokens = |bytes: u64| match &note.served {
+        Some((_, served)) => {
+            let scaled = u128::from(bytes) * u128::from(*served) / u128::from(before);
+            u64::try_from(scaled).unwrap_or(u64::MAX)
+        }
+        None => bytes / BYTES_PER_TOKEN,
+    };
+    Work {
+        tokens: tokens(bytes),
+        warm_at: Some((backend, tokens(bytes.saturating_sub(before)))),
+    }
+}
