@@ -2,7 +2,6 @@
 
 #![deny(unsafe_code)]
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -14,8 +13,8 @@ use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
+use magpie_proxy::Snapshot;
 use magpie_proxy::config::Config;
-use magpie_proxy::routing::snapshot::Snapshot;
 
 #[derive(Parser)]
 #[command(
@@ -121,7 +120,7 @@ fn main() -> ExitCode {
     // Sockets systemd passed, read (and their variables cleared) while
     // this is the only thread.
     let inherited = match cli.command {
-        Command::Run { .. } => Some(magpie_proxy::net::activation::Inherited::from_env()),
+        Command::Run { .. } => Some(magpie_proxy::Inherited::from_env()),
         _ => None,
     };
     let purging = tikv_jemalloc_ctl::background_thread::write(true);
@@ -129,7 +128,7 @@ fn main() -> ExitCode {
     if let Err(error) = purging {
         tracing::warn!(%error, "the allocator's background thread did not start: freed memory goes back to the system only while magpie allocates");
     }
-    magpie_proxy::telemetry::supervise::install_panic_hook();
+    magpie_proxy::install_panic_hook();
     let result = match cli.command {
         Command::Check { config } => check(&config),
         Command::Run { config } => (inherited.unwrap_or_else(|| Ok(Default::default())))
@@ -180,7 +179,7 @@ fn main() -> ExitCode {
         Command::Datagrams(command) => magpie_lab::datagrams::main(&command)
             .map(|()| ExitCode::SUCCESS)
             .map_err(anyhow::Error::from),
-        Command::Probe { url, timeout } => Ok(magpie_proxy::ops::probe::run(&url, timeout)),
+        Command::Probe { url, timeout } => Ok(magpie_proxy::probe::run(&url, timeout)),
     };
     match result {
         Ok(code) => code,
@@ -244,8 +243,8 @@ fn check(path: &std::path::Path) -> anyhow::Result<ExitCode> {
     let Some(snapshot) = build(path)? else {
         return Ok(ExitCode::FAILURE);
     };
-    let env = magpie_proxy::ops::check::Environment::detect();
-    emit(&magpie_proxy::ops::check::report(
+    let env = magpie_proxy::check::Environment::detect();
+    emit(&magpie_proxy::check::report(
         &path.display().to_string(),
         &snapshot,
         env,
@@ -263,15 +262,14 @@ fn build(path: &std::path::Path) -> anyhow::Result<Option<Snapshot>> {
     };
     // `dns` and `srv` entries are resolved as `run` would.
     let config = if config.discovery.is_some() {
-        let discovery = magpie_proxy::routing::discovery::Discovery::default();
+        let discovery = magpie_proxy::Discovery::default();
         runtime()?
             .block_on(discovery.expand(config))
             .with_context(|| format!("{}", path.display()))?
     } else {
         config
     };
-    let snapshot = Snapshot::build(Arc::new(config), 1, &HashMap::new())
-        .with_context(|| format!("{}", path.display()))?;
+    let snapshot = Snapshot::of(Arc::new(config)).with_context(|| format!("{}", path.display()))?;
     Ok(Some(snapshot))
 }
 
@@ -362,10 +360,7 @@ fn shutdown_on_signals() -> anyhow::Result<CancellationToken> {
     Ok(token)
 }
 
-async fn run(
-    path: PathBuf,
-    inherited: magpie_proxy::net::activation::Inherited,
-) -> anyhow::Result<ExitCode> {
+async fn run(path: PathBuf, inherited: magpie_proxy::Inherited) -> anyhow::Result<ExitCode> {
     let config = match Config::load(&path) {
         Ok(c) => c,
         Err(errors) => {

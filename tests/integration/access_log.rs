@@ -66,7 +66,7 @@ async fn every_request_has_exactly_one_json_line_naming_its_backend() {
     }
     within(
         "the access log to be flushed",
-        magpie.instance.access_log.flush(),
+        magpie.probe.flush_access_log(),
     )
     .await;
     let lines = json_lines(&dir.path);
@@ -117,10 +117,10 @@ async fn every_request_has_exactly_one_json_line_naming_its_backend() {
         "a raw key or query was written"
     );
     assert_eq!(
-        magpie.instance.access_log.counters().lines(),
+        magpie.metric("magpie_access_log_lines_total", &[]),
         REQUESTS as u64
     );
-    assert_eq!(magpie.instance.access_log.counters().dropped(), 0);
+    assert_eq!(magpie.metric("magpie_access_log_dropped_total", &[]), 0);
     magpie.stop().await;
 }
 
@@ -145,7 +145,7 @@ async fn log_keys_and_log_query_write_them_escaped() {
     let status = client.send(request).await.0.status();
     within(
         "the access log to be flushed",
-        magpie.instance.access_log.flush(),
+        magpie.probe.flush_access_log(),
     )
     .await;
     let lines = json_lines(&dir.path);
@@ -170,7 +170,7 @@ async fn fields_select_and_order_a_text_line() {
     get_numbered(&mut client, 7, "s").await;
     within(
         "the access log to be flushed",
-        magpie.instance.access_log.flush(),
+        magpie.probe.flush_access_log(),
     )
     .await;
     let text = std::fs::read_to_string(&dir.path).expect("the log");
@@ -215,7 +215,7 @@ async fn tcp_connections_have_one_line_each() {
     // The client saw the end; the connection's line follows its close.
     let lines = within("50 connection lines", async {
         loop {
-            magpie.instance.access_log.flush().await;
+            magpie.probe.flush_access_log().await;
             let lines = json_lines(&dir.path);
             if lines.len() >= 50 {
                 return lines;
@@ -264,14 +264,11 @@ async fn a_full_queue_drops_and_counts_instead_of_blocking() {
         }
     })
     .await;
-    let counters = magpie.instance.access_log.counters();
-    assert!(counters.dropped() > 0, "nothing was dropped");
+    let dropped = magpie.metric("magpie_access_log_dropped_total", &[]);
+    assert!(dropped > 0, "nothing was dropped");
     // The pipe holds 64 KiB: at most some 60 lines of 1 KB went through.
-    assert!(
-        counters.lines() < n as u64 / 10,
-        "{} written",
-        counters.lines()
-    );
+    let lines = magpie.metric("magpie_access_log_lines_total", &[]);
+    assert!(lines < n as u64 / 10, "{lines} written");
     // Unstick the writer so magpie can stop.
     std::thread::spawn(move || {
         let mut sink = [0u8; 1 << 16];
@@ -290,15 +287,15 @@ async fn reopen_after_a_rename_writes_to_the_new_file() {
     for i in 0..10 {
         get_numbered(&mut client, i, "s").await;
     }
-    let log = &magpie.instance.access_log;
-    within("the access log to be flushed", log.flush()).await;
+    let log = &magpie.probe;
+    within("the access log to be flushed", log.flush_access_log()).await;
     std::fs::rename(&dir.path, &rotated).expect("rotate");
     // What SIGUSR1 does.
-    log.reopen();
+    log.reopen_access_log();
     for i in 10..15 {
         get_numbered(&mut client, i, "s").await;
     }
-    within("the access log to be flushed", log.flush()).await;
+    within("the access log to be flushed", log.flush_access_log()).await;
     assert_eq!(json_lines(&rotated).len(), 10);
     let fresh = json_lines(&dir.path);
     assert_eq!(fresh.len(), 5);
@@ -355,7 +352,7 @@ async fn a_reload_that_changes_the_path_writes_to_the_new_one() {
     let yaml = |log: &Path| config_yaml("127.0.0.1:0", &http_settings(log, ""), &backends.pairs());
     let file = TempFile::new("magpie.yaml", &yaml(&first.path));
     let magpie = Magpie::start_file(&file.path).await;
-    let mut versions = magpie.instance.versions();
+    let mut versions = magpie.probe.versions();
     let mut client = KeepAlive::connect(magpie.addr).await;
     get_numbered(&mut client, 0, "s").await;
     std::fs::write(&file.path, yaml(&second)).expect("write the new config");
@@ -365,7 +362,7 @@ async fn a_reload_that_changes_the_path_writes_to_the_new_one() {
     get_numbered(&mut client, 1, "s").await;
     within(
         "the access log to be flushed",
-        magpie.instance.access_log.flush(),
+        magpie.probe.flush_access_log(),
     )
     .await;
     assert_eq!(json_lines(&first.path)[..].len(), 1);
@@ -429,7 +426,7 @@ async fn the_queue_field_says_how_a_request_left_the_queue() {
     }
     within(
         "the access log to be flushed",
-        magpie.instance.access_log.flush(),
+        magpie.probe.flush_access_log(),
     )
     .await;
     let text = std::fs::read_to_string(&dir.path).expect("the log");

@@ -15,7 +15,6 @@ const HEADER_100MS: &str =
 async fn a_stalled_request_head_falls_back_after_read_timeout() {
     let mut backends = RawBackends::start(&["a", "b", "c"], Behaviour::GreetEcho).await;
     let magpie = Magpie::with(HEADER_100MS, &backends.list).await;
-    let stats = &magpie.instance.stats;
     let half = b"GET /v1/chat HTTP/1.1\r\nHost: x\r\nx-session-id: never-fin";
 
     for last in [2u8, 3, 4, 5] {
@@ -48,8 +47,8 @@ async fn a_stalled_request_head_falls_back_after_read_timeout() {
         let report = backends.next_report().await;
         assert_eq!(report.bytes, half);
     }
-    assert_eq!(stats.fallbacks(FallbackReason::Timeout), 4);
-    assert_eq!(stats.fallbacks(FallbackReason::NotHttp), 0);
+    assert_eq!(magpie.fallbacks(FallbackReason::Timeout), 4);
+    assert_eq!(magpie.fallbacks(FallbackReason::NotHttp), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -59,7 +58,6 @@ async fn garbage_first_bytes_fall_back_and_reach_the_backend_intact() {
     let settings =
         "key:\n  from: header\n  header: x-session-id\n  read_timeout: 5s\n  fallback: source_ip\n";
     let magpie = Magpie::with(settings, &backends.list).await;
-    let stats = &magpie.instance.stats;
     // The start of a TLS ClientHello, then binary noise.
     let mut garbage = vec![
         0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03,
@@ -88,21 +86,20 @@ async fn garbage_first_bytes_fall_back_and_reach_the_backend_intact() {
         let report = backends.next_report().await;
         assert!(report.bytes == garbage, "the backend got other bytes");
     }
-    assert_eq!(stats.fallbacks(FallbackReason::NotHttp), 3);
-    assert_eq!(stats.fallbacks(FallbackReason::Timeout), 0);
+    assert_eq!(magpie.fallbacks(FallbackReason::NotHttp), 3);
+    assert_eq!(magpie.fallbacks(FallbackReason::Timeout), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_connections_closes_the_excess_client_at_once() {
     let backends = RawBackends::start(&["a"], Behaviour::GreetEcho).await;
     let magpie = Magpie::with("max_connections: 2\n", &backends.list).await;
-    let stats = &magpie.instance.stats;
 
     let mut first = connect(magpie.addr).await;
     let mut second = connect(magpie.addr).await;
     assert_eq!(read_greeting(&mut first).await, "a");
     assert_eq!(read_greeting(&mut second).await, "a");
-    assert_eq!(stats.rejected(), 0);
+    assert_eq!(magpie.metric("magpie_connections_rejected_total", &[]), 0);
 
     let mut third = connect(magpie.addr).await;
     match read_until_closed(&mut third).await {
@@ -113,8 +110,8 @@ async fn max_connections_closes_the_excess_client_at_once() {
         ),
         Err(e) => eprintln!("third client closed with an error (accepted): {e}"),
     }
-    assert_eq!(stats.rejected(), 1);
-    assert_eq!(stats.accepted(), 3);
+    assert_eq!(magpie.metric("magpie_connections_rejected_total", &[]), 1);
+    assert_eq!(magpie.metric("magpie_connections_accepted_total", &[]), 3);
 
     // The two admitted connections still work.
     for stream in [&mut first, &mut second] {
@@ -128,7 +125,7 @@ async fn max_connections_closes_the_excess_client_at_once() {
         .expect("read the echo");
         assert_eq!(&echo, b"ping");
     }
-    assert_eq!(magpie.backend("a").live.load.active(), 2);
+    assert_eq!(magpie.backend("a").active(), 2);
 }
 
 /// A client whose request carries no key gets the fallback key; `lookup
@@ -192,6 +189,6 @@ async fn a_request_with_many_headers_keeps_its_key() {
         let served_by = read_greeting(&mut client).await;
         assert_eq!(served_by, magpie.primary(key::text_key(session.as_bytes())));
     }
-    assert_eq!(magpie.instance.stats.fallbacks(FallbackReason::NotHttp), 0);
+    assert_eq!(magpie.fallbacks(FallbackReason::NotHttp), 0);
     magpie.stop().await;
 }

@@ -57,12 +57,13 @@ async fn hot_key_respects_the_cap(factor: f64, excess: u64, connections: u64) {
         "factor {factor}: the hot key should have spilled to every backend: {landed:?}"
     );
     assert!(
-        magpie
-            .backend(&candidates[0])
-            .live
-            .traffic
-            .spills(magpie_proxy::routing::backend::Spill::AtCap)
-            > 0,
+        magpie.metric(
+            "magpie_backend_spills_total",
+            &[
+                &format!("backend=\"{}\"", candidates[0]),
+                "reason=\"at_cap\""
+            ]
+        ) > 0,
         "spills on the primary were not counted"
     );
     drop(held);

@@ -7,7 +7,6 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::Request;
 use magpie_core::key;
-use magpie_proxy::routing::key_memory::MissCause;
 use std::sync::atomic::Ordering;
 
 use crate::support::*;
@@ -66,17 +65,20 @@ async fn token_counts_match_the_engines_and_misses_have_causes() {
     // Same backend, most of it gone: the engine evicted it.
     assert_eq!(turn(&mut client, "s1", 3000, 100, true).await, home);
     // Its backend is down: the next turn goes elsewhere and misses.
-    magpie.backend(&home).live.health.set_up(false);
+    magpie.backend(&home).set_up(false);
     let away = turn(&mut client, "s1", 4000, 0, false).await;
     assert_ne!(away, home);
     // Back up: the key goes home, and misses again for the same reason.
-    magpie.backend(&home).live.health.set_up(true);
+    magpie.backend(&home).set_up(true);
     assert_eq!(turn(&mut client, "s1", 5000, 3000, true).await, home);
 
-    let memory = &magpie.instance.key_memory;
-    assert_eq!(memory.misses_total(MissCause::Evicted), 1);
-    assert_eq!(memory.misses_total(MissCause::BackendDown), 2);
-    assert_eq!(memory.misses_total(MissCause::Spill), 0);
+    let misses = |cause: &str| {
+        let cause = format!("cause=\"{cause}\"");
+        magpie.metric("magpie_cache_misses_total", &[&cause])
+    };
+    assert_eq!(misses("evicted"), 1);
+    assert_eq!(misses("backend_down"), 2);
+    assert_eq!(misses("spill"), 0);
 
     let (_, metrics) = admin_get(admin, "/metrics").await;
     for b in &backends.list {

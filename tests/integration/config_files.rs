@@ -1,12 +1,11 @@
 //! The example configs, and `magpie check` on good and broken files.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
+use magpie_proxy::Snapshot;
 use magpie_proxy::config::Config;
-use magpie_proxy::routing::snapshot::Snapshot;
 
 use crate::support::*;
 
@@ -25,8 +24,7 @@ fn every_file_in_config_parses_and_builds() {
             continue;
         }
         let config = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
-        Snapshot::build(Arc::new(config), 1, &HashMap::new())
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        Snapshot::of(Arc::new(config)).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         checked.push(
             path.file_name()
                 .expect("a file has a name")
@@ -166,7 +164,7 @@ fn check_on_a_good_file_exits_0_and_prints_the_fingerprint() {
         String::from_utf8_lossy(&out.stderr)
     );
     let config = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
-    let snapshot = Snapshot::build(Arc::new(config), 1, &HashMap::new()).expect("the table builds");
+    let snapshot = Snapshot::of(Arc::new(config)).expect("the table builds");
     assert!(
         stdout.contains(&format!("fingerprint: {}", snapshot.fingerprint)),
         "stdout: {stdout}"

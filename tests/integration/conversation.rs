@@ -42,11 +42,12 @@ async fn a_growing_conversation_stays_on_one_backend() {
             .await;
         assert_eq!(got, first, "turn {turn} moved");
     }
+    let no_conversation = format!(
+        "reason=\"{}\"",
+        magpie_core::key::FallbackReason::NoConversation.as_str()
+    );
     assert_eq!(
-        magpie
-            .instance
-            .stats
-            .fallbacks(magpie_core::key::FallbackReason::NoConversation),
+        magpie.metric("magpie_key_fallbacks_total", &[&no_conversation]),
         0
     );
 }

@@ -164,8 +164,7 @@ fn systemd_unit_verifies_and_gives_magpie_what_it_needs() {
     let nofile: u64 = one("LimitNOFILE")
         .parse()
         .unwrap_or_else(|e| panic!("LimitNOFILE: {e}"));
-    let pipes =
-        2 * (magpie_proxy::tcp::pipe::MAX_IN_USE + magpie_proxy::tcp::pipe::POOL_MAX) as u64;
+    let pipes = magpie_proxy::testing::SPLICE_PIPE_FDS;
     let needed = 2 * DEFAULT_MAX_CONNECTIONS + pipes + FD_MARGIN;
     assert!(
         nofile >= needed,

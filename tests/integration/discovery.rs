@@ -3,7 +3,6 @@
 //! silent answer keeps the last good set.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
 
 use crate::support::*;
 
@@ -28,18 +27,13 @@ fn config(dns: SocketAddr, entry: &str) -> String {
 }
 
 fn names(magpie: &Magpie) -> Vec<String> {
-    magpie
-        .instance
-        .snapshot
-        .load()
-        .backends
-        .iter()
-        .map(|b| b.name.clone())
+    (magpie.probe.backends().iter())
+        .map(|b| b.name().to_string())
         .collect()
 }
 
 async fn next_version(magpie: &Magpie, what: &str) {
-    let mut versions = magpie.instance.versions();
+    let mut versions = magpie.probe.versions();
     within(what, versions.changed())
         .await
         .expect("magpie is running");
@@ -47,7 +41,6 @@ async fn next_version(magpie: &Magpie, what: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dns_backends_follow_their_records_and_survive_bad_answers() {
-    use magpie_proxy::routing::discovery::Lookup;
     let port = free_port();
     let _backends = backends_on(port, 3).await;
     let dns = DnsServer::start().await;
@@ -67,33 +60,30 @@ async fn dns_backends_follow_their_records_and_survive_bad_answers() {
     dns.set_addresses("pool.test", &[ip(1), ip(2), ip(3)]);
     next_version(&magpie, "the new address to be published").await;
     assert_eq!(names(&magpie).len(), 3);
-    assert!(Arc::ptr_eq(
-        &first.live,
-        &magpie.backend(&format!("127.0.0.1:{port}")).live
-    ));
+    assert!(first.same_state(&magpie.backend(&format!("127.0.0.1:{port}"))));
 
     // The name disappears, then the server goes silent: the set stays.
-    let version = magpie.instance.snapshot.load().version;
-    let discovery = Arc::clone(&magpie.instance.discovery);
-    let failed_before = discovery.lookups(Lookup::Failed);
+    let version = magpie.probe.version();
+    let failed = || magpie.metric("magpie_discovery_lookups_total", &["result=\"error\""]);
+    let failed_before = failed();
     dns.set_addresses("pool.test", &[]);
     within("two failed lookups", async {
-        while discovery.lookups(Lookup::Failed) < failed_before + 2 {
+        while failed() < failed_before + 2 {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
     })
     .await;
     dns.set_addresses("pool.test", &[ip(1), ip(2), ip(3)]);
     dns.set_silent(true);
-    let failed_before = discovery.lookups(Lookup::Failed);
+    let failed_before = failed();
     within("a timed-out lookup", async {
-        while discovery.lookups(Lookup::Failed) == failed_before {
+        while failed() == failed_before {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
     })
     .await;
     assert_eq!(
-        magpie.instance.snapshot.load().version,
+        magpie.probe.version(),
         version,
         "a bad answer changed the pool"
     );
@@ -133,11 +123,8 @@ async fn srv_records_give_names_ports_and_weights() {
     dns.set_addresses("b.test", &[ip(2)]);
     dns.set_addresses("c.test", &[ip(3)]);
     let magpie = Magpie::start(&config(dns.addr, "{srv: _http._tcp.pool.test}")).await;
-    let snapshot = magpie.instance.snapshot.load();
-    let got: Vec<(String, SocketAddr, u32)> = snapshot
-        .backends
-        .iter()
-        .map(|b| (b.name.clone(), b.addr, b.weight))
+    let got: Vec<(String, SocketAddr, u32)> = (magpie.probe.backends().iter())
+        .map(|b| (b.name().to_string(), b.addr(), b.weight()))
         .collect();
     assert_eq!(
         got,
@@ -146,7 +133,6 @@ async fn srv_records_give_names_ports_and_weights() {
             (format!("b.test:{port}"), SocketAddr::new(ip(2), port), 1),
         ]
     );
-    drop(snapshot);
     magpie.stop().await;
 }
 

@@ -1,10 +1,7 @@
 //! Dead backends: the next candidate takes over, or the client is closed cleanly.
 
-use magpie_core::key;
-use magpie_proxy::routing::health::ConnectFailure;
-use magpie_proxy::telemetry::stats::ClientFailure;
-
 use crate::support::*;
+use magpie_core::key;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_primary_fails_over_to_the_next_candidate() {
@@ -35,19 +32,14 @@ async fn dead_primary_fails_over_to_the_next_candidate() {
         );
         assert_eq!(session_of(&body), *session);
     }
-    let dead = magpie.backend("dead");
+    let dead = ["backend=\"dead\""];
+    let refused = [dead[0], "reason=\"refused\""];
     assert_eq!(
-        dead.live.health.connect_failures(ConnectFailure::Refused),
+        magpie.metric("magpie_backend_connect_failures_total", &refused),
         5
     );
-    assert_eq!(dead.live.traffic.connections(), 0);
-    assert_eq!(
-        magpie
-            .instance
-            .stats
-            .client_failures(ClientFailure::NoBackend),
-        0
-    );
+    assert_eq!(magpie.metric("magpie_backend_connections_total", &dead), 0);
+    assert_eq!(no_backend(&magpie), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -57,8 +49,7 @@ async fn every_backend_dead_closes_the_client_cleanly() {
         ("y".to_string(), dead_addr()),
     ];
     let magpie = Magpie::with("", &list).await;
-    let stats = &magpie.instance.stats;
-    assert_eq!(stats.client_failures(ClientFailure::NoBackend), 0);
+    assert_eq!(no_backend(&magpie), 0);
 
     let mut client = connect(magpie.addr).await;
     // EOF or a reset are both a clean close; a hang fails the read after 10 s.
@@ -66,16 +57,18 @@ async fn every_backend_dead_closes_the_client_cleanly() {
         Ok(bytes) => assert!(bytes.is_empty(), "got data from nowhere: {bytes:?}"),
         Err(e) => eprintln!("closed with an error (accepted): {e}"),
     }
-    assert_eq!(stats.client_failures(ClientFailure::NoBackend), 1);
+    assert_eq!(no_backend(&magpie), 1);
     for name in ["x", "y"] {
+        let refused = [&format!("backend=\"{name}\""), "reason=\"refused\""];
         assert_eq!(
-            magpie
-                .backend(name)
-                .live
-                .health
-                .connect_failures(ConnectFailure::Refused),
+            magpie.metric("magpie_backend_connect_failures_total", &refused),
             1,
             "{name} should have been tried once"
         );
     }
+}
+
+/// Clients that got no backend at all.
+fn no_backend(magpie: &Magpie) -> u64 {
+    magpie.metric("magpie_client_failures_total", &["reason=\"no_backend\""])
 }

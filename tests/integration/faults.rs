@@ -210,17 +210,12 @@ async fn a_backend_reset_reaches_the_client_as_a_reset() {
         Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
         other => panic!("the client saw {other:?}, not a reset"),
     }
-    let live = magpie.backend("r").live.clone();
-    assert_eq!(
-        live.traffic
-            .resets(magpie_proxy::routing::backend::Side::Backend),
-        1
-    );
-    assert_eq!(
-        live.traffic
-            .resets(magpie_proxy::routing::backend::Side::Client),
-        0
-    );
+    let resets = |by: &str| {
+        let by = format!("by=\"{by}\"");
+        magpie.backend_metric("magpie_backend_resets_total", "r", &[&by])
+    };
+    assert_eq!(resets("backend"), 1);
+    assert_eq!(resets("client"), 0);
     magpie.stop().await;
 }
 
@@ -253,7 +248,7 @@ async fn a_client_reset_reaches_the_backend_as_a_reset() {
     client.write_all(b"hello").await.expect("send");
     // The bytes are through once the backend's connection is counted.
     within("the connection to be established", async {
-        while magpie.backend("r").live.traffic.bytes_sent() < 5 {
+        while magpie.backend_metric("magpie_backend_sent_bytes_total", "r", &[]) < 5 {
             tokio::task::yield_now().await;
         }
     })
@@ -267,11 +262,7 @@ async fn a_client_reset_reaches_the_backend_as_a_reset() {
         .expect("backend reports");
     assert_eq!(end, Err(std::io::ErrorKind::ConnectionReset));
     assert_eq!(
-        magpie
-            .backend("r")
-            .live
-            .traffic
-            .resets(magpie_proxy::routing::backend::Side::Client),
+        magpie.backend_metric("magpie_backend_resets_total", "r", &["by=\"client\""]),
         1
     );
     magpie.stop().await;

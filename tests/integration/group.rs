@@ -12,7 +12,6 @@ use hyper::body::Incoming;
 use magpie_core::key::group::{GroupBy, GroupMiss, body_group_key};
 use magpie_core::key::text_key;
 use magpie_core::placement::bounded;
-use magpie_proxy::routing::backend::groups::Rank;
 
 use crate::support::*;
 
@@ -80,7 +79,7 @@ async fn conversations_that_open_alike_land_together_whatever_their_keys() {
     let no_user = r#"{"model":"llama","messages":[{"role":"system","content":"s"}]}"#;
     let got = client.post_json(no_user, Some("lonely")).await;
     assert_eq!(got, magpie.primary(text_key(b"lonely")));
-    let misses = magpie.instance.stats.group_misses(GroupMiss::NoUserMessage);
+    let misses = group_misses(&magpie, GroupMiss::NoUserMessage);
     assert_eq!(misses, 1);
     magpie.stop().await;
 }
@@ -110,11 +109,12 @@ async fn conversations_of_one_head_land_together() {
     let placed: u64 = backends
         .list
         .iter()
-        .map(|b| magpie.backend(&b.name).live.groups.placements(Rank::First))
+        .map(|b| placements(&magpie, &b.name, "1"))
         .sum();
     assert_eq!(placed, 48, "one placement per conversation, all at rank 1");
     for (name, heads) in &heads_on {
-        assert_eq!(magpie.backend(name).live.groups.seen(), *heads, "{name}");
+        let seen = magpie.backend_metric("magpie_backend_groups_seen", name, &[]);
+        assert_eq!(seen as usize, *heads, "{name}");
     }
     // A body without instructions or tools has no group: its session key
     // (here the conversation's own head) places it.
@@ -125,7 +125,7 @@ async fn conversations_of_one_head_land_together() {
         client.post_json(plain, None).await,
         magpie.primary(by_session)
     );
-    assert_eq!(magpie.instance.stats.group_misses(GroupMiss::NoHead), 1);
+    assert_eq!(group_misses(&magpie, GroupMiss::NoHead), 1);
     magpie.stop().await;
 }
 
@@ -149,7 +149,7 @@ async fn a_session_header_keeps_the_pin_its_head_placed() {
         .find(|b| magpie.primary(head_group(b)) != home)
         .expect("another head elsewhere");
     assert_eq!(client.post_json(&other, Some(&session)).await, home);
-    assert_eq!(magpie.instance.stats.group_misses(GroupMiss::NotJson), 0);
+    assert_eq!(group_misses(&magpie, GroupMiss::NotJson), 0);
     magpie.stop().await;
 }
 
@@ -240,26 +240,18 @@ async fn a_hot_group_spreads_along_its_candidates_and_back() {
     let admin = magpie.admin.expect("admin is on");
     let candidates = magpie.candidates(text_key(b"hot"));
     let (held, active) = fill(&magpie, &candidates, 20).await;
-    let rank = |r: Rank| -> u64 {
-        let names = candidates.iter();
-        names
-            .map(|c| magpie.backend(c).live.groups.placements(r))
-            .sum()
-    };
-    assert!(
-        rank(Rank::Second) > 0 && rank(Rank::Third) > 0,
-        "{active:?}"
-    );
-    assert_eq!(
-        rank(Rank::First) + rank(Rank::Second) + rank(Rank::Third),
-        20
-    );
+    let rank = |r: &str| -> u64 { candidates.iter().map(|c| placements(&magpie, c, r)).sum() };
+    assert!(rank("2") > 0 && rank("3") > 0, "{active:?}");
+    assert_eq!(rank("1") + rank("2") + rank("3"), 20);
     let second = &candidates[1];
-    let pins = magpie.instance.sessions().expect("sessions are on");
-    let on_second: Vec<String> = (0..20)
-        .map(|s| format!("conv-{s}"))
-        .filter(|s| pins.pins.peek(text_key(s.as_bytes())).as_deref() == Some(second.as_str()))
-        .collect();
+    let mut on_second = Vec::new();
+    for s in (0..20).map(|s| format!("conv-{s}")) {
+        let (_, route) = admin_get(admin, &format!("/route?key={s}")).await;
+        let route: serde_json::Value = serde_json::from_str(&route).expect("/route is JSON");
+        if route["pinned"].as_str() == Some(second.as_str()) {
+            on_second.push(s);
+        }
+    }
     assert!(!on_second.is_empty());
     let (_, route) = admin_get(admin, &format!("/route?key={}&group=hot", on_second[0])).await;
     assert!(route.contains("\"pin_rank\": 2"), "{route}");
@@ -297,7 +289,7 @@ async fn a_hot_group_spreads_along_its_candidates_and_back() {
     );
     assert_eq!(misses, 1.0, "{metrics}");
     let placed = metric_sum(&metrics, "magpie_group_placements_total", &["rank=\"2\""]);
-    assert_eq!(placed, rank(Rank::Second) as f64);
+    assert_eq!(placed, rank("2") as f64);
     let seen = metric_sum(
         &metrics,
         "magpie_backend_groups_seen",
@@ -386,15 +378,20 @@ async fn the_redis_store_shares_the_session_pin() {
     }
     settle(&magpies[0], 0).await;
     assert_eq!(ask(&mut first, Some("hot"), "spread").await, placed);
-    assert_eq!(
-        magpies[0]
-            .backend(&placed)
-            .live
-            .groups
-            .placements(Rank::Second),
-        1
-    );
+    assert_eq!(placements(&magpies[0], &placed, "2"), 1);
     for m in magpies {
         m.stop().await;
     }
+}
+
+/// Conversations first placed on `backend` at its group's candidate `rank`.
+fn placements(magpie: &Magpie, backend: &str, rank: &str) -> u64 {
+    let rank = format!("rank=\"{rank}\"");
+    magpie.backend_metric("magpie_group_placements_total", backend, &[&rank])
+}
+
+/// Requests without a group, for `why`.
+fn group_misses(magpie: &Magpie, why: GroupMiss) -> u64 {
+    let reason = format!("reason=\"{}\"", why.as_str());
+    magpie.metric("magpie_group_fallbacks_total", &[&reason])
 }

@@ -3,12 +3,10 @@
 //! that backend stays the group's home: its later conversations go there,
 //! also through another magpie sharing the redis store.
 
+use crate::support::*;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use magpie_core::key::text_key;
-use magpie_proxy::routing::backend::groups::Rank;
-
-use crate::support::*;
 
 fn by_tenant(extra: &str) -> String {
     format!(
@@ -48,7 +46,7 @@ async fn hold(
 
 async fn awaiting(magpie: &Magpie, backend: &str, n: u64) {
     within("the awaiting count", async {
-        while magpie.backend(backend).live.load.awaiting() != n {
+        while magpie.backend(backend).awaiting() != n {
             tokio::task::yield_now().await;
         }
     })
@@ -131,13 +129,17 @@ async fn a_new_group_takes_the_less_busy_of_two_and_keeps_it() {
         route.contains(&format!("\"chosen\": \"{second}\"")),
         "{route}"
     );
-    let placements = magpie.backend(&second).live.groups.placements(Rank::Second);
+    let second_rank = ["rank=\"2\""];
+    let placements = magpie.backend_metric("magpie_group_placements_total", &second, &second_rank);
     assert_eq!(placements, 3);
     // Nothing awaits now: a new group goes to the candidate that served
     // fewer groups lately. The busy one and the second served one each, the
     // third none.
     let third = other_than(&["a", "b", "c"], &busy, &second);
-    assert_eq!(magpie.backend(third).live.groups.seen(), 0);
+    assert_eq!(
+        magpie.backend_metric("magpie_backend_groups_seen", third, &[]),
+        0
+    );
     let fresh = tenant_with(&magpie, &second, third);
     assert_eq!(ask(&mut client, &fresh, "f-1").await, third);
     magpie.stop().await;
@@ -260,7 +262,7 @@ async fn a_new_group_avoids_a_conversations_first_request_before_later_turns() {
     let _opening = hold(&magpie, &g, "g-2", "a", 1).await;
     let _turn = hold(&magpie, &h, "h-1", "b", 1).await;
     let _again = hold(&magpie, &h, "h-1", "b", 2).await;
-    let load = |name: &str| magpie.backend(name).live.load.awaiting_openings();
+    let load = |name: &str| magpie.backend(name).awaiting_openings();
     assert_eq!((load("a"), load("b")), (1, 0));
     let fresh = tenant_with(&magpie, "a", "b");
     let mut client = KeepAlive::connect(magpie.addr).await;

@@ -2,7 +2,6 @@
 //! counted, and a connection that resets more than
 //! `limits.h2_resets_per_second` within a second gets GOAWAY.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use http_body_util::Full;
@@ -27,7 +26,6 @@ async fn streams_reset_after_dispatch_are_counted_and_too_many_get_goaway() {
     let settings = "mode: http\nkey:\n  from: header\n  header: x-session-id\nlimits: {h2_resets_per_second: 3}\n";
     let magpie = Magpie::with(settings, &[up.pair()]).await;
     let (mut sender, conn) = h2_connect(magpie.addr).await;
-    let stats = Arc::clone(&magpie.instance);
     for n in 1..=4u64 {
         let request = hyper::Request::get("http://magpie/")
             .header("x-session-id", format!("s-{n}"))
@@ -38,17 +36,20 @@ async fn streams_reset_after_dispatch_are_counted_and_too_many_get_goaway() {
         up.wait_accepted(n).await;
         // Dropping the response future resets the stream.
         pending.abort();
-        until("the reset to be counted", || stats.stats.h2_resets() >= n).await;
+        until("the reset to be counted", || {
+            magpie.metric("magpie_http2_client_resets_total", &[]) >= n
+        })
+        .await;
         if n <= 3 {
             assert_eq!(
-                stats.stats.h2_reset_goaways(),
+                magpie.metric("magpie_http2_reset_goaways_total", &[]),
                 0,
                 "within the budget at {n}"
             );
         }
     }
     until("the GOAWAY to be counted", || {
-        stats.stats.h2_reset_goaways() == 1
+        magpie.metric("magpie_http2_reset_goaways_total", &[]) == 1
     })
     .await;
     // GOAWAY with no stream left open: the client's connection ends.

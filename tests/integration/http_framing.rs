@@ -8,9 +8,6 @@ use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use magpie_proxy::routing::backend::CodeClass;
-use magpie_proxy::telemetry::stats::ClientFailure;
-
 use crate::support::*;
 
 const SETTINGS: &str = "mode: http\nkey:\n  from: header\n  header: x-session-id\nhealth:\n  interval: 1h\n  passive_failures: 1\n  passive_status: true\n";
@@ -29,19 +26,16 @@ async fn exchange(magpie: &Magpie, bytes: &[u8]) -> String {
 }
 
 fn bad_requests(magpie: &Magpie) -> u64 {
-    magpie
-        .instance
-        .stats
-        .client_failures(ClientFailure::BadRequest)
+    magpie.client_failures("bad_request")
 }
 
 /// The backend was not blamed: no error counted, no passive failure.
 fn not_blamed(magpie: &Magpie) {
-    let backend = magpie.backend("a");
-    assert_eq!(backend.live.traffic.requests(CodeClass::Error), 0);
-    assert!(backend.live.health.is_up(), "marked down");
-    let stats = &magpie.instance.stats;
-    assert_eq!(stats.client_failures(ClientFailure::NoBackend), 0);
+    let errors = ["code_class=\"error\""];
+    let requests = magpie.backend_metric("magpie_backend_requests_total", "a", &errors);
+    assert_eq!(requests, 0);
+    assert!(magpie.backend("a").is_up(), "marked down");
+    assert_eq!(magpie.client_failures("no_backend"), 0);
 }
 
 /// A chunk size that is not hex, in a body read for its key (nothing sent
@@ -258,9 +252,8 @@ async fn an_unasked_for_101_gets_502() {
     assert!(answer.starts_with("HTTP/1.1 502"), "{answer:?}");
     assert!(answer.contains("magpie: "), "{answer:?}");
     // The request reached a backend, which failed it.
-    let stats = &magpie.instance.stats;
-    assert_eq!(stats.client_failures(ClientFailure::BackendFailed), 1);
-    assert_eq!(stats.client_failures(ClientFailure::NoBackend), 0);
+    assert_eq!(magpie.client_failures("backend_failed"), 1);
+    assert_eq!(magpie.client_failures("no_backend"), 0);
     backend.request().await;
     assert!(matches!(backend.next().await, Recorded::Closed(_)));
     magpie.stop().await;

@@ -94,10 +94,7 @@ async fn keys_from_json_bodies_and_header_precedence() {
     // No such field: the fallback key, counted.
     client.post_json(r#"{"metadata":{}}"#, None).await;
     assert_eq!(
-        magpie
-            .instance
-            .stats
-            .fallbacks(magpie_core::key::FallbackReason::MissingField),
+        magpie.fallbacks(magpie_core::key::FallbackReason::MissingField),
         1
     );
     magpie.stop().await;
@@ -193,7 +190,7 @@ async fn a_dead_backend_moves_only_its_sessions() {
     backends.kill(&victim);
     let down = magpie.backend(&victim);
     within("the dead backend to be marked down", async {
-        while down.live.health.is_up() {
+        while down.is_up() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
@@ -215,15 +212,13 @@ async fn a_dead_backend_moves_only_its_sessions() {
     backends.get(&sick).health.store(503, Ordering::SeqCst);
     let sick_live = magpie.backend(&sick);
     within("the sick backend to be marked down", async {
-        while sick_live.live.health.is_up() {
+        while sick_live.is_up() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
     .await;
-    let checks = sick_live
-        .live
-        .health
-        .checks(magpie_proxy::routing::health::CheckOutcome::BadStatus);
+    let bad_status = ["result=\"bad_status\""];
+    let checks = magpie.backend_metric("magpie_backend_health_checks_total", &sick, &bad_status);
     assert!(checks >= 1, "{checks}");
     magpie.stop().await;
 }
@@ -275,11 +270,7 @@ async fn bounded_load_counts_requests_in_flight() {
         .active()
         .iter()
         .map(|(name, _)| {
-            magpie
-                .backend(name)
-                .live
-                .traffic
-                .spills(magpie_proxy::routing::backend::Spill::AtCap)
+            magpie.backend_metric("magpie_backend_spills_total", name, &["reason=\"at_cap\""])
         })
         .sum();
     assert!(spills > 0, "the caps never bound");
@@ -316,12 +307,9 @@ async fn session_pins_survive_scale_up_and_expire() {
     };
     // Scale up to four: reload through SIGHUP's code path.
     std::fs::write(&file.path, config_yaml("127.0.0.1:0", &settings, &pairs)).expect("rewrite");
-    let mut reloader = magpie_proxy::ops::reload::Reloader::new(
-        file.path.clone(),
-        std::sync::Arc::clone(&magpie.instance),
-    );
+    let mut reloader = magpie.probe.reloader(file.path.clone());
     reloader.reload(true).await.expect("the reload applies");
-    assert_eq!(magpie.instance.snapshot.load().backends.len(), 4);
+    assert_eq!(magpie.probe.backends().len(), 4);
     let mut moved_by_table = 0;
     for (key, before) in &old {
         assert_eq!(&client.get_session(key).await, before, "pinned {key} moved");
@@ -373,10 +361,7 @@ async fn bad_input_gets_its_status_and_harms_nobody() {
     let answer = raw(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03garbage\r\n\r\n".to_vec()).await;
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer:?}");
     // hyper answered it; it counts as a bad request all the same.
-    let bad_requests = |m: &Magpie| {
-        (m.instance.stats)
-            .client_failures(magpie_proxy::telemetry::stats::ClientFailure::BadRequest)
-    };
+    let bad_requests = |m: &Magpie| m.client_failures("bad_request");
     assert_eq!(bad_requests(&magpie), 1);
     // A head larger than max_bytes (here a smaller limit, so that the head
     // arrives well within read_timeout).
@@ -428,10 +413,7 @@ async fn bad_input_gets_its_status_and_harms_nobody() {
     // A body that is not JSON despite its type: the fallback key, counted.
     client.post_json("{not json", None).await;
     assert_eq!(
-        magpie
-            .instance
-            .stats
-            .fallbacks(magpie_core::key::FallbackReason::NotJson),
+        magpie.fallbacks(magpie_core::key::FallbackReason::NotJson),
         1
     );
     // A 10 MB JSON body with the field at its end.
@@ -452,11 +434,11 @@ async fn bad_input_gets_its_status_and_harms_nobody() {
         )
         .await;
     let backend = magpie.backend(&magpie.primary(magpie_core::key::text_key(b"leaver")));
-    assert_eq!(backend.live.load.active(), 1);
+    assert_eq!(backend.active(), 1);
     drop(response);
     drop(client);
     within("the abandoned request to be released", async {
-        while backend.live.load.active() > 0 || backend.live.traffic.client_aborts() == 0 {
+        while backend.active() > 0 || aborts(&magpie, backend.name()) == 0 {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
@@ -528,7 +510,7 @@ async fn a_proxy_header_names_the_client_in_mode_http() {
     for last in 1..=12u8 {
         let client: std::net::SocketAddr = format!("192.0.2.{last}:4000").parse().expect("literal");
         let mut stream = connect(magpie.addr).await;
-        let mut sent = magpie_proxy::intake::proxy_protocol::v2_header(client, magpie.addr);
+        let mut sent = magpie_proxy::parsers::v2_header(client, magpie.addr);
         sent.extend_from_slice(b"GET / HTTP/1.1\r\nhost: m\r\nconnection: close\r\n\r\n");
         stream.write_all(&sent).await.expect("send");
         let mut out = Vec::new();
@@ -574,4 +556,9 @@ async fn http2_streams_are_keyed_one_by_one() {
         );
     }
     magpie.stop().await;
+}
+
+/// Requests to `backend` whose client went away before their answer ended.
+fn aborts(magpie: &Magpie, backend: &str) -> u64 {
+    magpie.backend_metric("magpie_backend_client_aborts_total", backend, &[])
 }

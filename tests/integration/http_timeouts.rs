@@ -4,15 +4,13 @@
 //! pool's own (`http.pool_idle_timeout`, `http.pool_max_idle_per_backend`,
 //! a removed backend's idle connections closed on reload).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Full};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
-use magpie_proxy::ops::reload::{Outcome, Reloader};
-use magpie_proxy::telemetry::stats::ClientFailure;
+use magpie_proxy::testing::Outcome;
 
 use crate::support::*;
 
@@ -69,7 +67,7 @@ async fn quiet_closes(magpie: &Magpie, reason: &str, n: f64) {
 async fn released(magpie: &Magpie, backend: &str) {
     let b = magpie.backend(backend);
     within("the in-flight slot to be given back", async {
-        while b.live.load.active() > 0 {
+        while b.active() > 0 {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     })
@@ -122,9 +120,8 @@ async fn a_backend_that_never_answers_gets_the_client_a_504_and_frees_its_slot()
         .await;
     assert_eq!(response.status(), 504);
     // Counted as what they were, not as requests that found no backend.
-    let stats = &magpie.instance.stats;
-    assert_eq!(stats.client_failures(ClientFailure::ResponseTimeout), 2);
-    assert_eq!(stats.client_failures(ClientFailure::NoBackend), 0);
+    assert_eq!(magpie.client_failures("response_timeout"), 2);
+    assert_eq!(magpie.client_failures("no_backend"), 0);
     magpie.stop().await;
 }
 
@@ -145,7 +142,7 @@ async fn a_response_timeout_counts_for_passive_health_only_with_passive_status()
             .await;
         assert_eq!(response.status(), 504);
         assert_eq!(
-            magpie.backend("a").live.health.is_up(),
+            magpie.backend("a").is_up(),
             !passive_status,
             "passive_status: {passive_status}"
         );
@@ -425,7 +422,7 @@ async fn a_removed_backends_idle_connections_close_on_reload() {
         &config_yaml("127.0.0.1:0", &settings, &[a.pair(), b.pair()]),
     );
     let magpie = Magpie::start_file(&file.path).await;
-    let mut reloader = Reloader::new(file.path.clone(), Arc::clone(&magpie.instance));
+    let mut reloader = magpie.probe.reloader(file.path.clone());
     let on = |name: &str| {
         (0..)
             .map(|i| format!("s-{i}"))

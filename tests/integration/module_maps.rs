@@ -50,8 +50,8 @@ fn mapped(text: &str) -> Option<BTreeSet<String>> {
     Some(names)
 }
 
-/// The modules `text` declares (`mod x;`, any visibility), less those under
-/// `#[cfg(test)]`.
+/// The modules `text` declares (`mod x;` or `mod x {`, any visibility), less
+/// those under `#[cfg(test)]`.
 fn declared(text: &str) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
     let mut test_only = false;
@@ -64,7 +64,10 @@ fn declared(text: &str) -> BTreeSet<String> {
             .strip_prefix("pub(crate) ")
             .or_else(|| line.strip_prefix("pub "))
             .unwrap_or(line);
-        if let Some(name) = rest.strip_prefix("mod ").and_then(|r| r.strip_suffix(';'))
+        let name = rest
+            .strip_prefix("mod ")
+            .and_then(|r| r.strip_suffix(';').or_else(|| r.strip_suffix(" {")));
+        if let Some(name) = name
             && !test_only
         {
             names.insert(name.trim().to_string());
@@ -109,8 +112,8 @@ fn every_module_map_names_the_modules_declared() {
 
 #[test]
 fn a_map_is_read_from_its_table_and_mod_lines() {
-    let text = "//! A room.\n//!\n//! | module | owns |\n//! |---|---|\n//! | [`a`] | one |\n//! | [`b2`] | two |\n//! | this file | the rest |\n\npub mod a;\nmod b2;\n#[cfg(test)]\nmod tests;\n";
-    let want: BTreeSet<String> = ["a", "b2"].map(String::from).into();
+    let text = "//! A room.\n//!\n//! | module | owns |\n//! |---|---|\n//! | [`a`] | one |\n//! | [`b2`] | two |\n//! | [`c`] | three |\n//! | this file | the rest |\n\npub mod a;\nmod b2;\npub mod c {\n}\n#[cfg(test)]\nmod tests;\n#[cfg(test)]\nmod more_tests {\n}\n";
+    let want: BTreeSet<String> = ["a", "b2", "c"].map(String::from).into();
     assert_eq!(mapped(text), Some(want.clone()));
     assert_eq!(declared(text), want);
     assert_eq!(mapped("//! No map.\nmod a;\n"), None);

@@ -147,16 +147,15 @@ async fn an_answer_before_the_body_ended_is_passed_on_and_the_connection_closes(
     assert!(text.starts_with("HTTP/1.1 413"), "{text:?}");
     assert!(text.ends_with("too large"), "{text:?}");
     // Not counted against the backend: it answered.
-    let a = magpie.backend("a");
+    let errors = ["code_class=\"error\""];
     assert_eq!(
-        a.live
-            .traffic
-            .requests(magpie_proxy::routing::backend::CodeClass::Error),
+        magpie.backend_metric("magpie_backend_requests_total", "a", &errors),
         0
     );
     // Its connection is not kept: counted as an early answer.
-    let early = magpie_proxy::routing::backend::Discard::EarlyAnswer;
-    assert_eq!(a.live.traffic.discards(early), 1);
+    let early = ["reason=\"early_answer\""];
+    let discards = magpie.backend_metric("magpie_backend_pool_discards_total", "a", &early);
+    assert_eq!(discards, 1);
     magpie.stop().await;
 }
 

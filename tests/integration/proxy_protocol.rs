@@ -6,8 +6,7 @@ use std::net::SocketAddr;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use magpie_core::key;
-use magpie_proxy::intake::proxy_protocol::{self, Origin};
-use magpie_proxy::telemetry::stats::ClientFailure;
+use magpie_proxy::parsers::{self as proxy_protocol, Origin};
 
 use crate::support::*;
 
@@ -42,20 +41,13 @@ async fn v2_from_a_trusted_peer_makes_the_client_address_the_key() {
         chosen.iter().any(|name| *name != own_primary),
         "every 192.0.2.x address maps where 127.0.0.1 does ({own_primary}); the test cannot tell"
     );
-    assert_eq!(
-        magpie
-            .instance
-            .stats
-            .client_failures(ClientFailure::ProxyProtocol),
-        0
-    );
+    assert_eq!(magpie.client_failures("proxy_protocol"), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_untrusted_peer_sending_a_proxy_header_is_refused() {
     let mut backends = RawBackends::start(&["a"], Behaviour::Silent).await;
     let magpie = Magpie::with(TRUST_LOCALHOST, &backends.list).await;
-    let stats = &magpie.instance.stats;
 
     // 127.0.0.2 is not trusted: its PROXY header claims to be 192.0.2.1.
     // Ten such clients are refused before any backend is connected.
@@ -70,9 +62,9 @@ async fn an_untrusted_peer_sending_a_proxy_header_is_refused() {
             Err(e) => eprintln!("refused with an error (accepted): {e}"),
         }
     }
-    assert_eq!(stats.client_failures(ClientFailure::ProxyProtocol), 10);
+    assert_eq!(magpie.client_failures("proxy_protocol"), 10);
     assert_eq!(
-        magpie.backend("a").live.traffic.connections(),
+        magpie.backend_metric("magpie_backend_connections_total", "a", &[]),
         0,
         "a refused client reached the backend"
     );
@@ -86,7 +78,7 @@ async fn an_untrusted_peer_sending_a_proxy_header_is_refused() {
         .expect("an orderly close");
     // The first connection the backend ever saw is the honest one.
     assert_eq!(backends.next_report().await.bytes, b"plain data");
-    assert_eq!(stats.client_failures(ClientFailure::ProxyProtocol), 10);
+    assert_eq!(magpie.client_failures("proxy_protocol"), 10);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -160,7 +152,6 @@ async fn a_trusted_peer_without_a_header_is_refused() {
     let mut backends = RawBackends::start(&["a"], Behaviour::Silent).await;
     let settings = "proxy_protocol:\n  accept_from: [127.0.0.1]\n  header_timeout: 100ms\n";
     let magpie = Magpie::with(settings, &backends.list).await;
-    let stats = &magpie.instance.stats;
 
     // Plain bytes where a header must be: refused at once.
     let mut plain = connect(magpie.addr).await;
@@ -172,7 +163,7 @@ async fn a_trusted_peer_without_a_header_is_refused() {
         Ok(bytes) => assert!(bytes.is_empty(), "got {bytes:?}"),
         Err(e) => eprintln!("refused with an error (accepted): {e}"),
     }
-    assert_eq!(stats.client_failures(ClientFailure::ProxyProtocol), 1);
+    assert_eq!(magpie.client_failures("proxy_protocol"), 1);
 
     // Silence: refused when header_timeout passes.
     let mut silent = connect(magpie.addr).await;
@@ -186,8 +177,9 @@ async fn a_trusted_peer_without_a_header_is_refused() {
         waited >= std::time::Duration::from_millis(90),
         "refused after {waited:?}, before header_timeout"
     );
-    assert_eq!(stats.client_failures(ClientFailure::ProxyProtocol), 2);
+    assert_eq!(magpie.client_failures("proxy_protocol"), 2);
     // Neither reached a backend.
     assert!(backends.reports_so_far().is_empty());
-    assert_eq!(magpie.backend("a").live.traffic.connections(), 0);
+    let connections = magpie.backend_metric("magpie_backend_connections_total", "a", &[]);
+    assert_eq!(connections, 0);
 }

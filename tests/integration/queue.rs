@@ -13,9 +13,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-use magpie_proxy::routing::queue::{Admit, Refusal};
-use magpie_proxy::routing::route::How;
-
 use bytes::Bytes;
 use magpie_core::key::group::{GroupBy, body_group_key};
 use magpie_core::key::text_key;
@@ -46,7 +43,7 @@ fn arrivals(backends: &HyperBackends) -> Vec<String> {
 /// Waits until `n` requests wait in magpie's queue.
 async fn queued(magpie: &Magpie, n: usize) {
     within(&format!("{n} requests queued"), async {
-        while magpie.instance.queue.len() != n {
+        while magpie.probe.queued() != n {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     })
@@ -100,7 +97,12 @@ async fn at_its_limit_requests_wait_and_leave_by_class() {
         send(&magpie, name, &[("x-priority", class)], &tx);
         queued(&magpie, n + 1).await;
     }
-    assert_eq!(magpie.instance.queue.depths(3), [1, 2, 1]);
+    let waiting = |class: &str| {
+        let class = format!("class=\"{class}\"");
+        magpie.metric("magpie_queue_waiting", &[&class])
+    };
+    let depths = [waiting("interactive"), waiting("default"), waiting("batch")];
+    assert_eq!(depths, [1, 2, 1]);
     let (status, queue) = admin_get(magpie.admin.expect("admin is on"), "/queue").await;
     assert_eq!(status, 200);
     let queue: serde_json::Value = serde_json::from_str(&queue).expect("JSON");
@@ -123,10 +125,9 @@ async fn at_its_limit_requests_wait_and_leave_by_class() {
         arrivals(&backends),
         ["interactive", "none", "unknown", "batch"]
     );
-    let stats = &magpie.instance.queue.stats;
-    assert_eq!(stats.admitted_count(1, Admit::Waited), 2);
-    assert_eq!(stats.admitted_count(0, Admit::Waited), 1);
-    assert!(stats.wait.count() >= 4);
+    assert_eq!(admitted(&magpie, "default", "waited"), 2);
+    assert_eq!(admitted(&magpie, "interactive", "waited"), 1);
+    assert!(magpie.metric("magpie_queue_wait_seconds_count", &[]) >= 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -146,10 +147,9 @@ async fn a_full_queue_answers_429_and_a_long_wait_503() {
     );
     let (name, status, retry) = within("the timeout", rx.recv()).await.expect("one");
     assert_eq!((name, status, retry.as_deref()), ("waits", 503, Some("1")));
-    let stats = &magpie.instance.queue.stats;
-    assert_eq!(stats.refused_count(0, Refusal::Full), 1);
-    assert_eq!(stats.refused_count(0, Refusal::TimedOut), 1);
-    assert!(magpie.instance.queue.is_empty());
+    assert_eq!(refused(&magpie, "default", "full"), 1);
+    assert_eq!(refused(&magpie, "default", "timeout"), 1);
+    assert_eq!(magpie.probe.queued(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -164,9 +164,8 @@ async fn a_client_that_goes_away_leaves_the_queue() {
     queued(&magpie, 1).await;
     drop(raw);
     queued(&magpie, 0).await;
-    let stats = &magpie.instance.queue.stats;
     within("the refusal counted", async {
-        while stats.refused_count(1, Refusal::ClientGone) != 1 {
+        while refused(&magpie, "default", "client_gone") != 1 {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     })
@@ -226,9 +225,8 @@ async fn a_request_waits_for_its_home_then_spills_in_the_tables_order() {
         got, candidates[1],
         "after the home wait, the next in the table's order"
     );
-    let stats = &magpie.instance.queue.stats;
-    assert_eq!(stats.admitted_count(0, Admit::Spilled), 1);
-    assert!(stats.wait.sum_seconds() >= 0.2);
+    assert_eq!(admitted(&magpie, "default", "spilled"), 1);
+    assert!(magpie.metric_f64("magpie_queue_wait_seconds_sum", &[]) >= 0.2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -247,16 +245,13 @@ async fn a_reload_keeps_waiting_requests_and_binds_them_to_the_new_table() {
     queued(&magpie, 1).await;
     // b joins: the waiting request is bound again, and b has room.
     std::fs::write(&file.path, config_yaml("127.0.0.1:0", &settings, &pairs)).expect("written");
-    let mut reloader = magpie_proxy::ops::reload::Reloader::new(
-        file.path.clone(),
-        std::sync::Arc::clone(&magpie.instance),
-    );
+    let mut reloader = magpie.probe.reloader(file.path.clone());
     within("the reload", reloader.reload(true))
         .await
         .expect("the reload applies");
     let (name, status, _) = within("the answer", rx.recv()).await.expect("one");
     assert_eq!((name, status), ("waits", 200));
-    assert!(magpie.instance.queue.is_empty());
+    assert_eq!(magpie.probe.queued(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -279,7 +274,7 @@ async fn mode_tcp_connections_wait_for_room() {
         .await
         .expect("read");
     assert!(n > 0, "the waiting connection was served");
-    assert!(magpie.instance.queue.is_empty());
+    assert_eq!(magpie.probe.queued(), 0);
     // A waiting connection whose client closes leaves the queue.
     let mut third = TcpStream::connect(magpie.addr).await.expect("connected");
     third.write_all(b"three\n").await.expect("sent");
@@ -306,8 +301,8 @@ async fn work_awaiting_prefill_holds_the_next_request_until_a_first_byte() {
         .expect("a request");
     let mut quiet = client.start(long).await;
     assert_eq!(quiet.status(), 200);
-    let live = &magpie.instance.snapshot.load().backends[0].live;
-    assert_eq!(live.load.prefill_tokens(), 1000);
+    let prefill = magpie.backend_metric("magpie_backend_prefill_tokens", "a", &[]);
+    assert_eq!(prefill, 1000);
     let (_, metrics) = admin_get(magpie.admin.expect("an admin address"), "/metrics").await;
     assert!(
         metrics.contains("magpie_backend_prefill_tokens{backend=\"a\",addr=")
@@ -318,7 +313,7 @@ async fn work_awaiting_prefill_holds_the_next_request_until_a_first_byte() {
     let (tx, mut rx) = mpsc::unbounded_channel();
     send(&magpie, "next", &[], &tx);
     queued(&magpie, 1).await;
-    assert_eq!(live.load.active(), 1);
+    assert_eq!(magpie.backend("a").active(), 1);
     // The first byte of the long one's answer: its prefill is done.
     backends.release(1);
     within("the long one's first byte", quiet.body_mut().frame())
@@ -329,7 +324,8 @@ async fn work_awaiting_prefill_holds_the_next_request_until_a_first_byte() {
         .await
         .expect("one");
     assert_eq!((name, status), ("next", 200));
-    assert_eq!(live.load.prefill_tokens(), 0);
+    let prefill = magpie.backend_metric("magpie_backend_prefill_tokens", "a", &[]);
+    assert_eq!(prefill, 0);
 }
 
 /// Waits until magpie has `n` requests in flight in all.
@@ -416,7 +412,7 @@ async fn opens_alike(group_setting: &str, by: &GroupBy) {
         client.post_json(&body, Some("third")).await
     });
     within("the third to queue", async {
-        while magpie.instance.queue.len() != 1 {
+        while magpie.probe.queued() != 1 {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     })
@@ -434,6 +430,22 @@ async fn opens_alike(group_setting: &str, by: &GroupBy) {
         .expect("not panicked");
     assert_eq!(landed, order[1]);
     // The second and the third, each away from its table's first.
-    assert_eq!(magpie.instance.key_memory.routed_total(How::Opening), 2);
+    let openings = magpie.metric("magpie_requests_routed_total", &["how=\"opening\""]);
+    assert_eq!(openings, 2);
     magpie.stop().await;
+}
+
+/// Requests of `class` the queue admitted `how`.
+fn admitted(magpie: &Magpie, class: &str, how: &str) -> u64 {
+    let labels = [&format!("class=\"{class}\""), &format!("how=\"{how}\"")];
+    magpie.metric("magpie_queue_admitted_total", &labels.map(String::as_str))
+}
+
+/// Requests of `class` the queue refused for `reason`.
+fn refused(magpie: &Magpie, class: &str, reason: &str) -> u64 {
+    let labels = [
+        &format!("class=\"{class}\""),
+        &format!("reason=\"{reason}\""),
+    ];
+    magpie.metric("magpie_queue_refused_total", &labels.map(String::as_str))
 }

@@ -1,11 +1,9 @@
 //! Hot reload through a real config file: under load, when broken, by the
 //! ways editors and Kubernetes replace files, and what survives it.
 
-use std::sync::Arc;
-
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use magpie_proxy::ops::reload::{Outcome, Reloader};
+use magpie_proxy::testing::{BackendProbe, Outcome};
 
 use crate::support::*;
 
@@ -27,7 +25,7 @@ async fn reload_under_load_loses_nothing() {
         &config_yaml("127.0.0.1:0", settings, &window(0)),
     );
     let magpie = Magpie::start_file(&file.path).await;
-    let mut reloader = Reloader::new(file.path.clone(), Arc::clone(&magpie.instance));
+    let mut reloader = magpie.probe.reloader(file.path.clone());
 
     // 200 connections, each with its first chunk echoed.
     let mut open = Vec::new();
@@ -78,10 +76,8 @@ async fn reload_under_load_loses_nothing() {
             rest.len()
         );
     }
-    let snapshot = magpie.instance.snapshot.load();
-    assert_eq!(snapshot.version, 21);
-    assert_eq!(magpie.instance.stats.reloads(true), 20);
-    drop(snapshot);
+    assert_eq!(magpie.probe.version(), 21);
+    assert_eq!(reloads(&magpie, "ok"), 20);
     magpie.stop().await;
 }
 
@@ -158,7 +154,7 @@ async fn file_replacements_are_picked_up() {
     // Editor style: write a temporary file, rename it over the config.
     let file = TempFile::new("magpie.yaml", &yaml(2));
     let magpie = Magpie::start_file(&file.path).await;
-    let mut versions = magpie.instance.versions();
+    let mut versions = magpie.probe.versions();
     // A touch (same bytes) first: it must not produce a version.
     std::fs::write(&file.path, yaml(2)).expect("touch");
     let tmp = file.path.with_file_name(".magpie.yaml.swp");
@@ -167,9 +163,8 @@ async fn file_replacements_are_picked_up() {
     within("the renamed file to be reloaded", versions.changed())
         .await
         .expect("magpie is running");
-    let snapshot = magpie.instance.snapshot.load_full();
-    assert_eq!(snapshot.version, 2, "the touch must not have rebuilt");
-    assert_eq!(snapshot.backends.len(), 3);
+    assert_eq!(magpie.probe.version(), 2, "the touch must not have rebuilt");
+    assert_eq!(magpie.probe.backends().len(), 3);
     magpie.stop().await;
 
     // ConfigMap style: magpie.yaml -> ..data/magpie.yaml, ..data -> ..v1.
@@ -181,7 +176,7 @@ async fn file_replacements_are_picked_up() {
     std::os::unix::fs::symlink("..data/magpie.yaml", dir.join("magpie.yaml"))
         .expect("link magpie.yaml");
     let magpie = Magpie::start_file(&dir.join("magpie.yaml")).await;
-    let mut versions = magpie.instance.versions();
+    let mut versions = magpie.probe.versions();
     std::fs::create_dir(dir.join("..v2")).expect("mkdir ..v2");
     std::fs::write(dir.join("..v2/magpie.yaml"), yaml(4)).expect("write v2");
     std::os::unix::fs::symlink("..v2", dir.join("..data_tmp")).expect("link ..data_tmp");
@@ -189,7 +184,7 @@ async fn file_replacements_are_picked_up() {
     within("the symlink swap to be reloaded", versions.changed())
         .await
         .expect("magpie is running");
-    assert_eq!(magpie.instance.snapshot.load().backends.len(), 4);
+    assert_eq!(magpie.probe.backends().len(), 4);
     magpie.stop().await;
 }
 
@@ -210,15 +205,15 @@ async fn a_fifo_in_place_of_the_config_fails_the_reload_at_once() {
         .status()
         .expect("mkfifo");
     assert!(made.success());
-    let mut reloader = Reloader::new(file.path.clone(), Arc::clone(&magpie.instance));
+    let mut reloader = magpie.probe.reloader(file.path.clone());
     let result = within("a reload of a FIFO", reloader.reload(true)).await;
     let error = result.expect_err("a FIFO is not a config").to_string();
     assert!(
         error.ends_with("magpie.yaml: is a FIFO, not a regular file: a config must be a file"),
         "{error}"
     );
-    assert_eq!(magpie.instance.snapshot.load().version, 1);
-    assert_eq!(magpie.instance.stats.reloads(false), 1);
+    assert_eq!(magpie.probe.version(), 1);
+    assert_eq!(reloads(&magpie, "error"), 1);
     magpie.stop().await;
 }
 
@@ -231,7 +226,7 @@ async fn the_watch_does_not_trigger_itself() {
     let yaml = |n: usize| config_yaml("127.0.0.1:0", SESSION_KEY, &backends.list[..n]);
     let file = TempFile::new("magpie.yaml", &yaml(1));
     let magpie = Magpie::start_file(&file.path).await;
-    let mut versions = magpie.instance.versions();
+    let mut versions = magpie.probe.versions();
     std::fs::write(&file.path, yaml(2)).expect("write a change");
     within("the change to be reloaded", versions.changed())
         .await
@@ -257,7 +252,7 @@ async fn the_watch_does_not_trigger_itself() {
         reread.is_err(),
         "magpie re-read an unchanged file: {reread:?}"
     );
-    assert_eq!(magpie.instance.stats.reloads(false), 0);
+    assert_eq!(reloads(&magpie, "error"), 0);
     magpie.stop().await;
 }
 
@@ -286,7 +281,7 @@ async fn unchanged_backends_keep_their_live_state() {
         config_yaml("127.0.0.1:0", &settings, &backends.list),
     )
     .expect("add c");
-    let mut reloader = Reloader::new(file.path.clone(), Arc::clone(&magpie.instance));
+    let mut reloader = magpie.probe.reloader(file.path.clone());
     assert!(matches!(
         reloader.reload(true).await,
         Ok(Outcome::Applied { version: 2, .. })
@@ -294,18 +289,15 @@ async fn unchanged_backends_keep_their_live_state() {
     let after = counters(&magpie);
     for (b, a) in before.iter().zip(&after) {
         assert_eq!(b.0, a.0);
-        assert!(Arc::ptr_eq(&b.1, &a.1), "{} keeps its live state", b.0);
+        assert!(b.1.same_state(&a.1), "{} keeps its live state", b.0);
         assert_eq!(b.2, a.2, "{} keeps its connection count", b.0);
-        assert!(
-            a.1.traffic.bytes_received() > 0,
-            "{} keeps its byte count",
-            b.0
-        );
+        let received = magpie.backend_metric("magpie_backend_received_bytes_total", &a.0, &[]);
+        assert!(received > 0, "{} keeps its byte count", b.0);
     }
     assert_eq!(after[2].0, "c");
     assert_eq!(after[2].2, 0, "c starts fresh");
     assert_eq!(
-        magpie.backend(&held_on).live.load.active(),
+        magpie.backend(&held_on).active(),
         1,
         "the held connection is still counted"
     );
@@ -317,21 +309,21 @@ async fn unchanged_backends_keep_their_live_state() {
     magpie.stop().await;
 }
 
-fn counters(magpie: &Magpie) -> Vec<(String, Arc<magpie_proxy::routing::backend::Live>, u64)> {
-    magpie
-        .instance
-        .snapshot
-        .load()
-        .backends
-        .iter()
+/// Each backend, its live state and its connections so far, in name order.
+fn counters(magpie: &Magpie) -> Vec<(String, BackendProbe, u64)> {
+    (magpie.probe.backends().into_iter())
         .map(|b| {
-            (
-                b.name.clone(),
-                Arc::clone(&b.live),
-                b.live.traffic.connections(),
-            )
+            let name = b.name().to_string();
+            let connections = magpie.backend_metric("magpie_backend_connections_total", &name, &[]);
+            (name, b, connections)
         })
         .collect()
+}
+
+/// Reloads so far with `result` (`ok`, `error`).
+fn reloads(magpie: &Magpie, result: &str) -> u64 {
+    let result = format!("result=\"{result}\"");
+    magpie.metric("magpie_reloads_total", &[&result])
 }
 
 /// A removed backend's connections drain; with `drain_timeout` they are
@@ -365,14 +357,14 @@ async fn removed_backends_drain_then_close_after_drain_timeout() {
         config_yaml("127.0.0.1:0", settings, &backends.list[..1]),
     )
     .expect("remove b");
-    let mut reloader = Reloader::new(file.path.clone(), Arc::clone(&magpie.instance));
+    let mut reloader = magpie.probe.reloader(file.path.clone());
     match reloader.reload(false).await {
         Ok(Outcome::Applied { removed, .. }) => assert_eq!(removed, vec!["b".to_string()]),
         other => panic!("reload did not apply: {other:?}"),
     }
     // Still draining: b's connection works, and b is still exported.
     echo(&mut on_b, b"still here").await;
-    assert_eq!(magpie.instance.retired().len(), 1);
+    assert_eq!(magpie.probe.retired(), 1);
     // Then drain_timeout closes it (an orderly close or a reset both end it).
     let mut rest = Vec::new();
     within(
@@ -382,10 +374,7 @@ async fn removed_backends_drain_then_close_after_drain_timeout() {
     .await
     .ok();
     // The connection's slot is given back before its socket closes.
-    assert!(
-        magpie.instance.retired().is_empty(),
-        "b drained, so it is forgotten"
-    );
+    assert!(magpie.probe.retired() == 0, "b drained, so it is forgotten");
     // The connection to a, which stayed, is untouched.
     echo(&mut on_a, b"unaffected").await;
     drop(on_a);
@@ -411,7 +400,7 @@ async fn a_backend_put_back_before_its_drain_timeout_keeps_serving() {
         }
     }
     let mut on_b = on_b.expect("a connection on b");
-    let mut reloader = Reloader::new(file.path.clone(), Arc::clone(&magpie.instance));
+    let mut reloader = magpie.probe.reloader(file.path.clone());
     std::fs::write(
         &file.path,
         config_yaml("127.0.0.1:0", settings, &backends.list[..1]),
@@ -462,14 +451,14 @@ async fn idle_connections_are_closed() {
         started.elapsed() >= std::time::Duration::from_millis(250),
         "closed too early"
     );
-    let live = magpie.backend("a").live.clone();
     within("the close to be counted", async {
-        while live.traffic.idle_closes() == 0 {
+        while magpie.backend_metric("magpie_backend_idle_closes_total", "a", &[]) == 0 {
             tokio::task::yield_now().await;
         }
     })
     .await;
-    assert_eq!(live.traffic.connection_duration.count(), 1);
+    let durations = "magpie_backend_connection_duration_seconds_count";
+    assert_eq!(magpie.backend_metric(durations, "a", &[]), 1);
     magpie.stop().await;
 }
 
@@ -485,8 +474,8 @@ async fn polling_reloads_and_listen_changes_wait_for_a_restart() {
         &config_yaml("127.0.0.1:0", &settings, &backends.list[..1]),
     );
     let magpie = Magpie::start_file(&file.path).await;
-    let mut versions = magpie.instance.versions();
-    let listening = magpie.instance.snapshot.load().config.listen.clone();
+    let mut versions = magpie.probe.versions();
+    let listening = magpie.probe.listen();
     std::fs::write(
         &file.path,
         config_yaml("127.0.0.1:1", &settings, &backends.list),
@@ -495,11 +484,9 @@ async fn polling_reloads_and_listen_changes_wait_for_a_restart() {
     within("the poll to find the change", versions.changed())
         .await
         .expect("magpie is running");
-    let snapshot = magpie.instance.snapshot.load_full();
-    assert_eq!(snapshot.backends.len(), 2, "the backend list applied");
-    assert_eq!(snapshot.config.listen, listening, "listen stays as it runs");
+    assert_eq!(magpie.probe.backends().len(), 2, "the backend list applied");
+    assert_eq!(magpie.probe.listen(), listening, "listen stays as it runs");
     // And it still serves where it listened.
     http_get(magpie.addr, Some("s")).await;
-    drop(snapshot);
     magpie.stop().await;
 }

@@ -2,8 +2,6 @@
 //! pinned keys through scale-up, a dead backend is re-bound once for both,
 //! and a dead store costs no request anything but its timeout.
 
-use std::sync::Arc;
-
 use magpie_core::key::text_key;
 
 use crate::support::*;
@@ -59,15 +57,7 @@ async fn two_magpies_keep_every_conversation_through_scale_up() {
         on_d += usize::from(got == "d");
     }
     assert!(on_d > 0, "no new conversation reached the new backend");
-    let ops: u64 = fleet
-        .magpies
-        .iter()
-        .map(|m| {
-            store_stats(m)
-                .stats
-                .ops(magpie_proxy::routing::sessions::store::OpResult::Ok)
-        })
-        .sum();
+    let ops: u64 = fleet.magpies.iter().map(|m| store_ops(m, "ok")).sum();
     assert!(ops >= 80, "store round trips: {ops}");
 }
 
@@ -76,7 +66,6 @@ async fn two_magpies_keep_every_conversation_through_scale_up() {
 /// keys are bound again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_store_costs_no_request() {
-    use magpie_proxy::routing::sessions::store::OpResult;
     let mut redis = RedisServer::start().await;
     let backends = HyperBackends::start(&["a", "b", "c"]).await;
     let fleet = Fleet::start(&store_settings(redis.addr, ""), &backends.pairs()).await;
@@ -95,31 +84,27 @@ async fn a_dead_store_costs_no_request() {
             magpie.primary(text_key(key.as_bytes()))
         );
     }
-    let store = store_stats(magpie);
-    assert!(store.stats.fallbacks() >= 1, "no fallback counted");
+    let fallbacks = magpie.metric("magpie_session_store_fallbacks_total", &[]);
+    assert!(fallbacks >= 1, "no fallback counted");
     assert!(
-        store.stats.ops(OpResult::Error) + store.stats.ops(OpResult::Timeout) >= 1,
+        store_ops(magpie, "error") + store_ops(magpie, "timeout") >= 1,
         "no failed round trip counted"
     );
-    assert!(!store.is_connected());
-    let admin_text = magpie_proxy::ops::metrics::render(&magpie_proxy::ops::metrics::registry(
-        Arc::clone(&magpie.instance),
-    ));
-    assert!(metric_sum(&admin_text, "magpie_session_store_fallbacks_total", &[]) >= 1.0);
-    assert_eq!(metric_sum(&admin_text, "magpie_session_store_up", &[]), 0.0);
+    assert!(!magpie.probe.store_connected());
+    assert_eq!(magpie.metric("magpie_session_store_up", &[]), 0);
 
     redis.restart().await;
     within("the store to reconnect", async {
-        while !store.is_connected() {
+        while !magpie.probe.store_connected() {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
     })
     .await;
-    let ok_before = store.stats.ops(OpResult::Ok);
+    let ok_before = store_ops(magpie, "ok");
     // Past the back-off, a new key is bound in the store again.
     within("a new key to be bound in the store", async {
         let mut s = 0;
-        while store.stats.ops(OpResult::Ok) == ok_before {
+        while store_ops(magpie, "ok") == ok_before {
             client.get_session(&format!("after-{s}")).await;
             s += 1;
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
@@ -152,7 +137,7 @@ async fn a_dead_backend_is_rebound_once_for_both() {
     for m in &fleet.magpies {
         let b = m.backend("b");
         within("both magpies to see b down", async {
-            while b.live.health.is_up() {
+            while b.is_up() {
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             }
         })
@@ -168,10 +153,8 @@ async fn a_dead_backend_is_rebound_once_for_both() {
         );
         assert_eq!(clients[0].get_session(key).await, first);
     }
-    let replaced: u64 = fleet
-        .magpies
-        .iter()
-        .map(|m| store_stats(m).stats.replaced())
+    let replaced: u64 = (fleet.magpies.iter())
+        .map(|m| m.metric("magpie_session_bindings_replaced_total", &[]))
         .sum();
     assert_eq!(
         replaced,

@@ -7,9 +7,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use magpie_core::key::text_key;
-use magpie_proxy::routing::decision::{self, Request};
-use magpie_proxy::routing::keys::{Keys, SessionKey};
-use magpie_proxy::routing::sessions::store::OpResult;
 
 use crate::support::*;
 
@@ -105,14 +102,9 @@ async fn pins_heal_after_the_store_is_flushed() {
 /// One routing decision for `session` through magpie `m` (its pin, the
 /// store, the table), timed.
 async fn decide(m: &Magpie, session: &str) -> (String, Duration) {
-    let snapshot = m.instance.snapshot.load_full();
     let started = Instant::now();
-    let keys = Keys::single(SessionKey::new(text_key(session.as_bytes())));
-    let plan = decision::plan(&m.instance, &snapshot, Request::new(keys)).await;
-    let elapsed = started.elapsed();
-    let first = plan.targets().first().expect("a backend");
-    plan.commit(&m.instance, first);
-    (first.name.clone(), elapsed)
+    let first = m.probe.decide(text_key(session.as_bytes())).await;
+    (first.expect("a backend"), started.elapsed())
 }
 
 /// What the store holds for `session`.
@@ -161,10 +153,9 @@ async fn an_oversized_value_is_absent_replaced_and_counted() {
         let key = format!("other-{s}");
         assert_eq!(binding(&redis, &key).await, Some(got), "{key} is not bound");
     }
-    let store = store_stats(&magpie);
-    assert_eq!(store.stats.fallbacks(), 0, "a lookup went by the table");
-    assert_eq!(store.stats.ops(OpResult::Timeout), 0);
-    assert_eq!(store.stats.bad_values(), 1);
+    assert_eq!(store_fallbacks(&magpie), 0, "a lookup went by the table");
+    assert_eq!(store_ops(&magpie, "timeout"), 0);
+    assert_eq!(bad_values(&magpie), 1);
     let mut client = KeepAlive::connect(magpie.addr).await;
     assert_eq!(client.get_session("big").await, got);
 }
@@ -183,25 +174,24 @@ async fn a_wrong_type_key_is_absent_for_that_key_only() {
     redis
         .command(&[b"HSET", &store_key("hashed"), b"backend", b"a"])
         .await;
-    let store = store_stats(&magpie);
     for (n, key) in ["listed", "next-1", "hashed", "next-2"].iter().enumerate() {
         let (got, _) = decide(&magpie, key).await;
         assert_eq!(got, magpie.primary(text_key(key.as_bytes())), "{key}");
         assert_eq!(binding(&redis, key).await, Some(got), "{key} is not bound");
-        assert_eq!(store.stats.bad_values(), (n as u64 + 2) / 2, "after {key}");
+        assert_eq!(bad_values(&magpie), (n as u64 + 2) / 2, "after {key}");
     }
-    assert_eq!(
-        store.stats.ops(OpResult::Skipped),
-        0,
-        "the store backed off"
-    );
-    assert_eq!(store.stats.ops(OpResult::Error), 0);
-    assert_eq!(store.stats.fallbacks(), 0);
-    let text = magpie_proxy::ops::metrics::render(&magpie_proxy::ops::metrics::registry(
-        Arc::clone(&magpie.instance),
-    ));
-    assert_eq!(
-        metric_sum(&text, "magpie_session_store_bad_values_total", &[]),
-        2.0
-    );
+    assert_eq!(store_ops(&magpie, "skipped"), 0, "the store backed off");
+    assert_eq!(store_ops(&magpie, "error"), 0);
+    assert_eq!(store_fallbacks(&magpie), 0);
+    assert_eq!(bad_values(&magpie), 2);
+}
+
+/// Lookups that went by the table because the store did not answer.
+fn store_fallbacks(magpie: &Magpie) -> u64 {
+    magpie.metric("magpie_session_store_fallbacks_total", &[])
+}
+
+/// Bindings the store held that were no backend's name.
+fn bad_values(magpie: &Magpie) -> u64 {
+    magpie.metric("magpie_session_store_bad_values_total", &[])
 }

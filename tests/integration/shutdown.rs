@@ -195,10 +195,10 @@ async fn readyz_is_503_while_draining_and_healthz_stays_200() {
 async fn a_connection_accepted_before_the_drain_gets_its_first_request_answered() {
     let backends = HttpBackends::start(&["a"]).await;
     let magpie = Magpie::start(&config_yaml("127.0.0.1:0", "mode: http\n", &backends.list)).await;
-    let accepted = magpie.instance.stats.accepted();
+    let accepted = magpie.metric("magpie_connections_accepted_total", &[]);
     let stream = connect(magpie.addr).await;
     within("magpie to accept the connection", async {
-        while magpie.instance.stats.accepted() == accepted {
+        while magpie.metric("magpie_connections_accepted_total", &[]) == accepted {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     })

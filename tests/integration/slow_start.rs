@@ -4,10 +4,8 @@
 //! without `slow_start` it takes them all at once; two magpies with the same
 //! config send every key to the same backend.
 
-use std::sync::Arc;
-
 use magpie_core::key::text_key;
-use magpie_proxy::ops::reload::{Outcome, Reloader};
+use magpie_proxy::testing::Outcome;
 
 use crate::support::*;
 
@@ -18,7 +16,7 @@ async fn added_c(backends: &HttpBackends, extra: &str) -> (Magpie, TempFile) {
     let file = TempFile::new("magpie.yaml", &yaml(2));
     let magpie = Magpie::start_file(&file.path).await;
     std::fs::write(&file.path, yaml(3)).expect("add c");
-    let mut reloader = Reloader::new(file.path.clone(), Arc::clone(&magpie.instance));
+    let mut reloader = magpie.probe.reloader(file.path.clone());
     assert!(matches!(
         reloader.reload(true).await,
         Ok(Outcome::Applied { version: 2, .. })
@@ -85,7 +83,6 @@ async fn an_added_backend_takes_its_keys_over_its_ramp_and_at_once_without() {
 /// two route differently at one moment of the ramp.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_magpies_agree_on_a_revived_backends_keys_but_for_a_check_interval() {
-    use magpie_proxy::routing::route::Route;
     let others = HttpBackends::start(&["a", "b"]).await;
     let spare = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
     let c_addr = spare.local_addr().expect("its address");
@@ -102,9 +99,7 @@ async fn two_magpies_agree_on_a_revived_backends_keys_but_for_a_check_interval()
         let (one, two) = (&one, &two);
         async move {
             within("both magpies to see c's health change", async {
-                while one.backend("c").live.health.is_up() != up
-                    || two.backend("c").live.health.is_up() != up
-                {
+                while one.backend("c").is_up() != up || two.backend("c").is_up() != up {
                     tokio::time::sleep(std::time::Duration::from_millis(10)).await;
                 }
             })
@@ -119,12 +114,7 @@ async fn two_magpies_agree_on_a_revived_backends_keys_but_for_a_check_interval()
         .map(|i| magpie_core::hash::h64(&i.to_be_bytes()))
         .filter(|&k| one.candidates(k)[0] == "c")
         .collect();
-    let to_c = |m: &Magpie, k: u64| {
-        let snapshot = m.instance.snapshot.load();
-        Route::preview(&snapshot, k)
-            .first()
-            .is_some_and(|b| b.name == "c")
-    };
+    let to_c = |m: &Magpie, k: u64| m.probe.route(k).is_some_and(|b| b == "c");
     let mut worst = 0.0f64;
     let mut last_share = 0.0;
     // Sampled over the 4 s ramp and a little past it.

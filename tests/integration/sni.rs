@@ -57,9 +57,8 @@ async fn each_server_name_keeps_to_one_backend_through_a_full_handshake() {
     }
     let spread: std::collections::HashSet<_> = reached.values().collect();
     assert!(spread.len() >= 2, "20 names all on {spread:?}");
-    let stats = &magpie.instance.stats;
     for reason in FallbackReason::ALL {
-        assert_eq!(stats.fallbacks(reason), 0, "{reason:?}");
+        assert_eq!(magpie.fallbacks(reason), 0, "{reason:?}");
     }
 }
 
@@ -84,7 +83,7 @@ async fn a_hello_in_small_records_and_segments_still_routes_by_name() {
         assert_eq!(&echoed, b"ping\n");
     }
     for reason in FallbackReason::ALL {
-        assert_eq!(magpie.instance.stats.fallbacks(reason), 0, "{reason:?}");
+        assert_eq!(magpie.fallbacks(reason), 0, "{reason:?}");
     }
 }
 
@@ -93,7 +92,6 @@ async fn no_server_name_and_no_tls_fall_back_to_the_address_and_are_counted() {
     let ca = BackendCa::new("sni test CA");
     let mut backends = tls_backends(&ca).await;
     let magpie = Magpie::with(SNI, &backends.list).await;
-    let stats = &magpie.instance.stats;
     for last in [2u8, 3, 4] {
         let source = loopback(last);
         let started = Instant::now();
@@ -115,9 +113,9 @@ async fn no_server_name_and_no_tls_fall_back_to_the_address_and_are_counted() {
         let _ = within("the backend to close", read_until_closed(&mut plain)).await;
         assert!(started.elapsed() < Duration::from_secs(4));
     }
-    assert_eq!(stats.fallbacks(FallbackReason::NoSni), 3);
-    assert_eq!(stats.fallbacks(FallbackReason::NotTls), 3);
-    assert_eq!(stats.fallbacks(FallbackReason::Timeout), 0);
+    assert_eq!(magpie.fallbacks(FallbackReason::NoSni), 3);
+    assert_eq!(magpie.fallbacks(FallbackReason::NotTls), 3);
+    assert_eq!(magpie.fallbacks(FallbackReason::Timeout), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -147,7 +145,7 @@ async fn half_a_hello_falls_back_at_read_timeout_and_reaches_the_backend_intact(
         drop(client);
         assert_eq!(backends.next_report().await.bytes, half);
     }
-    assert_eq!(magpie.instance.stats.fallbacks(FallbackReason::Timeout), 2);
+    assert_eq!(magpie.fallbacks(FallbackReason::Timeout), 2);
 }
 
 /// A rustls client's first flight for `name`.

@@ -18,7 +18,9 @@ async fn same_session_reaches_same_backend_over_100_connections() {
         // The backend saw the request as sent: the bytes read for the key were replayed.
         assert_eq!(session_of(&body), "alice");
     }
-    assert_eq!(magpie.backend(&expected).live.traffic.connections(), 100);
+    let backend = format!("backend=\"{expected}\"");
+    let connections = magpie.metric("magpie_backend_connections_total", &[&backend]);
+    assert_eq!(connections, 100);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

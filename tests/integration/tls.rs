@@ -257,13 +257,13 @@ async fn a_renewed_certificate_reaches_new_handshakes_while_open_connections_kee
     assert_eq!(get_h1(&mut open, "s").await, "a");
 
     // A broken file is refused: counted, and the renewed certificate stays.
-    let failed_before = magpie.instance.stats.reloads(false);
+    let failed_before = magpie.metric("magpie_reloads_total", &["result=\"error\""]);
     replace(
         &cert,
         "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n",
     );
     within("the broken certificate to be refused", async {
-        while magpie.instance.stats.reloads(false) == failed_before {
+        while magpie.metric("magpie_reloads_total", &["result=\"error\""]) == failed_before {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })

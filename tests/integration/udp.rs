@@ -9,10 +9,8 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use magpie_core::key::{quic, source_ip_key};
-use magpie_proxy::telemetry::datagrams::{DatagramDrop, FlowEnd};
-
 use crate::support::*;
+use magpie_core::key::{quic, source_ip_key};
 
 /// Waits until `check` holds, polling every 5 ms.
 async fn until(what: &str, check: impl Fn() -> bool) {
@@ -42,11 +40,8 @@ async fn each_client_address_is_a_flow_on_the_backend_its_key_owns() {
             );
         }
     }
-    let stats = &magpie.instance.stats.datagrams;
-    assert_eq!((stats.created(), stats.open()), (10, 10));
-    let sent: u64 = (backends.list.iter())
-        .map(|b| magpie.backend(&b.name).live.traffic.datagrams_sent())
-        .sum();
+    assert_eq!((created(&magpie), open(&magpie)), (10, 10));
+    let sent = magpie.metric("magpie_backend_datagrams_sent_total", &[]);
     assert_eq!(sent, 30);
     // Each flow's datagrams reached its backend from one socket of its own.
     for b in &backends.list {
@@ -117,11 +112,11 @@ async fn a_quic_connection_keeps_its_backend_when_the_client_moves() {
         peers[0], peers[2],
         "the moved client's flow has its own socket"
     );
-    assert_eq!(magpie.instance.stats.datagrams.created(), 2);
+    assert_eq!(created(&magpie), 2);
     // The old address keeps its own flow.
     let (answer, _) = exchange(&before, magpie.addr, &short_header(&server)).await;
     assert_eq!(answered_by(&answer), want);
-    assert_eq!(magpie.instance.stats.datagrams.created(), 2);
+    assert_eq!(created(&magpie), 2);
     // A datagram that is not QUIC falls back to the client's address.
     let stranger = client_on("127.0.0.3").await;
     let (answer, _) = exchange(&stranger, magpie.addr, &[]).await;
@@ -144,16 +139,15 @@ async fn the_flow_table_is_bounded_and_idle_flows_end() {
     exchange(&one, magpie.addr, b"1").await;
     exchange(&two, magpie.addr, b"2").await;
     three.send_to(b"3", magpie.addr).await.expect("sent");
-    let stats = &magpie.instance.stats.datagrams;
     until("the third flow dropped", || {
-        stats.dropped(DatagramDrop::TableFull) == 1
+        dropped(&magpie, "table_full") == 1
     })
     .await;
-    assert_eq!(stats.open(), 2);
+    assert_eq!(open(&magpie), 2);
     // Both flows idle out, and their backend's slots come back.
-    until("idle flows ended", || stats.ended(FlowEnd::Idle) == 2).await;
-    assert_eq!(stats.open(), 0);
-    assert_eq!(magpie.backend("a").live.load.active(), 0);
+    until("idle flows ended", || ended(&magpie, "idle_timeout") == 2).await;
+    assert_eq!(open(&magpie), 0);
+    assert_eq!(magpie.backend("a").active(), 0);
     let (answer, _) = exchange(&three, magpie.addr, b"3").await;
     assert_eq!(answer, "a:3");
 }
@@ -169,8 +163,7 @@ async fn a_flow_ends_after_its_responses_and_its_line_is_logged() {
     let magpie = Magpie::with(&settings, &backends.pairs()).await;
     let client = client_on("127.0.0.1").await;
     exchange(&client, magpie.addr, b"query").await;
-    let stats = &magpie.instance.stats.datagrams;
-    until("the flow ended", || stats.ended(FlowEnd::Responses) == 1).await;
+    until("the flow ended", || ended(&magpie, "responses") == 1).await;
     magpie.stop().await;
     let text = std::fs::read_to_string(&log.path).expect("the log");
     let line: serde_json::Value = serde_json::from_str(text.trim()).expect("one JSON line");
@@ -193,12 +186,11 @@ async fn a_backend_health_takes_down_ends_its_flows_at_their_next_datagram() {
     assert_eq!(answered_by(&answer), home);
     backends.kill(&home).await;
     let down = magpie.backend(&home);
-    until("the probe to mark it down", || !down.live.health.is_up()).await;
+    until("the probe to mark it down", || !down.is_up()).await;
     let (answer, _) = exchange(&client, magpie.addr, b"y").await;
     assert_eq!(answered_by(&answer), other);
-    let stats = &magpie.instance.stats.datagrams;
-    assert_eq!(stats.ended(FlowEnd::BackendDown), 1);
-    assert_eq!(stats.created(), 2);
+    assert_eq!(ended(&magpie, "backend_down"), 1);
+    assert_eq!(created(&magpie), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -219,10 +211,7 @@ async fn a_reload_keeps_live_flows_on_their_backend() {
         clients.push(client);
     }
     std::fs::write(&file.path, config_yaml("127.0.0.1:0", settings, &pairs)).expect("written");
-    let mut reloader = magpie_proxy::ops::reload::Reloader::new(
-        file.path.clone(),
-        std::sync::Arc::clone(&magpie.instance),
-    );
+    let mut reloader = magpie.probe.reloader(file.path.clone());
     within("the reload", reloader.reload(true))
         .await
         .expect("the reload applies");
@@ -294,9 +283,8 @@ async fn dns_queries_from_dig_reach_the_server_their_address_owns() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let stats = &magpie.instance.stats.datagrams;
     until("every flow ended at its answer", || {
-        stats.ended(FlowEnd::Responses) == 6
+        ended(&magpie, "responses") == 6
     })
     .await;
 }
@@ -335,16 +323,15 @@ async fn a_closed_port_counts_towards_passive_health() {
     exchange(&client, magpie.addr, b"up").await;
     backends.kill(&home).await;
     let down = magpie.backend(&home);
-    let stats = &magpie.instance.stats.datagrams;
     // Each datagram to the closed port comes back as ICMP port unreachable.
     within("passive health to mark it down", async {
-        while down.live.health.is_up() {
+        while down.is_up() {
             client.send_to(b"lost", magpie.addr).await.expect("sent");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
     .await;
-    assert!(stats.dropped(DatagramDrop::BackendRefused) >= 2);
+    assert!(dropped(&magpie, "backend_refused") >= 2);
     let (answer, _) = exchange(&client, magpie.addr, b"again").await;
     assert_eq!(answered_by(&answer), other);
 }
@@ -366,21 +353,16 @@ async fn health_checks_another_port_of_each_backend() {
     let magpie = Magpie::with(&settings, &pairs).await;
     let (up_a, up_b) = (magpie.backend("a"), magpie.backend("b"));
     let checked = || {
-        let ok = |b: &magpie_proxy::routing::backend::Backend| {
-            b.live
-                .health
-                .checks(magpie_proxy::routing::health::state::CheckOutcome::Ok)
+        let ok = |b: &str| {
+            magpie.backend_metric("magpie_backend_health_checks_total", b, &["result=\"ok\""])
         };
-        ok(&up_a) > 0 && ok(&up_b) > 0
+        ok("a") > 0 && ok("b") > 0
     };
     until("both health ports answered", checked).await;
-    assert!(up_a.live.health.is_up() && up_b.live.health.is_up());
+    assert!(up_a.is_up() && up_b.is_up());
     drop(health_a);
-    until("a's closed health port marks it down", || {
-        !up_a.live.health.is_up()
-    })
-    .await;
-    assert!(up_b.live.health.is_up());
+    until("a's closed health port marks it down", || !up_a.is_up()).await;
+    assert!(up_b.is_up());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -403,5 +385,27 @@ async fn one_client_to_two_listen_addresses_is_two_flows_each_answered_from_its_
             );
         }
     }
-    assert_eq!(magpie.instance.stats.datagrams.created(), 2);
+    assert_eq!(created(&magpie), 2);
+}
+
+/// Flows created so far.
+fn created(magpie: &Magpie) -> u64 {
+    magpie.metric("magpie_udp_flows_created_total", &[])
+}
+
+/// Flows open now.
+fn open(magpie: &Magpie) -> u64 {
+    magpie.metric("magpie_udp_flows_open", &[])
+}
+
+/// Flows that ended for `reason`.
+fn ended(magpie: &Magpie, reason: &str) -> u64 {
+    let reason = format!("reason=\"{reason}\"");
+    magpie.metric("magpie_udp_flows_ended_total", &[&reason])
+}
+
+/// Datagrams dropped for `reason`.
+fn dropped(magpie: &Magpie, reason: &str) -> u64 {
+    let reason = format!("reason=\"{reason}\"");
+    magpie.metric("magpie_udp_datagrams_dropped_total", &[&reason])
 }

@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use magpie_core::key::text_key;
+use magpie_proxy::Snapshot;
 use magpie_proxy::config::Config;
-use magpie_proxy::routing::snapshot::Snapshot;
 
 use crate::support::*;
 
@@ -26,7 +26,7 @@ fn settings() -> String {
 /// The table owner of session `key` under the config at `path`.
 fn owner(path: &std::path::Path, key: &str) -> String {
     let config = Config::load(path).expect("the test config loads");
-    let snapshot = Snapshot::build(Arc::new(config), 1, &Default::default()).expect("builds");
+    let snapshot = Snapshot::of(Arc::new(config)).expect("builds");
     let first = snapshot.candidates(text_key(key.as_bytes())).next();
     first.expect("a candidate").name.clone()
 }

@@ -6,10 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use magpie_core::key::text_key;
-use magpie_proxy::routing::health::state::ConnectFailure;
-
 use crate::support::*;
+use magpie_core::key::text_key;
 
 /// A mode http config in front of `backends` (each `tls: true`), trusting
 /// the CA in `ca`.
@@ -49,10 +47,7 @@ async fn requests_reach_a_tls_backend_over_one_pooled_connection() {
     // One TCP connection and one handshake carried all five.
     assert_eq!(a.accepted.load(Ordering::SeqCst), 1);
     assert_eq!(a.handshakes.load(Ordering::SeqCst), 1);
-    let failures: u64 = ConnectFailure::ALL
-        .iter()
-        .map(|&why| magpie.backend("a").live.health.connect_failures(why))
-        .sum();
+    let failures = magpie.backend_metric("magpie_backend_connect_failures_total", "a", &[]);
     assert_eq!(failures, 0);
 }
 
@@ -74,23 +69,21 @@ async fn a_certificate_from_another_ca_is_a_connect_failure_of_its_own_kind() {
     assert_eq!(backend_in(&body), "good", "the next candidate answers");
     assert!(bad.accepted.load(Ordering::SeqCst) >= 1, "bad was tried");
     assert_eq!(bad.handshakes.load(Ordering::SeqCst), 0);
-    let health = &magpie.backend("bad").live.health;
-    assert_eq!(health.connect_failures(ConnectFailure::Tls), 1);
-    assert_eq!(health.connect_failures(ConnectFailure::Error), 0);
+    assert_eq!(connect_failures(&magpie, "bad", "tls"), 1);
+    assert_eq!(connect_failures(&magpie, "bad", "error"), 0);
 
     // With no other candidate, the client gets 502 as for a failed connect.
     let alone = Magpie::start(&tls_config(&ca_file, "", &[&bad])).await;
     let mut client = KeepAlive::connect(alone.addr).await;
     let (response, _) = client.send(get_session("s1")).await;
     assert_eq!(response.status(), 502);
-    let health = &alone.backend("bad").live.health;
-    assert_eq!(health.connect_failures(ConnectFailure::Tls), 1);
+    assert_eq!(connect_failures(&alone, "bad", "tls"), 1);
 }
 
 async fn until_up_is(magpie: &Magpie, name: &str, up: bool) {
     let started = Instant::now();
     let backend = magpie.backend(name);
-    while backend.live.health.is_up() != up {
+    while backend.is_up() != up {
         assert!(
             started.elapsed() <= Duration::from_secs(5),
             "{name} not {} within 5s",
@@ -117,9 +110,15 @@ async fn health_checks_go_over_tls() {
         assert!(started.elapsed() < Duration::from_secs(5), "no TLS checks");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(magpie.backend("good").live.health.is_up());
+    assert!(magpie.backend("good").is_up());
     good.health.store(503, Ordering::SeqCst);
     until_up_is(&magpie, "good", false).await;
     good.health.store(200, Ordering::SeqCst);
     until_up_is(&magpie, "good", true).await;
+}
+
+/// `backend`'s failed connects for `reason`.
+fn connect_failures(magpie: &Magpie, backend: &str, reason: &str) -> u64 {
+    let reason = format!("reason=\"{reason}\"");
+    magpie.backend_metric("magpie_backend_connect_failures_total", backend, &[&reason])
 }

@@ -18,7 +18,7 @@
 use serde::Serialize;
 
 use magpie_core::key::KeyTextError;
-use magpie_proxy::routing::snapshot::{Snapshot, Table};
+use magpie_proxy::{Snapshot, Table};
 
 /// Points of the hash space compared when tables cannot be compared slot by slot.
 pub const SAMPLES: u64 = 1 << 20;
@@ -300,7 +300,6 @@ impl std::fmt::Display for PlanReport {
 mod tests {
     use super::*;
     use magpie_proxy::config::Config;
-    use std::collections::HashMap;
     use std::sync::Arc;
 
     fn snapshot(algorithm: &str, n: usize) -> Snapshot {
@@ -318,7 +317,7 @@ mod tests {
             ));
         }
         let config = Config::parse(std::path::Path::new("t.yaml"), &yaml).unwrap();
-        Snapshot::build(Arc::new(config), 1, &HashMap::new()).unwrap()
+        Snapshot::of(Arc::new(config)).unwrap()
     }
 
     #[test]

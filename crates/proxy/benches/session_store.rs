@@ -10,14 +10,10 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use magpie_proxy::config::Config;
-use magpie_proxy::routing::decision::{self, Request};
-use magpie_proxy::routing::instance::Instance;
-use magpie_proxy::routing::keys::{Keys, SessionKey};
-use magpie_proxy::routing::snapshot::Snapshot;
+use magpie_proxy::testing::Probe;
 
 fn config(store: &str) -> Config {
     let text = format!(
@@ -30,23 +26,14 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * p) as usize]
 }
 
-/// A magpie's routing state for `config`: its snapshot, sessions and key
-/// memory.
-fn instance(config: Config) -> Arc<Instance> {
-    let snapshot = Snapshot::build(Arc::new(config), 1, &Default::default()).expect("a table");
-    Arc::new(Instance::new(snapshot))
-}
-
-/// Routes `n` keys from `first` on, twice: new (misses), then again (hits).
-async fn measure(instance: &Arc<Instance>, first: u64, n: u64) -> [Vec<Duration>; 2] {
-    let snapshot = instance.snapshot.load_full();
+/// Routes `n` keys from `first` on, twice: new (misses), then again (hits):
+/// the routing decision's plan and its commit, as a request that got there.
+async fn measure(magpie: &Probe, first: u64, n: u64) -> [Vec<Duration>; 2] {
     let mut out = [Vec::new(), Vec::new()];
     for round in out.iter_mut() {
         for key in first..first + n {
             let started = Instant::now();
-            let request = Request::new(Keys::single(SessionKey::new(key)));
-            let plan = decision::plan(instance, &snapshot, request).await;
-            plan.commit(instance, plan.targets().first().expect("a target"));
+            magpie.decide(key).await.expect("a target");
             round.push(started.elapsed());
         }
         round.sort();
@@ -64,7 +51,7 @@ fn main() {
         .build()
         .expect("a runtime");
     runtime.block_on(async {
-        let local = instance(config(""));
+        let local = Probe::of(config("")).expect("a table");
         let [local_miss, local_hit] = measure(&local, 0, n).await;
         let mut rows: Vec<Row> = vec![("local", "miss", local_miss), ("local", "hit", local_hit)];
         rows.extend(with_redis(n).await);
@@ -103,27 +90,29 @@ async fn with_redis(n: u64) -> Vec<Row> {
     let redis_config = config(&format!(
         "  store: redis\n  redis: {{addr: \"127.0.0.1:{port}\", timeout: 1s}}\n"
     ));
-    let instance = instance(redis_config);
-    let store = (instance.sessions())
-        .and_then(|s| s.store.clone())
-        .expect("a store");
+    let magpie = Probe::of(redis_config).expect("a table");
     let waited = Instant::now();
-    while !store.is_connected() && waited.elapsed() < Duration::from_secs(10) {
+    while !magpie.store_connected() && waited.elapsed() < Duration::from_secs(10) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(
-        store.is_connected(),
+        magpie.store_connected(),
         "redis-server did not accept a connection"
     );
-    let [miss, hit] = measure(&instance, 1 << 40, n).await;
-    assert_eq!(
-        store.stats.fallbacks(),
-        0,
-        "the store timed out during the bench"
-    );
+    let [miss, hit] = measure(&magpie, 1 << 40, n).await;
+    let fallbacks = metric(&magpie.metrics(), "magpie_session_store_fallbacks_total");
+    assert_eq!(fallbacks, 0.0, "the store timed out during the bench");
     let _ = redis.kill();
     let _ = redis.wait();
     vec![("redis", "miss", miss), ("redis", "hit", hit)]
+}
+
+/// The value of the series `name` (without labels) in a `/metrics` text.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .find_map(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no series {name}"))
 }
 
 /// Each row's percentiles, and their ratio to the local store's.

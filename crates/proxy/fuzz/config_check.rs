@@ -5,12 +5,11 @@
 // problems that name the file and a place inside the text; an accepted one
 // is accepted again alike and builds a table with the same fingerprint.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use magpie_proxy::Snapshot;
 use magpie_proxy::config::Config;
-use magpie_proxy::routing::snapshot::Snapshot;
 
 pub fn check(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
@@ -35,8 +34,8 @@ pub fn check(data: &[u8]) {
     };
     let again = Config::parse_offline(file, text).expect("accepted once, accepted again");
     assert_eq!(config.content_hash, again.content_hash);
-    let first = Snapshot::build(Arc::new(config), 1, &HashMap::new());
-    let second = Snapshot::build(Arc::new(again), 1, &HashMap::new());
+    let first = Snapshot::of(Arc::new(config));
+    let second = Snapshot::of(Arc::new(again));
     match (first, second) {
         (Ok(a), Ok(b)) => assert_eq!(a.fingerprint, b.fingerprint),
         (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string()),

@@ -8,7 +8,7 @@
 
 use magpie_core::key::FallbackReason;
 use magpie_core::key::text_key;
-use magpie_proxy::tcp::header_key::{HeadScan, scan_head};
+use magpie_proxy::parsers::{HeadScan, scan_head};
 
 const HEADER: &str = "x-session-id";
 

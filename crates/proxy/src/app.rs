@@ -39,7 +39,7 @@ const FD_MARGIN: u64 = 64;
 
 /// Raises the soft RLIMIT_NOFILE as far as the hard limit allows, and warns
 /// if it still cannot hold `max_connections` (two descriptors each).
-pub fn check_fd_limit(max_connections: usize) {
+pub(crate) fn check_fd_limit(max_connections: usize) {
     // Two per connection, and the pipes splice may hold (in use and pooled).
     let pipes = 2 * (crate::tcp::pipe::MAX_IN_USE + crate::tcp::pipe::POOL_MAX) as u64;
     let needed = 2 * max_connections as u64 + pipes + FD_MARGIN;
@@ -120,7 +120,9 @@ pub struct Running {
     pub listen: Vec<SocketAddr>,
     /// Where the admin endpoint listens, if it is on.
     pub admin: Option<SocketAddr>,
-    pub instance: Arc<Instance>,
+    /// Its state, which the tests reach through `testing::Probe`.
+    #[cfg(feature = "testing")]
+    pub(crate) instance: Arc<Instance>,
     task: tokio::task::JoinHandle<Drained>,
 }
 
@@ -217,6 +219,7 @@ pub async fn start_with(
     Ok(Running {
         listen: bound.listen,
         admin: bound.admin,
+        #[cfg(feature = "testing")]
         instance,
         task,
     })

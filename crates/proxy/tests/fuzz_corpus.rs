@@ -4,8 +4,7 @@
 //! target's checks. No network: config text is parsed offline.
 
 use magpie_proxy::config::LoadPreset;
-use magpie_proxy::intake::proxy_protocol::{parse, signature};
-use magpie_proxy::routing::health::exposition;
+use magpie_proxy::parsers::{engine_load, parse, signature};
 
 /// The `head_scan` target's check, from the file the target includes too.
 mod head_scan {
@@ -34,7 +33,7 @@ fn config_corpus_is_placed_or_accepted_alike() {
 #[test]
 fn exposition_corpus_reads_only_finite_values() {
     for (path, bytes) in corpus("exposition") {
-        let sample = exposition::read(&bytes, &LoadPreset::Vllm.gauges());
+        let sample = engine_load(&bytes, &LoadPreset::Vllm.gauges());
         for v in [sample.waiting, sample.running, sample.kv_usage]
             .into_iter()
             .flatten()

@@ -2,23 +2,22 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
 use magpie_proxy::app::{self, Running};
 use magpie_proxy::config::Config;
-use magpie_proxy::routing::backend::Backend;
-use magpie_proxy::routing::instance::Instance;
+use magpie_proxy::testing::{BackendProbe, Probe};
 
-use super::within;
+use super::{metric_sum, within};
 
 /// A running magpie; it shuts down when dropped.
 pub struct Magpie {
     pub addr: SocketAddr,
     /// The admin endpoint, when the config turns it on.
     pub admin: Option<SocketAddr>,
-    pub instance: Arc<Instance>,
+    /// What the tests read of it that no metric shows, and what they do to it.
+    pub probe: Probe,
     running: Option<Running>,
     shutdown: CancellationToken,
 }
@@ -49,7 +48,7 @@ impl Magpie {
         Magpie {
             addr: running.listen[0],
             admin: running.admin,
-            instance: Arc::clone(&running.instance),
+            probe: running.probe(),
             running: Some(running),
             shutdown,
         }
@@ -69,12 +68,7 @@ impl Magpie {
 
     /// The backends for `key`, primary first, by name.
     pub fn candidates(&self, key: u64) -> Vec<String> {
-        self.instance
-            .snapshot
-            .load()
-            .candidates(key)
-            .map(|b| b.name.clone())
-            .collect()
+        self.probe.candidates(key)
     }
 
     pub fn primary(&self, key: u64) -> String {
@@ -84,36 +78,64 @@ impl Magpie {
             .expect("a snapshot always has a candidate")
     }
 
-    pub fn backend(&self, name: &str) -> Arc<Backend> {
-        Arc::clone(
-            self.instance
-                .snapshot
-                .load()
-                .backend(name)
-                .unwrap_or_else(|| panic!("no backend named {name}")),
-        )
+    pub fn backend(&self, name: &str) -> BackendProbe {
+        (self.probe.backend(name)).unwrap_or_else(|| panic!("no backend named {name}"))
     }
 
     /// Active connections per backend, in name order.
     pub fn active(&self) -> Vec<(String, u64)> {
-        self.instance
-            .snapshot
-            .load()
-            .backends
-            .iter()
-            .map(|b| (b.name.clone(), b.live.load.active()))
+        (self.probe.backends().iter())
+            .map(|b| (b.name().to_string(), b.active()))
             .collect()
+    }
+
+    /// The sum of the series of the metric `name` whose labels include each
+    /// of `labels` (`key="value"`), as `/metrics` shows it now. The metric
+    /// must be one magpie exports.
+    pub fn metric(&self, name: &str, labels: &[&str]) -> u64 {
+        self.metric_f64(name, labels) as u64
+    }
+
+    /// [`Magpie::metric`] as it is exported (a histogram's `_sum`, a ratio).
+    pub fn metric_f64(&self, name: &str, labels: &[&str]) -> f64 {
+        let text = self.probe.metrics();
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .filter(|base| text.contains(&format!("# TYPE {base} histogram")))
+            .unwrap_or(name);
+        let declared = format!("# TYPE {family} ");
+        assert!(text.contains(&declared), "/metrics has no family {family}");
+        metric_sum(&text, name, labels)
+    }
+
+    /// Clients that failed for `reason`
+    /// (`magpie_client_failures_total{reason}`).
+    pub fn client_failures(&self, reason: &str) -> u64 {
+        let reason = format!("reason=\"{reason}\"");
+        self.metric("magpie_client_failures_total", &[&reason])
+    }
+
+    /// Requests (or connections) that went by the fallback key for `reason`.
+    pub fn fallbacks(&self, reason: magpie_core::key::FallbackReason) -> u64 {
+        let reason = format!("reason=\"{}\"", reason.as_str());
+        self.metric("magpie_key_fallbacks_total", &[&reason])
+    }
+
+    /// The sum of the per-backend metric `name` for backend `backend`
+    /// whose other labels include each of `labels`.
+    pub fn backend_metric(&self, name: &str, backend: &str, labels: &[&str]) -> u64 {
+        let backend = format!("backend=\"{backend}\"");
+        let all: Vec<&str> = std::iter::once(backend.as_str())
+            .chain(labels.iter().copied())
+            .collect();
+        self.metric(name, &all)
     }
 
     /// Waits until its shared session store (`store: redis`) is connected.
     pub async fn store_connected(&self) {
-        let store = self
-            .instance
-            .sessions()
-            .and_then(|s| s.store.clone())
-            .expect("a store");
         within("the store to connect", async {
-            while !store.is_connected() {
+            while !self.probe.store_connected() {
                 tokio::task::yield_now().await;
             }
         })

@@ -3,10 +3,7 @@
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 
-use magpie_proxy::ops::reload::Reloader;
-use magpie_proxy::routing::sessions::store::Store;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{Magpie, TempFile, config_yaml, within};
@@ -141,7 +138,7 @@ impl Fleet {
         for (file, magpie) in self.files.iter().zip(&self.magpies) {
             std::fs::write(&file.path, config_yaml("127.0.0.1:0", settings, backends))
                 .expect("rewrite");
-            Reloader::new(file.path.clone(), Arc::clone(&magpie.instance))
+            (magpie.probe.reloader(file.path.clone()))
                 .reload(true)
                 .await
                 .expect("the reload applies");
@@ -149,10 +146,9 @@ impl Fleet {
     }
 }
 
-/// The shared store of magpie `m`.
-pub fn store_stats(m: &Magpie) -> Arc<Store> {
-    m.instance
-        .sessions()
-        .and_then(|s| s.store.clone())
-        .expect("a store")
+/// Magpie `m`'s round trips to its shared store that came to `result`
+/// (`ok`, `error`, `timeout`, `skipped`).
+pub fn store_ops(m: &Magpie, result: &str) -> u64 {
+    let result = format!("result=\"{result}\"");
+    m.metric("magpie_session_store_operations_total", &[&result])
 }

@@ -2,7 +2,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use magpie_proxy::config::LoadPreset;
-use magpie_proxy::routing::health::exposition::read;
+use magpie_proxy::parsers::engine_load as read;
 
 // An engine's /metrics answer, read for the vLLM gauges: any bytes go
 // through, and whatever is found is a finite, non-negative value.

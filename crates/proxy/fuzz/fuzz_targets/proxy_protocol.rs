@@ -1,7 +1,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use magpie_proxy::intake::proxy_protocol::{parse, signature};
+use magpie_proxy::parsers::{parse, signature};
 
 // The first bytes from a trusted peer, read as a PROXY v1/v2 header.
 fuzz_target!(|data: &[u8]| {

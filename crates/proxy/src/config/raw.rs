@@ -329,7 +329,7 @@ pub(super) struct RawLoad {
 
 /// `health.expect_status`: one code (`200`) or a range (`200-399`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StatusRange(pub u16, pub u16);
+pub(super) struct StatusRange(pub u16, pub u16);
 
 impl<'de> Deserialize<'de> for StatusRange {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -520,7 +520,7 @@ pub(super) fn from_yaml(file: &Path, text: &str) -> Result<RawConfig, ConfigErro
 
 /// The most YAML values (scalars, lists, maps) a config may hold: room for
 /// about 200,000 backends written one per line.
-pub const MAX_YAML_NODES: usize = 1_000_000;
+pub(super) const MAX_YAML_NODES: usize = 1_000_000;
 
 /// A YAML parsing limit, said in words.
 fn over_budget(breach: &serde_saphyr::budget::BudgetBreach) -> String {

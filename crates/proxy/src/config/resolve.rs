@@ -10,7 +10,7 @@ use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
 
 #[derive(Debug, thiserror::Error)]
-pub enum ResolveError {
+pub(super) enum ResolveError {
     #[error("backend address {0:?} has no port (write host:port)")]
     NoPort(String),
     #[error("backend address {0:?} is not host:port")]
@@ -26,14 +26,14 @@ pub enum ResolveError {
 /// Whether host names go to the system resolver, or are refused (parsing
 /// untrusted text, as the fuzz targets do, must not make DNS queries).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Names {
+pub(super) enum Names {
     Resolve,
     Offline,
 }
 
 /// `ip:port` as is; `host:port` through the system resolver, first address.
 /// `text` is trimmed already.
-pub fn backend_addr(text: &str, names: Names) -> Result<SocketAddr, ResolveError> {
+pub(super) fn backend_addr(text: &str, names: Names) -> Result<SocketAddr, ResolveError> {
     if let Ok(addr) = text.parse::<SocketAddr>() {
         return Ok(addr);
     }

@@ -27,7 +27,7 @@ use super::request_body::RequestBody;
 
 /// When a request's latest frame was handed to its backend connection.
 #[derive(Debug)]
-pub struct Progress {
+pub(crate) struct Progress {
     epoch: Instant,
     /// Milliseconds from `epoch` to the latest frame.
     ms: AtomicU64,
@@ -37,7 +37,7 @@ pub struct Progress {
 
 impl Progress {
     /// A request about to be sent: its head counts as its first byte.
-    pub fn new() -> Arc<Progress> {
+    pub(crate) fn new() -> Arc<Progress> {
         Arc::new(Progress {
             epoch: Instant::now(),
             ms: AtomicU64::new(0),
@@ -46,12 +46,12 @@ impl Progress {
     }
 
     /// The request body's bytes sent so far.
-    pub fn bytes(&self) -> u64 {
+    pub(crate) fn bytes(&self) -> u64 {
         self.bytes.load(Ordering::Relaxed)
     }
 
     /// `n` more bytes of the request body went (or only its head, `n == 0`).
-    pub fn sent(&self, n: u64) {
+    pub(crate) fn sent(&self, n: u64) {
         self.touch();
         self.bytes.fetch_add(n, Ordering::Relaxed);
     }
@@ -62,25 +62,25 @@ impl Progress {
     }
 
     /// When the latest byte went.
-    pub fn last(&self) -> Instant {
+    pub(crate) fn last(&self) -> Instant {
         self.epoch + Duration::from_millis(self.ms.load(Ordering::Relaxed))
     }
 }
 
 /// A request body on its way to a backend, noting its progress.
 #[derive(Debug)]
-pub struct Outgoing {
+pub(crate) struct Outgoing {
     body: RequestBody,
     progress: Arc<Progress>,
 }
 
 impl Outgoing {
-    pub fn new(body: RequestBody, progress: Arc<Progress>) -> Outgoing {
+    pub(crate) fn new(body: RequestBody, progress: Arc<Progress>) -> Outgoing {
         Outgoing { body, progress }
     }
 
     /// The body again (a request handed back unsent).
-    pub fn into_inner(self) -> RequestBody {
+    pub(crate) fn into_inner(self) -> RequestBody {
         self.body
     }
 }
@@ -115,7 +115,7 @@ impl Body for Outgoing {
 
 /// Awaits `head` while less than `timeout` has passed since the request's
 /// latest byte went (`progress`); `None` once it has.
-pub async fn response_head<F: Future>(
+pub(crate) async fn response_head<F: Future>(
     head: F,
     progress: &Progress,
     timeout: Duration,
@@ -139,7 +139,7 @@ pub async fn response_head<F: Future>(
 /// The pauses of a response body: how long it has had nothing for a client
 /// that asked for more.
 #[derive(Debug)]
-pub struct Silence {
+pub(crate) struct Silence {
     limit: Duration,
     /// When the body was first found empty since its latest frame.
     since: Option<Instant>,
@@ -148,7 +148,7 @@ pub struct Silence {
 }
 
 impl Silence {
-    pub fn new(limit: Duration) -> Silence {
+    pub(crate) fn new(limit: Duration) -> Silence {
         Silence {
             limit,
             since: None,
@@ -156,18 +156,18 @@ impl Silence {
         }
     }
 
-    pub fn limit(&self) -> Duration {
+    pub(crate) fn limit(&self) -> Duration {
         self.limit
     }
 
     /// A frame came: the pause is over.
-    pub fn frame(&mut self) {
+    pub(crate) fn frame(&mut self) {
         self.since = None;
     }
 
     /// The body has nothing now: whether it has been silent for the limit.
     /// If not, `cx` is woken when it would be.
-    pub fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+    pub(crate) fn expired(&mut self, cx: &mut Context<'_>) -> bool {
         let now = Instant::now();
         let deadline = *self.since.get_or_insert(now) + self.limit;
         let sleep = self
@@ -181,7 +181,7 @@ impl Silence {
 /// timer is set again only when it would fire late, or when it fires early
 /// (it was armed for an earlier deadline, which moved), so one timer can
 /// serve a deadline that moves with every byte at no cost per byte.
-pub fn passed(cx: &mut Context<'_>, sleep: &mut Pin<&mut Sleep>, deadline: Instant) -> bool {
+pub(crate) fn passed(cx: &mut Context<'_>, sleep: &mut Pin<&mut Sleep>, deadline: Instant) -> bool {
     if sleep.deadline() > deadline {
         sleep.as_mut().reset(deadline);
     }

@@ -48,7 +48,7 @@ use crate::telemetry::stats::QuietClose;
 /// drain, a keep-alive client's next request) before it is closed; one
 /// that comes is answered with `connection: close`. A client that sent it
 /// gets an answer, not a close that races its request.
-pub const FIRST_REQUEST_GRACE: Duration = Duration::from_secs(1);
+pub(crate) const FIRST_REQUEST_GRACE: Duration = Duration::from_secs(1);
 
 /// The answer to a head that did not arrive in time.
 const TIMEOUT_408: &[u8] = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain\r\ncontent-length: 40\r\nconnection: close\r\n\r\nthe request head did not arrive in time\n";
@@ -71,11 +71,11 @@ const MS_SHIFT: u32 = PHASE_BITS + COUNT_BITS;
 /// its request handler. Packed in one atomic, updated by compare-and-swap,
 /// so concurrent HTTP/2 requests never leave it idle while one is served.
 #[derive(Debug)]
-pub struct Clock {
+pub(crate) struct Clock {
     epoch: Instant,
     state: AtomicU64,
     /// A head deadline passed and a 408 was sent.
-    pub timed_out: AtomicBool,
+    pub(crate) timed_out: AtomicBool,
     /// The connection was closed for being quiet: 0, or 1 + the
     /// [`QuietClose`]'s index.
     quiet: AtomicU8,
@@ -90,23 +90,23 @@ pub struct Clock {
 
 impl Clock {
     /// When the connection began (its first byte's deadline runs from here).
-    pub fn started(&self) -> Instant {
+    pub(crate) fn started(&self) -> Instant {
         self.epoch
     }
 
     /// Why the connection was closed for being quiet, if it was.
-    pub fn quiet_close(&self) -> Option<QuietClose> {
+    pub(crate) fn quiet_close(&self) -> Option<QuietClose> {
         let n = self.quiet.load(Ordering::Relaxed) as usize;
         n.checked_sub(1)
             .and_then(|i| QuietClose::ALL.get(i).copied())
     }
 
     /// The client speaks HTTP/2.
-    pub fn is_h2(&self) -> bool {
+    pub(crate) fn is_h2(&self) -> bool {
         self.h2.load(Ordering::Relaxed)
     }
 
-    pub fn new() -> Arc<Clock> {
+    pub(crate) fn new() -> Arc<Clock> {
         Arc::new(Clock {
             epoch: Instant::now(),
             state: AtomicU64::new(IDLE),
@@ -146,7 +146,7 @@ impl Clock {
 
     /// The handler has a complete head; the request is served until the
     /// guard is dropped (its reply sent, or abandoned).
-    pub fn serving(self: &Arc<Self>) -> Busy {
+    pub(crate) fn serving(self: &Arc<Self>) -> Busy {
         self.update(|_, count| Some((SERVING, count + 1)));
         Busy(Arc::clone(self))
     }
@@ -169,7 +169,7 @@ impl Clock {
     }
 
     /// Whether an HTTP/1 connection's response was cut half-way.
-    pub fn was_cut(&self) -> bool {
+    pub(crate) fn was_cut(&self) -> bool {
         self.cut.load(Ordering::Relaxed)
     }
 }
@@ -177,11 +177,11 @@ impl Clock {
 /// One request being served on a connection; dropped, and none left, the
 /// connection idles from then.
 #[derive(Debug)]
-pub struct Busy(Arc<Clock>);
+pub(crate) struct Busy(Arc<Clock>);
 
 impl Busy {
     /// The response failed half-way: the client must not see a clean end.
-    pub fn cut(&self) {
+    pub(crate) fn cut(&self) {
         if !self.0.h2.load(Ordering::Relaxed) {
             self.0.cut.store(true, Ordering::Relaxed);
         }
@@ -210,18 +210,18 @@ impl Drop for Busy {
 
 /// How long a client connection may take, phase by phase.
 #[derive(Debug, Clone, Copy)]
-pub struct Deadlines {
+pub(crate) struct Deadlines {
     /// From a head's first byte to its end (`key.read_timeout`).
-    pub head: Duration,
+    pub(crate) head: Duration,
     /// From the connection's start while it has sent nothing.
-    pub first_byte: Duration,
+    pub(crate) first_byte: Duration,
     /// From the end of a response while no other is served.
-    pub keepalive: Duration,
+    pub(crate) keepalive: Duration,
 }
 
 /// A client stream with the deadlines of its [`Clock`]: the socket itself
 /// ([`ClientSocket`](super::socket::ClientSocket)), or TLS over it.
-pub struct Timed<S> {
+pub(crate) struct Timed<S> {
     inner: S,
     clock: Arc<Clock>,
     deadlines: Deadlines,
@@ -236,7 +236,7 @@ pub struct Timed<S> {
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Timed<S> {
     /// `inner` with the deadlines of `clock`.
-    pub fn new(inner: S, clock: Arc<Clock>, deadlines: Deadlines) -> Timed<S> {
+    pub(crate) fn new(inner: S, clock: Arc<Clock>, deadlines: Deadlines) -> Timed<S> {
         Timed {
             inner,
             clock,
@@ -360,7 +360,7 @@ const LINGER_BUFFER: usize = 16 << 10;
 /// sending, until it closes or a short limit passes. Closing a socket with
 /// unread input sends a reset, and a reset can destroy the answer before the
 /// client reads it (nginx's "lingering close" does the same).
-pub async fn linger(stream: &TcpStream) {
+pub(crate) async fn linger(stream: &TcpStream) {
     if let Err(e) = socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Write) {
         tracing::debug!(error = %e, "cannot shut down the client's write side");
         return;

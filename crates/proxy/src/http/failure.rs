@@ -18,7 +18,7 @@ use crate::telemetry::stats::ClientFailure;
 
 /// Where a request failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
+pub(crate) enum Source {
     /// No backend took it: every target was down, full or refused it.
     Pool,
     /// magpie itself (file descriptors, memory).
@@ -33,7 +33,7 @@ pub enum Source {
 
 /// Why a request reached no backend.
 #[derive(Debug)]
-pub enum Failure {
+pub(crate) enum Failure {
     /// Every target was down, full or refused the connection.
     NoBackend { tried: Vec<String> },
     /// magpie itself ran out of file descriptors or memory connecting.
@@ -44,7 +44,7 @@ pub enum Failure {
     ResponseTimeout { backend: String, after: Duration },
     /// The client's body failed (a malformed chunk, a cut) while it was
     /// sent on: the client's fault, not the backend's.
-    ClientBody { error: BoxError },
+    ClientBody,
     /// The backend answered `101 Switching Protocols`, which magpie never
     /// asks for (it passes no `Upgrade` on).
     Switched { backend: String },
@@ -54,7 +54,7 @@ pub enum Failure {
 
 impl Failure {
     /// The backend failed after the request was (at least partly) written.
-    pub fn after_send(backend: &Backend, error: BoxError) -> Failure {
+    pub(crate) fn after_send(backend: &Backend, error: BoxError) -> Failure {
         Failure::AfterSend {
             backend: backend.name.clone(),
             error,
@@ -62,7 +62,7 @@ impl Failure {
     }
 
     /// The backend answered `101` unasked.
-    pub fn switched(backend: &Backend) -> Failure {
+    pub(crate) fn switched(backend: &Backend) -> Failure {
         Failure::Switched {
             backend: backend.name.clone(),
         }
@@ -70,7 +70,7 @@ impl Failure {
 
     /// The backend sent no response head within `after`
     /// (`http.response_timeout`).
-    pub fn timed_out(backend: &Backend, after: Duration) -> Failure {
+    pub(crate) fn timed_out(backend: &Backend, after: Duration) -> Failure {
         Failure::ResponseTimeout {
             backend: backend.name.clone(),
             after,
@@ -78,23 +78,23 @@ impl Failure {
     }
 
     /// Where it failed: whose fault it is, and so who is counted for it.
-    pub fn source(&self) -> Source {
+    pub(crate) fn source(&self) -> Source {
         match self {
             Failure::NoBackend { .. } => Source::Pool,
             Failure::LocalResources => Source::Local,
             Failure::AfterSend { .. }
             | Failure::ResponseTimeout { .. }
             | Failure::Switched { .. } => Source::Backend,
-            Failure::ClientBody { .. } => Source::Client,
+            Failure::ClientBody => Source::Client,
             Failure::Refused(_) => Source::Queue,
         }
     }
 
     /// How it is counted in `magpie_client_failures_total`.
-    pub fn client_failure(&self) -> ClientFailure {
+    pub(crate) fn client_failure(&self) -> ClientFailure {
         match self {
             Failure::LocalResources => ClientFailure::LocalResources,
-            Failure::ClientBody { .. } => ClientFailure::BadRequest,
+            Failure::ClientBody => ClientFailure::BadRequest,
             Failure::NoBackend { .. } => ClientFailure::NoBackend,
             Failure::AfterSend { .. } | Failure::Switched { .. } => ClientFailure::BackendFailed,
             Failure::ResponseTimeout { .. } => ClientFailure::ResponseTimeout,
@@ -104,7 +104,7 @@ impl Failure {
     }
 
     /// The backend the request failed at, if it reached one.
-    pub fn backend(&self) -> Option<&str> {
+    pub(crate) fn backend(&self) -> Option<&str> {
         match self {
             Failure::AfterSend { backend, .. }
             | Failure::ResponseTimeout { backend, .. }
@@ -116,7 +116,7 @@ impl Failure {
     /// What the client is told: `400` when the client's body failed (and the
     /// connection closes), `503` when magpie is out of resources, `504` when
     /// the backend did not answer in time, else `502`.
-    pub fn answer(&self) -> LocalAnswer {
+    pub(crate) fn answer(&self) -> LocalAnswer {
         let (status, text) = match self {
             Failure::NoBackend { tried } if tried.is_empty() => (
                 StatusCode::BAD_GATEWAY,
@@ -138,7 +138,7 @@ impl Failure {
                 StatusCode::BAD_GATEWAY,
                 format!("magpie: backend {backend} failed after the request was sent: {error}\n"),
             ),
-            Failure::ClientBody { .. } => (StatusCode::BAD_REQUEST, BODY_UNREADABLE.to_string()),
+            Failure::ClientBody => (StatusCode::BAD_REQUEST, BODY_UNREADABLE.to_string()),
             Failure::Switched { backend } => (
                 StatusCode::BAD_GATEWAY,
                 format!("magpie: backend {backend} switched protocols (101) unasked\n"),
@@ -166,7 +166,7 @@ impl Failure {
         LocalAnswer {
             status,
             text,
-            close: matches!(self, Failure::ClientBody { .. }),
+            close: matches!(self, Failure::ClientBody),
             retry_after: matches!(self, Failure::Refused(_)).then_some(RETRY_AFTER_SECONDS),
         }
     }
@@ -174,26 +174,26 @@ impl Failure {
 
 /// The answer to a request whose body could not be read (for its key, or
 /// while it was sent on).
-pub const BODY_UNREADABLE: &str = "magpie: the request body could not be read\n";
+pub(crate) const BODY_UNREADABLE: &str = "magpie: the request body could not be read\n";
 
 /// What a refusal of the queue's tells the client to wait before it tries
 /// again (`Retry-After`, in seconds): long enough for the requests in
 /// flight to move on, short enough not to idle a pool that drained.
-pub const RETRY_AFTER_SECONDS: u32 = 1;
+pub(crate) const RETRY_AFTER_SECONDS: u32 = 1;
 
 /// A short answer of magpie's own: its status, its one line of text,
 /// whether the connection closes after it, and a `Retry-After` if any.
-pub struct LocalAnswer {
-    pub status: StatusCode,
-    pub text: String,
-    pub close: bool,
-    pub retry_after: Option<u32>,
+pub(crate) struct LocalAnswer {
+    pub(crate) status: StatusCode,
+    pub(crate) text: String,
+    pub(crate) close: bool,
+    pub(crate) retry_after: Option<u32>,
 }
 
 impl LocalAnswer {
     /// `400`: the request body could not be read for its key; the
     /// connection closes.
-    pub fn body_unreadable() -> LocalAnswer {
+    pub(crate) fn body_unreadable() -> LocalAnswer {
         LocalAnswer {
             status: StatusCode::BAD_REQUEST,
             text: BODY_UNREADABLE.to_string(),

@@ -32,14 +32,14 @@ use crate::routing::backend::Backend;
 
 /// A request on its way through hyper's client: it is handed back by a
 /// connection that closed before it went, for the next.
-pub struct HyperWire<'p> {
-    pub pool: &'p Arc<Pool>,
+pub(crate) struct HyperWire<'p> {
+    pub(crate) pool: &'p Arc<Pool>,
     request: Option<Request<RequestBody>>,
 }
 
 impl<'p> HyperWire<'p> {
     /// `request`, prepared for its backend, to go over `pool`'s connections.
-    pub fn new(request: Request<RequestBody>, pool: &'p Arc<Pool>) -> HyperWire<'p> {
+    pub(crate) fn new(request: Request<RequestBody>, pool: &'p Arc<Pool>) -> HyperWire<'p> {
         HyperWire {
             pool,
             request: Some(prepare(request)),
@@ -108,9 +108,7 @@ impl Wire for HyperWire<'_> {
                 // Only the client's body fails as the user's: the backend is
                 // not to blame, and its connection is gone with the error.
                 debug!(backend = %backend.name, %error, "the request body failed while it was sent");
-                return Exchange::Failed(Failure::ClientBody {
-                    error: error.into(),
-                });
+                return Exchange::Failed(Failure::ClientBody);
             }
             return Exchange::Failed(Failure::after_send(backend, error.into()));
         };
@@ -127,7 +125,7 @@ impl Wire for HyperWire<'_> {
 /// The response to pass on: hop-by-hop headers dropped, the backend named if
 /// asked, the body counted until its end (its connection goes back to the
 /// pool then).
-pub fn respond(
+pub(crate) fn respond(
     response: Response<Incoming>,
     in_flight: InFlight,
     config: &Config,
@@ -221,7 +219,7 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 /// magpie's own answer, as hyper sends it.
-pub fn answer(answer: LocalAnswer) -> Response<Reply> {
+pub(crate) fn answer(answer: LocalAnswer) -> Response<Reply> {
     let mut r = local(answer.status, answer.text);
     if answer.close {
         r.headers_mut()
@@ -235,7 +233,7 @@ pub fn answer(answer: LocalAnswer) -> Response<Reply> {
 }
 
 /// A short plain-text answer from magpie itself.
-pub fn local(status: StatusCode, text: impl Into<Bytes>) -> Response<Reply> {
+pub(crate) fn local(status: StatusCode, text: impl Into<Bytes>) -> Response<Reply> {
     let mut r = Response::new(Reply::text(text));
     *r.status_mut() = status;
     r.headers_mut().insert(

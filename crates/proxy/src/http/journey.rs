@@ -47,7 +47,7 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use super::backend_deadlines::Progress;
-pub use super::failure::{BODY_UNREADABLE, Failure, LocalAnswer, RETRY_AFTER_SECONDS, Source};
+pub(crate) use super::failure::{BODY_UNREADABLE, Failure, LocalAnswer, Source};
 use super::pool::{Lease, Limits, Pool, Pooled};
 use super::request_log::{Answer, RequestLog};
 use super::response_body::InFlight;
@@ -59,11 +59,10 @@ use crate::routing::decision::{Plan, Slot, Taken};
 use crate::routing::health::passive::{self, Blame};
 use crate::routing::instance::Instance;
 use crate::routing::queue::Refusal;
-use crate::routing::route::How;
 
 /// A wire format: what differs in sending a request to a backend and
 /// reading its answer's head.
-pub trait Wire {
+pub(crate) trait Wire {
     /// An upstream connection, as the pool keeps it.
     type Conn: Pooled;
     /// An answer's head, as this wire format reads it.
@@ -99,7 +98,7 @@ pub trait Wire {
 }
 
 /// What sending a request over one connection came to.
-pub enum Exchange<W: Wire + ?Sized> {
+pub(crate) enum Exchange<W: Wire + ?Sized> {
     /// An answer's head, the connection it came over, when the request was
     /// sent, and how far its body got.
     Answered {
@@ -119,7 +118,7 @@ pub enum Exchange<W: Wire + ?Sized> {
 }
 
 /// What a journey came to.
-pub enum Forwarded<W: Wire> {
+pub(crate) enum Forwarded<W: Wire> {
     Answered(Box<Answered<W>>),
     /// Counted, and noted in the log line; the client gets
     /// [`Failure::answer`].
@@ -129,33 +128,31 @@ pub enum Forwarded<W: Wire> {
 
 /// A backend's answer, its head read and accounted: the wire format relays
 /// it and ends the request through `in_flight`, which carries the log line.
-pub struct Answered<W: Wire> {
-    pub head: W::Head,
-    pub in_flight: InFlight<W::Conn>,
-    pub progress: Arc<Progress>,
-    /// Why this backend took the request (for the log line, done already).
-    pub how: How,
+pub(crate) struct Answered<W: Wire> {
+    pub(crate) head: W::Head,
+    pub(crate) in_flight: InFlight<W::Conn>,
+    pub(crate) progress: Arc<Progress>,
 }
 
 /// A request on its way: its plan, the config it was routed with and its
 /// log line.
-pub struct Journey<'a> {
-    pub plan: Plan,
+pub(crate) struct Journey<'a> {
+    pub(crate) plan: Plan,
     /// Which idle connections it may take (`http.reuse`).
-    pub claim: Claim,
+    pub(crate) claim: Claim,
     /// Body bytes it holds, read for its key: counted while it waits.
-    pub held: u64,
-    pub config: &'a Config,
-    pub instance: &'a Arc<Instance>,
+    pub(crate) held: u64,
+    pub(crate) config: &'a Config,
+    pub(crate) instance: &'a Arc<Instance>,
     /// The request's access-log line, if it is sampled: it moves into the
     /// answer's [`InFlight`], or stays for magpie's own answer.
-    pub log: &'a mut Option<RequestLog>,
+    pub(crate) log: &'a mut Option<RequestLog>,
 }
 
 impl Journey<'_> {
     /// Sends the request to the first target of its plan that takes it
     /// (with `queue`, the first that has room, after waiting for it).
-    pub async fn forward<W: Wire>(&mut self, wire: &mut W) -> Forwarded<W> {
+    pub(crate) async fn forward<W: Wire>(&mut self, wire: &mut W) -> Forwarded<W> {
         let mut tried = Vec::new();
         loop {
             let gone = wire.client_gone();
@@ -254,7 +251,7 @@ impl Journey<'_> {
         let committed = self.plan.commit(self.instance, &backend);
         let in_flight = InFlight {
             backend,
-            slot: active,
+            _slot: active,
             sent,
             lease,
             tally: committed.tally(self.instance),
@@ -266,7 +263,6 @@ impl Journey<'_> {
             head,
             in_flight,
             progress,
-            how,
         }
     }
 

@@ -39,25 +39,25 @@
 //! | [`client_deadlines`] | first-byte, head and keep-alive deadlines on a client connection (`408`) |
 //! | [`backend_deadlines`] | a backend's deadlines: the response head (`504`), pauses in its body |
 
-pub mod backend_deadlines;
-pub mod client_deadlines;
-pub mod failure;
-pub mod fields;
-pub mod h1;
-pub mod hyper_wire;
-pub mod journey;
-pub mod normalize;
-pub mod pool;
-pub mod reply;
-pub mod request_body;
-pub mod request_key;
-pub mod request_log;
-pub mod resets;
-pub mod response_body;
-pub mod reuse;
-pub mod socket;
-pub mod tls;
-pub mod upstream;
+pub(crate) mod backend_deadlines;
+pub(crate) mod client_deadlines;
+pub(crate) mod failure;
+pub(crate) mod fields;
+pub(crate) mod h1;
+pub(crate) mod hyper_wire;
+pub(crate) mod journey;
+pub(crate) mod normalize;
+pub(crate) mod pool;
+pub(crate) mod reply;
+pub(crate) mod request_body;
+pub(crate) mod request_key;
+pub(crate) mod request_log;
+pub(crate) mod resets;
+pub(crate) mod response_body;
+pub(crate) mod reuse;
+pub(crate) mod socket;
+pub(crate) mod tls;
+pub(crate) mod upstream;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -107,14 +107,14 @@ type RequestFuture = Pin<Box<dyn Future<Output = Result<Response<Reply>, Infalli
 
 /// What every HTTP connection shares.
 #[derive(Clone, Default)]
-pub struct HttpPath {
+pub(crate) struct HttpPath {
     /// hyper's upstream connections.
-    pub pool: Arc<Pool>,
+    pub(crate) pool: Arc<Pool>,
     /// The HTTP/1.1 pass-through's upstream connections.
-    pub raw_pool: Arc<Pool<RawConn>>,
+    pub(crate) raw_pool: Arc<Pool<RawConn>>,
     /// One per `listen` address: its TLS acceptor, `None` for cleartext
     /// (and for every listener when empty).
-    pub tls: Arc<[Option<TlsAcceptor>]>,
+    pub(crate) tls: Arc<[Option<TlsAcceptor>]>,
 }
 
 /// One client connection, past its intake, as hyper will serve it.
@@ -155,7 +155,7 @@ impl HttpPath {
     /// Serves one client connection: its TLS handshake if its listener
     /// terminates TLS, then its requests, one after another (or side by
     /// side over HTTP/2), until it closes or shutdown.
-    pub async fn serve_connection(self, accepted: Accepted) {
+    pub(crate) async fn serve_connection(self, accepted: Accepted) {
         let Accepted {
             stream,
             peer,

@@ -27,7 +27,7 @@ const ALLOW: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS, TRACE, PATCH";
 
 /// Why a request is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     Connect,
     AuthorityForm,
     DuplicateHost,
@@ -37,7 +37,7 @@ pub enum Refusal {
 
 impl Refusal {
     /// The refusal `request` earns, if any.
-    pub fn of<B>(request: &Request<B>) -> Option<Refusal> {
+    pub(crate) fn of<B>(request: &Request<B>) -> Option<Refusal> {
         let uri = request.uri();
         if request.method() == Method::CONNECT {
             return Some(Refusal::Connect);
@@ -52,7 +52,7 @@ impl Refusal {
     }
 
     /// magpie's one-line answer; the connection closes after it.
-    pub fn reply(self) -> Response<Reply> {
+    pub(crate) fn reply(self) -> Response<Reply> {
         let (status, text) = match self {
             Refusal::Connect => (
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -86,7 +86,11 @@ impl Refusal {
 }
 
 /// Refuses `request` if it must be: its answer, counted in `stats`.
-pub fn refuse<B>(request: &Request<B>, stats: &Stats, client: Client) -> Option<Response<Reply>> {
+pub(crate) fn refuse<B>(
+    request: &Request<B>,
+    stats: &Stats,
+    client: Client,
+) -> Option<Response<Reply>> {
     let refusal = Refusal::of(request)?;
     debug!(%client, ?refusal, method = %request.method(), "request refused");
     stats.count_client_failure(ClientFailure::BadRequest);

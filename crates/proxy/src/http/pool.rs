@@ -50,20 +50,20 @@ use crate::telemetry::throttle::Throttle;
 
 /// The most one upstream connection's reader and writer each hold (hyper's
 /// least is 8 KiB).
-pub const UPSTREAM_BUFFER_BYTES: usize = 16 << 10;
+pub(crate) const UPSTREAM_BUFFER_BYTES: usize = 16 << 10;
 
 /// A sender for requests on one upstream connection.
-pub type Sender = SendRequest<Outgoing>;
+pub(crate) type Sender = SendRequest<Outgoing>;
 
 /// How long, and how many, idle connections are kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    pub idle_timeout: Duration,
-    pub max_idle: usize,
+pub(crate) struct Limits {
+    pub(crate) idle_timeout: Duration,
+    pub(crate) max_idle: usize,
 }
 
 impl Limits {
-    pub fn of(http: &HttpConfig) -> Limits {
+    pub(crate) fn of(http: &HttpConfig) -> Limits {
         Limits {
             idle_timeout: http.pool_idle_timeout,
             max_idle: http.pool_max_idle_per_backend,
@@ -72,7 +72,7 @@ impl Limits {
 }
 
 /// What a pool keeps: one upstream connection between two requests.
-pub trait Pooled: Send + 'static {
+pub(crate) trait Pooled: Send + 'static {
     /// Whether it can carry another request: when it cannot, why, if its
     /// backend made it so (bytes it sent unasked, a close) and that was not
     /// counted yet.
@@ -84,8 +84,8 @@ pub trait Pooled: Send + 'static {
 /// One upstream connection spoken to by hyper's client: the sender for its
 /// requests, and its task. Dropping it aborts the task, which closes the
 /// socket.
-pub struct Conn {
-    pub sender: Sender,
+pub(crate) struct Conn {
+    pub(crate) sender: Sender,
     task: AbortHandle,
     /// The backend's live state, to count a discard against.
     live: Arc<Live>,
@@ -114,18 +114,18 @@ impl Pooled for Conn {
 
 /// An upstream connection the pass-through speaks HTTP/1.1 on itself: no
 /// task of its own, no buffer while it waits in the pool.
-pub struct RawConn {
-    pub io: UpstreamIo,
+pub(crate) struct RawConn {
+    pub(crate) io: UpstreamIo,
     /// Set when what was read or written leaves it unfit for another
     /// request (a response not read to its end, a request not sent whole);
     /// a reason its backend gave was counted then.
-    pub spent: bool,
+    pub(crate) spent: bool,
     /// Counts it among the backend's open upstream connections.
     open: UpstreamGuard,
 }
 
 impl RawConn {
-    pub fn new(io: UpstreamIo, backend: &Arc<Backend>) -> RawConn {
+    pub(crate) fn new(io: UpstreamIo, backend: &Arc<Backend>) -> RawConn {
         RawConn {
             io,
             spent: false,
@@ -192,7 +192,7 @@ impl<C> Default for Lists<C> {
 
 /// Counts and logs (at most once a second) a connection closed instead of
 /// pooled because of what its backend did.
-pub fn discarded<C: Pooled>(conn: &C, why: Discard) {
+pub(crate) fn discarded<C: Pooled>(conn: &C, why: Discard) {
     static LOG: Throttle = Throttle::new(Duration::from_secs(1));
     conn.count_discard(why);
     if why == Discard::Unsolicited
@@ -208,7 +208,7 @@ pub fn discarded<C: Pooled>(conn: &C, why: Discard) {
 /// The idle connections of every backend, by address (addresses are unique
 /// within a pool, and a connection to an address serves whichever backend
 /// has it).
-pub struct Pool<C = Conn> {
+pub(crate) struct Pool<C = Conn> {
     lists: Mutex<Lists<C>>,
     /// Wakes the sweeper: a connection came back with an earlier deadline
     /// than it sleeps until, or the pool is gone.
@@ -229,10 +229,10 @@ impl<C> Default for Pool<C> {
 /// One upstream connection, held by one request from its send to the end of
 /// its response. Given back, it waits in the pool for the next request;
 /// dropped, it closes.
-pub struct Lease<C: Pooled = Conn> {
-    pub conn: C,
+pub(crate) struct Lease<C: Pooled = Conn> {
+    pub(crate) conn: C,
     /// Opened for this request (not taken from the pool).
-    pub fresh: bool,
+    pub(crate) fresh: bool,
     addr: SocketAddr,
     limits: Limits,
     pool: Arc<Pool<C>>,
@@ -243,7 +243,7 @@ pub struct Lease<C: Pooled = Conn> {
 impl<C: Pooled> Lease<C> {
     /// A lease on `conn`, just opened to `addr` for the client connection
     /// `owner`, given back to `pool`.
-    pub fn fresh(
+    pub(crate) fn fresh(
         conn: C,
         addr: SocketAddr,
         limits: Limits,
@@ -261,7 +261,7 @@ impl<C: Pooled> Lease<C> {
     }
 
     /// The response was read to its end: the connection goes back to the pool.
-    pub fn give_back(self) {
+    pub(crate) fn give_back(self) {
         self.pool
             .checkin(self.addr, self.conn, self.limits, self.owner);
     }
@@ -274,7 +274,7 @@ impl<C: Pooled> Pool<C> {
     /// found unfit on the way are dropped. Its last response was read to
     /// the end, so it is ready for a request as soon as its connection task
     /// has noticed (`SendRequest::ready`).
-    pub fn checkout(
+    pub(crate) fn checkout(
         self: &Arc<Self>,
         addr: SocketAddr,
         limits: Limits,
@@ -359,7 +359,7 @@ impl<C: Pooled> Pool<C> {
     /// Starts this pool's sweeper, once: it closes idle connections at their
     /// deadline and those of removed backends on every publish of `shared`.
     /// It ends when the pool is dropped or `shared` publishes no more.
-    pub fn start_sweeper(self: &Arc<Self>, instance: &Arc<Instance>) {
+    pub(crate) fn start_sweeper(self: &Arc<Self>, instance: &Arc<Instance>) {
         if self.sweeping.load(Ordering::Relaxed) || self.sweeping.swap(true, Ordering::Relaxed) {
             return;
         }
@@ -430,7 +430,7 @@ impl<C: Pooled> Sweeper<C> {
 
 /// Starts hyper's HTTP/1.1 client on a connected `stream` (plain or TLS):
 /// its sender, and its connection task.
-pub async fn start(stream: UpstreamIo, backend: &Arc<Backend>) -> io::Result<Conn> {
+pub(crate) async fn start(stream: UpstreamIo, backend: &Arc<Backend>) -> io::Result<Conn> {
     let (sender, connection) = http1::Builder::new()
         // What one upstream connection may buffer: a response head (as
         // HAProxy's default 16 KiB buffers allow), and of a body no more

@@ -19,7 +19,7 @@ use super::response_body::{BoxError, ResponseBody};
 /// What magpie answers a client with: a backend's response, or a short
 /// answer of its own, and its request's mark on the connection's clock.
 #[derive(Debug)]
-pub struct Reply {
+pub(crate) struct Reply {
     body: ReplyBody,
     busy: Option<Busy>,
 }
@@ -33,14 +33,14 @@ enum ReplyBody {
 }
 
 impl Reply {
-    pub fn text(body: impl Into<Bytes>) -> Reply {
+    pub(crate) fn text(body: impl Into<Bytes>) -> Reply {
         Reply {
             body: ReplyBody::Local(Full::new(body.into())),
             busy: None,
         }
     }
 
-    pub fn backend(body: ResponseBody) -> Reply {
+    pub(crate) fn backend(body: ResponseBody) -> Reply {
         Reply {
             body: ReplyBody::Backend(Box::new(body)),
             busy: None,
@@ -48,7 +48,7 @@ impl Reply {
     }
 
     /// Holds `busy` until this reply is done.
-    pub fn ending(mut self, busy: Busy) -> Reply {
+    pub(crate) fn ending(mut self, busy: Busy) -> Reply {
         self.busy = Some(busy);
         self
     }

@@ -16,7 +16,7 @@ use crate::telemetry::key_budget::Held;
 /// A request body: `head` (the chunks already read, may be none), then
 /// `rest`.
 #[derive(Debug)]
-pub struct RequestBody {
+pub(crate) struct RequestBody {
     head: VecDeque<Bytes>,
     /// The key budget's share of `head`, given back once it is sent on.
     held: Option<Held>,
@@ -27,7 +27,7 @@ pub struct RequestBody {
 
 impl RequestBody {
     /// The client's body, untouched.
-    pub fn streaming(body: Incoming) -> RequestBody {
+    pub(crate) fn streaming(body: Incoming) -> RequestBody {
         RequestBody {
             head: VecDeque::new(),
             held: None,
@@ -38,7 +38,7 @@ impl RequestBody {
 
     /// The chunks of `head` then whatever of `rest` is left (`None`: the
     /// body ended); `held` is given back once `head` is sent on.
-    pub fn replay(
+    pub(crate) fn replay(
         head: impl IntoIterator<Item = Bytes>,
         held: Held,
         rest: Option<Incoming>,
@@ -52,12 +52,12 @@ impl RequestBody {
     }
 
     /// Bytes read already and held until they are sent on.
-    pub fn held(&self) -> u64 {
+    pub(crate) fn held(&self) -> u64 {
         self.head.iter().map(|b| b.len() as u64).sum()
     }
 
     /// Sends `trailers` after the head (for a body read to its end).
-    pub fn with_trailers(mut self, trailers: Option<HeaderMap>) -> RequestBody {
+    pub(crate) fn with_trailers(mut self, trailers: Option<HeaderMap>) -> RequestBody {
         self.trailers = trailers;
         self
     }

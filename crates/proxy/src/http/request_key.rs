@@ -42,25 +42,25 @@ use magpie_core::key::{self, FallbackReason};
 
 /// The key a request goes by, and why it is the fallback when it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RequestKey {
+pub(crate) struct RequestKey {
     /// The session key (the table's key too, without a group).
-    pub key: SessionKey,
-    pub fallback: Option<FallbackReason>,
+    pub(crate) key: SessionKey,
+    pub(crate) fallback: Option<FallbackReason>,
     /// With `key.group`: the group key, or why the request has none (then
     /// the table is looked up by the session key). `None` without groups.
-    pub group: Option<Result<GroupKey, GroupMiss>>,
+    pub(crate) group: Option<Result<GroupKey, GroupMiss>>,
     /// How its conversation opens (the conversation key of its chat body:
     /// the model, instructions and first user message), when the body was
     /// parsed for a key: where conversations that open alike meet under a
     /// `queue`. None when the session key is the conversation key.
-    pub opening: Option<OpeningKey>,
+    pub(crate) opening: Option<OpeningKey>,
 }
 
 impl RequestKey {
     /// What the routing decision is asked with: these keys, the request's
     /// `standing` and its body's length, counting why a fallback key was
     /// used or a group is missing.
-    pub fn request(
+    pub(crate) fn request(
         &self,
         standing: Standing,
         prompt_bytes: u64,
@@ -95,24 +95,24 @@ impl RequestKey {
 /// The client stopped sending its body while it was read for the key.
 #[derive(Debug, thiserror::Error)]
 #[error("the request body could not be read: {0}")]
-pub struct BodyError(#[from] hyper::Error);
+pub(crate) struct BodyError(#[from] hyper::Error);
 
 /// Where a request's keys are looked for.
 #[derive(Clone, Copy)]
-pub struct KeyPlan<'a> {
-    pub key: &'a KeyConfig,
+pub(crate) struct KeyPlan<'a> {
+    pub(crate) key: &'a KeyConfig,
     /// `key.group`, if set.
-    pub group: Option<&'a GroupBy>,
-    pub client: Client,
+    pub(crate) group: Option<&'a GroupBy>,
+    pub(crate) client: Client,
     /// The bytes all requests hold while reading bodies for keys, and their
     /// most (`limits.key_buffer_bytes`).
-    pub budget: &'a Arc<KeyBudget>,
-    pub budget_max: u64,
+    pub(crate) budget: &'a Arc<KeyBudget>,
+    pub(crate) budget_max: u64,
 }
 
 /// Finds `request`'s key (and group); returns them with the request, its
 /// body ready to be sent on unchanged.
-pub async fn request_key(
+pub(crate) async fn request_key(
     request: Request<Incoming>,
     plan: KeyPlan<'_>,
 ) -> Result<(RequestKey, Request<RequestBody>), BodyError> {
@@ -133,7 +133,7 @@ pub async fn request_key(
 }
 
 /// What a request's head says of its keys.
-pub enum HeadKeys<'a> {
+pub(crate) enum HeadKeys<'a> {
     /// All of them: the body need not be read.
     Known(RequestKey),
     /// The body must be read for them.
@@ -141,12 +141,12 @@ pub enum HeadKeys<'a> {
 }
 
 /// What a request's body is read for, and what its head already gave.
-pub struct BodyWants<'a> {
+pub(crate) struct BodyWants<'a> {
     /// How long and how far the body may be read.
-    pub read: &'a KeyRead,
+    pub(crate) read: &'a KeyRead,
     /// The body field, when nothing after it is wanted: the read may stop
     /// as soon as its value is in ([`look_early`]).
-    pub early: Option<&'a FieldPath>,
+    pub(crate) early: Option<&'a FieldPath>,
     sources: KeySources<'a>,
     group: Option<&'a GroupBy>,
     /// The session key from a header.
@@ -160,7 +160,7 @@ pub struct BodyWants<'a> {
 /// The keys of a request by its head: its headers by (lower-case) name, the
 /// first if repeated, blank ones absent ([`header_value`]), and its
 /// `content-type`; or what its body must be read for.
-pub fn head_keys<'a, 'h>(
+pub(crate) fn head_keys<'a, 'h>(
     plan: &KeyPlan<'a>,
     header: impl Fn(&str) -> Option<&'h [u8]>,
     content_type: Option<&[u8]>,
@@ -219,7 +219,7 @@ pub fn head_keys<'a, 'h>(
 
 impl BodyWants<'_> {
     /// The keys, once the body was read as far as it was (`outcome`).
-    pub fn keys(&self, outcome: &Read) -> RequestKey {
+    pub(crate) fn keys(&self, outcome: &Read) -> RequestKey {
         let by_body = match outcome {
             Read::Complete(bytes) => {
                 let wants = Wants {
@@ -264,7 +264,7 @@ impl BodyWants<'_> {
 
 /// The body field's value in the first bytes of a body, if they settle it
 /// (the value is in, or the body is not JSON).
-pub fn look_early(field: &FieldPath, bytes: &[u8]) -> Option<Result<u64, FallbackReason>> {
+pub(crate) fn look_early(field: &FieldPath, bytes: &[u8]) -> Option<Result<u64, FallbackReason>> {
     match json_field_prefix(bytes, field) {
         Prefix::Known(found) => Some(found),
         Prefix::NotJson => Some(Err(FallbackReason::NotJson)),
@@ -335,7 +335,7 @@ fn body_keys(sources: &KeySources<'_>, wants: Wants<'_>, bytes: &[u8]) -> BodyKe
 }
 
 /// A header's value when present and not blank (the first, if repeated).
-pub fn header_value<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h [u8]> {
+pub(crate) fn header_value<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h [u8]> {
     headers
         .get(name)
         .map(|v| v.as_bytes())
@@ -343,7 +343,7 @@ pub fn header_value<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h [u8]> 
 }
 
 /// `application/json`, or any `…/…+json` type, parameters allowed.
-pub fn is_json(content_type: &[u8]) -> bool {
+pub(crate) fn is_json(content_type: &[u8]) -> bool {
     let Ok(value) = std::str::from_utf8(content_type) else {
         return false;
     };
@@ -355,7 +355,7 @@ pub fn is_json(content_type: &[u8]) -> bool {
 }
 
 /// What reading a body for its key got.
-pub enum Read {
+pub(crate) enum Read {
     /// The whole body.
     Complete(Bytes),
     /// The body field's first occurrence arrived before the body's end.

@@ -19,7 +19,7 @@ use crate::telemetry::access_log::{Entry, HttpRequest, Recording, Status, Tokens
 
 /// One request's line while it is gathered.
 #[derive(Debug)]
-pub struct RequestLog {
+pub(crate) struct RequestLog {
     /// Boxed from the start: it is moved to the writer as a pointer.
     entry: Box<Entry>,
     started: Instant,
@@ -30,14 +30,14 @@ pub struct RequestLog {
 
 /// Where a request came in.
 #[derive(Debug, Clone, Copy)]
-pub struct Arrival {
-    pub client: Client,
-    pub local: Local,
+pub(crate) struct Arrival {
+    pub(crate) client: Client,
+    pub(crate) local: Local,
 }
 
 impl RequestLog {
     /// The line of `request`, when the access log samples it.
-    pub fn start<B>(
+    pub(crate) fn start<B>(
         request: &Request<B>,
         arrival: Arrival,
         instance: &Arc<Instance>,
@@ -53,7 +53,7 @@ impl RequestLog {
     }
 
     /// The line of a request with this head, when the access log samples it.
-    pub fn begin(
+    pub(crate) fn begin(
         line: RequestLine<'_>,
         arrival: Arrival,
         instance: &Arc<Instance>,
@@ -95,12 +95,12 @@ impl RequestLog {
     }
 
     /// The request's session key.
-    pub fn keyed(&mut self, key: SessionKey) {
+    pub(crate) fn keyed(&mut self, key: SessionKey) {
         self.entry.key_hash = key.hash();
     }
 
     /// A backend named by a failure, if it is among `targets`.
-    pub fn tried(&mut self, name: &str, targets: &[Arc<Backend>]) {
+    pub(crate) fn tried(&mut self, name: &str, targets: &[Arc<Backend>]) {
         if let Some(b) = targets.iter().find(|b| b.name == name) {
             self.entry.backend = Some((b.name.clone(), b.addr));
         }
@@ -108,7 +108,7 @@ impl RequestLog {
 
     /// It left the queue as `how` says (admitted, or refused) after
     /// waiting `waited` for a backend's room.
-    pub fn queued(&mut self, waited: Duration, how: &'static str) {
+    pub(crate) fn queued(&mut self, waited: Duration, how: &'static str) {
         if !waited.is_zero() {
             self.entry.queued = Some(waited);
         }
@@ -116,7 +116,7 @@ impl RequestLog {
     }
 
     /// The backend answered with a response head.
-    pub fn answered(&mut self, answer: Answer<'_>) {
+    pub(crate) fn answered(&mut self, answer: Answer<'_>) {
         self.entry.backend = Some((answer.backend.name.clone(), answer.backend.addr));
         self.entry.routed = Some(answer.how);
         self.entry.status = Status::Code(answer.status);
@@ -125,7 +125,7 @@ impl RequestLog {
     }
 
     /// The response body ended (or was cut): the line goes to the log.
-    pub fn ended(mut self, bytes_out: u64, tokens: Option<Tokens>) {
+    pub(crate) fn ended(mut self, bytes_out: u64, tokens: Option<Tokens>) {
         self.entry.bytes_out = bytes_out;
         self.entry.tokens = tokens;
         self.write();
@@ -133,7 +133,7 @@ impl RequestLog {
 
     /// magpie answered itself (a refusal, a failure) with `status` and a
     /// body of `bytes_out`: the line goes now.
-    pub fn answered_locally(mut self, status: u16, bytes_out: u64) {
+    pub(crate) fn answered_locally(mut self, status: u16, bytes_out: u64) {
         self.entry.status = Status::Code(status);
         self.entry.bytes_out = bytes_out;
         self.write();
@@ -148,22 +148,22 @@ impl RequestLog {
 }
 
 /// What a line learns from a backend's response head.
-pub struct Answer<'a> {
-    pub backend: &'a Backend,
+pub(crate) struct Answer<'a> {
+    pub(crate) backend: &'a Backend,
     /// Why it was this backend (`magpie_requests_routed_total`'s label).
-    pub how: &'static str,
-    pub status: u16,
-    pub progress: &'a Arc<Progress>,
+    pub(crate) how: &'static str,
+    pub(crate) status: u16,
+    pub(crate) progress: &'a Arc<Progress>,
 }
 
 /// What a line takes from a request's head.
-pub struct RequestLine<'a> {
-    pub method: &'a str,
+pub(crate) struct RequestLine<'a> {
+    pub(crate) method: &'a str,
     /// The target as sent: path and query.
-    pub path: &'a str,
-    pub protocol: &'static str,
+    pub(crate) path: &'a str,
+    pub(crate) protocol: &'static str,
     /// A header's value by its (lower-case) name, the first if repeated.
-    pub header: &'a dyn Fn(&str) -> Option<&'a [u8]>,
+    pub(crate) header: &'a dyn Fn(&str) -> Option<&'a [u8]>,
 }
 
 /// The session key's header value, as text (`log_keys: true`).

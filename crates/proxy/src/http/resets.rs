@@ -25,7 +25,7 @@ use crate::telemetry::stats::Stats;
 
 /// One connection's resets in the current one-second window.
 #[derive(Debug)]
-pub struct Resets {
+pub(crate) struct Resets {
     budget: u64,
     /// When the window began, and the resets in it. Only a reset takes
     /// the lock, never a request that completes.
@@ -35,7 +35,7 @@ pub struct Resets {
 }
 
 impl Resets {
-    pub fn new(budget: u64) -> Arc<Resets> {
+    pub(crate) fn new(budget: u64) -> Arc<Resets> {
         Arc::new(Resets {
             budget,
             window: Mutex::new((Instant::now(), 0)),
@@ -64,7 +64,7 @@ impl Resets {
     }
 
     /// Resolves once the connection has passed its budget.
-    pub async fn exceeded(&self) {
+    pub(crate) async fn exceeded(&self) {
         loop {
             let notified = self.notify.notified();
             if self.over.load(Ordering::Relaxed) {
@@ -76,7 +76,7 @@ impl Resets {
 }
 
 /// Rides along with one request's service future.
-pub struct Dispatched {
+pub(crate) struct Dispatched {
     resets: Arc<Resets>,
     clock: Arc<Clock>,
     instance: Arc<Instance>,
@@ -84,7 +84,11 @@ pub struct Dispatched {
 }
 
 impl Dispatched {
-    pub fn new(resets: &Arc<Resets>, clock: &Arc<Clock>, instance: &Arc<Instance>) -> Dispatched {
+    pub(crate) fn new(
+        resets: &Arc<Resets>,
+        clock: &Arc<Clock>,
+        instance: &Arc<Instance>,
+    ) -> Dispatched {
         Dispatched {
             resets: Arc::clone(resets),
             clock: Arc::clone(clock),
@@ -94,7 +98,7 @@ impl Dispatched {
     }
 
     /// The response is ready: no reset.
-    pub fn done(mut self) {
+    pub(crate) fn done(mut self) {
         self.done = true;
     }
 }

@@ -39,26 +39,27 @@ use crate::telemetry::throttle::Throttle;
 use magpie_core::usage::{Usage, UsageScanner};
 
 /// The error type of every body on this path.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A request in flight to a backend, from the moment it was sent, over a
 /// connection of hyper's client ([`Conn`]) or of the pass-through.
-pub struct InFlight<C: Pooled = Conn> {
-    pub backend: Arc<Backend>,
-    /// The backend's in-flight slot (bounded load counts these).
-    pub slot: ActiveGuard,
-    pub sent: Instant,
+pub(crate) struct InFlight<C: Pooled = Conn> {
+    pub(crate) backend: Arc<Backend>,
+    /// The backend's in-flight slot (bounded load counts these), held
+    /// until the request ends.
+    pub(crate) _slot: ActiveGuard,
+    pub(crate) sent: Instant,
     /// The connection it went over, back to the pool at the response's end.
-    pub lease: Lease<C>,
+    pub(crate) lease: Lease<C>,
     /// What the response's usage is counted against.
-    pub tally: Tally,
+    pub(crate) tally: Tally,
     /// `http.stream_idle_timeout`.
-    pub stream_idle: std::time::Duration,
+    pub(crate) stream_idle: std::time::Duration,
     /// The request's access-log line, written at the body's end.
-    pub log: Option<RequestLog>,
+    pub(crate) log: Option<RequestLog>,
     /// Counts the request as awaiting its first byte of body until that
     /// byte passes.
-    pub awaiting: Option<FirstByte>,
+    pub(crate) awaiting: Option<FirstByte>,
 }
 
 impl<C: Pooled> std::fmt::Debug for InFlight<C> {
@@ -72,7 +73,7 @@ impl<C: Pooled> std::fmt::Debug for InFlight<C> {
 
 /// A backend's response body, counted and timed on its way to the client.
 #[derive(Debug)]
-pub struct ResponseBody {
+pub(crate) struct ResponseBody {
     body: Incoming,
     /// `Some` until the body ended (or failed); then the slot is given back.
     in_flight: Option<InFlight>,
@@ -86,7 +87,11 @@ pub struct ResponseBody {
 
 impl ResponseBody {
     /// `body`, read for its usage when `usage` is given.
-    pub fn new(body: Incoming, in_flight: InFlight, usage: Option<UsageScanner>) -> ResponseBody {
+    pub(crate) fn new(
+        body: Incoming,
+        in_flight: InFlight,
+        usage: Option<UsageScanner>,
+    ) -> ResponseBody {
         ResponseBody {
             body,
             silence: Silence::new(in_flight.stream_idle),
@@ -132,7 +137,7 @@ impl<C: Pooled> InFlight<C> {
     /// The backend sent no byte of its response for
     /// `http.stream_idle_timeout` while the client waited: counted against
     /// it, and logged (at most once a second); the caller cuts the stream.
-    pub fn fell_silent(&self) {
+    pub(crate) fn fell_silent(&self) {
         static LOG: Throttle = Throttle::new(std::time::Duration::from_secs(1));
         let backend = &self.backend;
         backend.live.traffic.count_timeout(TimeoutKind::StreamIdle);
@@ -145,7 +150,7 @@ impl<C: Pooled> InFlight<C> {
     /// The response ended, `bytes_out` of its body passed on: time it,
     /// count its usage, write its log line, and give the connection back
     /// when the body was read to its end (`complete`), else let it close.
-    pub fn finish(mut self, complete: bool, bytes_out: u64, usage: Option<Usage>) {
+    pub(crate) fn finish(mut self, complete: bool, bytes_out: u64, usage: Option<Usage>) {
         let traffic = &self.backend.live.traffic;
         traffic.request_duration.observe(self.sent.elapsed());
         if let Some(usage) = usage {

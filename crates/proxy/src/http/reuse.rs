@@ -20,16 +20,16 @@ use crate::config::Reuse;
 /// Which idle connections a request may take ([`Reuse`]): those its own
 /// client connection used last, and with `others` any.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Claim {
+pub(crate) struct Claim {
     /// The client connection the request came on.
-    pub client: u64,
-    pub others: bool,
+    pub(crate) client: u64,
+    pub(crate) others: bool,
 }
 
 impl Claim {
     /// What `reuse` lets a request take: `first` when it is its client
     /// connection's first, `idempotent` by its method (RFC 9110 §9.2.2).
-    pub fn of(reuse: Reuse, client: u64, first: bool, idempotent: bool) -> Claim {
+    pub(crate) fn of(reuse: Reuse, client: u64, first: bool, idempotent: bool) -> Claim {
         let others = match reuse {
             Reuse::Always => true,
             Reuse::Never => false,
@@ -42,14 +42,14 @@ impl Claim {
 /// A client connection as the pool tells requests apart: its number, and
 /// how many requests it has begun.
 #[derive(Debug)]
-pub struct ClientConn {
-    pub id: u64,
+pub(crate) struct ClientConn {
+    pub(crate) id: u64,
     requests: AtomicU64,
 }
 
 impl ClientConn {
     /// A client connection just accepted, numbered in this process.
-    pub fn new() -> Arc<ClientConn> {
+    pub(crate) fn new() -> Arc<ClientConn> {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         Arc::new(ClientConn {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
@@ -59,7 +59,7 @@ impl ClientConn {
 
     /// A request begins on this connection, its method idempotent or not:
     /// the idle connections `reuse` lets it take.
-    pub fn claim(&self, reuse: Reuse, idempotent: bool) -> Claim {
+    pub(crate) fn claim(&self, reuse: Reuse, idempotent: bool) -> Claim {
         let first = self.requests.fetch_add(1, Ordering::Relaxed) == 0;
         Claim::of(reuse, self.id, first, idempotent)
     }
@@ -67,7 +67,7 @@ impl ClientConn {
 
 /// Whether `method` is idempotent (RFC 9110 §9.2.2): sent twice, it does
 /// what it does once.
-pub fn idempotent(method: &str) -> bool {
+pub(crate) fn idempotent(method: &str) -> bool {
     matches!(
         method,
         "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE"

@@ -17,7 +17,7 @@ use tokio::net::TcpStream;
 
 use crate::intake::read_ahead::ReadAhead;
 
-pub struct ClientSocket {
+pub(crate) struct ClientSocket {
     stream: Arc<TcpStream>,
     /// Client bytes read before the connection was handed over; handed out
     /// before anything else.
@@ -26,7 +26,7 @@ pub struct ClientSocket {
 
 impl ClientSocket {
     /// The client's stream, the bytes already read from it first.
-    pub fn new(stream: ReadAhead) -> ClientSocket {
+    pub(crate) fn new(stream: ReadAhead) -> ClientSocket {
         let (stream, pending) = stream.into_parts();
         ClientSocket {
             stream: Arc::new(stream),
@@ -35,7 +35,7 @@ impl ClientSocket {
     }
 
     /// The socket, for closing the connection after hyper is done with it.
-    pub fn socket(&self) -> Arc<TcpStream> {
+    pub(crate) fn socket(&self) -> Arc<TcpStream> {
         Arc::clone(&self.stream)
     }
 }

@@ -61,7 +61,9 @@ impl ResolvesServerCert for SnapshotCertificates {
 }
 
 /// One acceptor per `listen` address, in order: `None` for cleartext.
-pub fn acceptors(instance: &Arc<Instance>) -> Result<Vec<Option<TlsAcceptor>>, rustls::Error> {
+pub(crate) fn acceptors(
+    instance: &Arc<Instance>,
+) -> Result<Vec<Option<TlsAcceptor>>, rustls::Error> {
     let config = Arc::clone(&instance.snapshot.load().config);
     let mut out = Vec::with_capacity(config.listen.len());
     for (listener, tls) in config.tls.iter().enumerate() {
@@ -85,13 +87,13 @@ fn acceptor(instance: Arc<Instance>, listener: usize) -> Result<TlsAcceptor, rus
 }
 
 /// Whether the client chose HTTP/2 by ALPN (without ALPN: HTTP/1.1).
-pub fn chose_h2<S>(stream: &TlsStream<S>) -> bool {
+pub(crate) fn chose_h2<S>(stream: &TlsStream<S>) -> bool {
     stream.get_ref().1.alpn_protocol() == Some(ALPN[0])
 }
 
 /// The TLS handshake on `io`, finished by `deadline`; counted either way,
 /// a failure logged at most once a second.
-pub async fn handshake<S>(
+pub(crate) async fn handshake<S>(
     acceptor: &TlsAcceptor,
     io: S,
     deadline: Instant,

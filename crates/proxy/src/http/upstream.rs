@@ -16,7 +16,7 @@ use tokio_rustls::client::TlsStream;
 use crate::routing::backend::{Backend, Discard};
 
 /// A connected backend socket, in the clear or over TLS.
-pub enum UpstreamIo {
+pub(crate) enum UpstreamIo {
     Plain(TcpStream),
     /// Boxed: rustls's state is many times a socket's size.
     Tls(Box<TlsStream<TcpStream>>),
@@ -25,7 +25,7 @@ pub enum UpstreamIo {
 /// Connects to `backend` within `timeout`, and for a TLS backend makes the
 /// handshake within it again (a failed handshake is
 /// [`crate::net::tls_client::is_handshake_failure`]).
-pub async fn open(backend: &Backend, timeout: Duration) -> io::Result<UpstreamIo> {
+pub(crate) async fn open(backend: &Backend, timeout: Duration) -> io::Result<UpstreamIo> {
     let stream = crate::net::connect(backend.addr, timeout).await?;
     Ok(match &backend.tls {
         None => UpstreamIo::Plain(stream),
@@ -35,7 +35,7 @@ pub async fn open(backend: &Backend, timeout: Duration) -> io::Result<UpstreamIo
 
 impl UpstreamIo {
     /// The TCP socket under it.
-    pub fn socket(&self) -> &TcpStream {
+    pub(crate) fn socket(&self) -> &TcpStream {
         match self {
             UpstreamIo::Plain(s) => s,
             UpstreamIo::Tls(s) => s.get_ref().0,
@@ -46,7 +46,7 @@ impl UpstreamIo {
     /// backend closed it, or sent bytes nobody asked for. Costs no system
     /// call unless the socket was reported readable since its last read: an
     /// idle connection that stays quiet never is.
-    pub fn idle_state(&self) -> Result<(), Discard> {
+    pub(crate) fn idle_state(&self) -> Result<(), Discard> {
         let mut byte = [0u8; 1];
         match self.socket().try_read(&mut byte) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),

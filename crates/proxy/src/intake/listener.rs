@@ -35,23 +35,23 @@ use crate::telemetry::throttle::Throttle;
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// One accepted connection, handed to the data path.
-pub struct Accepted {
+pub(crate) struct Accepted {
     /// The accepted socket, tuned.
-    pub stream: TcpStream,
+    pub(crate) stream: TcpStream,
     /// Where the TCP connection came from.
-    pub peer: Peer,
+    pub(crate) peer: Peer,
     /// The address it was accepted on.
-    pub local: Local,
+    pub(crate) local: Local,
     /// The listener's position in `listen`.
-    pub listener: usize,
-    pub instance: Arc<Instance>,
+    pub(crate) listener: usize,
+    pub(crate) instance: Arc<Instance>,
     /// Fired at shutdown: finish what is in flight, take nothing new (an HTTP
     /// connection stops keep-alive).
-    pub shutdown: CancellationToken,
+    pub(crate) shutdown: CancellationToken,
     /// Fired when the shutdown grace is over: close now.
-    pub stop: CancellationToken,
+    pub(crate) stop: CancellationToken,
     /// The connection's `max_connections` slot, given back when it is dropped.
-    pub slot: OwnedSemaphorePermit,
+    pub(crate) slot: OwnedSemaphorePermit,
 }
 
 /// What every accept loop shares.
@@ -69,7 +69,7 @@ struct Acceptor<H> {
 }
 
 /// Serves `listeners` with `handler` until `shutdown` fires, then drains.
-pub async fn serve<H, F>(
+pub(crate) async fn serve<H, F>(
     listeners: Vec<TcpListener>,
     instance: Arc<Instance>,
     shutdown: CancellationToken,
@@ -151,7 +151,7 @@ impl Drained {
 /// Counts a failed accept; when magpie is out of file descriptors or memory,
 /// logs it (at most once a second) and backs off, since accepting again at
 /// once would fail the same way and spin. Used by the admin endpoint too.
-pub async fn accept_failed(error: &std::io::Error, stats: &Stats, during: Exhausted) {
+pub(crate) async fn accept_failed(error: &std::io::Error, stats: &Stats, during: Exhausted) {
     // One budget per listener kind, so a busy one does not hide the other.
     static EXHAUSTED_LOG: [Throttle; Exhausted::COUNT] =
         [const { Throttle::new(Duration::from_secs(1)) }; Exhausted::COUNT];

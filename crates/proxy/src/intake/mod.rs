@@ -8,6 +8,6 @@
 //! | [`proxy_protocol`] | PROXY v1/v2 in from trusted peers, v2 out |
 //! | [`read_ahead`] | a client stream with the bytes already read from it, replayed unchanged |
 
-pub mod listener;
-pub mod proxy_protocol;
-pub mod read_ahead;
+pub(crate) mod listener;
+pub(crate) mod proxy_protocol;
+pub(crate) mod read_ahead;

@@ -21,14 +21,14 @@ const MIN_GROWTH: usize = 4096;
 
 /// A stream with the bytes read from it that nothing has consumed yet.
 #[derive(Debug)]
-pub struct ReadAhead {
+pub(crate) struct ReadAhead {
     stream: TcpStream,
     /// The bytes read ahead, in order; empty until something reads.
     ahead: Vec<u8>,
 }
 
 impl ReadAhead {
-    pub fn new(stream: TcpStream) -> ReadAhead {
+    pub(crate) fn new(stream: TcpStream) -> ReadAhead {
         ReadAhead {
             stream,
             ahead: Vec::new(),
@@ -36,7 +36,7 @@ impl ReadAhead {
     }
 
     /// The bytes read so far and not consumed.
-    pub fn bytes(&self) -> &[u8] {
+    pub(crate) fn bytes(&self) -> &[u8] {
         &self.ahead
     }
 
@@ -44,7 +44,7 @@ impl ReadAhead {
     /// in all (the buffer grows by doubling, but never past `limit`).
     /// `Ok(0)` when the peer closed its side, or when `limit` bytes are
     /// already held.
-    pub async fn read_more(&mut self, limit: usize) -> io::Result<usize> {
+    pub(crate) async fn read_more(&mut self, limit: usize) -> io::Result<usize> {
         let room = limit.saturating_sub(self.ahead.len());
         if room == 0 {
             return Ok(0);
@@ -59,26 +59,26 @@ impl ReadAhead {
     }
 
     /// Drops the first `n` bytes read (a PROXY header, once parsed).
-    pub fn consume(&mut self, n: usize) {
+    pub(crate) fn consume(&mut self, n: usize) {
         self.ahead.drain(..n.min(self.ahead.len()));
     }
 
-    pub fn stream(&self) -> &TcpStream {
+    pub(crate) fn stream(&self) -> &TcpStream {
         &self.stream
     }
 
-    pub fn stream_mut(&mut self) -> &mut TcpStream {
+    pub(crate) fn stream_mut(&mut self) -> &mut TcpStream {
         &mut self.stream
     }
 
     /// Takes the bytes read ahead, to be replayed; the buffer is left empty
     /// and unallocated.
-    pub fn take_bytes(&mut self) -> Vec<u8> {
+    pub(crate) fn take_bytes(&mut self) -> Vec<u8> {
         std::mem::take(&mut self.ahead)
     }
 
     /// The stream, and the bytes to replay before anything else it carries.
-    pub fn into_parts(self) -> (TcpStream, Vec<u8>) {
+    pub(crate) fn into_parts(self) -> (TcpStream, Vec<u8>) {
         (self.stream, self.ahead)
     }
 }

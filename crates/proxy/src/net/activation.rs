@@ -28,14 +28,14 @@ pub struct Inherited {
     "LISTEN_FDS: the socket at fd {fd} is neither a listening TCP socket nor a UDP socket: {source}"
 )]
 pub struct ActivationError {
-    pub fd: usize,
+    pub(crate) fd: usize,
     #[source]
-    pub source: io::Error,
+    pub(crate) source: io::Error,
 }
 
 impl Inherited {
     /// None: magpie binds every socket itself.
-    pub fn none() -> Inherited {
+    pub(crate) fn none() -> Inherited {
         Inherited::default()
     }
 
@@ -62,17 +62,17 @@ impl Inherited {
     /// The inherited socket bound to `addr`, taken; for a port 0 (any
     /// port), the first one on its IP address (a binary upgrade hands the
     /// sockets over in the config's order).
-    pub fn take(&mut self, addr: SocketAddr) -> Option<TcpListener> {
+    pub(crate) fn take(&mut self, addr: SocketAddr) -> Option<TcpListener> {
         take_bound(&mut self.sockets, addr)
     }
 
     /// The inherited UDP socket bound to `addr`, taken, as [`Self::take`].
-    pub fn take_datagram(&mut self, addr: SocketAddr) -> Option<UdpSocket> {
+    pub(crate) fn take_datagram(&mut self, addr: SocketAddr) -> Option<UdpSocket> {
         take_bound(&mut self.datagrams, addr)
     }
 
     /// The addresses of the sockets not taken.
-    pub fn left(&self) -> Vec<SocketAddr> {
+    pub(crate) fn left(&self) -> Vec<SocketAddr> {
         let datagrams = self.datagrams.iter().map(|(a, _)| *a);
         self.sockets
             .iter()
@@ -81,7 +81,7 @@ impl Inherited {
             .collect()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.sockets.is_empty() && self.datagrams.is_empty()
     }
 }

@@ -22,9 +22,9 @@
 //! | [`tls_unverified`] | `upstream_tls.verify: false`: a client config that takes any backend certificate (signatures still checked) |
 //! | [`tls_client`] | the client side of TLS to backends: one shared rustls config (CA roots, ALPN `http/1.1`, session resumption), the handshake under a deadline, and telling its failure from a failed connect |
 
-pub mod activation;
-pub mod tls_client;
-pub mod tls_unverified;
+pub(crate) mod activation;
+pub(crate) mod tls_client;
+pub(crate) mod tls_unverified;
 
 use std::fmt;
 use std::io;
@@ -36,7 +36,7 @@ use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tracing::debug;
 
 /// Listen backlog (the kernel caps it at `net.core.somaxconn`).
-pub const BACKLOG: i32 = 1024;
+pub(crate) const BACKLOG: i32 = 1024;
 /// Keepalive: probes start after an idle minute; on the client side (10 s
 /// apart, 6 of them) a dead peer of an idle connection is found in ~2 minutes.
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
@@ -45,15 +45,15 @@ const KEEPALIVE_RETRIES: u32 = 6;
 
 /// The address a TCP connection came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Peer(pub SocketAddr);
+pub(crate) struct Peer(pub SocketAddr);
 
 /// The real client: the peer, or the source named by a trusted PROXY header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Client(pub SocketAddr);
+pub(crate) struct Client(pub SocketAddr);
 
 /// The address the client connected to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Local(pub SocketAddr);
+pub(crate) struct Local(pub SocketAddr);
 
 macro_rules! display_as_addr {
     ($($t:ty),*) => {$(
@@ -73,7 +73,7 @@ display_as_addr!(Peer, Client, Local);
 /// TCP_NODELAY and keepalive are set here, once: Linux copies a listening
 /// socket's options to every connection it accepts, which saves five
 /// `setsockopt` calls per connection.
-pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
+pub(crate) fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
     if addr.is_ipv6() {
@@ -90,7 +90,7 @@ pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
 /// without SO_REUSEADDR (two processes would silently share the port), with
 /// a receive buffer of [`DATAGRAM_BUFFER`] where the kernel allows it, so a
 /// burst waits in the kernel rather than being dropped there.
-pub fn bind_datagram(addr: SocketAddr) -> io::Result<UdpSocket> {
+pub(crate) fn bind_datagram(addr: SocketAddr) -> io::Result<UdpSocket> {
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
     if addr.is_ipv6() {
         socket.set_only_v6(true)?;
@@ -103,7 +103,7 @@ pub fn bind_datagram(addr: SocketAddr) -> io::Result<UdpSocket> {
 /// the same family), so only `peer`'s datagrams reach it and an ICMP
 /// unreachable is reported on it: a flow's socket towards its backend, a
 /// health probe's.
-pub fn connected_datagram(peer: SocketAddr) -> io::Result<UdpSocket> {
+pub(crate) fn connected_datagram(peer: SocketAddr) -> io::Result<UdpSocket> {
     let socket = Socket::new(Domain::for_address(peer), Type::DGRAM, Some(Protocol::UDP))?;
     socket.connect(&peer.into())?;
     socket.set_nonblocking(true)?;
@@ -112,11 +112,11 @@ pub fn connected_datagram(peer: SocketAddr) -> io::Result<UdpSocket> {
 
 /// The receive buffer a datagram socket asks for (the kernel caps it at
 /// `net.core.rmem_max`).
-pub const DATAGRAM_BUFFER: usize = 4 << 20;
+pub(crate) const DATAGRAM_BUFFER: usize = 4 << 20;
 
 /// A UDP socket bound elsewhere (inherited), tuned as [`bind_datagram`]
 /// tunes its own and made non-blocking.
-pub fn adopt_datagram(socket: std::net::UdpSocket) -> io::Result<UdpSocket> {
+pub(crate) fn adopt_datagram(socket: std::net::UdpSocket) -> io::Result<UdpSocket> {
     // Best effort: a smaller buffer still works.
     let _ = SockRef::from(&socket).set_recv_buffer_size(DATAGRAM_BUFFER);
     socket.set_nonblocking(true)?;
@@ -126,7 +126,7 @@ pub fn adopt_datagram(socket: std::net::UdpSocket) -> io::Result<UdpSocket> {
 /// A listening socket bound elsewhere (inherited: [`activation`]), tuned as
 /// [`bind`] tunes its own and made non-blocking; its backlog is the one it
 /// was given.
-pub fn adopt(listener: std::net::TcpListener) -> io::Result<TcpListener> {
+pub(crate) fn adopt(listener: std::net::TcpListener) -> io::Result<TcpListener> {
     tune(&SockRef::from(&listener), &client_keepalive());
     listener.set_nonblocking(true)?;
     TcpListener::from_std(listener)
@@ -159,7 +159,7 @@ fn tune(socket: &SockRef<'_>, keepalive: &TcpKeepalive) {
 }
 
 /// A TCP connect with a deadline, with the data-path socket options set.
-pub async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+pub(crate) async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
     let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
         .await
         .map_err(|_| {
@@ -175,7 +175,7 @@ pub async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStrea
 /// Makes the coming close of `stream` an abort: with SO_LINGER 0 the kernel
 /// sends a reset instead of a FIN, so the peer cannot take a cut-off stream
 /// for a complete one.
-pub fn reset_on_close(stream: &TcpStream) {
+pub(crate) fn reset_on_close(stream: &TcpStream) {
     if let Err(e) = SockRef::from(stream).set_linger(Some(Duration::ZERO)) {
         debug!(error = %e, "cannot set SO_LINGER");
     }
@@ -184,7 +184,7 @@ pub fn reset_on_close(stream: &TcpStream) {
 /// Whether an I/O error means this process ran out of something (file
 /// descriptors, buffers, memory) rather than that a peer misbehaved: EMFILE,
 /// ENFILE, ENOBUFS, ENOMEM.
-pub fn is_resource_exhaustion(e: &io::Error) -> bool {
+pub(crate) fn is_resource_exhaustion(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(24 | 23 | 105 | 12))
 }
 

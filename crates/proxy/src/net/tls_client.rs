@@ -24,7 +24,7 @@ use tokio_rustls::client::TlsStream;
 
 /// Why a client config could not be made from a CA file's contents.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum CaError {
+pub(crate) enum CaError {
     #[error("holds no PEM certificate")]
     NoCertificate,
     #[error("is not valid PEM: {0}")]
@@ -35,7 +35,7 @@ pub enum CaError {
 
 /// A client config trusting the CA certificates in `ca_pem` (one or more
 /// PEM `CERTIFICATE` blocks), offering ALPN `http/1.1`.
-pub fn client_config(ca_pem: &[u8]) -> Result<Arc<ClientConfig>, CaError> {
+pub(crate) fn client_config(ca_pem: &[u8]) -> Result<Arc<ClientConfig>, CaError> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(ca_pem) {
         let cert = cert.map_err(|e| CaError::BadPem(e.to_string()))?;
@@ -58,7 +58,7 @@ pub fn client_config(ca_pem: &[u8]) -> Result<Arc<ClientConfig>, CaError> {
 
 /// The name a backend's certificate is checked against: `name` if given
 /// (a DNS name, or an IP address written as text), else the backend's IP.
-pub fn server_name(name: Option<&str>, ip: IpAddr) -> Result<ServerName<'static>, String> {
+pub(crate) fn server_name(name: Option<&str>, ip: IpAddr) -> Result<ServerName<'static>, String> {
     match name {
         Some(name) => ServerName::try_from(name.to_string())
             .map_err(|_| format!("{name:?} is neither a DNS name nor an IP address")),
@@ -84,7 +84,7 @@ impl std::error::Error for HandshakeFailed {
 }
 
 /// Whether `error` is a failed handshake rather than a failed connect.
-pub fn is_handshake_failure(error: &io::Error) -> bool {
+pub(crate) fn is_handshake_failure(error: &io::Error) -> bool {
     error
         .get_ref()
         .is_some_and(|inner| inner.is::<HandshakeFailed>())
@@ -94,7 +94,7 @@ pub fn is_handshake_failure(error: &io::Error) -> bool {
 /// and the name its certificate must carry.
 #[derive(Debug, Clone)]
 pub struct BackendTls {
-    pub config: Arc<ClientConfig>,
+    pub(crate) config: Arc<ClientConfig>,
     pub name: ServerName<'static>,
     /// The certificate is checked (`upstream_tls.verify`, default true).
     pub verify: bool,
@@ -115,7 +115,7 @@ impl Eq for BackendTls {}
 impl BackendTls {
     /// The TLS handshake on a connected `stream`, within `deadline`. A
     /// failure (a timeout too) is [`is_handshake_failure`].
-    pub async fn handshake(
+    pub(crate) async fn handshake(
         &self,
         stream: TcpStream,
         deadline: Duration,

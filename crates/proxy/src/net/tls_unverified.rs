@@ -66,7 +66,7 @@ impl ServerCertVerifier for AnyCertificate {
 
 /// A client config that takes any backend certificate, offering ALPN
 /// `http/1.1` like the verifying one.
-pub fn unverified_config() -> Result<Arc<ClientConfig>, rustls::Error> {
+pub(crate) fn unverified_config() -> Result<Arc<ClientConfig>, rustls::Error> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = ClientConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()?

@@ -11,9 +11,9 @@
 //! | [`probe`] | `magpie probe`: one HTTP `GET`, exit 0 on 2xx (container health checks) |
 //! | [`upgrade`] | SIGUSR2: the binary at the same path takes over the listening sockets and the session pins; this process drains |
 
-pub mod admin;
+pub(crate) mod admin;
 pub mod check;
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod probe;
-pub mod reload;
-pub mod upgrade;
+pub(crate) mod reload;
+pub(crate) mod upgrade;

@@ -17,7 +17,7 @@ use hyper_util::rt::TokioIo;
 
 /// Why a probe failed.
 #[derive(Debug, thiserror::Error)]
-pub enum ProbeError {
+pub(crate) enum ProbeError {
     #[error("bad URL {url:?}: {reason}")]
     Url { url: String, reason: String },
     #[error("cannot connect to {authority}: {source}")]
@@ -40,17 +40,17 @@ pub enum ProbeError {
 
 /// A parsed `http://host:port/path`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
+pub(crate) struct Target {
     /// A name or an IP address; an IPv6 address without its brackets.
-    pub host: String,
-    pub port: u16,
+    pub(crate) host: String,
+    pub(crate) port: u16,
     /// The path and query, starting with `/`.
-    pub path: String,
+    pub(crate) path: String,
 }
 
 impl Target {
     /// `host:port` as written in a `Host` header (IPv6 in brackets).
-    pub fn authority(&self) -> String {
+    pub(crate) fn authority(&self) -> String {
         if self.host.contains(':') {
             format!("[{}]:{}", self.host, self.port)
         } else {
@@ -60,7 +60,7 @@ impl Target {
 }
 
 /// Parses `http://host:port/path` (the path may be left out: `/`).
-pub fn parse_url(url: &str) -> Result<Target, ProbeError> {
+pub(crate) fn parse_url(url: &str) -> Result<Target, ProbeError> {
     let bad = |reason: &str| ProbeError::Url {
         url: url.to_string(),
         reason: reason.to_string(),
@@ -139,7 +139,7 @@ pub fn parse_url(url: &str) -> Result<Target, ProbeError> {
 
 /// `GET url` within `timeout` (connect, send, and the response head). The
 /// status when it is 2xx; every other outcome is an error.
-pub async fn probe(url: &str, timeout: Duration) -> Result<u16, ProbeError> {
+pub(crate) async fn probe(url: &str, timeout: Duration) -> Result<u16, ProbeError> {
     let target = parse_url(url)?;
     let status = tokio::time::timeout(timeout, get(url, &target))
         .await

@@ -36,7 +36,7 @@ use crate::telemetry::supervise::{self, Task};
 const DEBOUNCE: Duration = Duration::from_millis(150);
 
 #[derive(Debug, thiserror::Error)]
-pub enum ReloadError {
+pub(crate) enum ReloadError {
     #[error("{0}")]
     Config(ConfigErrors),
     #[error("{0}")]
@@ -49,7 +49,7 @@ pub enum ReloadError {
 
 /// What a reload did.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// A new snapshot is published.
     Applied { version: u64, removed: Vec<String> },
     /// The content is the one already seen; nothing was rebuilt.
@@ -57,7 +57,7 @@ pub enum Outcome {
 }
 
 /// Reloads one config file into `shared`.
-pub struct Reloader {
+pub(crate) struct Reloader {
     path: PathBuf,
     instance: Arc<Instance>,
     /// Hash of the content last tried (applied or not): the same bytes are not
@@ -68,7 +68,7 @@ pub struct Reloader {
 impl Reloader {
     /// A reloader for `path`, whose content the running snapshot was built
     /// from (so only a change of content reloads).
-    pub fn new(path: PathBuf, instance: Arc<Instance>) -> Self {
+    pub(crate) fn new(path: PathBuf, instance: Arc<Instance>) -> Self {
         let last_content = Some(instance.snapshot.load().config.content_hash);
         Reloader {
             path,
@@ -79,7 +79,7 @@ impl Reloader {
 
     /// Reloads if the content changed (or always, with `force`); logs and
     /// counts the result either way.
-    pub async fn reload(&mut self, force: bool) -> Result<Outcome, ReloadError> {
+    pub(crate) async fn reload(&mut self, force: bool) -> Result<Outcome, ReloadError> {
         let result = self.try_reload(force).await;
         match &result {
             Ok(outcome @ Outcome::Applied { .. }) => {
@@ -133,7 +133,7 @@ impl Reloader {
 
     /// Resolves the running config's `dns`/`srv` entries again and publishes
     /// the result if the backends changed. Logged when it applies.
-    pub async fn rediscover(&mut self) -> Result<Outcome, ReloadError> {
+    pub(crate) async fn rediscover(&mut self) -> Result<Outcome, ReloadError> {
         let current = self.instance.snapshot.load_full();
         if current.config.discovery.is_none() {
             return Ok(Outcome::Unchanged);
@@ -248,7 +248,7 @@ fn schedule_drain(backend: &Arc<Backend>, drain_timeout: Option<Duration>) {
 /// `discovery.interval`. The signal handler and the watch are in place when
 /// this returns, so no change made after it is missed. Should the loop ever
 /// panic, it is set up afresh and started again.
-pub fn spawn(path: PathBuf, instance: Arc<Instance>, shutdown: CancellationToken) {
+pub(crate) fn spawn(path: PathBuf, instance: Arc<Instance>, shutdown: CancellationToken) {
     let mut first = Some(Sources::new(&path, &instance));
     supervise::spawn(Task::Reload, move || {
         let sources = first
@@ -369,7 +369,7 @@ fn discovery_due(instance: &Instance) -> Option<tokio::time::Instant> {
 /// removal. Opening, reading and closing a file unwritten cannot: magpie's
 /// own re-read is such an event, and reacting to it would re-read forever.
 /// Metadata changes (`touch`, `chmod`) cannot either.
-pub fn can_change_content(kind: &EventKind) -> bool {
+pub(crate) fn can_change_content(kind: &EventKind) -> bool {
     match kind {
         EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
         EventKind::Access(_) => false,

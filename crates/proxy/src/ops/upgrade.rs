@@ -36,9 +36,9 @@ use tracing::{error, info, warn};
 use crate::routing::instance::Instance;
 
 /// Names the hand-over socket, for the new process.
-pub const HANDOVER_ENV: &str = "MAGPIE_HANDOVER";
+pub(crate) const HANDOVER_ENV: &str = "MAGPIE_HANDOVER";
 /// How long the new process may take to connect and then to serve.
-pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// The longest line of the hand-over (a pin is well under 1 KiB).
 const MAX_LINE: usize = 4096;
 /// The most pins a hand-over carries.
@@ -46,13 +46,13 @@ const MAX_PINS: usize = 10_000_000;
 
 /// One session pin, handed over.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PinRecord {
+pub(crate) struct PinRecord {
     /// The key's hash.
-    pub k: u64,
+    pub(crate) k: u64,
     /// The backend's name.
-    pub b: String,
+    pub(crate) b: String,
     /// Milliseconds unused.
-    pub i: u64,
+    pub(crate) i: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -70,13 +70,13 @@ pub enum UpgradeError {
 }
 
 /// The new process's side: the connection to the old one.
-pub struct Handover {
+pub(crate) struct Handover {
     reader: BufReader<UnixStream>,
 }
 
 impl Handover {
     /// Connects to the old process when `MAGPIE_HANDOVER` names a socket.
-    pub async fn connect_from_env() -> Result<Option<Handover>, UpgradeError> {
+    pub(crate) async fn connect_from_env() -> Result<Option<Handover>, UpgradeError> {
         let Some(path) = std::env::var_os(HANDOVER_ENV) else {
             return Ok(None);
         };
@@ -90,7 +90,7 @@ impl Handover {
     }
 
     /// The pins the old process holds, up to its `end` line.
-    pub async fn pins(&mut self) -> Result<Vec<PinRecord>, UpgradeError> {
+    pub(crate) async fn pins(&mut self) -> Result<Vec<PinRecord>, UpgradeError> {
         let mut pins = Vec::new();
         let mut line = String::new();
         loop {
@@ -106,7 +106,7 @@ impl Handover {
     }
 
     /// Tells the old process this one serves: it stops accepting.
-    pub async fn ready(mut self) -> Result<(), UpgradeError> {
+    pub(crate) async fn ready(mut self) -> Result<(), UpgradeError> {
         let stream = self.reader.get_mut();
         stream.write_all(b"ready\n").await.map_err(broken)?;
         stream.flush().await.map_err(broken)
@@ -134,15 +134,15 @@ async fn next_line(
 
 /// The old process's side: the sockets to hand over (duplicates of the
 /// listeners, in the config's order).
-pub struct Sockets(pub Vec<OwnedFd>);
+pub(crate) struct Sockets(pub Vec<OwnedFd>);
 
 /// SIGUSR2, handled from the moment this is made (before the listeners are
 /// announced, so a signal sent as soon as they are does not kill magpie);
 /// `None` when it cannot be handled.
-pub struct Signal(Option<tokio::signal::unix::Signal>);
+pub(crate) struct Signal(Option<tokio::signal::unix::Signal>);
 
 impl Signal {
-    pub fn handle() -> Signal {
+    pub(crate) fn handle() -> Signal {
         use tokio::signal::unix::{SignalKind, signal};
         match signal(SignalKind::user_defined2()) {
             Ok(s) => Signal(Some(s)),
@@ -156,15 +156,15 @@ impl Signal {
 
 /// What a hand-over stops: the data path (a drain, as on SIGTERM) and the
 /// admin endpoint (the new process serves it).
-pub struct Stops {
-    pub shutdown: CancellationToken,
-    pub admin: CancellationToken,
+pub(crate) struct Stops {
+    pub(crate) shutdown: CancellationToken,
+    pub(crate) admin: CancellationToken,
 }
 
 /// Waits for SIGUSR2 and hands over to a new process; on success stops
 /// the admin endpoint (the new process serves it) and starts the drain. Ends when `shutdown` fires, closing its copies
 /// of the sockets, so a stopping magpie refuses new connections.
-pub fn spawn(instance: Arc<Instance>, sockets: Sockets, signal: Signal, stops: Stops) {
+pub(crate) fn spawn(instance: Arc<Instance>, sockets: Sockets, signal: Signal, stops: Stops) {
     let Stops {
         shutdown,
         admin: admin_stop,
@@ -338,7 +338,7 @@ fn notify_main_pid(pid: u32) {
 }
 
 /// Loads handed-over pins into this process's sessions.
-pub fn import_pins(instance: &Instance, pins: &[PinRecord]) {
+pub(crate) fn import_pins(instance: &Instance, pins: &[PinRecord]) {
     let Some(sessions) = instance.sessions() else {
         return;
     };

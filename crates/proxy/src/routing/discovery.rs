@@ -47,7 +47,7 @@ pub enum DiscoveryError {
 
 labels! {
     /// What a lookup gave, for `magpie_discovery_lookups_total{result}`.
-    pub enum Lookup {
+    pub(crate) enum Lookup {
         Ok => "ok",
         Empty => "empty",
         Failed => "error",
@@ -82,7 +82,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Discovery {
-    pub fn lookups(&self, result: Lookup) -> u64 {
+    pub(crate) fn lookups(&self, result: Lookup) -> u64 {
         self.lookups[result.index()].load(Ordering::Relaxed)
     }
 

@@ -37,9 +37,9 @@ use crate::telemetry::stats::Stats;
 /// backends that left the pool but still have connections (draining), and the
 /// connection limit. Instance by accept, reload, health, metrics and admin.
 #[derive(Debug)]
-pub struct Instance {
-    pub snapshot: ArcSwap<Snapshot>,
-    pub stats: Stats,
+pub(crate) struct Instance {
+    pub(crate) snapshot: ArcSwap<Snapshot>,
+    pub(crate) stats: Stats,
     /// Removed backends, kept while they have connections open.
     retired: Mutex<Vec<Arc<Backend>>>,
     /// `max_connections` permits, resized on reload.
@@ -47,27 +47,28 @@ pub struct Instance {
     /// The published version, for whoever waits for a reload to land.
     version: watch::Sender<u64>,
     /// DNS discovery's resolvers and last good answers.
-    pub discovery: Arc<Discovery>,
+    pub(crate) discovery: Arc<Discovery>,
     /// Session pins (`sessions`), kept across reloads that keep their settings.
     sessions: ArcSwapOption<Sessions>,
     /// What routing last did with each key (spills, misses, `/route`).
-    pub key_memory: KeyMemory,
+    pub(crate) key_memory: KeyMemory,
     /// Set at the first SIGTERM: `/readyz` answers 503 from then on.
     draining: std::sync::atomic::AtomicBool,
     /// `access_log`: its settings, queue and counters.
-    pub access_log: AccessLog,
+    pub(crate) access_log: AccessLog,
     /// `queue`: the requests (or connections) waiting for a backend's room.
-    pub queue: Arc<Queue>,
+    pub(crate) queue: Arc<Queue>,
 }
 
 impl Instance {
-    pub fn new(snapshot: Snapshot) -> Self {
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn new(snapshot: Snapshot) -> Self {
         Instance::with_discovery(snapshot, Arc::default())
     }
 
     /// Instance state whose first snapshot was built with `discovery`'s
     /// answers (so they are the last good ones).
-    pub fn with_discovery(snapshot: Snapshot, discovery: Arc<Discovery>) -> Self {
+    pub(crate) fn with_discovery(snapshot: Snapshot, discovery: Arc<Discovery>) -> Self {
         let limit = Arc::new(Semaphore::new(snapshot.config.max_connections));
         let (version, _) = watch::channel(snapshot.version);
         let sessions = ArcSwapOption::from(sessions_for(&snapshot.config));
@@ -92,28 +93,28 @@ impl Instance {
     }
 
     /// The process is shutting down: no longer ready for new traffic.
-    pub fn start_draining(&self) {
+    pub(crate) fn start_draining(&self) {
         self.draining
             .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
-    pub fn is_draining(&self) -> bool {
+    pub(crate) fn is_draining(&self) -> bool {
         self.draining.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The session pins (and their store), when `sessions` is configured.
-    pub fn sessions(&self) -> Option<Arc<Sessions>> {
+    pub(crate) fn sessions(&self) -> Option<Arc<Sessions>> {
         self.sessions.load_full()
     }
 
     /// Follows the published version: `changed()` resolves on every publish.
-    pub fn versions(&self) -> watch::Receiver<u64> {
+    pub(crate) fn versions(&self) -> watch::Receiver<u64> {
         self.version.subscribe()
     }
 
     /// Live state to carry into the next build: the current backends' and the
     /// draining ones' (a backend put back before it drained keeps its state).
-    pub fn carry(&self) -> HashMap<(String, SocketAddr), Arc<Live>> {
+    pub(crate) fn carry(&self) -> HashMap<(String, SocketAddr), Arc<Live>> {
         let mut carry = self.snapshot.load().live_states();
         for b in self.retired() {
             carry
@@ -126,7 +127,7 @@ impl Instance {
     /// Publishes `next` atomically. Backends of the old snapshot whose identity
     /// (name and address) is not in `next` are retired and returned, so the
     /// caller can apply `drain_timeout` to them.
-    pub fn publish(&self, next: Snapshot) -> Vec<Arc<Backend>> {
+    pub(crate) fn publish(&self, next: Snapshot) -> Vec<Arc<Backend>> {
         let old_limit = self.snapshot.load().config.max_connections;
         let new_limit = next.config.max_connections;
         if next.config.sessions != self.snapshot.load().config.sessions {
@@ -169,7 +170,7 @@ impl Instance {
 
     /// Removed backends that still have open connections (the drained ones
     /// are forgotten here, which is what makes their metric series go away).
-    pub fn retired(&self) -> Vec<Arc<Backend>> {
+    pub(crate) fn retired(&self) -> Vec<Arc<Backend>> {
         let mut retired = lock(&self.retired);
         retired.retain(|b| b.live.load.active() > 0);
         retired.clone()

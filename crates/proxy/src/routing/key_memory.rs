@@ -35,15 +35,15 @@ use magpie_core::labels;
 /// Shards of the map; a power of two.
 const SHARDS: usize = 16;
 /// Keys remembered without `sessions`.
-pub const DEFAULT_MAX: usize = 100_000;
+pub(crate) const DEFAULT_MAX: usize = 100_000;
 /// How long a key that spilled stays where it spilled without `sessions`.
-pub const SPILL_TTL: Duration = Duration::from_secs(5 * 60);
+pub(crate) const SPILL_TTL: Duration = Duration::from_secs(5 * 60);
 
 labels! {
     /// Why a key left the backend of its previous request, and so why its
     /// engine may have served fewer cached prompt tokens than that request
     /// had (a cache miss, [`crate::routing::llm::usage`]).
-    pub enum MissCause {
+    pub(crate) enum MissCause {
         /// The key left a loaded backend (or came back to its primary).
         Spill => "spill",
         /// The key's backend was down.
@@ -72,28 +72,28 @@ struct Record {
 
 /// The key's last routing decision, for admin `/route`.
 #[derive(Debug, Clone)]
-pub struct Last {
-    pub backend: String,
-    pub how: How,
-    pub age: Duration,
-    pub spilled: bool,
-    pub prompt_tokens: Option<u64>,
+pub(crate) struct Last {
+    pub(crate) backend: String,
+    pub(crate) how: How,
+    pub(crate) age: Duration,
+    pub(crate) spilled: bool,
+    pub(crate) prompt_tokens: Option<u64>,
     /// The group of the key's last request (`key.group`).
-    pub group: Option<GroupKey>,
+    pub(crate) group: Option<GroupKey>,
 }
 
 /// What one request's route means for the key's memory.
 #[derive(Debug, Clone, Copy)]
-pub struct Decision {
-    pub how: How,
+pub(crate) struct Decision {
+    pub(crate) how: How,
     /// Sessions are on and the key was not routed by its pin.
-    pub pin_lost: bool,
+    pub(crate) pin_lost: bool,
     /// What the request sent, for the LLM policy's note.
-    pub sent: Sent,
+    pub(crate) sent: Sent,
 }
 
 /// What routing did with each key, bounded, and the counts of its decisions.
-pub struct KeyMemory {
+pub(crate) struct KeyMemory {
     shards: Vec<Mutex<LruCache<u64, Record>>>,
     spill_ttl_ms: AtomicU64,
     routed: [AtomicU64; How::COUNT],
@@ -109,7 +109,7 @@ impl std::fmt::Debug for KeyMemory {
 impl KeyMemory {
     /// A memory of at most `max` keys (at least one per shard) in which a
     /// spill lasts `spill_ttl` unused.
-    pub fn new(max: usize, spill_ttl: Duration) -> KeyMemory {
+    pub(crate) fn new(max: usize, spill_ttl: Duration) -> KeyMemory {
         let memory = KeyMemory {
             shards: (0..SHARDS)
                 .map(|_| Mutex::new(LruCache::new(NonZeroUsize::MIN)))
@@ -124,7 +124,7 @@ impl KeyMemory {
 
     /// Resizes the map and sets the spill TTL (on reload); what it holds and
     /// what it counted stay.
-    pub fn configure(&self, max: usize, spill_ttl: Duration) {
+    pub(crate) fn configure(&self, max: usize, spill_ttl: Duration) {
         let per_shard = NonZeroUsize::new(max.div_ceil(SHARDS).max(1)).unwrap_or(NonZeroUsize::MIN);
         for shard in &self.shards {
             lock(shard).resize(per_shard);
@@ -142,7 +142,7 @@ impl KeyMemory {
     }
 
     /// The backend `key` spilled to, while it is used within the spill TTL.
-    pub fn spilled_to(&self, key: SessionKey) -> Option<String> {
+    pub(crate) fn spilled_to(&self, key: SessionKey) -> Option<String> {
         let ttl = self.spill_ttl();
         let key = key.memory().hash();
         let mut shard = self.shard(key);
@@ -160,7 +160,7 @@ impl KeyMemory {
     /// `key`'s request went to `backend` as `decision` says: counts it,
     /// remembers it, and says why the key moved, if it left the backend of
     /// its previous request.
-    pub fn routed(
+    pub(crate) fn routed(
         &self,
         key: SessionKey,
         backend: &Arc<Backend>,
@@ -202,7 +202,7 @@ impl KeyMemory {
     /// Keeps a record under `key` (not a session key's: see [`MemoryKey`])
     /// that says a request went to `backend` having sent `sent`, in place
     /// of any before it. Nothing is counted.
-    pub fn keep(&self, key: MemoryKey, backend: &Arc<Backend>, sent: Sent) {
+    pub(crate) fn keep(&self, key: MemoryKey, backend: &Arc<Backend>, sent: Sent) {
         let key = key.hash();
         let record = Record {
             backend: Arc::clone(backend),
@@ -216,14 +216,14 @@ impl KeyMemory {
 
     /// Where the request `key`'s record was last kept for went
     /// ([`KeyMemory::keep`]); the record counts as used now.
-    pub fn kept_at(&self, key: MemoryKey) -> Option<Arc<Backend>> {
+    pub(crate) fn kept_at(&self, key: MemoryKey) -> Option<Arc<Backend>> {
         let key = key.hash();
         self.shard(key).get(&key).map(|r| Arc::clone(&r.backend))
     }
 
     /// The backend of `key`'s record and its note, without touching its
     /// recency.
-    pub fn note(&self, key: MemoryKey) -> Option<(Arc<Backend>, Note)> {
+    pub(crate) fn note(&self, key: MemoryKey) -> Option<(Arc<Backend>, Note)> {
         let key = key.hash();
         let shard = self.shard(key);
         let r = shard.peek(&key)?;
@@ -232,14 +232,14 @@ impl KeyMemory {
 
     /// `f` applied to `key`'s note, if it has a record, without touching
     /// its recency.
-    pub fn note_mut<R>(&self, key: SessionKey, f: impl FnOnce(&mut Note) -> R) -> Option<R> {
+    pub(crate) fn note_mut<R>(&self, key: SessionKey, f: impl FnOnce(&mut Note) -> R) -> Option<R> {
         let key = key.memory().hash();
         let mut shard = self.shard(key);
         shard.peek_mut(&key).map(|r| f(&mut r.note))
     }
 
     /// `key`'s last decision, without touching its recency.
-    pub fn last(&self, key: SessionKey) -> Option<Last> {
+    pub(crate) fn last(&self, key: SessionKey) -> Option<Last> {
         let key = key.memory().hash();
         let shard = self.shard(key);
         let r = shard.peek(&key)?;
@@ -254,17 +254,17 @@ impl KeyMemory {
     }
 
     /// Requests (or connections) routed so far for `how`.
-    pub fn routed_total(&self, how: How) -> u64 {
+    pub(crate) fn routed_total(&self, how: How) -> u64 {
         self.routed[how.index()].load(Ordering::Relaxed)
     }
 
     /// Counts a cache miss for `cause`.
-    pub fn count_miss(&self, cause: MissCause) {
+    pub(crate) fn count_miss(&self, cause: MissCause) {
         self.misses[cause.index()].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Cache misses counted so far for `cause`.
-    pub fn misses_total(&self, cause: MissCause) -> u64 {
+    pub(crate) fn misses_total(&self, cause: MissCause) -> u64 {
         self.misses[cause.index()].load(Ordering::Relaxed)
     }
 }

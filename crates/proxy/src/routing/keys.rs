@@ -11,23 +11,23 @@
 /// The key that names a conversation, connection or flow: its session pin,
 /// its record in the key memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct SessionKey(u64);
+pub(crate) struct SessionKey(u64);
 
 /// The key of a request's group (`key.group`): conversations that share a
 /// head share it, and the table is looked up by it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct GroupKey(u64);
+pub(crate) struct GroupKey(u64);
 
 /// How a conversation opens (its model, instructions and first user
 /// message), when its body was read for a key: under a `queue`, a
 /// conversation that opens alike waits where the latest such went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct OpeningKey(u64);
+pub(crate) struct OpeningKey(u64);
 
 /// Whose request it is (`queue.tenant`), for the queue's turns; the
 /// default is no tenant.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub struct TenantKey(u64);
+pub(crate) struct TenantKey(u64);
 
 /// Where a record is kept in the key memory
 /// ([`crate::routing::key_memory`]): a session key's under its own hash, an
@@ -35,67 +35,86 @@ pub struct TenantKey(u64);
 /// session key's (with `key.from: conversation` the session key is the
 /// opening itself).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct MemoryKey(u64);
-
-macro_rules! hash_key {
-    ($name:ident) => {
-        impl $name {
-            pub const fn new(hash: u64) -> $name {
-                $name(hash)
-            }
-
-            /// The hash it stands for.
-            pub const fn hash(self) -> u64 {
-                self.0
-            }
-        }
-    };
-}
-
-hash_key!(SessionKey);
-hash_key!(GroupKey);
-hash_key!(OpeningKey);
-hash_key!(TenantKey);
-hash_key!(MemoryKey);
+pub(crate) struct MemoryKey(u64);
 
 impl SessionKey {
+    pub(crate) const fn new(hash: u64) -> SessionKey {
+        SessionKey(hash)
+    }
+
+    /// The hash it stands for.
+    pub(crate) const fn hash(self) -> u64 {
+        self.0
+    }
+
     /// Where its record is kept in the key memory.
-    pub const fn memory(self) -> MemoryKey {
+    pub(crate) const fn memory(self) -> MemoryKey {
         MemoryKey(self.0)
     }
 }
 
+impl GroupKey {
+    pub(crate) const fn new(hash: u64) -> GroupKey {
+        GroupKey(hash)
+    }
+
+    /// The hash it stands for.
+    pub(crate) const fn hash(self) -> u64 {
+        self.0
+    }
+}
+
 impl OpeningKey {
+    pub(crate) const fn new(hash: u64) -> OpeningKey {
+        OpeningKey(hash)
+    }
+
     /// Where its record is kept in the key memory, apart from any session
     /// key's.
-    pub const fn memory(self) -> MemoryKey {
+    pub(crate) const fn memory(self) -> MemoryKey {
         MemoryKey(self.0 ^ 0x6f70_656e_696e_6773) // "openings"
     }
 }
 
 impl TenantKey {
     /// No tenant: requests without one take their turns as one.
-    pub const NONE: TenantKey = TenantKey(0);
+    pub(crate) const NONE: TenantKey = TenantKey(0);
+
+    pub(crate) const fn new(hash: u64) -> TenantKey {
+        TenantKey(hash)
+    }
 
     /// A tenant told by its group (`queue.tenant: group`), or none.
-    pub fn of_group(group: Option<GroupKey>) -> TenantKey {
+    pub(crate) fn of_group(group: Option<GroupKey>) -> TenantKey {
         group.map_or(TenantKey::NONE, |g| TenantKey(g.0))
+    }
+
+    /// The hash it stands for.
+    pub(crate) const fn hash(self) -> u64 {
+        self.0
+    }
+}
+
+impl MemoryKey {
+    /// The hash its record is kept under.
+    pub(crate) const fn hash(self) -> u64 {
+        self.0
     }
 }
 
 /// The keys of one request (a connection or a flow has a session key only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Keys {
-    pub session: SessionKey,
-    pub group: Option<GroupKey>,
+pub(crate) struct Keys {
+    pub(crate) session: SessionKey,
+    pub(crate) group: Option<GroupKey>,
     /// How its conversation opens, when its body was read for a key (mode
     /// http).
-    pub opening: Option<OpeningKey>,
+    pub(crate) opening: Option<OpeningKey>,
 }
 
 impl Keys {
     /// A session key alone (no group, no opening).
-    pub fn single(session: SessionKey) -> Keys {
+    pub(crate) fn single(session: SessionKey) -> Keys {
         Keys {
             session,
             group: None,
@@ -104,7 +123,7 @@ impl Keys {
     }
 
     /// The key the table is looked up by: the group's, else the session's.
-    pub fn table(&self) -> u64 {
+    pub(crate) fn table(&self) -> u64 {
         self.group.map_or(self.session.0, |g| g.0)
     }
 }
@@ -129,7 +148,7 @@ mod tests {
     #[test]
     fn an_openings_record_is_kept_apart_from_the_same_hashs_session() {
         let (session, opening) = (SessionKey::new(7), OpeningKey::new(7));
-        assert_eq!(session.memory(), MemoryKey::new(7));
+        assert_eq!(session.memory().hash(), 7);
         assert_ne!(opening.memory(), session.memory());
     }
 }

@@ -24,15 +24,15 @@
 //! | [`llm`] | the LLM policy behind the decision: groups' homes, conversations' openings, prefill work, engines' usage |
 //! | [`discovery`] | `dns` and `srv` backends: resolved at start, on reload and every interval; last good answer kept |
 
-pub mod backend;
-pub mod decision;
-pub mod discovery;
-pub mod health;
-pub mod instance;
-pub mod key_memory;
-pub mod keys;
-pub mod llm;
-pub mod queue;
-pub mod route;
-pub mod sessions;
-pub mod snapshot;
+pub(crate) mod backend;
+pub(crate) mod decision;
+pub(crate) mod discovery;
+pub(crate) mod health;
+pub(crate) mod instance;
+pub(crate) mod key_memory;
+pub(crate) mod keys;
+pub(crate) mod llm;
+pub(crate) mod queue;
+pub(crate) mod route;
+pub(crate) mod sessions;
+pub(crate) mod snapshot;

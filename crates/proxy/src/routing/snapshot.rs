@@ -36,7 +36,7 @@ pub enum Table {
 }
 
 /// Candidates from either table, without boxing.
-pub enum Candidates<'a> {
+pub(crate) enum Candidates<'a> {
     Maglev(<Maglev as Scheme>::Candidates<'a>),
     Ring(<Ring as Scheme>::Candidates<'a>),
 }
@@ -53,7 +53,7 @@ impl Iterator for Candidates<'_> {
 }
 
 impl Table {
-    pub fn candidates(&self, key: u64) -> Candidates<'_> {
+    pub(crate) fn candidates(&self, key: u64) -> Candidates<'_> {
         match self {
             Table::Maglev(m) => Candidates::Maglev(m.candidates(key)),
             Table::Ring(r) => Candidates::Ring(r.candidates(key)),
@@ -61,7 +61,7 @@ impl Table {
     }
 
     /// Each node's share of new keys (table slots, or ring hash space).
-    pub fn shares(&self) -> Vec<f64> {
+    pub(crate) fn shares(&self) -> Vec<f64> {
         match self {
             Table::Maglev(m) => {
                 let size = m.table_size() as f64;
@@ -74,7 +74,7 @@ impl Table {
         }
     }
 
-    pub fn algorithm(&self) -> Algorithm {
+    pub(crate) fn algorithm(&self) -> Algorithm {
         match self {
             Table::Maglev(_) => Algorithm::Maglev,
             Table::Ring(_) => Algorithm::Ring,
@@ -92,10 +92,10 @@ pub struct Snapshot {
     pub table: Table,
     /// Each backend's share of new keys, in `backends` order.
     pub shares: Vec<f64>,
-    pub total_weight: u64,
+    pub(crate) total_weight: u64,
     pub config: Arc<Config>,
     /// How long building the table took.
-    pub build_time: Duration,
+    pub(crate) build_time: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -105,9 +105,16 @@ pub enum SnapshotError {
 }
 
 impl Snapshot {
+    /// The first snapshot of `config` (version 1, every backend's live state
+    /// fresh): what `check`, `lookup` and `plan` compute, as a magpie
+    /// starting with `config` would publish it.
+    pub fn of(config: Arc<Config>) -> Result<Snapshot, SnapshotError> {
+        Snapshot::build(config, 1, &HashMap::new())
+    }
+
     /// Builds a snapshot from `config`. Backends whose name and address match
     /// one in `carry` keep that live state; the others start fresh.
-    pub fn build(
+    pub(crate) fn build(
         config: Arc<Config>,
         version: u64,
         carry: &HashMap<(String, SocketAddr), Arc<Live>>,
@@ -163,7 +170,7 @@ impl Snapshot {
     }
 
     /// The live state of every backend, keyed by identity, for the next build.
-    pub fn live_states(&self) -> HashMap<(String, SocketAddr), Arc<Live>> {
+    pub(crate) fn live_states(&self) -> HashMap<(String, SocketAddr), Arc<Live>> {
         self.backends
             .iter()
             .map(|b| ((b.name.clone(), b.addr), Arc::clone(&b.live)))
@@ -183,7 +190,7 @@ impl Snapshot {
     }
 
     /// Active connections across the pool (for bounded-load caps).
-    pub fn total_active(&self) -> u64 {
+    pub(crate) fn total_active(&self) -> u64 {
         self.backends.iter().map(|b| b.live.load.active()).sum()
     }
 }

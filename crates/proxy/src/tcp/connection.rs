@@ -36,7 +36,7 @@ use magpie_core::key;
 
 /// Serves one accepted connection until it ends. Never panics on anything a
 /// peer sends; every failure is logged and counted.
-pub async fn serve(accepted: Accepted) {
+pub(crate) async fn serve(accepted: Accepted) {
     let Accepted {
         stream,
         peer,

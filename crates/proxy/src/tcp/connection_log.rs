@@ -14,7 +14,7 @@ use crate::telemetry::access_log::{Entry, Status};
 /// One connection's line while it is open; nothing when the access log is
 /// off or did not sample it (boxed: a connection's task stays small).
 #[derive(Debug)]
-pub struct ConnectionLog(Option<Box<Open>>);
+pub(crate) struct ConnectionLog(Option<Box<Open>>);
 
 #[derive(Debug)]
 struct Open {
@@ -25,12 +25,17 @@ struct Open {
 impl ConnectionLog {
     /// The line of a connection from `client` to `local`, if the access log
     /// samples it.
-    pub fn start(instance: &Instance, client: Client, local: Local, key: u64) -> ConnectionLog {
+    pub(crate) fn start(
+        instance: &Instance,
+        client: Client,
+        local: Local,
+        key: u64,
+    ) -> ConnectionLog {
         ConnectionLog(Open::start(instance, client, local, key).map(Box::new))
     }
 
     /// The backend it went to, and why that one.
-    pub fn connected(&mut self, backend: &Backend, how: &'static str) {
+    pub(crate) fn connected(&mut self, backend: &Backend, how: &'static str) {
         if let Some(open) = &mut self.0 {
             open.entry.backend = Some((backend.name.clone(), backend.addr));
             open.entry.routed = Some(how);
@@ -38,7 +43,7 @@ impl ConnectionLog {
     }
 
     /// It ended before any copy (`no_backend`, `local_resources`, ...).
-    pub fn failed(self, instance: &Instance, why: &'static str) {
+    pub(crate) fn failed(self, instance: &Instance, why: &'static str) {
         if let Some(mut open) = self.0 {
             open.entry.status = Status::Ended(why);
             open.write(instance);
@@ -46,7 +51,7 @@ impl ConnectionLog {
     }
 
     /// The copy is over.
-    pub fn copied(self, instance: &Instance, copied: &Copied) {
+    pub(crate) fn copied(self, instance: &Instance, copied: &Copied) {
         if let Some(mut open) = self.0 {
             open.entry.status = Status::Ended(ended(&copied.end));
             open.entry.bytes_in = copied.bytes_in;

@@ -27,7 +27,7 @@ use crate::routing::backend::{Backend, Side};
 
 /// How a copy ended.
 #[derive(Debug)]
-pub enum End {
+pub(crate) enum End {
     Done,
     Idle,
     /// The shutdown grace is over while bytes could still flow.
@@ -42,28 +42,28 @@ pub enum End {
 
 /// How a copy ended, and what it moved.
 #[derive(Debug)]
-pub struct Copied {
-    pub end: End,
+pub(crate) struct Copied {
+    pub(crate) end: End,
     /// Bytes from the client to the backend (the bytes read ahead included).
-    pub bytes_in: u64,
+    pub(crate) bytes_in: u64,
     /// Bytes from the backend to the client.
-    pub bytes_out: u64,
+    pub(crate) bytes_out: u64,
     /// When the backend's first byte came, if one did.
-    pub first_byte: Option<Instant>,
+    pub(crate) first_byte: Option<Instant>,
 }
 
 /// The rules of one copy.
-pub struct Transfer<'a> {
+pub(crate) struct Transfer<'a> {
     /// Counts the bytes; its `closing` token ends the copy (drain timeout).
-    pub backend: &'a Backend,
-    pub idle_timeout: Duration,
+    pub(crate) backend: &'a Backend,
+    pub(crate) idle_timeout: Duration,
     /// The shutdown grace is over.
-    pub stop: &'a CancellationToken,
+    pub(crate) stop: &'a CancellationToken,
     /// The client must not begin with a PROXY signature (PROXY input is on
     /// and this peer is not trusted).
-    pub check_signature: bool,
+    pub(crate) check_signature: bool,
     /// Buffered, splice, or splice once a direction is bulk.
-    pub copy: CopyMode,
+    pub(crate) copy: CopyMode,
 }
 
 /// Copies `client` ⇄ `upstream` until both directions end, or the transfer's
@@ -72,7 +72,7 @@ pub struct Transfer<'a> {
 /// freed. The first EOF is passed on with a write shutdown; the last one is
 /// not (a saved call per connection): the caller's close of both sockets,
 /// right after, sends that FIN.
-pub async fn copy_both_ways(
+pub(crate) async fn copy_both_ways(
     client: &mut ReadAhead,
     upstream: &mut TcpStream,
     transfer: Transfer<'_>,

@@ -30,7 +30,7 @@ use crate::intake::proxy_protocol::{self, Signature};
 use crate::routing::backend::Side;
 
 /// Size of a copy buffer (HAProxy's default `bufsize` too).
-pub const COPY_BUFFER: usize = 16 * 1024;
+pub(crate) const COPY_BUFFER: usize = 16 * 1024;
 
 /// Buffers kept for reuse; beyond this, returned buffers are freed (4 MiB).
 const POOL_MAX: usize = 256;

@@ -75,15 +75,15 @@ fn may_end_head(bytes: &[u8], from: usize) -> bool {
 /// What to read: the header (lower-case), at most `limit` bytes of head,
 /// within `deadline`.
 #[derive(Debug, Clone, Copy)]
-pub struct Want<'a> {
-    pub header: &'a str,
-    pub limit: usize,
-    pub deadline: Duration,
+pub(crate) struct Want<'a> {
+    pub(crate) header: &'a str,
+    pub(crate) limit: usize,
+    pub(crate) deadline: Duration,
 }
 
 /// The outcome of reading a header key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HeaderKey {
+pub(crate) enum HeaderKey {
     Found(u64),
     Fallback(FallbackReason),
 }
@@ -96,7 +96,7 @@ pub enum HeaderKey {
 /// The head is parsed again only when the new bytes may end it, or when it
 /// has doubled since the last parse (which also catches a stream that is not
 /// HTTP early): parsing costs O(n) overall, however the head is split.
-pub async fn read_header_key(stream: &mut ReadAhead, want: Want<'_>) -> HeaderKey {
+pub(crate) async fn read_header_key(stream: &mut ReadAhead, want: Want<'_>) -> HeaderKey {
     let Want {
         header,
         limit,

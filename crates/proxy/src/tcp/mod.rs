@@ -13,19 +13,21 @@
 //! | [`direction`] | one direction: pooled buffers or pipes held only while bytes are in flight |
 //! | [`pipe`] | splice(2) through pooled pipes: socket → pipe → socket without a userspace copy (Linux) |
 
-pub mod connection;
-pub mod connection_log;
-pub mod copy;
-pub mod direction;
-pub mod header_key;
+pub(crate) mod connection;
+pub(crate) mod connection_log;
+pub(crate) mod copy;
+pub(crate) mod direction;
+pub(crate) mod header_key;
 // The one module allowed `unsafe`: three libc calls (pipe2, fcntl, splice).
 #[allow(unsafe_code)]
-pub mod pipe;
-pub mod sni_key;
+pub(crate) mod pipe;
+pub(crate) mod sni_key;
 
 /// Serves one accepted connection of the TCP path. A plain function, not an
 /// `async fn`: its future is the connection's own, not a second one around it.
-pub fn serve_connection(accepted: crate::intake::listener::Accepted) -> impl Future<Output = ()> {
+pub(crate) fn serve_connection(
+    accepted: crate::intake::listener::Accepted,
+) -> impl Future<Output = ()> {
     connection::serve(accepted)
 }
 

@@ -17,11 +17,11 @@ use magpie_core::key::sni::{HelloScan, HelloScanner};
 
 /// How much may be read for the hello, and for how long.
 #[derive(Debug, Clone, Copy)]
-pub struct HelloWant {
+pub(crate) struct HelloWant {
     /// The most bytes read ahead in all (`key.max_bytes`).
-    pub limit: usize,
+    pub(crate) limit: usize,
     /// `key.read_timeout`.
-    pub deadline: Duration,
+    pub(crate) deadline: Duration,
 }
 
 /// Reads from `stream` until the ClientHello decides, `limit` bytes are
@@ -29,7 +29,10 @@ pub struct HelloWant {
 /// why there is none. The bytes read stay read ahead for the caller to
 /// replay, after any read before (a PROXY header's segment, a signature
 /// check).
-pub async fn read_sni_key(stream: &mut ReadAhead, want: HelloWant) -> Result<u64, FallbackReason> {
+pub(crate) async fn read_sni_key(
+    stream: &mut ReadAhead,
+    want: HelloWant,
+) -> Result<u64, FallbackReason> {
     let HelloWant { limit, deadline } = want;
     let mut scanner = HelloScanner::new(limit);
     let read = async {

@@ -8,7 +8,7 @@ use magpie_core::labels;
 
 labels! {
     /// Why a flow ended.
-    pub enum FlowEnd {
+    pub(crate) enum FlowEnd {
         /// Nothing either way for `idle_timeout`.
         Idle => "idle_timeout",
         /// Its backend answered `udp.responses` datagrams.
@@ -24,7 +24,7 @@ labels! {
 
 labels! {
     /// Why a datagram was not delivered.
-    pub enum DatagramDrop {
+    pub(crate) enum DatagramDrop {
         /// A new flow beyond `max_connections` flows.
         TableFull => "table_full",
         /// A new flow that no backend took (all down with `when_all_down:
@@ -45,7 +45,7 @@ labels! {
 
 /// The counters of `mode: udp`.
 #[derive(Debug, Default)]
-pub struct DatagramStats {
+pub(crate) struct DatagramStats {
     open: AtomicU64,
     created: AtomicU64,
     ended: [AtomicU64; FlowEnd::COUNT],
@@ -54,35 +54,35 @@ pub struct DatagramStats {
 
 impl DatagramStats {
     /// A flow started.
-    pub fn flow_created(&self) {
+    pub(crate) fn flow_created(&self) {
         self.created.fetch_add(1, Ordering::Relaxed);
         self.open.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A flow ended, as `why`.
-    pub fn flow_ended(&self, why: FlowEnd) {
+    pub(crate) fn flow_ended(&self, why: FlowEnd) {
         self.ended[why.index()].fetch_add(1, Ordering::Relaxed);
         self.open.fetch_sub(1, Ordering::Relaxed);
     }
 
-    pub fn count_drop(&self, why: DatagramDrop) {
+    pub(crate) fn count_drop(&self, why: DatagramDrop) {
         self.dropped[why.index()].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Flows open now.
-    pub fn open(&self) -> u64 {
+    pub(crate) fn open(&self) -> u64 {
         self.open.load(Ordering::Relaxed)
     }
 
-    pub fn created(&self) -> u64 {
+    pub(crate) fn created(&self) -> u64 {
         self.created.load(Ordering::Relaxed)
     }
 
-    pub fn ended(&self, why: FlowEnd) -> u64 {
+    pub(crate) fn ended(&self, why: FlowEnd) -> u64 {
         self.ended[why.index()].load(Ordering::Relaxed)
     }
 
-    pub fn dropped(&self, why: DatagramDrop) -> u64 {
+    pub(crate) fn dropped(&self, why: DatagramDrop) -> u64 {
         self.dropped[why.index()].load(Ordering::Relaxed)
     }
 }

@@ -15,18 +15,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The bytes held for keys across all requests.
 #[derive(Debug, Default)]
-pub struct KeyBudget {
+pub(crate) struct KeyBudget {
     held: AtomicU64,
 }
 
 impl KeyBudget {
     /// Bytes held now.
-    pub fn held(&self) -> u64 {
+    pub(crate) fn held(&self) -> u64 {
         self.held.load(Ordering::Relaxed)
     }
 
     /// A request's share, empty for now.
-    pub fn share(self: &Arc<Self>, max: u64) -> Held {
+    pub(crate) fn share(self: &Arc<Self>, max: u64) -> Held {
         Held {
             budget: Arc::clone(self),
             bytes: 0,
@@ -37,7 +37,7 @@ impl KeyBudget {
 
 /// One request's bytes of the budget; given back when dropped.
 #[derive(Debug)]
-pub struct Held {
+pub(crate) struct Held {
     budget: Arc<KeyBudget>,
     bytes: u64,
     max: u64,
@@ -45,7 +45,7 @@ pub struct Held {
 
 impl Held {
     /// Takes `n` more bytes if the budget's total stays within its maximum.
-    pub fn grow(&mut self, n: usize) -> bool {
+    pub(crate) fn grow(&mut self, n: usize) -> bool {
         let n = n as u64;
         let max = self.max;
         let taken = self
@@ -60,8 +60,9 @@ impl Held {
         taken.is_ok()
     }
 
+    #[cfg(test)]
     /// Bytes this request holds.
-    pub fn bytes(&self) -> u64 {
+    pub(crate) fn bytes(&self) -> u64 {
         self.bytes
     }
 }

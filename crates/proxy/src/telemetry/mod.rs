@@ -13,9 +13,9 @@
 //! | [`throttle`] | rate-limited log lines for conditions that can repeat thousands of times a second |
 //! | [`supervise`] | long-lived tasks restarted (and counted) if they panic; the panic hook |
 
-pub mod access_log;
-pub mod datagrams;
-pub mod key_budget;
-pub mod stats;
-pub mod supervise;
-pub mod throttle;
+pub(crate) mod access_log;
+pub(crate) mod datagrams;
+pub(crate) mod key_budget;
+pub(crate) mod stats;
+pub(crate) mod supervise;
+pub(crate) mod throttle;

@@ -13,7 +13,7 @@ use magpie_core::labels;
 
 labels! {
     /// How a TLS handshake on a listener ended (`mode: http`).
-    pub enum Handshake {
+    pub(crate) enum Handshake {
         /// Done; the connection is served.
         Ok => "ok",
         /// No ClientHello, or no finished handshake, within
@@ -36,7 +36,7 @@ labels! {
 
 labels! {
     /// The TLS version of a finished handshake.
-    pub enum TlsVersion {
+    pub(crate) enum TlsVersion {
         Tls12 => "1.2",
         Tls13 => "1.3",
     }
@@ -44,7 +44,7 @@ labels! {
 
 labels! {
     /// Why a client connection was closed without reaching a backend.
-    pub enum ClientFailure {
+    pub(crate) enum ClientFailure {
         /// Every connect attempt failed (or every candidate was refused).
         NoBackend => "no_backend",
         /// A trusted peer sent no valid PROXY header, or an untrusted one sent one.
@@ -72,7 +72,7 @@ labels! {
 
 labels! {
     /// Why magpie closed a quiet client connection (`mode: http`).
-    pub enum QuietClose {
+    pub(crate) enum QuietClose {
         /// Nothing arrived within `http.first_byte_timeout` of the accept.
         FirstByte => "first_byte_timeout",
         /// No next request within `http.keepalive_timeout` of the last answer.
@@ -83,7 +83,7 @@ labels! {
 labels! {
     /// Where magpie itself ran out of something (file descriptors, socket
     /// buffers, memory): EMFILE, ENFILE, ENOBUFS, ENOMEM. Never a backend's fault.
-    pub enum Exhausted {
+    pub(crate) enum Exhausted {
         /// Accepting a client connection.
         Accept => "accept",
         /// Accepting an admin connection.
@@ -97,7 +97,7 @@ labels! {
 
 /// Global counters; each only grows.
 #[derive(Debug, Default)]
-pub struct Stats {
+pub(crate) struct Stats {
     key_fallbacks: [AtomicU64; FallbackReason::COUNT],
     /// Requests without a group (`key.group`), routed by their session key.
     group_misses: [AtomicU64; GroupMiss::COUNT],
@@ -118,13 +118,13 @@ pub struct Stats {
     tls_failed: [AtomicU64; Handshake::COUNT],
     tls_ok: [AtomicU64; TlsVersion::COUNT],
     /// The bytes requests hold while their bodies are read for keys.
-    pub key_budget: std::sync::Arc<crate::telemetry::key_budget::KeyBudget>,
+    pub(crate) key_budget: std::sync::Arc<crate::telemetry::key_budget::KeyBudget>,
     /// Mode udp's flows and drops.
-    pub datagrams: crate::telemetry::datagrams::DatagramStats,
+    pub(crate) datagrams: crate::telemetry::datagrams::DatagramStats,
 }
 
 impl Stats {
-    pub fn count_tls_handshake(&self, result: Result<TlsVersion, Handshake>) {
+    pub(crate) fn count_tls_handshake(&self, result: Result<TlsVersion, Handshake>) {
         let counter = match result {
             Ok(version) => &self.tls_ok[version.index()],
             Err(how) => &self.tls_failed[how.index()],
@@ -133,96 +133,96 @@ impl Stats {
     }
 
     /// Finished handshakes of `version`.
-    pub fn tls_handshakes_ok(&self, version: TlsVersion) -> u64 {
+    pub(crate) fn tls_handshakes_ok(&self, version: TlsVersion) -> u64 {
         self.tls_ok[version.index()].load(Ordering::Relaxed)
     }
 
     /// Handshakes that ended as `how` (not `Ok`).
-    pub fn tls_handshakes_failed(&self, how: Handshake) -> u64 {
+    pub(crate) fn tls_handshakes_failed(&self, how: Handshake) -> u64 {
         self.tls_failed[how.index()].load(Ordering::Relaxed)
     }
 
-    pub fn count_h2_reset(&self) {
+    pub(crate) fn count_h2_reset(&self) {
         self.h2_resets.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn count_h2_reset_goaway(&self) {
+    pub(crate) fn count_h2_reset_goaway(&self) {
         self.h2_reset_goaways.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn h2_resets(&self) -> u64 {
+    pub(crate) fn h2_resets(&self) -> u64 {
         self.h2_resets.load(Ordering::Relaxed)
     }
 
-    pub fn h2_reset_goaways(&self) -> u64 {
+    pub(crate) fn h2_reset_goaways(&self) -> u64 {
         self.h2_reset_goaways.load(Ordering::Relaxed)
     }
 
-    pub fn count_fallback(&self, why: FallbackReason) {
+    pub(crate) fn count_fallback(&self, why: FallbackReason) {
         self.key_fallbacks[why.index()].fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn fallbacks(&self, why: FallbackReason) -> u64 {
+    pub(crate) fn fallbacks(&self, why: FallbackReason) -> u64 {
         self.key_fallbacks[why.index()].load(Ordering::Relaxed)
     }
 
-    pub fn count_group_miss(&self, why: GroupMiss) {
+    pub(crate) fn count_group_miss(&self, why: GroupMiss) {
         self.group_misses[why.index()].fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn group_misses(&self, why: GroupMiss) -> u64 {
+    pub(crate) fn group_misses(&self, why: GroupMiss) -> u64 {
         self.group_misses[why.index()].load(Ordering::Relaxed)
     }
 
-    pub fn count_rejected(&self) {
+    pub(crate) fn count_rejected(&self) {
         self.rejected.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn rejected(&self) -> u64 {
+    pub(crate) fn rejected(&self) -> u64 {
         self.rejected.load(Ordering::Relaxed)
     }
 
-    pub fn count_accept_error(&self) {
+    pub(crate) fn count_accept_error(&self) {
         self.accept_errors.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn accept_errors(&self) -> u64 {
+    pub(crate) fn accept_errors(&self) -> u64 {
         self.accept_errors.load(Ordering::Relaxed)
     }
 
-    pub fn count_client_failure(&self, why: ClientFailure) {
+    pub(crate) fn count_client_failure(&self, why: ClientFailure) {
         self.client_failures[why.index()].fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn client_failures(&self, why: ClientFailure) -> u64 {
+    pub(crate) fn client_failures(&self, why: ClientFailure) -> u64 {
         self.client_failures[why.index()].load(Ordering::Relaxed)
     }
 
-    pub fn count_quiet_close(&self, why: QuietClose) {
+    pub(crate) fn count_quiet_close(&self, why: QuietClose) {
         self.quiet_closes[why.index()].fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn quiet_closes(&self, why: QuietClose) -> u64 {
+    pub(crate) fn quiet_closes(&self, why: QuietClose) -> u64 {
         self.quiet_closes[why.index()].load(Ordering::Relaxed)
     }
 
-    pub fn count_exhausted(&self, during: Exhausted) {
+    pub(crate) fn count_exhausted(&self, during: Exhausted) {
         self.exhausted[during.index()].fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn exhausted(&self, during: Exhausted) -> u64 {
+    pub(crate) fn exhausted(&self, during: Exhausted) -> u64 {
         self.exhausted[during.index()].load(Ordering::Relaxed)
     }
 
-    pub fn count_accepted(&self) {
+    pub(crate) fn count_accepted(&self) {
         self.accepted.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn accepted(&self) -> u64 {
+    pub(crate) fn accepted(&self) -> u64 {
         self.accepted.load(Ordering::Relaxed)
     }
 
-    pub fn count_reload(&self, ok: bool) {
+    pub(crate) fn count_reload(&self, ok: bool) {
         let counter = if ok {
             &self.reloads_ok
         } else {
@@ -232,7 +232,7 @@ impl Stats {
     }
 
     /// Reloads that published a snapshot (`true`) or kept the old one (`false`).
-    pub fn reloads(&self, ok: bool) -> u64 {
+    pub(crate) fn reloads(&self, ok: bool) -> u64 {
         let counter = if ok {
             &self.reloads_ok
         } else {
@@ -244,13 +244,13 @@ impl Stats {
 
 /// Upper bounds (seconds) of the latency buckets: from 5 ms (a cached reply
 /// on a LAN) to 10 minutes (a long LLM generation streamed to the end).
-pub const LATENCY_BUCKETS: [f64; 16] = [
+pub(crate) const LATENCY_BUCKETS: [f64; 16] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 ];
 
 /// Upper bounds (seconds) for fast operations on a nearby server (a session
 /// store round trip): 100 µs to 1 s.
-pub const FAST_BUCKETS: [f64; 12] = [
+pub(crate) const FAST_BUCKETS: [f64; 12] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 ];
 
@@ -258,7 +258,7 @@ pub const FAST_BUCKETS: [f64; 12] = [
 /// [`with_bounds`](Histogram::with_bounds)): one relaxed atomic add per
 /// observation, no lock, no allocation.
 #[derive(Debug)]
-pub struct Histogram {
+pub(crate) struct Histogram {
     bounds: &'static [f64],
     /// Observations at or below each bound (not cumulative; the export sums).
     buckets: Box<[AtomicU64]>,
@@ -274,7 +274,7 @@ impl Default for Histogram {
 }
 
 impl Histogram {
-    pub fn with_bounds(bounds: &'static [f64]) -> Histogram {
+    pub(crate) fn with_bounds(bounds: &'static [f64]) -> Histogram {
         Histogram {
             bounds,
             buckets: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
@@ -283,7 +283,7 @@ impl Histogram {
         }
     }
 
-    pub fn observe(&self, d: std::time::Duration) {
+    pub(crate) fn observe(&self, d: std::time::Duration) {
         let secs = d.as_secs_f64();
         if let Some(i) = self.bounds.iter().position(|&b| secs <= b) {
             self.buckets[i].fetch_add(1, Ordering::Relaxed);
@@ -294,12 +294,12 @@ impl Histogram {
     }
 
     /// The upper bounds, in seconds.
-    pub fn bounds(&self) -> &'static [f64] {
+    pub(crate) fn bounds(&self) -> &'static [f64] {
         self.bounds
     }
 
     /// Cumulative counts per bound, in [`Histogram::bounds`] order.
-    pub fn cumulative(&self) -> Vec<u64> {
+    pub(crate) fn cumulative(&self) -> Vec<u64> {
         let mut running = 0;
         self.buckets
             .iter()
@@ -310,11 +310,11 @@ impl Histogram {
             .collect()
     }
 
-    pub fn count(&self) -> u64 {
+    pub(crate) fn count(&self) -> u64 {
         self.count.load(Ordering::Relaxed)
     }
 
-    pub fn sum_seconds(&self) -> f64 {
+    pub(crate) fn sum_seconds(&self) -> f64 {
         self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6
     }
 }

@@ -23,7 +23,7 @@ const RESTART_PAUSE: Duration = Duration::from_secs(1);
 
 labels! {
     /// The long-lived tasks, for the restart counter's label.
-    pub enum Task {
+    pub(crate) enum Task {
         Accept => "accept",
         Admin => "admin",
         Health => "health",
@@ -37,19 +37,19 @@ static RESTARTS: [AtomicU64; Task::COUNT] = [const { AtomicU64::new(0) }; Task::
 static PANICS: AtomicU64 = AtomicU64::new(0);
 
 /// Times `task` panicked and was started again, in this process.
-pub fn restarts(task: Task) -> u64 {
+pub(crate) fn restarts(task: Task) -> u64 {
     RESTARTS[task.index()].load(Ordering::Relaxed)
 }
 
 /// Panics in any thread or task of this process (with the hook installed).
-pub fn panics() -> u64 {
+pub(crate) fn panics() -> u64 {
     PANICS.load(Ordering::Relaxed)
 }
 
 /// Runs `start()` as a task; when that task panics, logs, counts and runs
 /// `start()` again. Returns the supervising task's handle, which finishes
 /// when a run returns normally.
-pub fn spawn<F, Fut>(task: Task, mut start: F) -> tokio::task::JoinHandle<()>
+pub(crate) fn spawn<F, Fut>(task: Task, mut start: F) -> tokio::task::JoinHandle<()>
 where
     F: FnMut() -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,

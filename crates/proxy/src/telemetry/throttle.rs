@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 /// One log line's budget: at most one per `interval`. Lives in a `static`
 /// at the line's call site.
 #[derive(Debug)]
-pub struct Throttle {
+pub(crate) struct Throttle {
     interval_ms: u64,
     /// Milliseconds since [`epoch`] before which nothing is logged.
     next_ms: AtomicU64,
@@ -25,7 +25,7 @@ fn now_ms() -> u64 {
 }
 
 impl Throttle {
-    pub const fn new(interval: Duration) -> Throttle {
+    pub(crate) const fn new(interval: Duration) -> Throttle {
         Throttle {
             interval_ms: interval.as_millis() as u64,
             next_ms: AtomicU64::new(0),
@@ -35,7 +35,7 @@ impl Throttle {
 
     /// `Some(held back since the last line)` when a line may be logged now;
     /// `None` (and one more held back) when not.
-    pub fn allow(&self) -> Option<u64> {
+    pub(crate) fn allow(&self) -> Option<u64> {
         let now = now_ms();
         let next = self.next_ms.load(Ordering::Relaxed);
         if now >= next

@@ -23,10 +23,10 @@ use tokio::net::UdpSocket;
 
 /// The largest datagram: a UDP payload's bound over IPv6 (65,535 less the
 /// 8-byte UDP header); IPv4's is smaller.
-pub const MAX_DATAGRAM: usize = 65_527;
+pub(crate) const MAX_DATAGRAM: usize = 65_527;
 
 /// The most datagrams one call reads.
-pub const BATCH: usize = 16;
+pub(crate) const BATCH: usize = 16;
 /// Room for one datagram: the largest, and one byte more to see
 /// truncation.
 const SLOT: usize = MAX_DATAGRAM + 1;
@@ -38,13 +38,13 @@ thread_local! {
 }
 
 /// Runs `f` with this thread's batch.
-pub fn with_batch<R>(f: impl FnOnce(&mut Batch) -> R) -> R {
+pub(crate) fn with_batch<R>(f: impl FnOnce(&mut Batch) -> R) -> R {
     BATCHES.with_borrow_mut(f)
 }
 
 /// Buffers for [`BATCH`] datagrams (1 MiB) and what the last read put in
 /// them.
-pub struct Batch {
+pub(crate) struct Batch {
     buffers: Vec<u8>,
     headers: MultiHeaders<SockaddrStorage>,
     /// Length and sender of each datagram read, in order.
@@ -73,7 +73,7 @@ impl Batch {
     /// when none waited or the batch came back short (its datagrams are
     /// still there, in [`Self::datagrams`]: the queue is empty, and the
     /// socket's readiness given up).
-    pub fn read(&mut self, socket: &UdpSocket) -> io::Result<()> {
+    pub(crate) fn read(&mut self, socket: &UdpSocket) -> io::Result<()> {
         self.read.clear();
         let fd = socket.as_raw_fd();
         let full = socket.try_io(Interest::READABLE, || {
@@ -113,19 +113,20 @@ impl Batch {
     /// The datagrams the last read took, each with its sender when the
     /// socket reported one. A datagram longer than [`MAX_DATAGRAM`] comes
     /// whole up to that length plus one byte (a sign to drop it).
-    pub fn datagrams(&self) -> impl Iterator<Item = (&[u8], Option<SocketAddr>)> {
+    pub(crate) fn datagrams(&self) -> impl Iterator<Item = (&[u8], Option<SocketAddr>)> {
         (self.read.iter().enumerate()).map(|(i, &(len, from))| {
             let start = i * SLOT;
             (&self.buffers[start..start + len.min(SLOT)], from)
         })
     }
 
+    #[cfg(test)]
     /// How many datagrams the last read took.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.read.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.read.is_empty()
     }
 }

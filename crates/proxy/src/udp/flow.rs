@@ -29,44 +29,44 @@ use crate::telemetry::access_log::{Entry, Status};
 use crate::telemetry::datagrams::{DatagramDrop, FlowEnd};
 
 /// During a drain, how long a flow waits for an answer already on its way.
-pub const DRAIN_IDLE: Duration = Duration::from_secs(1);
+pub(crate) const DRAIN_IDLE: Duration = Duration::from_secs(1);
 
 /// What a flow's relay needs beside the flow: the instance, the drain's
 /// signal, and how it leaves the flow table.
 #[derive(Debug)]
-pub struct Relay<L> {
-    pub instance: Arc<Instance>,
-    pub draining: CancellationToken,
-    pub leave: L,
+pub(crate) struct Relay<L> {
+    pub(crate) instance: Arc<Instance>,
+    pub(crate) draining: CancellationToken,
+    pub(crate) leave: L,
 }
 
 /// What a new flow starts with.
 #[derive(Debug)]
-pub struct Opened {
-    pub backend: Arc<Backend>,
-    pub upstream: UdpSocket,
-    pub slot: ActiveGuard,
-    pub client: SocketAddr,
+pub(crate) struct Opened {
+    pub(crate) backend: Arc<Backend>,
+    pub(crate) upstream: UdpSocket,
+    pub(crate) slot: ActiveGuard,
+    pub(crate) client: SocketAddr,
     /// The socket the client sent to (at `local`): answers leave from it.
-    pub local: SocketAddr,
-    pub listener: Arc<UdpSocket>,
-    pub key: u64,
-    pub how: How,
+    pub(crate) local: SocketAddr,
+    pub(crate) listener: Arc<UdpSocket>,
+    pub(crate) key: u64,
+    pub(crate) how: How,
 }
 
 #[derive(Debug)]
-pub struct Flow {
-    pub backend: Arc<Backend>,
+pub(crate) struct Flow {
+    pub(crate) backend: Arc<Backend>,
     upstream: UdpSocket,
     listener: Arc<UdpSocket>,
     /// Where its answers go.
-    pub client: SocketAddr,
+    pub(crate) client: SocketAddr,
     /// The listening address its client sent to, where answers leave from.
-    pub local: SocketAddr,
+    pub(crate) local: SocketAddr,
     /// Connection IDs it carried (`key.from: quic`), for the table.
     ids: Mutex<Vec<Box<[u8]>>>,
-    pub key: u64,
-    pub how: How,
+    pub(crate) key: u64,
+    pub(crate) how: How,
     started: Instant,
     /// Milliseconds from `started` to the last datagram either way.
     last: AtomicU64,
@@ -91,7 +91,7 @@ impl Counted {
 }
 
 impl Flow {
-    pub fn new(opened: Opened) -> Flow {
+    pub(crate) fn new(opened: Opened) -> Flow {
         Flow {
             backend: opened.backend,
             upstream: opened.upstream,
@@ -112,7 +112,7 @@ impl Flow {
     }
 
     /// Remembers connection ID `id`, unless it holds `max` already.
-    pub fn add_id(&self, id: &[u8], max: usize) -> bool {
+    pub(crate) fn add_id(&self, id: &[u8], max: usize) -> bool {
         let mut ids = self.ids.lock().unwrap_or_else(|e| e.into_inner());
         if ids.len() >= max {
             return false;
@@ -122,19 +122,19 @@ impl Flow {
     }
 
     /// Its connection IDs, taken (it is leaving the table).
-    pub fn take_ids(&self) -> Vec<Box<[u8]>> {
+    pub(crate) fn take_ids(&self) -> Vec<Box<[u8]>> {
         std::mem::take(&mut *self.ids.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Ends the flow as `why` (its task writes its line).
-    pub fn stop(&self, why: FlowEnd) {
+    pub(crate) fn stop(&self, why: FlowEnd) {
         let _ = self.stopped_as.set(why);
         self.stop.cancel();
     }
 
     /// Sends a client's datagram on to the backend; `Err` says why it was
     /// dropped.
-    pub fn forward(&self, datagram: &[u8], instance: &Instance) -> Result<(), DatagramDrop> {
+    pub(crate) fn forward(&self, datagram: &[u8], instance: &Instance) -> Result<(), DatagramDrop> {
         self.touch();
         // A plain send(2): a new socket has no readiness in tokio's
         // reactor yet, and a datagram socket needs none.
@@ -188,7 +188,7 @@ impl Flow {
     /// Once `draining` fires (magpie shuts down and reads no more client
     /// datagrams), only answers already on their way are awaited: the flow
     /// ends after [`DRAIN_IDLE`] without one.
-    pub async fn relay(self: Arc<Self>, relay: Relay<impl FnOnce(&Arc<Flow>)>) {
+    pub(crate) async fn relay(self: Arc<Self>, relay: Relay<impl FnOnce(&Arc<Flow>)>) {
         let Relay {
             instance,
             draining,

@@ -24,10 +24,10 @@ use crate::routing::backend::Backend;
 
 /// The most connection IDs remembered per flow: a QUIC connection uses
 /// the client's first ID, then those its server issues (a few at a time).
-pub const MAX_IDS_PER_FLOW: usize = 8;
+pub(crate) const MAX_IDS_PER_FLOW: usize = 8;
 
 #[derive(Debug, Default)]
-pub struct Flows {
+pub(crate) struct Flows {
     table: Mutex<Table>,
 }
 
@@ -40,7 +40,7 @@ struct Table {
 
 /// What the table knows of a datagram.
 #[derive(Debug)]
-pub enum Found {
+pub(crate) enum Found {
     /// The flow of its client address.
     Flow(Arc<Flow>),
     /// No flow of its address, but its connection ID is another flow's
@@ -51,18 +51,14 @@ pub enum Found {
 
 impl Flows {
     /// Flows open.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.lock().by_client.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// What is known of a datagram from `client` to `local` carrying
     /// connection ID `id` (QUIC). A new ID on a known flow is remembered
     /// (up to [`MAX_IDS_PER_FLOW`], and while no other flow has it).
-    pub fn lookup(&self, local: SocketAddr, client: SocketAddr, id: Option<&[u8]>) -> Found {
+    pub(crate) fn lookup(&self, local: SocketAddr, client: SocketAddr, id: Option<&[u8]>) -> Found {
         let mut table = self.lock();
         if let Some(flow) = table.by_client.get(&(local, client)).cloned() {
             if let Some(id) = id {
@@ -77,7 +73,7 @@ impl Flows {
     }
 
     /// A new flow, with the ID its first datagram carried.
-    pub fn insert(&self, flow: Arc<Flow>, id: Option<&[u8]>) {
+    pub(crate) fn insert(&self, flow: Arc<Flow>, id: Option<&[u8]>) {
         let mut table = self.lock();
         if let Some(id) = id {
             table.remember(&flow, id);
@@ -86,7 +82,7 @@ impl Flows {
     }
 
     /// `flow` leaves the table (its entries, not a newer flow's).
-    pub fn remove(&self, flow: &Arc<Flow>) {
+    pub(crate) fn remove(&self, flow: &Arc<Flow>) {
         let mut table = self.lock();
         let at = (flow.local, flow.client);
         if (table.by_client.get(&at)).is_some_and(|f| Arc::ptr_eq(f, flow)) {
@@ -100,7 +96,7 @@ impl Flows {
     }
 
     /// Every flow open now.
-    pub fn all(&self) -> Vec<Arc<Flow>> {
+    pub(crate) fn all(&self) -> Vec<Arc<Flow>> {
         self.lock().by_client.values().cloned().collect()
     }
 

@@ -29,9 +29,9 @@
 //! | [`flows`] | the flow table, by address and by connection ID |
 //! | [`flow`] | one flow: its socket, its answers, its end and its line |
 
-pub mod batch;
-pub mod flow;
-pub mod flows;
+pub(crate) mod batch;
+pub(crate) mod flow;
+pub(crate) mod flows;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -77,7 +77,7 @@ struct Shared {
 /// open flows relay the answers on their way (each until it has had none
 /// for [`flow::DRAIN_IDLE`] or its idle timeout), for at most
 /// `shutdown_grace`.
-pub async fn serve(
+pub(crate) async fn serve(
     sockets: Vec<UdpSocket>,
     instance: Arc<Instance>,
     shutdown: CancellationToken,

@@ -17,27 +17,29 @@ use crate::http::request_key::{BodyWants, Read, look_early};
 use crate::telemetry::key_budget::Held;
 
 /// Why a body could not be read for its key.
-#[derive(Debug)]
-pub enum BodyFailed {
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BodyFailed {
     /// It broke its framing.
+    #[error("{0}")]
     Framing(FramingError),
     /// The client closed, or its socket failed, before its end.
+    #[error("the client closed before the body's end")]
     Gone,
 }
 
 /// The body's bytes read, and what they gave.
-pub struct BodyRead {
-    pub outcome: Read,
+pub(crate) struct BodyRead {
+    pub(crate) outcome: Read,
     /// How many of the buffer's unconsumed bytes belong to the body.
-    pub walked: usize,
+    pub(crate) walked: usize,
     /// This request's share of the key budget, held until those bytes are
     /// sent on.
-    pub held: Held,
+    pub(crate) held: Held,
 }
 
 /// Reads the body whose first bytes are at the start of `buf`'s
 /// unconsumed ones, as far as `wants` needs.
-pub async fn read<S: ClientIo>(
+pub(crate) async fn read<S: ClientIo>(
     io: &mut S,
     buf: &mut ClientBuf,
     end: &mut BodyEnd,

@@ -10,11 +10,11 @@
 //! trailers together stay under [`MAX_EXTRA`] bytes.
 
 /// The most bytes of chunk extensions and trailer lines one body may carry.
-pub const MAX_EXTRA: usize = 16 << 10;
+pub(crate) const MAX_EXTRA: usize = 16 << 10;
 
 /// How a message's body is delimited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Framing {
+pub(crate) enum Framing {
     /// No body at all.
     Empty,
     /// `Content-Length`.
@@ -27,7 +27,7 @@ pub enum Framing {
 
 /// A body that does not follow its framing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum FramingError {
+pub(crate) enum FramingError {
     #[error("a chunk size is not 1 to 16 hex digits")]
     BadSize,
     #[error("a chunk line does not end in CRLF")]
@@ -79,14 +79,14 @@ enum State {
 
 /// Finds the end of one body in its bytes, in as many pieces as they come.
 #[derive(Debug, Clone, Copy)]
-pub struct BodyEnd {
+pub(crate) struct BodyEnd {
     state: State,
     /// Extension and trailer bytes seen so far.
     extra: usize,
 }
 
 impl BodyEnd {
-    pub fn new(framing: Framing) -> BodyEnd {
+    pub(crate) fn new(framing: Framing) -> BodyEnd {
         let state = match framing {
             Framing::Empty | Framing::Length(0) => State::Done,
             Framing::Length(n) => State::Length(n),
@@ -97,24 +97,24 @@ impl BodyEnd {
     }
 
     /// The body has ended.
-    pub fn is_done(&self) -> bool {
+    pub(crate) fn is_done(&self) -> bool {
         self.state == State::Done
     }
 
     /// The body is chunked: its data is not all of its bytes.
-    pub fn is_chunked(&self) -> bool {
+    pub(crate) fn is_chunked(&self) -> bool {
         matches!(self.state, State::Chunked(_))
     }
 
     /// The body ends only when the connection closes.
-    pub fn until_close(&self) -> bool {
+    pub(crate) fn until_close(&self) -> bool {
         self.state == State::Close
     }
 
     /// Walks the next `bytes` of the message: how many of them belong to
     /// the body (all of them unless it ends inside); `data` gets each piece
     /// of the body's data on the way.
-    pub fn walk(
+    pub(crate) fn walk(
         &mut self,
         bytes: &[u8],
         data: &mut dyn FnMut(&[u8]),

@@ -27,10 +27,10 @@ use crate::routing::instance::Instance;
 use crate::routing::queue::Standing;
 
 /// The most header fields one request head may have (hyper's limit too).
-pub const MAX_HEADERS: usize = 100;
+pub(crate) const MAX_HEADERS: usize = 100;
 
 /// What a buffer holding the start of a request came to.
-pub enum Parse<'a> {
+pub(crate) enum Parse<'a> {
     /// The head is not complete yet.
     Partial,
     /// Not for the pass-through: hyper serves the connection from here.
@@ -44,7 +44,7 @@ pub enum Parse<'a> {
 /// (its parser's, or [`crate::http::normalize`]'s), so no rule of RFC 9112
 /// is written twice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Handover {
+pub(crate) enum Handover {
     /// `httparse` refused the head (HTTP/2's preface among them): hyper
     /// answers `400`, or speaks HTTP/2.
     Unparsed,
@@ -62,35 +62,35 @@ pub enum Handover {
 }
 
 /// A request head, checked and written again for the backend.
-pub struct Head<'a> {
+pub(crate) struct Head<'a> {
     /// Its length in the buffer; the body (if any) starts there.
-    pub len: usize,
-    pub framing: Framing,
+    pub(crate) len: usize,
+    pub(crate) framing: Framing,
     /// A `HEAD` request: its answer has no body, whatever its headers say.
-    pub head_method: bool,
+    pub(crate) head_method: bool,
     /// Its method is idempotent (for the upstream pool's reuse policy).
-    pub idempotent: bool,
+    pub(crate) idempotent: bool,
     /// The client asked to close the connection after this request.
-    pub close: bool,
+    pub(crate) close: bool,
     /// The head as the backend gets it.
-    pub upstream: Vec<u8>,
-    pub keys: HeadKeys<'a>,
+    pub(crate) upstream: Vec<u8>,
+    pub(crate) keys: HeadKeys<'a>,
     /// The access-log line, when the log samples the request.
-    pub log: Option<RequestLog>,
+    pub(crate) log: Option<RequestLog>,
     /// Its class and tenant (with a header's tenant), for the queue.
-    pub standing: Standing,
+    pub(crate) standing: Standing,
 }
 
 /// What a head is read with.
-pub struct Context<'a, 's> {
-    pub plan: KeyPlan<'a>,
-    pub queue: Option<&'a QueueConfig>,
-    pub arrival: Arrival,
-    pub instance: &'s Arc<Instance>,
+pub(crate) struct Context<'a, 's> {
+    pub(crate) plan: KeyPlan<'a>,
+    pub(crate) queue: Option<&'a QueueConfig>,
+    pub(crate) arrival: Arrival,
+    pub(crate) instance: &'s Arc<Instance>,
 }
 
 /// Parses the request at the start of `buf`.
-pub fn parse<'a>(buf: &[u8], cx: &Context<'a, '_>) -> Parse<'a> {
+pub(crate) fn parse<'a>(buf: &[u8], cx: &Context<'a, '_>) -> Parse<'a> {
     let mut slots = [const { MaybeUninit::<Header<'_>>::uninit() }; MAX_HEADERS];
     let mut request = httparse::Request::new(&mut []);
     let len = match request.parse_with_uninit_headers(buf, &mut slots) {

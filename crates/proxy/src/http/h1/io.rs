@@ -12,40 +12,40 @@ use bytes::BufMut;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 /// How much of the client's bytes is read at once.
-pub const READ_CHUNK: usize = 8 << 10;
+pub(crate) const READ_CHUNK: usize = 8 << 10;
 /// Body bytes up to this many go out in one buffer with the head they
 /// follow (copied, which costs less than a second slice in the kernel).
-pub const JOIN_BELOW: usize = 4 << 10;
+pub(crate) const JOIN_BELOW: usize = 4 << 10;
 
 /// A client stream the pass-through serves: the socket, or TLS over it.
-pub trait ClientIo: AsyncRead + AsyncWrite + Unpin + Send {}
+pub(crate) trait ClientIo: AsyncRead + AsyncWrite + Unpin + Send {}
 
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> ClientIo for T {}
 
 /// The client's bytes read and not yet consumed: `bytes[start..]`.
 #[derive(Default)]
-pub struct ClientBuf {
+pub(crate) struct ClientBuf {
     bytes: Vec<u8>,
     start: usize,
 }
 
 impl ClientBuf {
     /// The bytes not yet consumed.
-    pub fn unconsumed(&self) -> &[u8] {
+    pub(crate) fn unconsumed(&self) -> &[u8] {
         &self.bytes[self.start..]
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.start == self.bytes.len()
     }
 
     /// `n` more bytes were consumed.
-    pub fn consume(&mut self, n: usize) {
+    pub(crate) fn consume(&mut self, n: usize) {
         self.start = (self.start + n).min(self.bytes.len());
     }
 
     /// Frees the memory of an empty buffer (an idle connection holds none).
-    pub fn release(&mut self) {
+    pub(crate) fn release(&mut self) {
         if self.is_empty() {
             self.bytes = Vec::new();
             self.start = 0;
@@ -53,7 +53,7 @@ impl ClientBuf {
     }
 
     /// The bytes not yet consumed, taken out.
-    pub fn take(&mut self) -> Vec<u8> {
+    pub(crate) fn take(&mut self) -> Vec<u8> {
         let mut bytes = std::mem::take(&mut self.bytes);
         bytes.drain(..self.start);
         self.start = 0;
@@ -74,7 +74,7 @@ impl ClientBuf {
     }
 
     /// Reads at most `want` more bytes from `io`: how many (0 at its end).
-    pub fn poll_read<S: AsyncRead + Unpin>(
+    pub(crate) fn poll_read<S: AsyncRead + Unpin>(
         &mut self,
         io: &mut S,
         cx: &mut Context<'_>,
@@ -90,7 +90,7 @@ impl ClientBuf {
     /// freed again whenever the read finds nothing (a socket reported
     /// readable that is not, as a newly accepted one may be, costs one
     /// empty read).
-    pub fn poll_idle<S: AsyncRead + Unpin>(
+    pub(crate) fn poll_idle<S: AsyncRead + Unpin>(
         &mut self,
         io: &mut S,
         cx: &mut Context<'_>,
@@ -105,7 +105,7 @@ impl ClientBuf {
     /// Reads what the client sends ahead into the room the buffer has
     /// (room for one read is made only when there is none), while its
     /// bytes stay under `max`: `Pending` past it.
-    pub fn poll_read_ahead<S: AsyncRead + Unpin>(
+    pub(crate) fn poll_read_ahead<S: AsyncRead + Unpin>(
         &mut self,
         io: &mut S,
         cx: &mut Context<'_>,
@@ -126,7 +126,7 @@ impl ClientBuf {
     }
 
     /// Reads at most `want` more bytes from `io`.
-    pub async fn read<S: AsyncRead + Unpin>(
+    pub(crate) async fn read<S: AsyncRead + Unpin>(
         &mut self,
         io: &mut S,
         want: usize,
@@ -139,7 +139,7 @@ impl ClientBuf {
 /// if missing): how many (0 at its end). An empty `buf` whose read finds
 /// nothing is freed, so a request that waits (a long prefill, a quiet
 /// stream) holds no buffer meanwhile.
-pub fn poll_read_into<S: AsyncRead + Unpin>(
+pub(crate) fn poll_read_into<S: AsyncRead + Unpin>(
     io: &mut S,
     cx: &mut Context<'_>,
     buf: &mut Vec<u8>,
@@ -158,7 +158,7 @@ pub fn poll_read_into<S: AsyncRead + Unpin>(
 
 /// Writes every byte of `parts` to `io`, several slices per system call.
 /// `Err` carries whether any byte was written.
-pub async fn write_all<S: AsyncWrite + Unpin>(
+pub(crate) async fn write_all<S: AsyncWrite + Unpin>(
     io: &mut S,
     parts: &[&[u8]],
 ) -> Result<(), WriteError> {
@@ -186,7 +186,7 @@ pub async fn write_all<S: AsyncWrite + Unpin>(
 }
 
 /// One vectored write of `parts` from byte `skip` on.
-pub fn poll_write_from<S: AsyncWrite + Unpin>(
+pub(crate) fn poll_write_from<S: AsyncWrite + Unpin>(
     io: &mut S,
     cx: &mut Context<'_>,
     parts: &[&[u8]],
@@ -215,14 +215,14 @@ pub fn poll_write_from<S: AsyncWrite + Unpin>(
 
 /// A client stream handed over to hyper: the bytes the pass-through read
 /// first, then the stream.
-pub struct Replay<S> {
+pub(crate) struct Replay<S> {
     read: Vec<u8>,
     at: usize,
     inner: S,
 }
 
 impl<S> Replay<S> {
-    pub fn new(inner: S, read: Vec<u8>) -> Replay<S> {
+    pub(crate) fn new(inner: S, read: Vec<u8>) -> Replay<S> {
         Replay { read, at: 0, inner }
     }
 }
@@ -280,9 +280,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Replay<S> {
 
 /// A write that failed, and whether any of its bytes went first.
 #[derive(Debug)]
-pub struct WriteError {
-    pub wrote_any: bool,
-    pub error: io::Error,
+pub(crate) struct WriteError {
+    pub(crate) wrote_any: bool,
+    pub(crate) error: io::Error,
 }
 
 #[cfg(test)]

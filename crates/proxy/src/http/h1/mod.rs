@@ -28,14 +28,14 @@
 //! | [`relay`] | a response body to the client, one buffer at a time: usage, silence, cuts |
 //! | [`io`] | the client's unconsumed bytes, reads into spare room, vectored writes, idle waits without a buffer |
 
-pub mod body_key;
-pub mod framing;
-pub mod head;
-pub mod io;
-pub mod relay;
-pub mod request;
-pub mod response;
-pub mod send;
+pub(crate) mod body_key;
+pub(crate) mod framing;
+pub(crate) mod head;
+pub(crate) mod io;
+pub(crate) mod relay;
+pub(crate) mod request;
+pub(crate) mod response;
+pub(crate) mod send;
 
 use std::future::poll_fn;
 use std::pin::pin;
@@ -58,25 +58,25 @@ use crate::routing::instance::Instance;
 use crate::telemetry::stats::QuietClose;
 
 /// What every request on one client connection shares.
-pub struct Client<'c> {
-    pub instance: &'c Arc<Instance>,
-    pub pool: &'c Arc<Pool<RawConn>>,
-    pub arrival: Arrival,
-    pub deadlines: Deadlines,
+pub(crate) struct Client<'c> {
+    pub(crate) instance: &'c Arc<Instance>,
+    pub(crate) pool: &'c Arc<Pool<RawConn>>,
+    pub(crate) arrival: Arrival,
+    pub(crate) deadlines: Deadlines,
     /// When the first byte's deadline began: the accept (a TLS handshake
     /// counts against it).
-    pub accepted: Instant,
+    pub(crate) accepted: Instant,
     /// Fired at shutdown: finish the request in flight, then close.
-    pub shutdown: &'c CancellationToken,
+    pub(crate) shutdown: &'c CancellationToken,
     /// Fired when the shutdown grace is over: close now.
-    pub stop: &'c CancellationToken,
+    pub(crate) stop: &'c CancellationToken,
     /// Tells its requests from other clients' for the upstream pool.
-    pub conn: &'c ClientConn,
+    pub(crate) conn: &'c ClientConn,
 }
 
 /// What a connection does after a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Next {
+pub(crate) enum Next {
     /// Wait for the next request.
     KeepAlive,
     /// Close it.
@@ -92,7 +92,7 @@ pub enum Next {
 }
 
 /// How a connection left the pass-through.
-pub enum Ended<S> {
+pub(crate) enum Ended<S> {
     /// It is over: closed as this says (not [`Next::KeepAlive`] nor
     /// [`Next::Handover`]).
     Closed(Next),
@@ -109,7 +109,7 @@ pub enum Ended<S> {
 /// close`; an idle one waits [`FIRST_REQUEST_GRACE`] for a request that
 /// may be on its way, and answers it so), the grace's end closes it
 /// whatever it does.
-pub async fn serve<S: ClientIo>(io: S, c: &Client<'_>) -> Ended<S> {
+pub(crate) async fn serve<S: ClientIo>(io: S, c: &Client<'_>) -> Ended<S> {
     let idle = AtomicBool::new(true);
     let requests = pin!(requests(io, c, &idle));
     let mut requests = requests;

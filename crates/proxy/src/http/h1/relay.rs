@@ -39,7 +39,7 @@ use magpie_core::usage::UsageScanner;
 
 /// How a response ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Relayed {
+pub(crate) enum Relayed {
     /// Passed on whole, and its request's body sent whole.
     Complete,
     /// Passed on whole before its request's body was: the connections
@@ -53,22 +53,22 @@ pub enum Relayed {
 }
 
 /// One response to relay.
-pub struct Response {
+pub(crate) struct Response {
     /// The head for the client, without its final empty line.
-    pub client_head: Vec<u8>,
+    pub(crate) client_head: Vec<u8>,
     /// The backend's bytes read so far; the body's start at `body_start`.
-    pub rbuf: Vec<u8>,
-    pub body_start: usize,
-    pub framing: Framing,
-    pub usage: Option<UsageScanner>,
+    pub(crate) rbuf: Vec<u8>,
+    pub(crate) body_start: usize,
+    pub(crate) framing: Framing,
+    pub(crate) usage: Option<UsageScanner>,
     /// The client connection closes after it (`connection: close` is added).
-    pub close: bool,
+    pub(crate) close: bool,
     /// The backend said it closes the connection after it.
-    pub backend_closes: bool,
+    pub(crate) backend_closes: bool,
 }
 
 /// Relays `response`, whose request is `in_flight` and came from `out`.
-pub async fn relay<S: ClientIo>(
+pub(crate) async fn relay<S: ClientIo>(
     mut response: Response,
     in_flight: InFlight<RawConn>,
     out: &mut Outbound<'_, S>,

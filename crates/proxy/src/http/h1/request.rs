@@ -32,7 +32,7 @@ const TIMEOUT_408: &[u8] = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/
 const TOO_LARGE_431: &[u8] = b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain\r\ncontent-length: 44\r\nconnection: close\r\n\r\nthe request head exceeds limits.max_head_bytes\n";
 
 /// Serves the request whose bytes start `buf` (or are about to arrive).
-pub async fn serve<S: ClientIo>(
+pub(crate) async fn serve<S: ClientIo>(
     io: &mut S,
     buf: &mut ClientBuf,
     c: &Client<'_>,
@@ -207,7 +207,7 @@ async fn refuse_body<S: ClientIo>(
     log: &mut Option<RequestLog>,
     c: &Client<'_>,
 ) -> Next {
-    debug!(client = %c.arrival.client, ?why, "request body failed while reading its key");
+    debug!(client = %c.arrival.client, %why, "request body failed while reading its key");
     c.instance
         .stats
         .count_client_failure(ClientFailure::BadRequest);

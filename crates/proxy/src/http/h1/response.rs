@@ -14,7 +14,7 @@ use magpie_core::usage::UsageScanner;
 const MAX_HEADERS: usize = 100;
 
 /// What the bytes at the start of a backend's answer came to.
-pub enum Parsed {
+pub(crate) enum Parsed {
     /// The head is not complete yet.
     Partial,
     /// Not a response head magpie can pass on.
@@ -27,30 +27,30 @@ pub enum Parsed {
 }
 
 /// A response head, written again for the client.
-pub struct ResponseHead {
+pub(crate) struct ResponseHead {
     /// Its length in the backend's bytes; the body starts there.
-    pub len: usize,
-    pub status: u16,
-    pub framing: Framing,
+    pub(crate) len: usize,
+    pub(crate) status: u16,
+    pub(crate) framing: Framing,
     /// The backend closes the connection after this response.
-    pub close: bool,
+    pub(crate) close: bool,
     /// A successful, uncompressed JSON or event-stream answer's usage reader.
-    pub usage: Option<UsageScanner>,
+    pub(crate) usage: Option<UsageScanner>,
     /// The status line and header fields for the client, without the empty
     /// line that ends them (magpie may add fields).
-    pub client: Vec<u8>,
+    pub(crate) client: Vec<u8>,
 }
 
 /// What a response head is read for.
-pub struct Request<'a> {
+pub(crate) struct Request<'a> {
     /// The request was `HEAD`: no body follows, whatever the head says.
-    pub head_method: bool,
+    pub(crate) head_method: bool,
     /// `x-magpie-backend`'s value, when `http.expose_backend` is on.
-    pub expose: Option<&'a str>,
+    pub(crate) expose: Option<&'a str>,
 }
 
 /// Parses the response head at the start of `buf`.
-pub fn parse(buf: &[u8], request: &Request<'_>) -> Parsed {
+pub(crate) fn parse(buf: &[u8], request: &Request<'_>) -> Parsed {
     let mut slots = [const { MaybeUninit::<Header<'_>>::uninit() }; MAX_HEADERS];
     let mut response = httparse::Response::new(&mut []);
     let parsed =

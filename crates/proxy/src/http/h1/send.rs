@@ -23,7 +23,7 @@ use tokio::time::{Instant, Sleep};
 use tracing::debug;
 
 use super::framing::{BodyEnd, FramingError};
-pub use super::io::READ_CHUNK;
+pub(crate) use super::io::READ_CHUNK;
 use super::io::{ClientBuf, ClientIo, poll_read_into, write_all};
 use super::response::{self, ResponseHead};
 use crate::config::Config;
@@ -39,39 +39,39 @@ const MAX_AHEAD: usize = 16 << 10;
 
 /// The request on its way: the client it comes from and how far its body
 /// has been read.
-pub struct Outbound<'x, S> {
-    pub client: &'x mut S,
+pub(crate) struct Outbound<'x, S> {
+    pub(crate) client: &'x mut S,
     /// The client's bytes: first the body bytes walked and not yet sent.
-    pub buf: &'x mut ClientBuf,
+    pub(crate) buf: &'x mut ClientBuf,
     /// How many of `buf`'s unconsumed bytes belong to the body and wait to
     /// be sent.
-    pub walked: usize,
+    pub(crate) walked: usize,
     /// Where the request body ends, walked as far as it was read.
-    pub end: BodyEnd,
+    pub(crate) end: BodyEnd,
     /// The head as the backend gets it.
-    pub head: &'x [u8],
+    pub(crate) head: &'x [u8],
     /// The key budget's share of the body bytes read for the key, given
     /// back once they are sent.
-    pub held: Option<crate::telemetry::key_budget::Held>,
+    pub(crate) held: Option<crate::telemetry::key_budget::Held>,
     /// The connection's one timer, for every deadline of its requests
     /// ([`passed`]).
-    pub timer: Pin<&'x mut Sleep>,
+    pub(crate) timer: Pin<&'x mut Sleep>,
 }
 
 /// The pass-through's request on its way to a backend, over the pool's
 /// connections.
-pub struct RawWire<'x, 'p, S> {
-    pub out: Outbound<'x, S>,
-    pub pool: &'p Arc<Pool<RawConn>>,
+pub(crate) struct RawWire<'x, 'p, S> {
+    pub(crate) out: Outbound<'x, S>,
+    pub(crate) pool: &'p Arc<Pool<RawConn>>,
     /// The request is a `HEAD`: its answer has no body.
-    pub head_method: bool,
+    pub(crate) head_method: bool,
 }
 
 /// An answer's head, and the backend's bytes read so far: the head, then
 /// what came of the body.
-pub struct Received {
-    pub head: ResponseHead,
-    pub rbuf: Vec<u8>,
+pub(crate) struct Received {
+    pub(crate) head: ResponseHead,
+    pub(crate) rbuf: Vec<u8>,
 }
 
 impl<S: ClientIo> Wire for RawWire<'_, '_, S> {
@@ -179,7 +179,7 @@ fn failed<W: Wire>(backend: &Backend, event: Event, config: &Config) -> Exchange
         }
         Event::ClientBody(e) => {
             debug!(backend = %backend.name, error = %e, "the request body failed while it was sent");
-            Exchange::Failed(Failure::ClientBody { error: e.into() })
+            Exchange::Failed(Failure::ClientBody)
         }
         Event::BackendFailed(e) => Exchange::Failed(Failure::after_send(backend, e.into())),
         _ => after_send(backend, "the connection closed before a response head"),

@@ -15,15 +15,15 @@
 //! | [`header`] | headers as bytes: parse v1/v2, tell a signature, build v2 (pure, fuzzed) |
 //! | this file | [`intake`]: the trust rule and the header read; an untrusted peer's first bytes |
 
-pub mod header;
+pub(crate) mod header;
 
 use std::time::Duration;
 
 use tokio::net::TcpStream;
 use tracing::warn;
 
-pub use header::{
-    MAX_HEADER_BYTES, Origin, Parsed, ProxyProtocolError, Signature, parse, signature, v2_header,
+pub(crate) use header::{
+    MAX_HEADER_BYTES, Origin, ProxyProtocolError, Signature, parse, signature, v2_header,
 };
 
 use crate::config::ProxyProtocolConfig;
@@ -34,33 +34,33 @@ use crate::telemetry::throttle::Throttle;
 
 /// How long an untrusted peer (with PROXY input on) has to show its first
 /// bytes before magpie connects anyway and keeps watching them in the copy.
-pub const SIGNATURE_WAIT: Duration = Duration::from_millis(50);
+pub(crate) const SIGNATURE_WAIT: Duration = Duration::from_millis(50);
 
 /// A connection as the data paths take it: the real client, the address it
 /// connected to, and its stream with the bytes read so far.
 #[derive(Debug)]
-pub struct Intake {
-    pub client: Client,
-    pub local: Local,
-    pub stream: ReadAhead,
+pub(crate) struct Intake {
+    pub(crate) client: Client,
+    pub(crate) local: Local,
+    pub(crate) stream: ReadAhead,
     /// PROXY input is on and this peer is not trusted: its first bytes must
     /// not be a PROXY signature (mode tcp checks them; in mode http such
     /// bytes are not a request).
-    pub untrusted: bool,
+    pub(crate) untrusted: bool,
 }
 
 /// The peer of an accepted connection and the address it reached.
 #[derive(Debug, Clone, Copy)]
-pub struct Addresses {
-    pub peer: Peer,
-    pub local: Local,
+pub(crate) struct Addresses {
+    pub(crate) peer: Peer,
+    pub(crate) local: Local,
 }
 
 /// Takes an accepted connection in: a trusted peer's PROXY header names the
 /// client and the address it connected to; anyone else stands for itself.
 /// `None` when a trusted peer sent no valid header: the connection is
 /// refused, counted, and logged at most once a second.
-pub async fn intake(
+pub(crate) async fn intake(
     stream: TcpStream,
     addresses: Addresses,
     config: &ProxyProtocolConfig,
@@ -97,7 +97,7 @@ pub async fn intake(
 
 /// Reads a complete header from a trusted peer and consumes it; any client
 /// bytes that came with it stay read ahead.
-pub async fn read_header(
+pub(crate) async fn read_header(
     stream: &mut ReadAhead,
     deadline: Duration,
 ) -> Result<Origin, ProxyProtocolError> {
@@ -125,7 +125,7 @@ pub async fn read_header(
 /// a PROXY signature, for at most [`SIGNATURE_WAIT`]. `Maybe` when the peer
 /// said too little in that time (a server-speaks-first protocol): the copy
 /// then keeps watching.
-pub async fn first_signature(stream: &mut ReadAhead) -> Signature {
+pub(crate) async fn first_signature(stream: &mut ReadAhead) -> Signature {
     let read = async {
         loop {
             match signature(stream.bytes()) {
@@ -148,7 +148,7 @@ pub async fn first_signature(stream: &mut ReadAhead) -> Signature {
 
 /// Counts, and logs at most once a second, a connection refused for its
 /// PROXY header: a bad one from a trusted peer, or any from an untrusted one.
-pub fn refuse(stats: &Stats, peer: Peer, why: &dyn std::fmt::Display) {
+pub(crate) fn refuse(stats: &Stats, peer: Peer, why: &dyn std::fmt::Display) {
     static LOG: Throttle = Throttle::new(Duration::from_secs(1));
     stats.count_client_failure(ClientFailure::ProxyProtocol);
     if let Some(held_back) = LOG.allow() {

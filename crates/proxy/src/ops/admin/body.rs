@@ -16,16 +16,16 @@ use bytes::Bytes;
 use hyper::body::{Frame, SizeHint};
 
 /// The largest piece handed to hyper at once.
-pub const CHUNK: usize = 64 * 1024;
+pub(crate) const CHUNK: usize = 64 * 1024;
 
 /// A body of known bytes, yielded [`CHUNK`] at a time.
 #[derive(Debug, Default)]
-pub struct Body {
+pub(crate) struct Body {
     rest: Bytes,
 }
 
 impl Body {
-    pub fn new(bytes: impl Into<Bytes>) -> Body {
+    pub(crate) fn new(bytes: impl Into<Bytes>) -> Body {
         Body { rest: bytes.into() }
     }
 }

@@ -18,7 +18,7 @@ use magpie_core::key::group::GroupBy;
 
 /// `/queue`: whether the queue is on, what waits in each class, and each
 /// backend's requests in flight against its limit.
-pub fn queue_json(snapshot: &Snapshot, instance: &Instance) -> serde_json::Value {
+pub(crate) fn queue_json(snapshot: &Snapshot, instance: &Instance) -> serde_json::Value {
     let Some(q) = &snapshot.config.queue else {
         return json!({"enabled": false});
     };
@@ -46,7 +46,7 @@ pub fn queue_json(snapshot: &Snapshot, instance: &Instance) -> serde_json::Value
     })
 }
 
-pub fn table_json(snapshot: &Snapshot) -> serde_json::Value {
+pub(crate) fn table_json(snapshot: &Snapshot) -> serde_json::Value {
     let backends: Vec<_> = snapshot
         .backends
         .iter()
@@ -172,7 +172,7 @@ fn group_of_text(by: &GroupBy, text: &str) -> Result<u64, String> {
 
 /// The route of session key `key` whose table is looked up by `table_key`
 /// (the same key without a group).
-pub fn route_json(
+pub(crate) fn route_json(
     snapshot: &Snapshot,
     key_text: &str,
     key: u64,

@@ -30,9 +30,9 @@
 //! | [`json`] | `/table` and `/route`, and the query string they read |
 //! | [`body`] | response bodies, handed to hyper 64 KiB at a time |
 
-pub mod body;
-pub mod json;
-pub mod scrape;
+pub(crate) mod body;
+pub(crate) mod json;
+pub(crate) mod scrape;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -62,7 +62,7 @@ const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 /// a tenth of what the data path's threads get, and a data-path thread
 /// that wakes takes the CPU from it at once; probes and scrapes still get
 /// their turn.
-pub const NICE: i32 = 10;
+pub(crate) const NICE: i32 = 10;
 
 /// Serves the admin endpoint on `listener` until `shutdown`, on a thread of
 /// its own (see the module's docs). Should that thread not start, serves
@@ -71,7 +71,7 @@ pub const NICE: i32 = 10;
 /// `prepared` is the thread's runtime and descriptor made at start, before
 /// the listeners were announced (a restart after a panic makes new ones):
 /// made later, a burst of clients could take the last descriptors first.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: Arc<std::net::TcpListener>,
     prepared: Option<Prepared>,
     instance: Arc<Instance>,
@@ -118,13 +118,13 @@ pub async fn serve(
 /// descriptor of the listener of its own for that runtime's reactor (the
 /// listener is registered with no other: the data path's runtime never
 /// hears of admin connections).
-pub struct Prepared {
+pub(crate) struct Prepared {
     runtime: tokio::runtime::Runtime,
     listener: std::net::TcpListener,
 }
 
 impl Prepared {
-    pub fn new(listener: &std::net::TcpListener) -> std::io::Result<Prepared> {
+    pub(crate) fn new(listener: &std::net::TcpListener) -> std::io::Result<Prepared> {
         let own = listener.try_clone()?;
         own.set_nonblocking(true)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -158,7 +158,7 @@ fn run_thread(prepared: Prepared, instance: Arc<Instance>, shutdown: Cancellatio
 
 /// Serves the admin endpoint on `listener` until `shutdown`, on the
 /// runtime this runs on.
-pub async fn serve_here(
+pub(crate) async fn serve_here(
     listener: Arc<TcpListener>,
     instance: Arc<Instance>,
     shutdown: CancellationToken,
@@ -210,7 +210,7 @@ async fn respond<B>(req: &Request<B>, instance: &Instance, scrapes: &Scrapes) ->
 
 /// Answers one request but `GET /metrics`. Pure apart from reading shared
 /// state.
-pub fn answer<B>(req: &Request<B>, instance: &Instance) -> Response<Body> {
+pub(crate) fn answer<B>(req: &Request<B>, instance: &Instance) -> Response<Body> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
         let mut r = text(
             StatusCode::METHOD_NOT_ALLOWED,

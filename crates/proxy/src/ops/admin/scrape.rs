@@ -39,10 +39,10 @@ const LEVEL: Compression = Compression::fast();
 
 /// One rendering of the exposition.
 #[derive(Debug)]
-pub struct Rendering {
-    pub plain: Bytes,
+pub(crate) struct Rendering {
+    pub(crate) plain: Bytes,
     /// When a scrape waiting for it asked for gzip.
-    pub gzip: Option<Bytes>,
+    pub(crate) gzip: Option<Bytes>,
 }
 
 /// The rendering in progress, if any.
@@ -55,13 +55,13 @@ struct InFlight {
 }
 
 /// Renders `/metrics` for every scrape, one rendering at a time.
-pub struct Scrapes {
+pub(crate) struct Scrapes {
     renderer: Arc<Renderer>,
     in_flight: Arc<Mutex<InFlight>>,
 }
 
 impl Scrapes {
-    pub fn new(renderer: Renderer) -> Scrapes {
+    pub(crate) fn new(renderer: Renderer) -> Scrapes {
         Scrapes {
             renderer: Arc::new(renderer),
             in_flight: Arc::default(),
@@ -69,7 +69,7 @@ impl Scrapes {
     }
 
     /// The answer to `GET /metrics` with request headers `headers`.
-    pub async fn answer(&self, headers: &HeaderMap) -> Response<Body> {
+    pub(crate) async fn answer(&self, headers: &HeaderMap) -> Response<Body> {
         let gzip = accepts_gzip(headers);
         let Some(rendering) = self.rendering(gzip).await else {
             let mut r = Response::new(Body::new("the metrics rendering failed (see the log)\n"));
@@ -91,7 +91,7 @@ impl Scrapes {
     }
 
     /// The rendering in progress, or a new one; `None` if it panicked.
-    pub async fn rendering(&self, gzip: bool) -> Option<Arc<Rendering>> {
+    pub(crate) async fn rendering(&self, gzip: bool) -> Option<Arc<Rendering>> {
         let mut done = {
             let mut in_flight = self
                 .in_flight
@@ -183,7 +183,7 @@ fn compress(text: &[u8]) -> Option<Bytes> {
 
 /// Whether `Accept-Encoding` takes gzip: `gzip` (or `x-gzip`) with a
 /// q-value above 0, or `*` above 0 without gzip named.
-pub fn accepts_gzip(headers: &HeaderMap) -> bool {
+pub(crate) fn accepts_gzip(headers: &HeaderMap) -> bool {
     let mut named = None;
     let mut any = None;
     let codings = headers

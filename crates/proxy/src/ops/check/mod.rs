@@ -120,7 +120,7 @@ pub fn report(
 }
 
 /// Settings that often surprise.
-pub fn warnings(snapshot: &Snapshot, env: Environment) -> Vec<String> {
+pub(crate) fn warnings(snapshot: &Snapshot, env: Environment) -> Vec<String> {
     let config = &snapshot.config;
     let mut out = Vec::new();
     if let Table::Maglev(m) = &snapshot.table

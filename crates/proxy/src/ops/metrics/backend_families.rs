@@ -12,7 +12,7 @@ use crate::routing::health::{CheckOutcome, ConnectFailure, ScrapeResult};
 use MetricType::{COUNTER, GAUGE, HISTOGRAM};
 
 /// The families read once per backend.
-pub const BACKEND: &[Family] = &[
+pub(crate) const BACKEND: &[Family] = &[
     Family {
         name: "magpie_backend_inflight_limit",
         kind: GAUGE,

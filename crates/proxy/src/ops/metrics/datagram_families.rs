@@ -10,7 +10,7 @@ use crate::telemetry::datagrams::{DatagramDrop, FlowEnd};
 use MetricType::{COUNTER, GAUGE};
 
 /// Mode udp's per-backend families.
-pub const BACKEND: &[Family] = &[
+pub(crate) const BACKEND: &[Family] = &[
     Family {
         name: "magpie_backend_datagrams_sent_total",
         kind: COUNTER,
@@ -28,7 +28,7 @@ pub const BACKEND: &[Family] = &[
 ];
 
 /// Mode udp's global families.
-pub const GLOBAL: &[Family] = &[
+pub(crate) const GLOBAL: &[Family] = &[
     Family {
         name: "magpie_udp_flows_open",
         kind: GAUGE,

@@ -24,7 +24,7 @@ use magpie_core::key::group::GroupMiss;
 use MetricType::{COUNTER, GAUGE, HISTOGRAM};
 
 /// Every exported family, backends' first. docs/metrics.md lists the same.
-pub fn families() -> impl Iterator<Item = &'static Family> {
+pub(crate) fn families() -> impl Iterator<Item = &'static Family> {
     (super::backend_families::BACKEND.iter())
         .chain(super::datagram_families::BACKEND)
         .chain(GLOBAL)
@@ -33,7 +33,7 @@ pub fn families() -> impl Iterator<Item = &'static Family> {
 }
 
 /// The families read once per scrape.
-pub const GLOBAL: &[Family] = &[
+pub(crate) const GLOBAL: &[Family] = &[
     Family {
         name: "magpie_table_version",
         kind: GAUGE,

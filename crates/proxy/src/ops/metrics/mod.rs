@@ -17,12 +17,12 @@
 //! | [`series`] | what a scrape reads, and the writer a family's series go through |
 //! | [`tls`] | the TLS families' readers: handshakes, certificate expiry |
 
-pub mod backend_families;
-pub mod datagram_families;
-pub mod families;
-pub mod queue_families;
-pub mod series;
-pub mod tls;
+pub(crate) mod backend_families;
+pub(crate) mod datagram_families;
+pub(crate) mod families;
+pub(crate) mod queue_families;
+pub(crate) mod series;
+pub(crate) mod tls;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -32,24 +32,24 @@ use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{Encoder, Registry, TextEncoder};
 
-pub use families::families;
-pub use series::{Family, Read};
+pub(crate) use families::families;
+pub(crate) use series::{Family, Read};
 
-pub use self::series::Renders;
+pub(crate) use self::series::Renders;
 use self::series::{BackendView, Merge, Scrape, Series};
 use crate::config::Mode;
 use crate::routing::backend::Backend;
 use crate::routing::instance::Instance;
 
 /// The collector behind `/metrics`.
-pub struct Exporter {
+pub(crate) struct Exporter {
     instance: Arc<Instance>,
     descs: Vec<Desc>,
     renders: Arc<Renders>,
 }
 
 impl Exporter {
-    pub fn new(instance: Arc<Instance>, renders: Arc<Renders>) -> Self {
+    pub(crate) fn new(instance: Arc<Instance>, renders: Arc<Renders>) -> Self {
         let descs = families()
             .filter_map(|f| {
                 Desc::new(
@@ -69,8 +69,9 @@ impl Exporter {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 /// A registry holding magpie's collector and the process collector.
-pub fn registry(instance: Arc<Instance>) -> Registry {
+pub(crate) fn registry(instance: Arc<Instance>) -> Registry {
     registry_counting(instance, Arc::default())
 }
 
@@ -88,8 +89,9 @@ fn registry_counting(instance: Arc<Instance>, renders: Arc<Renders>) -> Registry
     registry
 }
 
+#[cfg(any(test, feature = "testing"))]
 /// The text exposition of everything in `registry`.
-pub fn render(registry: &Registry) -> String {
+pub(crate) fn render(registry: &Registry) -> String {
     let out = encode(registry);
     String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
@@ -104,13 +106,13 @@ fn encode(registry: &Registry) -> Vec<u8> {
 
 /// A registry that counts and times its renderings (what the admin
 /// endpoint serves).
-pub struct Renderer {
+pub(crate) struct Renderer {
     registry: Registry,
     renders: Arc<Renders>,
 }
 
 impl Renderer {
-    pub fn new(instance: Arc<Instance>) -> Renderer {
+    pub(crate) fn new(instance: Arc<Instance>) -> Renderer {
         let renders = Arc::new(Renders::default());
         Renderer {
             registry: registry_counting(instance, Arc::clone(&renders)),
@@ -120,16 +122,12 @@ impl Renderer {
 
     /// The text exposition (UTF-8). CPU-bound: tens of milliseconds for a
     /// pool of thousands of backends with per-backend series.
-    pub fn render(&self) -> Vec<u8> {
+    pub(crate) fn render(&self) -> Vec<u8> {
         let started = Instant::now();
         let out = encode(&self.registry);
         let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.renders.took(nanos);
         out
-    }
-
-    pub fn renders(&self) -> &Renders {
-        &self.renders
     }
 }
 
@@ -252,7 +250,7 @@ impl Pool<'_> {
 /// The busiest backend's load over its weighted fair share: with equal
 /// weights, max(active) / mean(active). Backends of weight 0 have no share
 /// and are left out. 0 when nothing is active.
-pub fn peak_ratio(backends: &[Arc<Backend>], total_weight: u64) -> f64 {
+pub(crate) fn peak_ratio(backends: &[Arc<Backend>], total_weight: u64) -> f64 {
     let total: u64 = backends
         .iter()
         .filter(|b| b.weight > 0)

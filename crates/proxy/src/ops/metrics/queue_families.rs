@@ -10,7 +10,7 @@ use crate::routing::queue::{Admit, Refusal};
 use MetricType::{COUNTER, GAUGE, HISTOGRAM};
 
 /// The queue's families, read once per scrape.
-pub const QUEUE: &[Family] = &[
+pub(crate) const QUEUE: &[Family] = &[
     Family {
         name: "magpie_queue_waiting",
         kind: GAUGE,

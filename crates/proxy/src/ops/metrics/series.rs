@@ -29,7 +29,7 @@ use magpie_core::label::Label;
 
 /// How a family's series are read.
 #[derive(Clone, Copy)]
-pub enum Read {
+pub(crate) enum Read {
     /// Once per scrape.
     Global(fn(&Scrape<'_>, &mut Series<'_>)),
     /// Once per backend, in the table or draining; `backend` and `addr`
@@ -38,34 +38,34 @@ pub enum Read {
 }
 
 /// One exported family.
-pub struct Family {
-    pub name: &'static str,
-    pub kind: MetricType,
+pub(crate) struct Family {
+    pub(crate) name: &'static str,
+    pub(crate) kind: MetricType,
     /// Every label name, in order.
-    pub labels: &'static [&'static str],
-    pub help: &'static str,
-    pub read: Read,
+    pub(crate) labels: &'static [&'static str],
+    pub(crate) help: &'static str,
+    pub(crate) read: Read,
 }
 
 /// Everything a global family reads, loaded once per scrape.
-pub struct Scrape<'a> {
-    pub snapshot: &'a Snapshot,
-    pub stats: &'a Stats,
-    pub sessions: Option<&'a Sessions>,
-    pub discovery: &'a Discovery,
-    pub key_memory: &'a KeyMemory,
+pub(crate) struct Scrape<'a> {
+    pub(crate) snapshot: &'a Snapshot,
+    pub(crate) stats: &'a Stats,
+    pub(crate) sessions: Option<&'a Sessions>,
+    pub(crate) discovery: &'a Discovery,
+    pub(crate) key_memory: &'a KeyMemory,
     /// Lines written, dropped and failed.
-    pub access_log: &'a Counters,
+    pub(crate) access_log: &'a Counters,
     /// The exporter's renderings (the admin endpoint's families).
-    pub renders: &'a Renders,
+    pub(crate) renders: &'a Renders,
     /// `queue`: what waits, and what was admitted and refused.
-    pub queue: &'a Queue,
+    pub(crate) queue: &'a Queue,
 }
 
 impl Scrape<'_> {
     /// The queue's class names, the highest first (one, `default`, when
     /// the queue has no classes or is off).
-    pub fn classes(&self) -> Vec<String> {
+    pub(crate) fn classes(&self) -> Vec<String> {
         match &self.snapshot.config.queue {
             Some(q) => q.priority.classes.clone(),
             None => vec!["default".to_string()],
@@ -75,7 +75,7 @@ impl Scrape<'_> {
 
 impl Scrape<'_> {
     /// The shared session store, if `sessions.store: redis`.
-    pub fn store(&self) -> Option<&Store> {
+    pub(crate) fn store(&self) -> Option<&Store> {
         self.sessions.and_then(|s| s.store.as_deref())
     }
 }
@@ -83,7 +83,7 @@ impl Scrape<'_> {
 /// How often, and how long, the exposition was rendered: read by the
 /// `magpie_admin_metrics_render*` families.
 #[derive(Debug, Default)]
-pub struct Renders {
+pub(crate) struct Renders {
     count: AtomicU64,
     /// The previous rendering's time, in nanoseconds.
     last_nanos: AtomicU64,
@@ -101,38 +101,38 @@ impl Renders {
     }
 
     /// Renderings so far, the one in progress included.
-    pub fn count(&self) -> u64 {
+    pub(crate) fn count(&self) -> u64 {
         self.count.load(Ordering::Relaxed)
     }
 
     /// How long the previous rendering took (zero before the first ended).
-    pub fn last(&self) -> Duration {
+    pub(crate) fn last(&self) -> Duration {
         Duration::from_nanos(self.last_nanos.load(Ordering::Relaxed))
     }
 }
 
 /// One backend as its families read it.
-pub struct BackendView<'a> {
-    pub backend: &'a Backend,
+pub(crate) struct BackendView<'a> {
+    pub(crate) backend: &'a Backend,
     /// Its share of the table; `None` for a removed backend still draining
     /// (it keeps its counters, but has no health, weight or share).
-    pub share: Option<f64>,
+    pub(crate) share: Option<f64>,
     /// `mode: http`: the active count is requests in flight.
-    pub requests: bool,
+    pub(crate) requests: bool,
     /// `health.load.max_age`, when engine load is on.
-    pub engine_max_age: Option<std::time::Duration>,
+    pub(crate) engine_max_age: Option<std::time::Duration>,
     /// With `queue`: the most requests (or connections) it takes at once.
-    pub inflight_limit: Option<u64>,
+    pub(crate) inflight_limit: Option<u64>,
 }
 
 impl BackendView<'_> {
-    pub fn live(&self) -> &Live {
+    pub(crate) fn live(&self) -> &Live {
         &self.backend.live
     }
 
     /// The engine's values if they are fresh (engine load on, a backend in
     /// the table, a good scrape at most `max_age` ago).
-    pub fn engine(&self) -> Option<crate::routing::health::exposition::Sample> {
+    pub(crate) fn engine(&self) -> Option<crate::routing::health::exposition::Sample> {
         let max_age = self.engine_max_age.filter(|_| self.share.is_some())?;
         (self.live().engine).fresh(tokio::time::Instant::now(), max_age)
     }
@@ -140,7 +140,7 @@ impl BackendView<'_> {
 
 /// How pool totals combine the backends' values of one series.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Merge {
+pub(crate) enum Merge {
     /// Added: what `sum()` over the per-backend series gives. Histograms
     /// add their counts, sums and buckets.
     Sum,
@@ -150,7 +150,7 @@ pub enum Merge {
 }
 
 /// Writes one family's series.
-pub struct Series<'a> {
+pub(crate) struct Series<'a> {
     family: &'a mut MetricFamily,
     /// The family's label names, in order.
     names: &'static [&'static str],
@@ -163,7 +163,7 @@ pub struct Series<'a> {
 }
 
 impl<'a> Series<'a> {
-    pub fn new(
+    pub(crate) fn new(
         family: &'a mut MetricFamily,
         names: &'static [&'static str],
         fixed: &'a [&'a str],
@@ -179,7 +179,7 @@ impl<'a> Series<'a> {
     /// A writer of pool totals: `names` are the family's labels after
     /// `backend` and `addr`, and each value is merged by `merge` into the
     /// series written before with the same labels.
-    pub fn totals(
+    pub(crate) fn totals(
         family: &'a mut MetricFamily,
         names: &'static [&'static str],
         merge: Merge,
@@ -194,7 +194,7 @@ impl<'a> Series<'a> {
 
     /// A counter or gauge (by the family's type) with `labels` after the
     /// fixed ones.
-    pub fn value(&mut self, labels: &[&str], value: f64) {
+    pub(crate) fn value(&mut self, labels: &[&str], value: f64) {
         let counter = self.family.get_field_type() == prometheus::proto::MetricType::COUNTER;
         if let Some((merge, m)) = self.written(labels) {
             let before = if counter {
@@ -231,14 +231,14 @@ impl<'a> Series<'a> {
     }
 
     /// A counter or gauge per value of the label `L`.
-    pub fn by<L: Label>(&mut self, value: impl Fn(L) -> u64) {
+    pub(crate) fn by<L: Label>(&mut self, value: impl Fn(L) -> u64) {
         for &l in L::ALL {
             self.value(&[l.as_str()], value(l) as f64);
         }
     }
 
     /// One of magpie's latency histograms.
-    pub fn histogram(&mut self, labels: &[&str], h: &stats::Histogram) {
+    pub(crate) fn histogram(&mut self, labels: &[&str], h: &stats::Histogram) {
         if let Some((_, m)) = self.written(labels) {
             // Every backend's histogram of a family has the same bounds.
             let mut sum = m.get_histogram().clone();

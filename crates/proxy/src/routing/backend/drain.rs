@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Default)]
-pub struct Drain {
+pub(crate) struct Drain {
     /// Fired when connections to this backend must close: it was removed and
     /// its `drain_timeout` passed. Replaced by a fresh one when the backend
     /// is put back, so connections made after that are not born closed.
@@ -24,7 +24,7 @@ pub struct Drain {
 
 impl Drain {
     /// Fires when connections to this backend must be closed.
-    pub fn closing(&self) -> CancellationToken {
+    pub(crate) fn closing(&self) -> CancellationToken {
         self.token().clone()
     }
 
@@ -34,19 +34,19 @@ impl Drain {
     }
 
     /// The backend left the table.
-    pub fn removed(&self) {
+    pub(crate) fn removed(&self) {
         self.removals.fetch_add(1, Ordering::Relaxed);
     }
 
     /// How often the backend left or rejoined the table: a drain timer
     /// started now closes connections only if this is unchanged when it fires.
-    pub fn removals(&self) -> u64 {
+    pub(crate) fn removals(&self) -> u64 {
         self.removals.load(Ordering::Relaxed)
     }
 
     /// The backend is back in the table: pending drain timers are called off,
     /// and a token already fired is replaced for the connections to come.
-    pub fn put_back(&self) {
+    pub(crate) fn put_back(&self) {
         self.removals.fetch_add(1, Ordering::Relaxed);
         let mut token = self.token();
         if token.is_cancelled() {
@@ -56,7 +56,7 @@ impl Drain {
 
     /// The drain timer of `removal` fired: closes the backend's connections
     /// unless it was put back (or removed again) since.
-    pub fn timer_fired(&self, removal: u64) -> bool {
+    pub(crate) fn timer_fired(&self, removal: u64) -> bool {
         let token = self.token();
         if self.removals.load(Ordering::Relaxed) != removal {
             return false;

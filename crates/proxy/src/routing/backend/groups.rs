@@ -21,13 +21,13 @@ use crate::routing::keys::GroupKey;
 use magpie_core::labels;
 
 /// How long one set of group hashes collects before it rotates.
-pub const GROUPS_PERIOD: Duration = Duration::from_secs(150);
+pub(crate) const GROUPS_PERIOD: Duration = Duration::from_secs(150);
 /// The most group hashes one set holds.
-pub const MAX_GROUPS_TRACKED: usize = 10_000;
+pub(crate) const MAX_GROUPS_TRACKED: usize = 10_000;
 
 labels! {
     /// Which of its group's candidates a conversation was first placed on.
-    pub enum Rank {
+    pub(crate) enum Rank {
         First => "1",
         Second => "2",
         Third => "3",
@@ -37,7 +37,7 @@ labels! {
 
 impl Rank {
     /// The rank of the candidate at `index` (0 is the group's primary).
-    pub fn of_index(index: usize) -> Rank {
+    pub(crate) fn of_index(index: usize) -> Rank {
         match index {
             0 => Rank::First,
             1 => Rank::Second,
@@ -49,7 +49,7 @@ impl Rank {
 
 /// One backend's group counters.
 #[derive(Debug)]
-pub struct Groups {
+pub(crate) struct Groups {
     placements: [AtomicU64; Rank::COUNT],
     seen: Mutex<Seen>,
 }
@@ -94,16 +94,16 @@ impl Seen {
 
 impl Groups {
     /// A conversation was first placed here by its group, at `rank`.
-    pub fn count_placement(&self, rank: Rank) {
+    pub(crate) fn count_placement(&self, rank: Rank) {
         self.placements[rank.index()].fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn placements(&self, rank: Rank) -> u64 {
+    pub(crate) fn placements(&self, rank: Rank) -> u64 {
         self.placements[rank.index()].load(Ordering::Relaxed)
     }
 
     /// A request of `group` was served here.
-    pub fn served(&self, group: GroupKey) {
+    pub(crate) fn served(&self, group: GroupKey) {
         let mut seen = self.lock();
         seen.rotate(Instant::now());
         if seen.current.len() < MAX_GROUPS_TRACKED {
@@ -112,7 +112,7 @@ impl Groups {
     }
 
     /// Distinct groups served here in the current and the previous period.
-    pub fn seen(&self) -> usize {
+    pub(crate) fn seen(&self) -> usize {
         let mut seen = self.lock();
         seen.rotate(Instant::now());
         let earlier = seen

@@ -24,7 +24,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 #[derive(Debug, Default)]
-pub struct Load {
+pub(crate) struct Load {
     active: AtomicU64,
     upstream: AtomicU64,
     awaiting: AtomicU64,
@@ -35,7 +35,7 @@ pub struct Load {
 
 /// What a request awaiting its first byte of body is, for the counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Awaiting {
+pub(crate) enum Awaiting {
     /// A later turn of a conversation, or a request without sessions.
     Turn,
     /// A conversation's first request (its session pin bound by it).
@@ -46,33 +46,33 @@ pub enum Awaiting {
 
 impl Load {
     /// Connections (mode http: requests) in flight.
-    pub fn active(&self) -> u64 {
+    pub(crate) fn active(&self) -> u64 {
         self.active.load(Ordering::Relaxed)
     }
 
     /// Open upstream connections (mode http).
-    pub fn upstream_connections(&self) -> u64 {
+    pub(crate) fn upstream_connections(&self) -> u64 {
         self.upstream.load(Ordering::Relaxed)
     }
 
     /// Requests (mode http) sent and not yet answered with a byte of body.
-    pub fn awaiting(&self) -> u64 {
+    pub(crate) fn awaiting(&self) -> u64 {
         self.awaiting.load(Ordering::Relaxed)
     }
 
     /// Of those, the requests that opened a conversation (new groups' too).
-    pub fn awaiting_openings(&self) -> u64 {
+    pub(crate) fn awaiting_openings(&self) -> u64 {
         self.awaiting_openings.load(Ordering::Relaxed)
     }
 
     /// Of those, the requests that placed a new group.
-    pub fn awaiting_cold(&self) -> u64 {
+    pub(crate) fn awaiting_cold(&self) -> u64 {
         self.awaiting_cold.load(Ordering::Relaxed)
     }
 
     /// The prompt tokens the requests awaiting their first byte are
     /// estimated to still have to prefill (with `queue`).
-    pub fn prefill_tokens(&self) -> u64 {
+    pub(crate) fn prefill_tokens(&self) -> u64 {
         self.prefill_tokens.load(Ordering::Relaxed)
     }
 

@@ -18,20 +18,20 @@
 //! state to the next snapshot when a backend's name and address are
 //! unchanged: its counters, health and open connections carry over.
 
-pub mod drain;
-pub mod groups;
-pub mod load;
-pub mod traffic;
+pub(crate) mod drain;
+pub(crate) mod groups;
+pub(crate) mod load;
+pub(crate) mod traffic;
 
 use crate::net::tls_client::BackendTls;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 
-pub use traffic::{CodeClass, Discard, Side, Spill, TimeoutKind};
+pub(crate) use traffic::{CodeClass, Discard, Side, Spill, TimeoutKind};
 
 use self::drain::Drain;
 use self::groups::Groups;
-pub use self::load::Awaiting;
+pub(crate) use self::load::Awaiting;
 use self::load::Load;
 use self::traffic::Traffic;
 use crate::config::BackendConfig;
@@ -44,14 +44,15 @@ pub struct Backend {
     pub weight: u32,
     pub zone: Option<String>,
     /// Reached over TLS (`tls: true`, mode http).
-    pub tls: Option<BackendTls>,
+    pub(crate) tls: Option<BackendTls>,
     /// Its own `max_inflight` (with `queue`), else the queue's.
-    pub max_inflight: Option<u64>,
-    pub live: Arc<Live>,
+    pub(crate) max_inflight: Option<u64>,
+    /// Its live state: load, traffic, health, drain.
+    pub(crate) live: Arc<Live>,
 }
 
 impl Backend {
-    pub fn new(config: &BackendConfig, live: Arc<Live>) -> Self {
+    pub(crate) fn new(config: &BackendConfig, live: Arc<Live>) -> Self {
         Backend {
             name: config.name.clone(),
             addr: config.addr,
@@ -88,28 +89,28 @@ impl health::Target for Backend {
 
 /// The live state of one backend.
 #[derive(Debug, Default)]
-pub struct Live {
-    pub load: Load,
-    pub traffic: Traffic,
-    pub health: Health,
+pub(crate) struct Live {
+    pub(crate) load: Load,
+    pub(crate) traffic: Traffic,
+    pub(crate) health: Health,
     /// The engine's queue and KV cache as last scraped (`health.load`).
-    pub engine: EngineLoad,
-    pub drain: Drain,
+    pub(crate) engine: EngineLoad,
+    pub(crate) drain: Drain,
     /// The groups it served (`key.group`).
-    pub groups: Groups,
+    pub(crate) groups: Groups,
     /// Told whenever a slot is given back, so a request waiting for this
     /// backend can take it (`queue`); set once by the instance.
-    pub waiters: OnceLock<Arc<dyn SlotFreed>>,
+    pub(crate) waiters: OnceLock<Arc<dyn SlotFreed>>,
 }
 
 /// Whoever waits for a backend's slots: told each time one is given back.
-pub trait SlotFreed: Send + Sync + std::fmt::Debug {
+pub(crate) trait SlotFreed: Send + Sync + std::fmt::Debug {
     fn slot_freed(&self, live: &Arc<Live>);
 }
 
 impl Live {
     /// Takes one active slot unconditionally.
-    pub fn reserve(self: &Arc<Self>) -> ActiveGuard {
+    pub(crate) fn reserve(self: &Arc<Self>) -> ActiveGuard {
         self.load.take();
         ActiveGuard {
             live: Arc::clone(self),
@@ -119,7 +120,7 @@ impl Live {
     /// Takes one active slot if fewer than `cap` are taken. The check and the
     /// increment are one atomic step, so concurrent accepts never push a
     /// backend past its bounded-load cap.
-    pub fn try_reserve(self: &Arc<Self>, cap: u64) -> Option<ActiveGuard> {
+    pub(crate) fn try_reserve(self: &Arc<Self>, cap: u64) -> Option<ActiveGuard> {
         self.load.try_take(cap).then(|| ActiveGuard {
             live: Arc::clone(self),
         })
@@ -127,7 +128,7 @@ impl Live {
 
     /// A request of `kind` is on its way to the backend; it counts as
     /// awaiting its first byte of body until the guard drops.
-    pub fn await_first_byte(self: &Arc<Self>, kind: Awaiting) -> AwaitingGuard {
+    pub(crate) fn await_first_byte(self: &Arc<Self>, kind: Awaiting) -> AwaitingGuard {
         self.load.start_awaiting(kind);
         AwaitingGuard {
             live: Arc::clone(self),
@@ -139,7 +140,7 @@ impl Live {
     /// backend holds less than `max_work` (any work fits a backend that
     /// holds none). The work is held until its guard drops, at the answer's
     /// first byte; the slot until the request ends.
-    pub fn try_reserve_work(
+    pub(crate) fn try_reserve_work(
         self: &Arc<Self>,
         cap: u64,
         tokens: u64,
@@ -161,7 +162,7 @@ impl Live {
     }
 
     /// An upstream connection opened; it is counted until the guard drops.
-    pub fn open_upstream(self: &Arc<Self>) -> UpstreamGuard {
+    pub(crate) fn open_upstream(self: &Arc<Self>) -> UpstreamGuard {
         self.load.open_upstream();
         UpstreamGuard {
             live: Arc::clone(self),
@@ -172,7 +173,7 @@ impl Live {
 /// One active connection (or connection attempt, or request in flight) to a
 /// backend; dropping it gives the slot back.
 #[derive(Debug)]
-pub struct ActiveGuard {
+pub(crate) struct ActiveGuard {
     live: Arc<Live>,
 }
 
@@ -188,7 +189,7 @@ impl Drop for ActiveGuard {
 /// One request awaiting the first byte of its answer's body (`mode: http`);
 /// dropping it (at that byte, or when the request ends first) uncounts it.
 #[derive(Debug)]
-pub struct AwaitingGuard {
+pub(crate) struct AwaitingGuard {
     live: Arc<Live>,
     kind: Awaiting,
 }
@@ -204,14 +205,14 @@ impl Drop for AwaitingGuard {
 /// dropping it takes the work off and tells a request waiting for that
 /// backend's work to fall (`queue.max_prefill_tokens`).
 #[derive(Debug)]
-pub struct WorkGuard {
+pub(crate) struct WorkGuard {
     live: Arc<Live>,
     tokens: u64,
 }
 
 impl WorkGuard {
     /// Adds `tokens` to the work it holds.
-    pub fn grow(&mut self, tokens: u64) {
+    pub(crate) fn grow(&mut self, tokens: u64) {
         self.live.load.add_work(tokens);
         self.tokens = self.tokens.saturating_add(tokens);
     }
@@ -231,13 +232,13 @@ impl Drop for WorkGuard {
 
 /// One open upstream connection (`mode: http`); dropping it uncounts it.
 #[derive(Debug)]
-pub struct UpstreamGuard {
+pub(crate) struct UpstreamGuard {
     live: Arc<Live>,
 }
 
 impl UpstreamGuard {
     /// The connection it counts was closed instead of pooled, for `why`.
-    pub fn count_discard(&self, why: Discard) {
+    pub(crate) fn count_discard(&self, why: Discard) {
         self.live.traffic.count_discard(why);
     }
 }

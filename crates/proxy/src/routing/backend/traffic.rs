@@ -10,7 +10,7 @@ use magpie_core::labels;
 labels! {
     /// What became of a request sent to a backend (`mode: http`), by the
     /// class of its status code; `Error` when no response came.
-    pub enum CodeClass {
+    pub(crate) enum CodeClass {
         Informational => "1xx",
         Success => "2xx",
         Redirection => "3xx",
@@ -21,7 +21,7 @@ labels! {
 }
 
 impl CodeClass {
-    pub fn of(status: u16) -> CodeClass {
+    pub(crate) fn of(status: u16) -> CodeClass {
         match status {
             100..=199 => CodeClass::Informational,
             200..=299 => CodeClass::Success,
@@ -34,7 +34,7 @@ impl CodeClass {
 
 labels! {
     /// Why a candidate was passed over (a spill to the next one).
-    pub enum Spill {
+    pub(crate) enum Spill {
         /// Health marked it down.
         Down => "down",
         /// It had reached its bounded-load cap.
@@ -50,7 +50,7 @@ labels! {
 
 labels! {
     /// One end of a proxied connection, for counting which one aborted it.
-    pub enum Side {
+    pub(crate) enum Side {
         Client => "client",
         Backend => "backend",
     }
@@ -58,7 +58,7 @@ labels! {
 
 labels! {
     /// Which deadline a backend missed (`mode: http`).
-    pub enum TimeoutKind {
+    pub(crate) enum TimeoutKind {
         /// No response head within `http.response_timeout` of the request's
         /// last byte (the client got `504`).
         Response => "response",
@@ -72,7 +72,7 @@ labels! {
     /// Why a connection to a backend was closed instead of kept for another
     /// request (`mode: http`): what the backend did that makes it unfit to
     /// lend.
-    pub enum Discard {
+    pub(crate) enum Discard {
         /// Bytes nobody asked for: past an answer's end, or while the
         /// connection idled in the pool.
         Unsolicited => "unsolicited_bytes",
@@ -93,7 +93,7 @@ struct Tokens {
 }
 
 #[derive(Debug)]
-pub struct Traffic {
+pub(crate) struct Traffic {
     connections: AtomicU64,
     /// Bytes received from the backend (and sent on to clients).
     bytes_received: AtomicU64,
@@ -120,13 +120,13 @@ pub struct Traffic {
     /// Token counts the backend's engine reported in its responses' `usage`.
     tokens: Tokens,
     /// Time to open a data-path connection (mode http: a fresh one).
-    pub connect_time: Histogram,
+    pub(crate) connect_time: Histogram,
     /// From connected to closed (`mode: tcp`).
-    pub connection_duration: Histogram,
+    pub(crate) connection_duration: Histogram,
     /// From sending a request to the response head (`mode: http`).
-    pub time_to_first_byte: Histogram,
+    pub(crate) time_to_first_byte: Histogram,
     /// From sending a request to the response's last byte (`mode: http`).
-    pub request_duration: Histogram,
+    pub(crate) request_duration: Histogram,
 }
 
 impl Default for Traffic {
@@ -155,53 +155,53 @@ impl Default for Traffic {
 
 impl Traffic {
     /// A data-path connection to the backend was opened.
-    pub fn count_connection(&self) {
+    pub(crate) fn count_connection(&self) {
         self.connections.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn connections(&self) -> u64 {
+    pub(crate) fn connections(&self) -> u64 {
         self.connections.load(Ordering::Relaxed)
     }
 
-    pub fn add_bytes_sent(&self, n: u64) {
+    pub(crate) fn add_bytes_sent(&self, n: u64) {
         self.bytes_sent.fetch_add(n, Ordering::Relaxed);
     }
 
-    pub fn bytes_sent(&self) -> u64 {
+    pub(crate) fn bytes_sent(&self) -> u64 {
         self.bytes_sent.load(Ordering::Relaxed)
     }
 
-    pub fn add_bytes_received(&self, n: u64) {
+    pub(crate) fn add_bytes_received(&self, n: u64) {
         self.bytes_received.fetch_add(n, Ordering::Relaxed);
     }
 
-    pub fn bytes_received(&self) -> u64 {
+    pub(crate) fn bytes_received(&self) -> u64 {
         self.bytes_received.load(Ordering::Relaxed)
     }
 
     /// Mode udp: a datagram of `bytes` went to the backend.
-    pub fn count_datagram_sent(&self, bytes: usize) {
+    pub(crate) fn count_datagram_sent(&self, bytes: usize) {
         self.datagrams_sent.fetch_add(1, Ordering::Relaxed);
         self.add_bytes_sent(bytes as u64);
     }
 
     /// Mode udp: a datagram of `bytes` came from the backend.
-    pub fn count_datagram_received(&self, bytes: usize) {
+    pub(crate) fn count_datagram_received(&self, bytes: usize) {
         self.datagrams_received.fetch_add(1, Ordering::Relaxed);
         self.add_bytes_received(bytes as u64);
     }
 
-    pub fn datagrams_sent(&self) -> u64 {
+    pub(crate) fn datagrams_sent(&self) -> u64 {
         self.datagrams_sent.load(Ordering::Relaxed)
     }
 
-    pub fn datagrams_received(&self) -> u64 {
+    pub(crate) fn datagrams_received(&self) -> u64 {
         self.datagrams_received.load(Ordering::Relaxed)
     }
 
     /// A response's `usage`: its prompt tokens, how many of them the engine
     /// served from its cache, and its completion tokens.
-    pub fn count_tokens(&self, prompt: u64, cached: u64, completion: u64) {
+    pub(crate) fn count_tokens(&self, prompt: u64, cached: u64, completion: u64) {
         self.tokens.prompt.fetch_add(prompt, Ordering::Relaxed);
         self.tokens.cached.fetch_add(cached, Ordering::Relaxed);
         self.tokens
@@ -209,81 +209,82 @@ impl Traffic {
             .fetch_add(completion, Ordering::Relaxed);
     }
 
-    pub fn prompt_tokens(&self) -> u64 {
+    pub(crate) fn prompt_tokens(&self) -> u64 {
         self.tokens.prompt.load(Ordering::Relaxed)
     }
 
-    pub fn cached_prompt_tokens(&self) -> u64 {
+    pub(crate) fn cached_prompt_tokens(&self) -> u64 {
         self.tokens.cached.load(Ordering::Relaxed)
     }
 
-    pub fn completion_tokens(&self) -> u64 {
+    pub(crate) fn completion_tokens(&self) -> u64 {
         self.tokens.completion.load(Ordering::Relaxed)
     }
 
-    pub fn count_spill(&self, why: Spill) {
+    pub(crate) fn count_spill(&self, why: Spill) {
         self.spills[why.index()].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Traffic passed over this backend for `why`.
-    pub fn spills(&self, why: Spill) -> u64 {
+    pub(crate) fn spills(&self, why: Spill) -> u64 {
         self.spills[why.index()].load(Ordering::Relaxed)
     }
 
     /// Spills for any reason.
-    pub fn spills_total(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn spills_total(&self) -> u64 {
         Spill::ALL.iter().map(|&why| self.spills(why)).sum()
     }
 
-    pub fn count_request(&self, class: CodeClass) {
+    pub(crate) fn count_request(&self, class: CodeClass) {
         self.requests[class.index()].fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn requests(&self, class: CodeClass) -> u64 {
+    pub(crate) fn requests(&self, class: CodeClass) -> u64 {
         self.requests[class.index()].load(Ordering::Relaxed)
     }
 
-    pub fn count_client_abort(&self) {
+    pub(crate) fn count_client_abort(&self) {
         self.client_aborts.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn client_aborts(&self) -> u64 {
+    pub(crate) fn client_aborts(&self) -> u64 {
         self.client_aborts.load(Ordering::Relaxed)
     }
 
     /// A connection through this backend was aborted by `by`.
-    pub fn count_reset(&self, by: Side) {
+    pub(crate) fn count_reset(&self, by: Side) {
         self.resets[by.index()].fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn resets(&self, by: Side) -> u64 {
+    pub(crate) fn resets(&self, by: Side) -> u64 {
         self.resets[by.index()].load(Ordering::Relaxed)
     }
 
     /// A connection was closed for idling.
-    pub fn count_idle_close(&self) {
+    pub(crate) fn count_idle_close(&self) {
         self.idle_closes.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn idle_closes(&self) -> u64 {
+    pub(crate) fn idle_closes(&self) -> u64 {
         self.idle_closes.load(Ordering::Relaxed)
     }
 
     /// A request to this backend missed the deadline `kind`.
-    pub fn count_timeout(&self, kind: TimeoutKind) {
+    pub(crate) fn count_timeout(&self, kind: TimeoutKind) {
         self.timeouts[kind.index()].fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn timeouts(&self, kind: TimeoutKind) -> u64 {
+    pub(crate) fn timeouts(&self, kind: TimeoutKind) -> u64 {
         self.timeouts[kind.index()].load(Ordering::Relaxed)
     }
 
     /// A connection to this backend was closed instead of pooled, for `why`.
-    pub fn count_discard(&self, why: Discard) {
+    pub(crate) fn count_discard(&self, why: Discard) {
         self.discards[why.index()].fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn discards(&self, why: Discard) -> u64 {
+    pub(crate) fn discards(&self, why: Discard) -> u64 {
         self.discards[why.index()].load(Ordering::Relaxed)
     }
 }

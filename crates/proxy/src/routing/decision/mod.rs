@@ -31,7 +31,7 @@
 //! |---|---|
 //! | [`pins`] | session pins: the route by a key's pin, and binding or using it once served |
 
-pub mod pins;
+pub(crate) mod pins;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -55,26 +55,26 @@ use crate::routing::snapshot::Snapshot;
 
 /// What a data path knows of one request, connection or new flow.
 #[derive(Debug)]
-pub struct Request {
-    pub keys: Keys,
+pub(crate) struct Request {
+    pub(crate) keys: Keys,
     /// No key was found: `keys.session` is the fallback key.
-    pub fallback: bool,
+    pub(crate) fallback: bool,
     /// Its class and tenant (`queue`).
-    pub standing: Standing,
+    pub(crate) standing: Standing,
     /// Its body's length (mode http; what was read of it when no length was
     /// given): its work is estimated from it.
-    pub prompt_bytes: u64,
+    pub(crate) prompt_bytes: u64,
     /// The backend of the connection it belongs to (mode udp: a QUIC client
     /// that moved), tried first.
-    pub follows: Option<Arc<Backend>>,
+    pub(crate) follows: Option<Arc<Backend>>,
     /// It counts among its backend's requests awaiting their first byte of
     /// body until that byte comes (mode http).
-    pub awaits_first_byte: bool,
+    pub(crate) awaits_first_byte: bool,
 }
 
 impl Request {
     /// A request known by its `keys` alone.
-    pub fn new(keys: Keys) -> Request {
+    pub(crate) fn new(keys: Keys) -> Request {
         Request {
             keys,
             fallback: false,
@@ -86,7 +86,7 @@ impl Request {
     }
 
     /// A connection (mode tcp) keyed by `key`, of the queue's default class.
-    pub fn connection(key: SessionKey, fallback: bool, config: &Config) -> Request {
+    pub(crate) fn connection(key: SessionKey, fallback: bool, config: &Config) -> Request {
         Request {
             fallback,
             standing: Standing::of(config.queue.as_ref(), |_| None),
@@ -95,7 +95,7 @@ impl Request {
     }
 
     /// A new flow (mode udp) keyed by `key`; `follows` when its client moved.
-    pub fn flow(key: SessionKey, fallback: bool, follows: Option<Arc<Backend>>) -> Request {
+    pub(crate) fn flow(key: SessionKey, fallback: bool, follows: Option<Arc<Backend>>) -> Request {
         Request {
             fallback,
             follows,
@@ -107,7 +107,7 @@ impl Request {
 /// Where a request goes: its targets in order, why the next is next, and
 /// what it waits for; what it did once a target took it.
 #[derive(Debug)]
-pub struct Plan {
+pub(crate) struct Plan {
     request: Request,
     /// The route as planned.
     route: Route,
@@ -131,31 +131,31 @@ pub struct Plan {
 
 /// A backend's room, taken for a request.
 #[derive(Debug)]
-pub struct Slot {
-    pub backend: Arc<Backend>,
+pub(crate) struct Slot {
+    pub(crate) backend: Arc<Backend>,
     /// The backend's in-flight slot (what bounded load counts).
-    pub active: ActiveGuard,
+    pub(crate) active: ActiveGuard,
     /// Its count among the requests awaiting a first byte (mode http).
-    pub first_byte: Option<FirstByte>,
+    pub(crate) first_byte: Option<FirstByte>,
     /// With `queue`: how long it waited and how it was admitted.
-    pub queued: Option<(Duration, Admit)>,
+    pub(crate) queued: Option<(Duration, Admit)>,
 }
 
-/// What a request awaiting its answer's first byte of body holds: its count
-/// at the backend ([`crate::routing::backend::load`]), and when it opened a
-/// conversation or placed a new group with a shared store, its mark there
-/// ([`crate::routing::sessions::homes`]).
+/// What a request awaiting its answer's first byte of body holds, each
+/// given back when it drops (at that byte): its count at the backend
+/// ([`crate::routing::backend::load`]), when it opened a conversation or
+/// placed a new group with a shared store its mark there
+/// ([`crate::routing::sessions::homes`]), and its prefill work (`queue`).
 #[derive(Debug)]
-pub struct FirstByte {
-    pub count: AwaitingGuard,
-    pub mark: Option<AwaitingMark>,
-    /// Its prefill work (`queue`), done at the first byte.
-    pub work: Option<WorkGuard>,
+pub(crate) struct FirstByte {
+    _count: AwaitingGuard,
+    _mark: Option<AwaitingMark>,
+    _work: Option<WorkGuard>,
 }
 
 /// What taking a slot came to.
 #[derive(Debug)]
-pub enum Taken {
+pub(crate) enum Taken {
     Slot(Slot),
     /// The queue refused it, or its client went away while it waited.
     Refused(Refusal),
@@ -165,9 +165,9 @@ pub enum Taken {
 
 /// What a decision came to once its backend took the request.
 #[derive(Debug, Clone, Copy)]
-pub struct Committed {
+pub(crate) struct Committed {
     /// Why it was that backend.
-    pub how: How,
+    pub(crate) how: How,
     key: SessionKey,
     /// Why the key moved there, if it did.
     moved: Option<MissCause>,
@@ -175,7 +175,7 @@ pub struct Committed {
 
 impl Committed {
     /// Where the answer's usage is counted.
-    pub fn tally(&self, instance: &Arc<Instance>) -> Tally {
+    pub(crate) fn tally(&self, instance: &Arc<Instance>) -> Tally {
         Tally {
             instance: Arc::clone(instance),
             key: self.key,
@@ -187,7 +187,7 @@ impl Committed {
 /// The plan for `request`, under the snapshot it was keyed with: by its pin
 /// when `sessions` is on (which may ask the shared store), else as
 /// [`plan_now`].
-pub async fn plan(instance: &Instance, snapshot: &Snapshot, request: Request) -> Plan {
+pub(crate) async fn plan(instance: &Instance, snapshot: &Snapshot, request: Request) -> Plan {
     let Some(sessions) = instance.sessions() else {
         return plan_now(instance, snapshot, request);
     };
@@ -199,7 +199,7 @@ pub async fn plan(instance: &Instance, snapshot: &Snapshot, request: Request) ->
 
 /// The plan for `request` without pins (`sessions` is mode http's): by the
 /// table and where its key spilled. It never waits.
-pub fn plan_now(instance: &Instance, snapshot: &Snapshot, request: Request) -> Plan {
+pub(crate) fn plan_now(instance: &Instance, snapshot: &Snapshot, request: Request) -> Plan {
     let spilled_to = spilled_to(instance, snapshot, request.keys.session);
     let route = Route::plan_remembered(snapshot, request.keys.table(), spilled_to.as_deref());
     Plan::new(instance, snapshot, request, route, None)
@@ -261,12 +261,12 @@ impl Plan {
     }
 
     /// Why the next target taken is that one.
-    pub fn how(&self) -> How {
+    pub(crate) fn how(&self) -> How {
         self.how
     }
 
     /// The targets as planned, in order.
-    pub fn targets(&self) -> &[Arc<Backend>] {
+    pub(crate) fn targets(&self) -> &[Arc<Backend>] {
         &self.route.targets
     }
 
@@ -276,7 +276,7 @@ impl Plan {
     /// or after `queue.affinity_wait` the next with room where a spill
     /// pays), waiting if need be while it holds `held` bytes of its body;
     /// `gone` resolves if its client goes away meanwhile.
-    pub async fn take(
+    pub(crate) async fn take(
         &mut self,
         instance: &Instance,
         config: &Config,
@@ -329,7 +329,7 @@ impl Plan {
     /// A slot at the next target under its bounded-load cap, without
     /// waiting; a target that filled up since the plan was made is passed
     /// over (counted as a spill). `None` when no target is left.
-    pub fn take_now(&mut self) -> Option<Slot> {
+    pub(crate) fn take_now(&mut self) -> Option<Slot> {
         while !self.rest.is_empty() {
             let backend = self.rest.remove(0);
             match self.route.reserve(&backend) {
@@ -358,9 +358,9 @@ impl Plan {
                 None => (Awaiting::Turn, None),
             };
             FirstByte {
-                count: backend.live.await_first_byte(kind),
-                mark,
-                work,
+                _count: backend.live.await_first_byte(kind),
+                _mark: mark,
+                _work: work,
             }
         });
         Slot {
@@ -373,14 +373,14 @@ impl Plan {
 
     /// The target last taken took nothing (`why`: it refused the connection
     /// or closed it before a byte went): the next one taken is a spill.
-    pub fn passed_over(&mut self, why: Spill) {
+    pub(crate) fn passed_over(&mut self, why: Spill) {
         self.how = self.how.passed_over(why);
     }
 
     /// `backend` took the request: the key memory records the decision (and
     /// under a `queue` how the conversation opens), the pin is bound or
     /// used again, and the request's group is counted.
-    pub fn commit(&self, instance: &Instance, backend: &Arc<Backend>) -> Committed {
+    pub(crate) fn commit(&self, instance: &Instance, backend: &Arc<Backend>) -> Committed {
         let keys = self.request.keys;
         let prompt_bytes = self.request.prompt_bytes;
         let decision = Decision {

@@ -40,25 +40,25 @@ use crate::routing::snapshot::Snapshot;
 
 /// What serving a request routed under `sessions` does to the key's pin.
 #[derive(Debug)]
-pub struct Pinned {
+pub(crate) struct Pinned {
     sessions: Arc<Sessions>,
     /// Whether the backend that serves the request becomes the key's pin
     /// (else the pin, already bound, is only used again).
     bind_served: bool,
     /// Whether the pin is (or will be) bound by this request, not found.
-    pub placed: bool,
+    pub(crate) placed: bool,
     /// Set when this request opens a conversation (`key.group_choices`),
     /// until the backend it counts at is taken.
-    pub opening: Option<Opening>,
+    pub(crate) opening: Option<Opening>,
     /// Its group (`key.group`, which needs sessions).
-    pub grouped: Option<Grouped>,
+    pub(crate) grouped: Option<Grouped>,
 }
 
 impl Pinned {
     /// The request was served by `backend`: with `store: local`, it becomes
     /// the key's pin (or the pin is renewed); with a shared store, the pin
     /// bound while routing is used again. Its group is counted first.
-    pub fn served(&self, keys: Keys, backend: &Backend) {
+    pub(crate) fn served(&self, keys: Keys, backend: &Backend) {
         if let Some(grouped) = &self.grouped {
             grouped.served(backend, &self.sessions);
         }
@@ -74,7 +74,7 @@ impl Pinned {
 /// table looked up by the group when there is one; and what serving it
 /// will do to the pin. `spilled_to` is where the key spilled, from the key
 /// memory.
-pub async fn route(
+pub(crate) async fn route(
     sessions: Arc<Sessions>,
     snapshot: &Snapshot,
     keys: Keys,

@@ -30,7 +30,7 @@ use crate::telemetry::stats::Exhausted;
 const IDLE_RECHECK: Duration = Duration::from_secs(1);
 
 /// Probes the targets in force, round after round, until `shutdown`.
-pub async fn run<P: Targets>(pool: Arc<P>, shutdown: CancellationToken) {
+pub(crate) async fn run<P: Targets>(pool: Arc<P>, shutdown: CancellationToken) {
     let mut jitter = Jitter::new();
     loop {
         let round = pool.round();
@@ -87,7 +87,7 @@ async fn check_all<P: Targets>(pool: &P, targets: Vec<Arc<P::Target>>, health: &
 /// backend, the TLS handshake), or an HTTP `GET` of `health.http_path`
 /// (over that TLS) whose status must be in `health.expect_status`. `None`
 /// when magpie itself is out of file descriptors or memory: no verdict.
-pub async fn probe(target: &impl Target, health: &HealthConfig) -> Option<CheckOutcome> {
+pub(crate) async fn probe(target: &impl Target, health: &HealthConfig) -> Option<CheckOutcome> {
     let addr = match health.port {
         Some(port) => std::net::SocketAddr::new(target.addr().ip(), port),
         None => target.addr(),

@@ -23,13 +23,13 @@ use magpie_core::labels;
 
 /// Far over: more than this many times `max_waiting` waiting (at least 1
 /// is taken for `max_waiting`). Then even pinned keys move.
-pub const FAR_WAITING_FACTOR: u64 = 4;
+pub(crate) const FAR_WAITING_FACTOR: u64 = 4;
 /// Far over: a KV cache at least this full (or `max_kv_usage`, if higher).
-pub const FAR_KV_USAGE: f64 = 0.99;
+pub(crate) const FAR_KV_USAGE: f64 = 0.99;
 
 labels! {
     /// What one scrape of an engine's metrics came to.
-    pub enum ScrapeResult {
+    pub(crate) enum ScrapeResult {
         Ok => "ok",
         /// No complete answer within `health.load.timeout`.
         Timeout => "timeout",
@@ -46,7 +46,7 @@ labels! {
 
 /// One backend's engine load.
 #[derive(Debug)]
-pub struct EngineLoad {
+pub(crate) struct EngineLoad {
     /// `updated` counts from here.
     epoch: Instant,
     waiting: AtomicU64,
@@ -75,7 +75,7 @@ impl Default for EngineLoad {
 
 impl EngineLoad {
     /// A good scrape at `now` found `sample` (counted as `ok`).
-    pub fn record(&self, sample: Sample, now: Instant) {
+    pub(crate) fn record(&self, sample: Sample, now: Instant) {
         let bits = |v: Option<f64>| v.unwrap_or(f64::NAN).to_bits();
         self.waiting.store(bits(sample.waiting), Ordering::Relaxed);
         self.running.store(bits(sample.running), Ordering::Relaxed);
@@ -92,16 +92,16 @@ impl EngineLoad {
     }
 
     /// A scrape ended with `result` (a failure leaves the last value alone).
-    pub fn count(&self, result: ScrapeResult) {
+    pub(crate) fn count(&self, result: ScrapeResult) {
         self.scrapes[result.index()].fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn scrapes(&self, result: ScrapeResult) -> u64 {
+    pub(crate) fn scrapes(&self, result: ScrapeResult) -> u64 {
         self.scrapes[result.index()].load(Ordering::Relaxed)
     }
 
     /// The last good scrape's values, if it is at most `max_age` old.
-    pub fn fresh(&self, now: Instant, max_age: Duration) -> Option<Sample> {
+    pub(crate) fn fresh(&self, now: Instant, max_age: Duration) -> Option<Sample> {
         let updated = self.updated.load(Ordering::Acquire);
         let at = self.epoch + Duration::from_nanos(updated.checked_sub(1)?);
         if now.saturating_duration_since(at) > max_age {
@@ -119,14 +119,14 @@ impl EngineLoad {
 
     /// The KV cache's size in tokens, as the engine last said it, however
     /// long ago: a cache does not shrink because a scrape failed.
-    pub fn kv_capacity(&self) -> Option<f64> {
+    pub(crate) fn kv_capacity(&self) -> Option<f64> {
         Some(f64::from_bits(self.kv_capacity.load(Ordering::Relaxed))).filter(|v| !v.is_nan())
     }
 
     /// Whether the engine is too loaded to take a key it does not hold yet:
     /// a fresh value with more than `max_waiting` requests waiting, or a KV
     /// cache fuller than `max_kv_usage`.
-    pub fn full_for_new_keys(&self, limits: &LoadLimits, now: Instant) -> bool {
+    pub(crate) fn full_for_new_keys(&self, limits: &LoadLimits, now: Instant) -> bool {
         self.fresh(now, limits.max_age).is_some_and(|s| {
             s.waiting.is_some_and(|w| w > limits.max_waiting as f64)
                 || s.kv_usage.is_some_and(|kv| kv > limits.max_kv_usage)
@@ -136,7 +136,7 @@ impl EngineLoad {
     /// Whether the engine is so loaded that even keys pinned to it move: a
     /// fresh value with more than [`FAR_WAITING_FACTOR`] × `max_waiting`
     /// waiting, or a KV cache at least [`FAR_KV_USAGE`] full.
-    pub fn far_over(&self, limits: &LoadLimits, now: Instant) -> bool {
+    pub(crate) fn far_over(&self, limits: &LoadLimits, now: Instant) -> bool {
         let waiting = FAR_WAITING_FACTOR.saturating_mul(limits.max_waiting.max(1)) as f64;
         let kv_usage = FAR_KV_USAGE.max(limits.max_kv_usage);
         self.fresh(now, limits.max_age).is_some_and(|s| {

@@ -34,9 +34,9 @@ use crate::config::LoadConfig;
 use crate::telemetry::throttle::Throttle;
 
 /// The largest metrics answer read; vLLM's is tens of KiB.
-pub const MAX_SCRAPE_BYTES: usize = 4 << 20;
+pub(crate) const MAX_SCRAPE_BYTES: usize = 4 << 20;
 /// Failed scrapes are logged at most this often (all are counted).
-pub const FAILURE_LOG_EVERY: Duration = Duration::from_secs(10);
+pub(crate) const FAILURE_LOG_EVERY: Duration = Duration::from_secs(10);
 /// How often to look again for a `health.load` section when there is none.
 const IDLE_RECHECK: Duration = Duration::from_secs(1);
 
@@ -56,7 +56,7 @@ impl Drop for Connection {
 type Kept = HashMap<(String, SocketAddr), Connection>;
 
 /// Scrapes the targets in force, round after round, until `shutdown`.
-pub async fn run<P: Targets>(pool: Arc<P>, shutdown: CancellationToken) {
+pub(crate) async fn run<P: Targets>(pool: Arc<P>, shutdown: CancellationToken) {
     let mut kept = Kept::new();
     loop {
         let round = pool.round();

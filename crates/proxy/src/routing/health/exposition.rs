@@ -35,7 +35,7 @@ pub struct Sample {
 
 impl Sample {
     /// Whether no wanted gauge was found.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.waiting.is_none()
             && self.running.is_none()
             && self.kv_usage.is_none()

@@ -25,26 +25,25 @@
 //! [`Target`] (a name, an address, a [`Health`], an [`EngineLoad`]) and the
 //! pool only as [`Targets`], which the backend and the snapshot implement.
 
-pub mod active;
-pub mod engine_load;
-pub mod engine_scrape;
-pub mod exposition;
-pub mod passive;
-pub mod state;
+pub(crate) mod active;
+pub(crate) mod engine_load;
+pub(crate) mod engine_scrape;
+pub(crate) mod exposition;
+pub(crate) mod passive;
+pub(crate) mod state;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-pub use active::{probe, run};
-pub use engine_load::{EngineLoad, ScrapeResult};
-pub use passive::Blame;
-pub use state::{CheckOutcome, ConnectFailure, Health};
+pub(crate) use active::run;
+pub(crate) use engine_load::{EngineLoad, ScrapeResult};
+pub(crate) use state::{CheckOutcome, ConnectFailure, Health};
 
 use crate::config::HealthConfig;
 use crate::telemetry::stats::Stats;
 
 /// Something health can judge: a backend.
-pub trait Target: Send + Sync + 'static {
+pub(crate) trait Target: Send + Sync + 'static {
     /// The name it is logged by.
     fn name(&self) -> &str;
     fn addr(&self) -> SocketAddr;
@@ -59,13 +58,13 @@ pub trait Target: Send + Sync + 'static {
 
 /// One round of checks: the `health` section in force (none: no checks) and
 /// the targets to probe.
-pub struct Round<T> {
-    pub health: Option<HealthConfig>,
-    pub targets: Vec<Arc<T>>,
+pub(crate) struct Round<T> {
+    pub(crate) health: Option<HealthConfig>,
+    pub(crate) targets: Vec<Arc<T>>,
 }
 
 /// What the check loop probes: the pool as it is now.
-pub trait Targets: Send + Sync + 'static {
+pub(crate) trait Targets: Send + Sync + 'static {
     type Target: Target;
     /// The settings and targets in force now; asked again every round.
     fn round(&self) -> Round<Self::Target>;

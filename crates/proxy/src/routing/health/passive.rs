@@ -22,7 +22,7 @@ use crate::telemetry::throttle::Throttle;
 
 /// Whose fault a failed connect was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Blame {
+pub(crate) enum Blame {
     /// The backend's: the next candidate may do better.
     Backend,
     /// magpie's own (out of file descriptors, buffers or memory): every
@@ -34,7 +34,7 @@ pub enum Blame {
 /// health on, marking it down after `passive_failures` in a row) unless
 /// magpie itself ran out of resources, which is counted in `stats`, logged at
 /// most once a second, and leaves every backend's health alone.
-pub fn connect_failed(
+pub(crate) fn connect_failed(
     target: &impl Target,
     error: &io::Error,
     config: Option<&HealthConfig>,
@@ -58,7 +58,7 @@ pub fn connect_failed(
 
 /// Counts a `502`/`503`/`504` answer from `target` (`health.passive_status`)
 /// towards passive health, like a failed connect.
-pub fn answer_failed(target: &impl Target, status: u16, config: &HealthConfig) {
+pub(crate) fn answer_failed(target: &impl Target, status: u16, config: &HealthConfig) {
     let streak = target.health().failed();
     if mark_down(target, streak, Some(config)) {
         warn!(backend = %target.name(), status, failures = streak, "marked down after consecutive failed answers");
@@ -66,7 +66,7 @@ pub fn answer_failed(target: &impl Target, status: u16, config: &HealthConfig) {
 }
 
 /// A connect to `target` worked, or it answered well: its streak is over.
-pub fn succeeded(target: &impl Target) {
+pub(crate) fn succeeded(target: &impl Target) {
     target.health().succeeded();
 }
 

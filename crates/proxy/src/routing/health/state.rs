@@ -21,7 +21,7 @@ use magpie_core::labels;
 
 labels! {
     /// What one active health check found.
-    pub enum CheckOutcome {
+    pub(crate) enum CheckOutcome {
         Ok => "ok",
         /// The connect (or the HTTP exchange) failed.
         Failed => "failed",
@@ -37,7 +37,7 @@ labels! {
 
 labels! {
     /// Why a data-path connect to a backend failed.
-    pub enum ConnectFailure {
+    pub(crate) enum ConnectFailure {
         Refused => "refused",
         Timeout => "timeout",
         /// The TLS handshake with a `tls: true` backend failed (its
@@ -49,7 +49,7 @@ labels! {
 }
 
 impl ConnectFailure {
-    pub fn of(error: &std::io::Error) -> Self {
+    pub(crate) fn of(error: &std::io::Error) -> Self {
         if crate::net::tls_client::is_handshake_failure(error) {
             return ConnectFailure::Tls;
         }
@@ -64,7 +64,7 @@ impl ConnectFailure {
 /// One backend's health. Starts up: traffic flows from the first moment, and
 /// checks (or passive failures) take a dead backend out.
 #[derive(Debug)]
-pub struct Health {
+pub(crate) struct Health {
     up: AtomicBool,
     /// Consecutive data-path failures (connects, and with
     /// `passive_status` 502/503/504 answers).
@@ -103,14 +103,14 @@ impl Default for Health {
 }
 
 impl Health {
-    pub fn is_up(&self) -> bool {
+    pub(crate) fn is_up(&self) -> bool {
         self.up.load(Ordering::Relaxed)
     }
 
     /// Sets the flag; returns the previous value. A change is counted as a
     /// transition. Going up ends the failure streak; going down means coming
     /// back takes `rise` fresh successes.
-    pub fn set_up(&self, up: bool) -> bool {
+    pub(crate) fn set_up(&self, up: bool) -> bool {
         if up {
             self.failure_streak.store(0, Ordering::Relaxed);
         } else {
@@ -129,7 +129,7 @@ impl Health {
     }
 
     /// It joined the pool at `now`: came up, or was added by a reload.
-    pub fn joined_at(&self, now: Instant) {
+    pub(crate) fn joined_at(&self, now: Instant) {
         let since = now.saturating_duration_since(self.epoch).as_nanos();
         let since = u64::try_from(since).unwrap_or(u64::MAX - 1);
         self.joined.store(since + 1, Ordering::Relaxed);
@@ -137,28 +137,28 @@ impl Health {
 
     /// How long ago it last joined the pool; `None`: it has been in it since
     /// magpie started.
-    pub fn since_joined(&self, now: Instant) -> Option<Duration> {
+    pub(crate) fn since_joined(&self, now: Instant) -> Option<Duration> {
         let joined = self.joined.load(Ordering::Relaxed).checked_sub(1)?;
         let at = self.epoch + Duration::from_nanos(joined);
         Some(now.saturating_duration_since(at))
     }
 
     /// Up/down transitions so far: (to up, to down).
-    pub fn transitions(&self) -> (u64, u64) {
+    pub(crate) fn transitions(&self) -> (u64, u64) {
         (
             self.went_up.load(Ordering::Relaxed),
             self.went_down.load(Ordering::Relaxed),
         )
     }
 
-    pub fn checks(&self, outcome: CheckOutcome) -> u64 {
+    pub(crate) fn checks(&self, outcome: CheckOutcome) -> u64 {
         self.checks[outcome.index()].load(Ordering::Relaxed)
     }
 
     /// Records one active check. `rise` consecutive successes bring a down
     /// backend up, `fall` consecutive failures take an up one down. Returns
     /// the new state when it changed.
-    pub fn record_check(&self, outcome: CheckOutcome, rise: u32, fall: u32) -> Option<bool> {
+    pub(crate) fn record_check(&self, outcome: CheckOutcome, rise: u32, fall: u32) -> Option<bool> {
         self.checks[outcome.index()].fetch_add(1, Ordering::Relaxed);
         let (streak, other) = if outcome == CheckOutcome::Ok {
             (&self.checks_ok, &self.checks_failed)
@@ -174,19 +174,19 @@ impl Health {
         }
     }
 
-    pub fn connect_failures(&self, why: ConnectFailure) -> u64 {
+    pub(crate) fn connect_failures(&self, why: ConnectFailure) -> u64 {
         self.connect_failures[why.index()].load(Ordering::Relaxed)
     }
 
     /// A data-path connect failed; returns the failure streak.
-    pub fn connect_failed(&self, why: ConnectFailure) -> u32 {
+    pub(crate) fn connect_failed(&self, why: ConnectFailure) -> u32 {
         self.connect_failures[why.index()].fetch_add(1, Ordering::Relaxed);
         self.failed()
     }
 
     /// A data-path failure (a failed connect or a failed answer); returns the
     /// failure streak.
-    pub fn failed(&self) -> u32 {
+    pub(crate) fn failed(&self) -> u32 {
         self.failure_streak
             .fetch_add(1, Ordering::Relaxed)
             .saturating_add(1)
@@ -194,7 +194,7 @@ impl Health {
 
     /// A connect succeeded, or the backend answered well: the failure streak
     /// is over.
-    pub fn succeeded(&self) {
+    pub(crate) fn succeeded(&self) {
         // A load first: the data path calls this on every success, and a
         // store to a line other cores read costs more than a read.
         if self.failure_streak.load(Ordering::Relaxed) != 0 {

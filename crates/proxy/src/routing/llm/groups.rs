@@ -34,7 +34,7 @@ use crate::routing::snapshot::Snapshot;
 /// conversations' first requests awaiting (a new prompt may bring its head
 /// to prefill again), then the fewest requests awaiting, then the earlier.
 /// Where a group without a home goes (`key.group_choices`).
-pub fn least_awaiting(targets: &[Arc<Backend>], n: usize) -> Option<&Arc<Backend>> {
+pub(crate) fn least_awaiting(targets: &[Arc<Backend>], n: usize) -> Option<&Arc<Backend>> {
     let busy = |b: &&Arc<Backend>| {
         let live = &b.live;
         (
@@ -55,7 +55,7 @@ pub fn least_awaiting(targets: &[Arc<Backend>], n: usize) -> Option<&Arc<Backend
 /// pin at once, so the conversations of one head that arrive before its
 /// first answer go where it went. With one choice there is no group pin:
 /// the table's order is the home, as every instance computes it.
-pub fn place_locally(
+pub(crate) fn place_locally(
     sessions: &Sessions,
     snapshot: &Snapshot,
     keys: Keys,
@@ -91,7 +91,7 @@ pub fn place_locally(
 /// has is replaced; one to a backend that is down is kept (health moves no
 /// group). No answer from the store: the table's route, which every
 /// instance agrees on.
-pub async fn home_shared(
+pub(crate) async fn home_shared(
     sessions: &Arc<Sessions>,
     store: &Arc<Store>,
     snapshot: &Snapshot,
@@ -139,7 +139,7 @@ pub async fn home_shared(
 
 /// A request's group, as serving it counts it.
 #[derive(Debug)]
-pub struct Grouped {
+pub(crate) struct Grouped {
     group: GroupKey,
     /// Groups have homes (`key.group_choices` above 1) to keep alive.
     homes: bool,
@@ -152,7 +152,7 @@ pub struct Grouped {
 impl Grouped {
     /// The group of a request routed by `snapshot`; `places` when the
     /// request places its conversation (its session pin is bound by it).
-    pub fn new(snapshot: &Snapshot, group: GroupKey, places: bool) -> Grouped {
+    pub(crate) fn new(snapshot: &Snapshot, group: GroupKey, places: bool) -> Grouped {
         let placing = places.then(|| {
             let first = snapshot.candidates(group.hash()).take(Rank::COUNT - 1);
             first.cloned().collect()
@@ -167,7 +167,7 @@ impl Grouped {
     /// The request was served by `backend`: the group is counted among the
     /// backend's, its home (a pin, in the shared store too) lives while its
     /// conversations do, and a placement is counted by the candidate's rank.
-    pub fn served(&self, backend: &Backend, sessions: &Arc<Sessions>) {
+    pub(crate) fn served(&self, backend: &Backend, sessions: &Arc<Sessions>) {
         backend.live.groups.served(self.group);
         if self.homes {
             let at = group_pin(self.group);

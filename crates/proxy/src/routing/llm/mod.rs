@@ -18,11 +18,11 @@
 //! | [`usage`] | an answer's usage: token counters, cache misses and their causes |
 //! | [`note`] | what the key memory keeps with each key for this policy |
 
-pub mod groups;
-pub mod note;
-pub mod openings;
-pub mod usage;
-pub mod work;
+pub(crate) mod groups;
+pub(crate) mod note;
+pub(crate) mod openings;
+pub(crate) mod usage;
+pub(crate) mod work;
 
 #[cfg(test)]
 mod tests;

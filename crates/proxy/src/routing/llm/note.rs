@@ -13,26 +13,26 @@ use crate::routing::keys::GroupKey;
 
 /// What a request sent, as the key memory keeps it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Sent {
+pub(crate) struct Sent {
     /// Its group (`key.group`), if it had one.
-    pub group: Option<GroupKey>,
+    pub(crate) group: Option<GroupKey>,
     /// Its body's bytes (mode http; 0 when unknown, and in mode tcp and udp).
-    pub prompt_bytes: u64,
+    pub(crate) prompt_bytes: u64,
 }
 
 /// One key's note.
 #[derive(Debug, Clone, Default)]
-pub struct Note {
+pub(crate) struct Note {
     /// What its last request sent.
-    pub sent: Sent,
+    pub(crate) sent: Sent,
     /// The backend and prompt tokens of its last request whose usage was
     /// read.
-    pub served: Option<(Arc<str>, u64)>,
+    pub(crate) served: Option<(Arc<str>, u64)>,
 }
 
 impl Note {
     /// The note of a key whose first request sent `sent`.
-    pub fn of(sent: Sent) -> Note {
+    pub(crate) fn of(sent: Sent) -> Note {
         Note { sent, served: None }
     }
 }

@@ -26,15 +26,15 @@ use crate::routing::sessions::homes::AwaitingMark;
 /// awaiting their first byte as an opening, and a new group's at its home
 /// as one too, until the byte arrives ([`Opening::claimed_at`]).
 #[derive(Debug)]
-pub struct Opening {
-    pub at: String,
-    pub new_group: bool,
-    pub mark: Option<AwaitingMark>,
+pub(crate) struct Opening {
+    pub(crate) at: String,
+    pub(crate) new_group: bool,
+    pub(crate) mark: Option<AwaitingMark>,
 }
 
 impl Opening {
     /// A request that placed a new group at `home`.
-    pub fn new_group(home: &Backend, mark: Option<AwaitingMark>) -> Opening {
+    pub(crate) fn new_group(home: &Backend, mark: Option<AwaitingMark>) -> Opening {
         Opening {
             at: home.name.clone(),
             new_group: true,
@@ -43,7 +43,7 @@ impl Opening {
     }
 
     /// A request that opened a conversation at `at`, its group placed before.
-    pub fn conversation(at: &Backend, mark: Option<AwaitingMark>) -> Opening {
+    pub(crate) fn conversation(at: &Backend, mark: Option<AwaitingMark>) -> Opening {
         Opening {
             at: at.name.clone(),
             new_group: false,
@@ -53,7 +53,7 @@ impl Opening {
 
     /// What the request counts as at `backend`, the one that takes it, and
     /// its mark if it was placed there (a mark elsewhere is dropped).
-    pub fn claimed_at(self, backend: &str) -> (Awaiting, Option<AwaitingMark>) {
+    pub(crate) fn claimed_at(self, backend: &str) -> (Awaiting, Option<AwaitingMark>) {
         match self {
             Opening {
                 at,
@@ -76,7 +76,7 @@ impl Opening {
 /// served lately: the backend the latest such request went to moves to the
 /// front of `targets`, if it is among them. Whether it was not first
 /// already; `None` when no such backend is among the targets.
-pub fn alike(
+pub(crate) fn alike(
     memory: &KeyMemory,
     opening: OpeningKey,
     targets: &mut [Arc<Backend>],
@@ -93,7 +93,12 @@ pub fn alike(
 /// body of `prompt_bytes`: the opening's record says so, for the next
 /// conversation that opens alike ([`alike`], and its work there,
 /// [`super::work::work`]). Nothing is counted.
-pub fn opened(memory: &KeyMemory, opening: OpeningKey, backend: &Arc<Backend>, prompt_bytes: u64) {
+pub(crate) fn opened(
+    memory: &KeyMemory,
+    opening: OpeningKey,
+    backend: &Arc<Backend>,
+    prompt_bytes: u64,
+) {
     let sent = Sent {
         group: None,
         prompt_bytes,

@@ -19,18 +19,18 @@ use crate::routing::keys::SessionKey;
 /// Cached tokens may fall this short of the previous prompt without a miss:
 /// engines cache whole blocks (16 tokens in vLLM), and the last partial
 /// block of a prompt is not reused.
-pub const MISS_SLACK_TOKENS: u64 = 32;
+pub(crate) const MISS_SLACK_TOKENS: u64 = 32;
 
 /// A request's usage as the engine reported it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tokens {
-    pub prompt: u64,
-    pub cached: u64,
+pub(crate) struct Tokens {
+    pub(crate) prompt: u64,
+    pub(crate) cached: u64,
 }
 
 /// Where an answer's usage goes: the key whose request it answers, and why
 /// that key moved to its backend, if it did.
-pub struct Tally {
+pub(crate) struct Tally {
     pub(crate) instance: Arc<Instance>,
     pub(crate) key: SessionKey,
     pub(crate) moved: Option<MissCause>,
@@ -40,7 +40,7 @@ impl Tally {
     /// `backend` answered with `tokens` of prompt (`cached` of them found
     /// in its cache) and `completion` tokens: its counters, and a cache
     /// miss counted if it was one.
-    pub fn served(&self, backend: &Backend, tokens: Tokens, completion: u64) {
+    pub(crate) fn served(&self, backend: &Backend, tokens: Tokens, completion: u64) {
         (backend.live.traffic).count_tokens(tokens.prompt, tokens.cached, completion);
         served(
             &self.instance.key_memory,
@@ -56,7 +56,7 @@ impl Tally {
 /// (fewer cached tokens than the key's previous prompt) is counted and
 /// returned, with `moved` (from [`KeyMemory::routed`]) as its cause when
 /// the key changed backends, else [`MissCause::Evicted`].
-pub fn served(
+pub(crate) fn served(
     memory: &KeyMemory,
     key: SessionKey,
     backend: &str,

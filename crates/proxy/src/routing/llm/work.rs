@@ -15,20 +15,20 @@ use crate::routing::keys::MemoryKey;
 
 /// What a request's work is estimated from when nothing better is known:
 /// JSON chat bodies run about four bytes to a token.
-pub const BYTES_PER_TOKEN: u64 = 4;
+pub(crate) const BYTES_PER_TOKEN: u64 = 4;
 
 /// A request's prefill work, in prompt tokens.
 #[derive(Debug, Clone, Default)]
-pub struct Work {
+pub(crate) struct Work {
     /// At a backend whose cache holds nothing of it.
-    pub tokens: u64,
+    pub(crate) tokens: u64,
     /// The backend its key's previous request went to, and its work there.
-    pub warm_at: Option<(Arc<Backend>, u64)>,
+    pub(crate) warm_at: Option<(Arc<Backend>, u64)>,
 }
 
 impl Work {
     /// Work that no cache holds a part of.
-    pub fn cold(tokens: u64) -> Work {
+    pub(crate) fn cold(tokens: u64) -> Work {
         Work {
             tokens,
             warm_at: None,
@@ -36,7 +36,7 @@ impl Work {
     }
 
     /// Its work at `backend`.
-    pub fn at(&self, backend: &Backend) -> u64 {
+    pub(crate) fn at(&self, backend: &Backend) -> u64 {
         match &self.warm_at {
             Some((warm, tokens)) if warm.name == backend.name => *tokens,
             _ => self.tokens,
@@ -49,7 +49,7 @@ impl Work {
 /// request went to, the prefix that request left in the cache. Tokens are
 /// told from bytes by the previous request's own ratio when its usage was
 /// read, else at [`BYTES_PER_TOKEN`].
-pub fn work(memory: &KeyMemory, key: MemoryKey, bytes: u64) -> Work {
+pub(crate) fn work(memory: &KeyMemory, key: MemoryKey, bytes: u64) -> Work {
     let Some((backend, note)) = memory.note(key).filter(|(_, n)| n.sent.prompt_bytes > 0) else {
         return Work::cold(bytes / BYTES_PER_TOKEN);
     };

@@ -37,9 +37,9 @@
 //! The queue lives as long as the instance: a reload rebinds every waiting
 //! request to the new table ([`Queue::rebind`]).
 
-pub mod order;
-pub mod room;
-pub mod stats;
+pub(crate) mod order;
+pub(crate) mod room;
+pub(crate) mod stats;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering, fence};
@@ -50,9 +50,9 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use self::order::Waiting;
-pub use self::room::SlotLimits;
+pub(crate) use self::room::SlotLimits;
 use self::room::{Room, first_with_room, room};
-pub use self::stats::{Admit, QueueStats, Refusal};
+pub(crate) use self::stats::{Admit, QueueStats, Refusal};
 use crate::config::DEFAULT_MAX_INFLIGHT;
 use crate::config::{Config, DEFAULT_AGING, MAX_CLASSES, QueueConfig, TenantBy};
 use crate::routing::backend::{ActiveGuard, Backend, Live, SlotFreed, WorkGuard};
@@ -63,13 +63,13 @@ use crate::routing::snapshot::Snapshot;
 
 /// The queue of one magpie, and the limits it enforces.
 #[derive(Debug)]
-pub struct Queue {
+pub(crate) struct Queue {
     state: Mutex<State>,
     /// Requests waiting, read without the lock when a slot is given back.
     len: AtomicUsize,
     /// Set at shutdown: by then every waiting request is served or refused.
     closing: watch::Sender<Option<Instant>>,
-    pub stats: QueueStats,
+    pub(crate) stats: QueueStats,
 }
 
 /// The queue and the settings it hands slots out by (the latest
@@ -84,9 +84,9 @@ struct State {
 /// A request's place in the queue's order: its class (an index into
 /// `queue.priority.classes`) and its tenant.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Standing {
-    pub class: usize,
-    pub tenant: TenantKey,
+pub(crate) struct Standing {
+    pub(crate) class: usize,
+    pub(crate) tenant: TenantKey,
 }
 
 impl Standing {
@@ -94,7 +94,7 @@ impl Standing {
     /// field's value by lower-case name); a tenant told by its group
     /// (`queue.tenant: group`) is told by the decision, which knows the
     /// group ([`crate::routing::decision`]).
-    pub fn of<'h>(
+    pub(crate) fn of<'h>(
         queue: Option<&QueueConfig>,
         header: impl Fn(&str) -> Option<&'h [u8]>,
     ) -> Standing {
@@ -115,38 +115,38 @@ impl Standing {
 }
 
 /// What a request asks to be admitted with.
-pub struct Ask<'a> {
+pub(crate) struct Ask<'a> {
     /// Its targets, its home first.
-    pub targets: &'a [Arc<Backend>],
+    pub(crate) targets: &'a [Arc<Backend>],
     /// Whether it waits for its home (its cache is there) before it spills.
-    pub sticky: bool,
+    pub(crate) sticky: bool,
     /// Whether its home is its session pin (kept across a reload).
-    pub pinned: bool,
+    pub(crate) pinned: bool,
     /// A conversation's first request without a group: of the targets with
     /// room, the one with the least work takes it (not sticky only).
-    pub spread: bool,
+    pub(crate) spread: bool,
     /// Its class (an index into `queue.priority.classes`) and tenant.
-    pub class: usize,
-    pub tenant: TenantKey,
+    pub(crate) class: usize,
+    pub(crate) tenant: TenantKey,
     /// Body bytes it holds while it waits.
-    pub bytes: u64,
+    pub(crate) bytes: u64,
     /// Its prefill work, at each target.
-    pub work: Work,
+    pub(crate) work: Work,
     /// Its table key, to bind it again after a reload.
-    pub key: u64,
-    pub queue: &'a QueueConfig,
-    pub limits: SlotLimits,
+    pub(crate) key: u64,
+    pub(crate) queue: &'a QueueConfig,
+    pub(crate) limits: SlotLimits,
 }
 
 /// A request admitted: the backend it goes to and the slot it holds there.
 #[derive(Debug)]
-pub struct Admitted {
-    pub backend: Arc<Backend>,
-    pub slot: ActiveGuard,
+pub(crate) struct Admitted {
+    pub(crate) backend: Arc<Backend>,
+    pub(crate) slot: ActiveGuard,
     /// Its work there, held until its answer's first byte.
-    pub work: WorkGuard,
-    pub how: Admit,
-    pub waited: Duration,
+    pub(crate) work: WorkGuard,
+    pub(crate) how: Admit,
+    pub(crate) waited: Duration,
 }
 
 /// Room handed to a waiting request: at which of its targets.
@@ -220,29 +220,29 @@ impl Queue {
     }
 
     /// Requests waiting now.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len.load(Ordering::Relaxed)
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// magpie is shutting down: every request waiting (or that comes to
     /// wait) is served or refused with `503` by `at`.
-    pub fn close_by(&self, at: Instant) {
+    pub(crate) fn close_by(&self, at: Instant) {
         self.closing.send_replace(Some(at));
     }
 
     /// Requests waiting in each class, in the classes' order.
-    pub fn depths(&self, classes: usize) -> Vec<usize> {
+    pub(crate) fn depths(&self, classes: usize) -> Vec<usize> {
         let state = self.lock();
         (0..classes).map(|c| state.waiting.depth(c)).collect()
     }
 
     /// Takes the settings of a config being published, and hands out the
     /// room a raised limit made.
-    pub fn configure(&self, config: &Config, snapshot: &Snapshot) {
+    pub(crate) fn configure(&self, config: &Config, snapshot: &Snapshot) {
         {
             let mut state = self.lock();
             if let Some(q) = &config.queue {
@@ -259,7 +259,7 @@ impl Queue {
     /// Binds every waiting request to `snapshot` (a reload published it):
     /// its pin first if it had one and the backend is still there, then its
     /// key's targets in the new table. Then hands out what has room.
-    pub fn rebind(&self, snapshot: &Snapshot) {
+    pub(crate) fn rebind(&self, snapshot: &Snapshot) {
         {
             let mut state = self.lock();
             for w in state.waiting.waiters_mut() {
@@ -280,7 +280,7 @@ impl Queue {
     /// Admits the request `ask` describes: at once if its home (or, for a
     /// request that is not sticky, any target) has room, else after
     /// waiting in the queue. `gone` resolves when the client goes away.
-    pub async fn admit(
+    pub(crate) async fn admit(
         self: &Arc<Self>,
         ask: Ask<'_>,
         gone: impl Future<Output = ()>,

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 /// The waiting requests of every class, in order.
 #[derive(Debug)]
-pub struct Waiting<W> {
+pub(crate) struct Waiting<W> {
     classes: Vec<Class<W>>,
     next_id: u64,
     len: usize,
@@ -40,22 +40,23 @@ struct Tenant<W> {
 
 /// One waiting request.
 #[derive(Debug)]
-pub struct Entry<W> {
-    pub id: u64,
-    pub since: Instant,
-    pub waiter: W,
+pub(crate) struct Entry<W> {
+    pub(crate) id: u64,
+    pub(crate) since: Instant,
+    pub(crate) waiter: W,
 }
 
 /// A request taken off the queue.
 #[derive(Debug)]
-pub struct Picked<W> {
-    pub class: usize,
-    pub waited: Duration,
-    pub waiter: W,
+pub(crate) struct Picked<W> {
+    /// Its class (what the tests check of the order).
+    #[cfg(test)]
+    pub(crate) class: usize,
+    pub(crate) waiter: W,
 }
 
 impl<W> Waiting<W> {
-    pub fn new(classes: usize) -> Self {
+    pub(crate) fn new(classes: usize) -> Self {
         Waiting {
             classes: (0..classes.max(1))
                 .map(|_| Class {
@@ -71,25 +72,21 @@ impl<W> Waiting<W> {
     }
 
     /// Whether tenants take turns across classes (else within each).
-    pub fn set_across_classes(&mut self, across: bool) {
+    pub(crate) fn set_across_classes(&mut self, across: bool) {
         self.across = across;
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// Requests waiting in `class`.
-    pub fn depth(&self, class: usize) -> usize {
+    pub(crate) fn depth(&self, class: usize) -> usize {
         self.classes.get(class).map_or(0, |c| c.len)
     }
 
     /// Requests of `tenant` waiting, in every class.
-    pub fn of_tenant(&self, tenant: u64) -> usize {
+    pub(crate) fn of_tenant(&self, tenant: u64) -> usize {
         (self.classes.iter())
             .flat_map(|c| c.tenants.iter())
             .filter(|t| t.id == tenant)
@@ -99,7 +96,7 @@ impl<W> Waiting<W> {
 
     /// Queues `waiter` at the back of its tenant's line in `class` (the
     /// lowest class if there are fewer); its id, to remove it by.
-    pub fn push(&mut self, class: usize, tenant: u64, since: Instant, waiter: W) -> u64 {
+    pub(crate) fn push(&mut self, class: usize, tenant: u64, since: Instant, waiter: W) -> u64 {
         let class = class.min(self.classes.len() - 1);
         let id = self.next_id;
         self.next_id += 1;
@@ -118,7 +115,7 @@ impl<W> Waiting<W> {
     }
 
     /// Takes the request `id` off the queue, if it is still there.
-    pub fn remove(&mut self, id: u64) -> Option<W> {
+    pub(crate) fn remove(&mut self, id: u64) -> Option<W> {
         for c in &mut self.classes {
             for (ti, t) in c.tenants.iter_mut().enumerate() {
                 if let Some(i) = t.entries.iter().position(|e| e.id == id) {
@@ -140,7 +137,7 @@ impl<W> Waiting<W> {
     /// one for every `aging` its oldest such request waited; on a tie the
     /// higher class), in it the next tenant in turn that has one, of that
     /// tenant's the first in.
-    pub fn pick(
+    pub(crate) fn pick(
         &mut self,
         now: Instant,
         aging: Duration,
@@ -162,8 +159,8 @@ impl<W> Waiting<W> {
         c.len -= 1;
         self.len -= 1;
         Some(Picked {
+            #[cfg(test)]
             class: ci,
-            waited: now.saturating_duration_since(entry.since),
             waiter: entry.waiter,
         })
     }
@@ -223,7 +220,7 @@ impl<W> Waiting<W> {
     }
 
     /// The waiting request `id`, if it is still there.
-    pub fn get(&self, id: u64) -> Option<&W> {
+    pub(crate) fn get(&self, id: u64) -> Option<&W> {
         (self.classes.iter())
             .flat_map(|c| c.tenants.iter())
             .flat_map(|t| t.entries.iter())
@@ -232,7 +229,7 @@ impl<W> Waiting<W> {
     }
 
     /// The first answer `f` gives for a waiting request, in no set order.
-    pub fn find<T>(&self, mut f: impl FnMut(&W) -> Option<T>) -> Option<T> {
+    pub(crate) fn find<T>(&self, mut f: impl FnMut(&W) -> Option<T>) -> Option<T> {
         (self.classes.iter())
             .flat_map(|c| c.tenants.iter())
             .flat_map(|t| t.entries.iter())
@@ -240,7 +237,7 @@ impl<W> Waiting<W> {
     }
 
     /// Every waiting request, to bind again after a reload.
-    pub fn waiters_mut(&mut self) -> impl Iterator<Item = &mut W> {
+    pub(crate) fn waiters_mut(&mut self) -> impl Iterator<Item = &mut W> {
         (self.classes.iter_mut())
             .flat_map(|c| c.tenants.iter_mut())
             .flat_map(|t| t.entries.iter_mut())

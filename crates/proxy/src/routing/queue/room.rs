@@ -11,19 +11,19 @@ use crate::routing::backend::{ActiveGuard, Backend, WorkGuard};
 use crate::routing::llm::work::Work;
 
 /// Room at a backend: its slot and the request's work there.
-pub type Room = (ActiveGuard, WorkGuard);
+pub(crate) type Room = (ActiveGuard, WorkGuard);
 
 /// What a backend with room is under: in flight, work, its engine's load.
 #[derive(Debug, Clone, Copy)]
-pub struct SlotLimits {
+pub(crate) struct SlotLimits {
     /// A backend's own `max_inflight` goes first.
-    pub max_inflight: u64,
-    pub max_prefill_tokens: Option<u64>,
-    pub load: Option<LoadLimits>,
+    pub(crate) max_inflight: u64,
+    pub(crate) max_prefill_tokens: Option<u64>,
+    pub(crate) load: Option<LoadLimits>,
 }
 
 impl SlotLimits {
-    pub fn of(queue: &QueueConfig, load: Option<&LoadLimits>) -> SlotLimits {
+    pub(crate) fn of(queue: &QueueConfig, load: Option<&LoadLimits>) -> SlotLimits {
         SlotLimits {
             max_inflight: queue.max_inflight,
             max_prefill_tokens: queue.max_prefill_tokens,
@@ -36,7 +36,7 @@ impl SlotLimits {
 /// (its own `max_inflight`, else the queue's), less than
 /// `max_prefill_tokens` of work awaiting its first byte (any, if it has
 /// none), and its engine (with `health.load`) not full.
-pub fn room(backend: &Arc<Backend>, limits: &SlotLimits, work: &Work) -> Option<Room> {
+pub(crate) fn room(backend: &Arc<Backend>, limits: &SlotLimits, work: &Work) -> Option<Room> {
     let limit = backend.max_inflight.unwrap_or(limits.max_inflight);
     let engine = &backend.live.engine;
     if (limits.load.as_ref()).is_some_and(|l| engine.full_for_new_keys(l, Instant::now())) {

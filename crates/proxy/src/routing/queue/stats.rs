@@ -12,7 +12,7 @@ use crate::telemetry::stats::Histogram;
 
 labels! {
     /// How a request was admitted.
-    pub enum Admit {
+    pub(crate) enum Admit {
         /// Its home (or, for a new conversation, a target) had room.
         AtOnce => "at_once",
         /// It waited, and its home took it.
@@ -28,7 +28,7 @@ labels! {
 
 labels! {
     /// Why a request left the queue without a backend.
-    pub enum Refusal {
+    pub(crate) enum Refusal {
         /// `queue.size` requests (or `queue.max_body_bytes`) were waiting
         /// already: `429`.
         Full => "full",
@@ -43,11 +43,11 @@ labels! {
 
 /// The queue's counters.
 #[derive(Debug)]
-pub struct QueueStats {
+pub(crate) struct QueueStats {
     admitted: [[AtomicU64; Admit::COUNT]; MAX_CLASSES],
     refused: [[AtomicU64; Refusal::COUNT]; MAX_CLASSES],
     /// How long the requests that waited waited (not those admitted at once).
-    pub wait: Histogram,
+    pub(crate) wait: Histogram,
     bytes: AtomicU64,
 }
 
@@ -86,19 +86,19 @@ impl QueueStats {
     }
 
     /// Body bytes the waiting requests hold.
-    pub fn bytes(&self) -> u64 {
+    pub(crate) fn bytes(&self) -> u64 {
         self.bytes.load(Ordering::Relaxed)
     }
 
     /// Requests of `class` admitted so.
-    pub fn admitted_count(&self, class: usize, how: Admit) -> u64 {
+    pub(crate) fn admitted_count(&self, class: usize, how: Admit) -> u64 {
         self.admitted
             .get(class)
             .map_or(0, |c| c[how.index()].load(Ordering::Relaxed))
     }
 
     /// Requests of `class` refused so.
-    pub fn refused_count(&self, class: usize, why: Refusal) -> u64 {
+    pub(crate) fn refused_count(&self, class: usize, why: Refusal) -> u64 {
         self.refused
             .get(class)
             .map_or(0, |c| c[why.index()].load(Ordering::Relaxed))

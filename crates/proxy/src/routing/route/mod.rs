@@ -43,7 +43,7 @@ use magpie_core::placement::{MAX_CANDIDATES, bounded, slow_start};
 
 labels! {
     /// Why a request (or connection) went to the backend it went to.
-    pub enum How {
+    pub(crate) enum How {
         /// The key's first candidate in the table.
         Primary => "primary",
         /// Its pin: a session pin, or where it spilled before.
@@ -70,7 +70,7 @@ labels! {
 
 impl How {
     /// The reason a route passed over its first candidate.
-    pub fn of_spill(why: Spill) -> How {
+    pub(crate) fn of_spill(why: Spill) -> How {
         match why {
             Spill::Down => How::SpilledDown,
             Spill::AtCap => How::SpilledAtCap,
@@ -82,7 +82,7 @@ impl How {
     /// The reason once the target this one named was passed over for `why`
     /// while connecting: a primary or pinned choice becomes that spill; a
     /// spill or a fallback key keeps its reason.
-    pub fn passed_over(self, why: Spill) -> How {
+    pub(crate) fn passed_over(self, why: Spill) -> How {
         match self {
             How::Primary | How::Pinned | How::GroupHome | How::Opening => How::of_spill(why),
             other => other,
@@ -91,7 +91,7 @@ impl How {
 
     /// Whether the key left its first candidate because that one was loaded
     /// (not down): such a key stays where it spilled.
-    pub fn is_load_spill(self) -> bool {
+    pub(crate) fn is_load_spill(self) -> bool {
         matches!(self, How::SpilledAtCap | How::SpilledEngineFull)
     }
 }
@@ -111,7 +111,7 @@ struct Caps {
 /// not failing, and moving the key would throw its cache away for a share
 /// of load that new keys rebalance. (A key that spilled and stays, without
 /// sessions, stays only while its backend is under the cap itself.)
-pub const PIN_CAP_FACTOR: u64 = 2;
+pub(crate) const PIN_CAP_FACTOR: u64 = 2;
 
 impl Caps {
     /// The bound a pinned key's backend keeps it under.
@@ -135,10 +135,10 @@ impl Caps {
 
 /// The backends one connection or request will try, in order.
 #[derive(Debug)]
-pub struct Route {
-    pub targets: Vec<Arc<Backend>>,
+pub(crate) struct Route {
+    pub(crate) targets: Vec<Arc<Backend>>,
     /// Why the first target is first.
-    pub how: How,
+    pub(crate) how: How,
     /// `None` when no cap applies (no bounded load, or a fail-open route).
     caps: Option<Caps>,
     /// The first target is the session's pin, which keeps its key up to
@@ -148,7 +148,7 @@ pub struct Route {
 
 impl Route {
     /// The route for traffic: skipped candidates are counted as spills.
-    pub fn plan(snapshot: &Snapshot, key: u64) -> Route {
+    pub(crate) fn plan(snapshot: &Snapshot, key: u64) -> Route {
         select(snapshot, key, |backend, why| {
             backend.live.traffic.count_spill(why)
         })
@@ -159,7 +159,11 @@ impl Route {
     /// (while that one is up and has room) until the primary is below its
     /// mean share again; then it goes home.
     /// `spilled_to` is where the key spilled, from [`crate::routing::key_memory`].
-    pub fn plan_remembered(snapshot: &Snapshot, key: u64, spilled_to: Option<&str>) -> Route {
+    pub(crate) fn plan_remembered(
+        snapshot: &Snapshot,
+        key: u64,
+        spilled_to: Option<&str>,
+    ) -> Route {
         let route = Route::plan(snapshot, key);
         let Some(spilled_to) = spilled_to else {
             return route;
@@ -175,7 +179,7 @@ impl Route {
 
     /// Whether the key's first candidate is up, below its mean share and
     /// its engine not full: a key that spilled from it may go back.
-    pub fn home_has_room(snapshot: &Snapshot, key: u64) -> bool {
+    pub(crate) fn home_has_room(snapshot: &Snapshot, key: u64) -> bool {
         let Some(home) = snapshot.candidates(key).next() else {
             return false;
         };
@@ -192,7 +196,7 @@ impl Route {
     /// the pinned backend first while it is up and under its cap, then the
     /// key's other candidates. A pin that cannot take the request is passed
     /// over like any candidate, and the route is the table's.
-    pub fn plan_pinned(snapshot: &Snapshot, key: u64, pin: &Arc<Backend>) -> Route {
+    pub(crate) fn plan_pinned(snapshot: &Snapshot, key: u64, pin: &Arc<Backend>) -> Route {
         // A pin at its cap or with its engine full, but not far over either,
         // keeps its key: passing it over in the table's walk is then no spill.
         let kept = |caps: Option<Caps>| {
@@ -214,7 +218,7 @@ impl Route {
     /// This route with the session's `pin` tried first, if it is up, under
     /// [`PIN_CAP_FACTOR`] times its cap and its engine not far over its
     /// load limits.
-    pub fn pin_first(self, snapshot: &Snapshot, pin: &Arc<Backend>) -> Route {
+    pub(crate) fn pin_first(self, snapshot: &Snapshot, pin: &Arc<Backend>) -> Route {
         let limit = Caps::pinned(pin, self.caps);
         self.put_first(snapshot, pin, limit, true)
     }
@@ -222,7 +226,7 @@ impl Route {
     /// This route with `home`, its group's home (`key.group`), tried first
     /// if it is up, under its cap and its engine not far over; unchanged
     /// when `home` is first already.
-    pub fn home_first(self, snapshot: &Snapshot, home: &Arc<Backend>) -> Route {
+    pub(crate) fn home_first(self, snapshot: &Snapshot, home: &Arc<Backend>) -> Route {
         if self.first().is_some_and(|b| Arc::ptr_eq(b, home)) {
             return self;
         }
@@ -263,7 +267,7 @@ impl Route {
     }
 
     /// This route, counted as one for a fallback key (no key was found).
-    pub fn for_fallback(mut self, fallback: bool) -> Route {
+    pub(crate) fn for_fallback(mut self, fallback: bool) -> Route {
         if fallback {
             self.how = How::FallbackKey;
         }
@@ -271,19 +275,19 @@ impl Route {
     }
 
     /// The route a key would take now, counting nothing (admin `/route`).
-    pub fn preview(snapshot: &Snapshot, key: u64) -> Route {
+    pub(crate) fn preview(snapshot: &Snapshot, key: u64) -> Route {
         select(snapshot, key, |_, _| {})
     }
 
     /// The backend traffic would go to first, if any.
-    pub fn first(&self) -> Option<&Arc<Backend>> {
+    pub(crate) fn first(&self) -> Option<&Arc<Backend>> {
         self.targets.first()
     }
 
     /// Takes one active slot on `backend` if it is still under its cap (the
     /// check and the increment are one atomic step). A backend that filled up
     /// since the route was planned is counted as a spill and gives `None`.
-    pub fn reserve(&self, backend: &Arc<Backend>) -> Option<ActiveGuard> {
+    pub(crate) fn reserve(&self, backend: &Arc<Backend>) -> Option<ActiveGuard> {
         if self.caps.is_none() {
             return Some(backend.live.reserve());
         }
@@ -310,7 +314,11 @@ fn far_over(snapshot: &Snapshot, backend: &Backend) -> bool {
 
 /// How far `backend` is into its slow-start ramp of `length` at `now` (0 to
 /// 1), if it is in one (`placement.slow_start`).
-pub fn slow_start_progress(backend: &Backend, length: Duration, now: Instant) -> Option<f64> {
+pub(crate) fn slow_start_progress(
+    backend: &Backend,
+    length: Duration,
+    now: Instant,
+) -> Option<f64> {
     slow_start::progress(backend.live.health.since_joined(now)?, length)
 }
 

@@ -37,7 +37,7 @@ use std::time::Duration;
 use super::store::{BIND_STEP, MAX_BINDING, READ_BINDING, Store};
 
 /// How long a new group's mark counts at most.
-pub const COLD_WINDOW: Duration = Duration::from_secs(30);
+pub(crate) const COLD_WINDOW: Duration = Duration::from_secs(30);
 
 /// The store's clock in ms, as `now`.
 const NOW: &str = r"
@@ -102,25 +102,25 @@ static OPEN_SCRIPT: LazyLock<redis::Script> =
 
 /// One of a new group's first candidates, with this instance's count.
 #[derive(Debug, Clone, Copy)]
-pub struct Candidate<'a> {
-    pub name: &'a str,
+pub(crate) struct Candidate<'a> {
+    pub(crate) name: &'a str,
     /// Requests awaiting their first byte of body there.
-    pub awaiting: u64,
+    pub(crate) awaiting: u64,
 }
 
 /// A group's home as the store holds it.
 #[derive(Debug)]
-pub struct Home {
-    pub backend: String,
+pub(crate) struct Home {
+    pub(crate) backend: String,
     /// Set when this call placed the group: its request's mark, removed
     /// when dropped (at the answer's first byte).
-    pub mark: Option<AwaitingMark>,
+    pub(crate) mark: Option<AwaitingMark>,
 }
 
 /// A request's mark in one of a backend's sets (a new group's, or a
 /// conversation's first request), while it awaits its first byte of body;
 /// dropping it removes the mark in the background.
-pub struct AwaitingMark {
+pub(crate) struct AwaitingMark {
     store: Arc<Store>,
     set: String,
     member: String,
@@ -177,7 +177,7 @@ impl Store {
     /// The home of the group whose binding is under `key`: the store's, or
     /// the least busy of `candidates`, bound and marked now. `None`: no
     /// answer in time, or a candidate's name is too long to bind.
-    pub async fn place_home(
+    pub(crate) async fn place_home(
         self: &Arc<Self>,
         key: u64,
         candidates: &[Candidate<'_>],
@@ -231,7 +231,7 @@ impl Store {
     /// dropped (at the answer's first byte). A binding that `usable`
     /// refuses is replaced by `choice`, unmarked. `None`: route by the
     /// table (the store did not answer in time, or refused).
-    pub async fn pin_opening(
+    pub(crate) async fn pin_opening(
         self: &Arc<Self>,
         key: u64,
         choice: &str,

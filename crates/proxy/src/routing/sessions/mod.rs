@@ -14,8 +14,8 @@
 //! group's home, under [`group_pin`]: a key no session has, counted in no
 //! session's hits or misses.
 
-pub mod homes;
-pub mod store;
+pub(crate) mod homes;
+pub(crate) mod store;
 
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,7 +39,7 @@ struct Pin {
 }
 
 /// The pins of one process.
-pub struct Pins {
+pub(crate) struct Pins {
     shards: Vec<Mutex<LruCache<u64, Pin>>>,
     ttl: Duration,
     hits: AtomicU64,
@@ -59,7 +59,7 @@ impl std::fmt::Debug for Pins {
 impl Pins {
     /// A map of at most `max` pins (at least one per shard), each released
     /// after `ttl` unused.
-    pub fn new(max: usize, ttl: Duration) -> Pins {
+    pub(crate) fn new(max: usize, ttl: Duration) -> Pins {
         let per_shard = NonZeroUsize::new(max.div_ceil(SHARDS).max(1)).unwrap_or(NonZeroUsize::MIN);
         Pins {
             shards: (0..SHARDS)
@@ -80,7 +80,7 @@ impl Pins {
 
     /// The backend `key` is pinned to, if the pin is alive; counts a hit or a
     /// miss. An expired pin is removed.
-    pub fn get(&self, key: u64) -> Option<Arc<str>> {
+    pub(crate) fn get(&self, key: u64) -> Option<Arc<str>> {
         let mut shard = self.shard(key);
         let found = match shard.get(&key) {
             Some(pin) if pin.last_used.elapsed() < self.ttl => Some(Arc::clone(&pin.backend)),
@@ -103,14 +103,14 @@ impl Pins {
     /// Like [`Pins::get`], and whether the shared store's TTL for the pin is
     /// due for a refresh (none for `every` so far); a due pin counts as
     /// refreshed from now.
-    pub fn get_and_due(&self, key: u64, every: Duration) -> Option<(Arc<str>, bool)> {
+    pub(crate) fn get_and_due(&self, key: u64, every: Duration) -> Option<(Arc<str>, bool)> {
         let backend = self.get(key)?;
         Some((backend, self.due(key, every)))
     }
 
     /// Like [`Pins::get_and_due`], counting neither a hit nor a miss (a
     /// group's pin, which is not a session's).
-    pub fn peek_and_due(&self, key: u64, every: Duration) -> Option<(Arc<str>, bool)> {
+    pub(crate) fn peek_and_due(&self, key: u64, every: Duration) -> Option<(Arc<str>, bool)> {
         let backend = self.peek(key)?;
         Some((backend, self.due(key, every)))
     }
@@ -130,7 +130,7 @@ impl Pins {
 
     /// The refresh of `key`'s pin to `backend` got no answer: it is due
     /// again (the next use asks once more).
-    pub fn refresh_failed(&self, key: u64, backend: &str) {
+    pub(crate) fn refresh_failed(&self, key: u64, backend: &str) {
         if let Some(pin) = self.shard(key).peek_mut(&key)
             && &*pin.backend == backend
         {
@@ -141,7 +141,7 @@ impl Pins {
     /// The shared store binds `key` to `now`, not to the cached `was`: the
     /// pin follows (it stays as used as it was); `None` (the store holds no
     /// backend's name) drops it, so the next request asks the store.
-    pub fn follow(&self, key: u64, was: &str, now: Option<&str>) {
+    pub(crate) fn follow(&self, key: u64, was: &str, now: Option<&str>) {
         let mut shard = self.shard(key);
         let Some(pin) = shard.peek_mut(&key) else {
             return;
@@ -158,14 +158,14 @@ impl Pins {
     }
 
     /// Uses the pin of `key` now (it lives another `ttl`).
-    pub fn touch(&self, key: u64) {
+    pub(crate) fn touch(&self, key: u64) {
         if let Some(pin) = self.shard(key).peek_mut(&key) {
             pin.last_used = Instant::now();
         }
     }
 
     /// What `key` is pinned to, without counting or refreshing it.
-    pub fn peek(&self, key: u64) -> Option<Arc<str>> {
+    pub(crate) fn peek(&self, key: u64) -> Option<Arc<str>> {
         let shard = self.shard(key);
         shard
             .peek(&key)
@@ -174,7 +174,7 @@ impl Pins {
     }
 
     /// Pins `key` to `backend` (or refreshes the pin), as used now.
-    pub fn bind(&self, key: u64, backend: &str) {
+    pub(crate) fn bind(&self, key: u64, backend: &str) {
         let mut shard = self.shard(key);
         if let Some(pin) = shard.get_mut(&key)
             && &*pin.backend == backend
@@ -202,7 +202,7 @@ impl Pins {
 
     /// Every live pin, with how long it has been unused: what a hand-over
     /// to the next process carries.
-    pub fn export(&self) -> Vec<(u64, Arc<str>, Duration)> {
+    pub(crate) fn export(&self) -> Vec<(u64, Arc<str>, Duration)> {
         let mut out = Vec::new();
         for shard in &self.shards {
             let shard = shard.lock().unwrap_or_else(|e| e.into_inner());
@@ -217,7 +217,7 @@ impl Pins {
 
     /// Pins `key` to `backend` as last used `idle` ago (handed over by the
     /// process before this one); due for a refresh in a shared store.
-    pub fn import(&self, key: u64, backend: &str, idle: Duration) {
+    pub(crate) fn import(&self, key: u64, backend: &str, idle: Duration) {
         let Some(last_used) = Instant::now().checked_sub(idle) else {
             return;
         };
@@ -233,26 +233,27 @@ impl Pins {
     }
 
     /// Pins held now (expired ones not yet removed included).
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.shards
             .iter()
             .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).len())
             .sum()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    pub fn hits(&self) -> u64 {
+    pub(crate) fn hits(&self) -> u64 {
         self.hits.load(Ordering::Relaxed)
     }
 
-    pub fn misses(&self) -> u64 {
+    pub(crate) fn misses(&self) -> u64 {
         self.misses.load(Ordering::Relaxed)
     }
 
-    pub fn evictions(&self) -> u64 {
+    pub(crate) fn evictions(&self) -> u64 {
         self.evictions.load(Ordering::Relaxed)
     }
 }
@@ -260,22 +261,22 @@ impl Pins {
 /// Where a group's pin (`key.group`) is kept, in the map and in the shared
 /// store: its hash with a fixed pattern flipped, so it is no session's key.
 /// Every instance computes the same.
-pub fn group_pin(group: GroupKey) -> u64 {
+pub(crate) fn group_pin(group: GroupKey) -> u64 {
     group.hash() ^ 0x6772_6f75_702d_7069 // "group-pi"
 }
 
 /// The session pins of one process, and the shared store behind them.
 #[derive(Debug)]
-pub struct Sessions {
-    pub pins: Pins,
+pub(crate) struct Sessions {
+    pub(crate) pins: Pins,
     /// `store: redis`; `None` keeps pins in this process only.
-    pub store: Option<Arc<store::Store>>,
-    pub ttl: Duration,
+    pub(crate) store: Option<Arc<store::Store>>,
+    pub(crate) ttl: Duration,
 }
 
 impl Sessions {
     /// Pins for `config`; a shared store starts connecting in the background.
-    pub fn new(config: &crate::config::SessionsConfig) -> Sessions {
+    pub(crate) fn new(config: &crate::config::SessionsConfig) -> Sessions {
         let store = config.redis.clone().map(|redis| {
             let store = Arc::new(store::Store::new(redis, config.ttl));
             store.start();
@@ -292,7 +293,7 @@ impl Sessions {
     /// binding in the store is due for a refresh (at most once per
     /// `ttl / 4`, and only while the store is asked at all; a store that
     /// dropped its connection is reconnected meanwhile).
-    pub fn cached(&self, key: u64) -> Option<(Arc<str>, bool)> {
+    pub(crate) fn cached(&self, key: u64) -> Option<(Arc<str>, bool)> {
         match &self.store {
             Some(store) if store.is_usable() => self.pins.get_and_due(key, self.ttl / 4),
             Some(store) => {
@@ -305,7 +306,7 @@ impl Sessions {
 
     /// Like [`Sessions::cached`] for a group's pin (counted as no session
     /// pin's hit or miss).
-    pub fn cached_group(&self, group: GroupKey) -> Option<(Arc<str>, bool)> {
+    pub(crate) fn cached_group(&self, group: GroupKey) -> Option<(Arc<str>, bool)> {
         let at = group_pin(group);
         match &self.store {
             Some(store) if store.is_usable() => self.pins.peek_and_due(at, self.ttl / 4),
@@ -317,7 +318,7 @@ impl Sessions {
     /// the store extends it, or binds it again if it was lost. If another
     /// instance bound the key to another backend meanwhile, the store's
     /// binding wins and the cached pin follows it.
-    pub fn refresh(self: &Arc<Self>, key: u64, backend: Arc<str>) {
+    pub(crate) fn refresh(self: &Arc<Self>, key: u64, backend: Arc<str>) {
         let sessions = Arc::clone(self);
         tokio::spawn(async move {
             let Some(store) = &sessions.store else {

@@ -47,7 +47,7 @@ use magpie_core::labels;
 /// The most bytes a binding (a backend's name) may hold in the store; a
 /// longer value is treated as absent. A backend whose name is longer is
 /// never bound in the store: its keys are routed by the table.
-pub const MAX_BINDING: usize = 256;
+pub(crate) const MAX_BINDING: usize = 256;
 
 /// Reads KEYS[1]'s binding: a string of at most `max` bytes, else (a longer
 /// string, a list, a hash...) the value is unlinked and the key counts as
@@ -116,7 +116,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 labels! {
     /// What a store operation did, for `magpie_session_store_operations_total`.
-    pub enum OpResult {
+    pub(crate) enum OpResult {
         Ok => "ok",
         Error => "error",
         Timeout => "timeout",
@@ -127,10 +127,10 @@ labels! {
 
 /// The store's counters.
 #[derive(Debug)]
-pub struct StoreStats {
+pub(crate) struct StoreStats {
     ops: [AtomicU64; OpResult::COUNT],
     /// Round trips that answered, in seconds.
-    pub latency: Histogram,
+    pub(crate) latency: Histogram,
     /// Requests routed by the table because the store did not answer in time.
     fallbacks: AtomicU64,
     /// Bindings to a down or removed backend replaced by this instance.
@@ -156,25 +156,25 @@ impl Default for StoreStats {
 }
 
 impl StoreStats {
-    pub fn ops(&self, result: OpResult) -> u64 {
+    pub(crate) fn ops(&self, result: OpResult) -> u64 {
         self.ops[result.index()].load(Ordering::Relaxed)
     }
-    pub fn fallbacks(&self) -> u64 {
+    pub(crate) fn fallbacks(&self) -> u64 {
         self.fallbacks.load(Ordering::Relaxed)
     }
-    pub fn replaced(&self) -> u64 {
+    pub(crate) fn replaced(&self) -> u64 {
         self.replaced.load(Ordering::Relaxed)
     }
-    pub fn refreshes(&self) -> u64 {
+    pub(crate) fn refreshes(&self) -> u64 {
         self.refreshes.load(Ordering::Relaxed)
     }
-    pub fn bad_values(&self) -> u64 {
+    pub(crate) fn bad_values(&self) -> u64 {
         self.bad_values.load(Ordering::Relaxed)
     }
 }
 
 /// A connection to the shared store, or the knowledge that there is none.
-pub struct Store {
+pub(crate) struct Store {
     config: RedisConfig,
     ttl_ms: u64,
     client: Option<redis::Client>,
@@ -187,7 +187,7 @@ pub struct Store {
     epoch: Instant,
     bind: redis::Script,
     replace: redis::Script,
-    pub stats: StoreStats,
+    pub(crate) stats: StoreStats,
 }
 
 impl std::fmt::Debug for Store {
@@ -201,7 +201,7 @@ impl std::fmt::Debug for Store {
 impl Store {
     /// A store for `config`; it connects in the background (call
     /// [`Store::start`] from within the runtime).
-    pub fn new(config: RedisConfig, ttl: Duration) -> Store {
+    pub(crate) fn new(config: RedisConfig, ttl: Duration) -> Store {
         let client = connection_info(&config).and_then(|info| {
             redis::Client::open(info)
                 .map_err(|e| warn!(addr = %config.addr, error = %e, "cannot use the session store address"))
@@ -223,17 +223,17 @@ impl Store {
     }
 
     /// Starts connecting.
-    pub fn start(self: &Arc<Self>) {
+    pub(crate) fn start(self: &Arc<Self>) {
         self.reconnect();
     }
 
     /// Whether a connection is up.
-    pub fn is_connected(&self) -> bool {
+    pub(crate) fn is_connected(&self) -> bool {
         self.connection.load().is_some()
     }
 
     /// Whether the store is asked now: connected and not backing off.
-    pub fn is_usable(&self) -> bool {
+    pub(crate) fn is_usable(&self) -> bool {
         self.is_connected() && self.now_ms() >= self.resume_at_ms.load(Ordering::Relaxed)
     }
 
@@ -265,7 +265,7 @@ impl Store {
     /// backend down or gone) is replaced by `choice` once for all. Both
     /// round trips share one `timeout`. `None`: route by the table (the
     /// store did not answer in time, or refused).
-    pub async fn pin(
+    pub(crate) async fn pin(
         &self,
         key: u64,
         choice: &str,
@@ -324,7 +324,7 @@ impl Store {
     /// Extends `key`'s binding to `backend` by the TTL, or binds it again
     /// if the store lost it. The binding that holds now (another
     /// instance's, if it bound the key meanwhile); `None`: no answer.
-    pub async fn refresh(&self, key: u64, backend: &str) -> Option<Vec<u8>> {
+    pub(crate) async fn refresh(&self, key: u64, backend: &str) -> Option<Vec<u8>> {
         let deadline = Instant::now() + self.config.timeout;
         let held = self.bind(key, backend, deadline).await;
         if held.is_some() {
@@ -495,7 +495,7 @@ impl Store {
 
     /// Reconnects if the connection was dropped (called on the request path;
     /// it only spawns).
-    pub fn ensure_connecting(self: &Arc<Self>) {
+    pub(crate) fn ensure_connecting(self: &Arc<Self>) {
         if !self.is_connected() {
             self.reconnect();
         }

@@ -51,23 +51,23 @@ use std::sync::Mutex;
 /// out smaller (the user is over the budget) is grown to this size if the
 /// kernel allows and used as it is if not; a larger one (64 KiB pages, where
 /// 64 KiB would be a single slot) is kept as it is.
-pub const PIPE_SIZE: usize = 64 * 1024;
+pub(crate) const PIPE_SIZE: usize = 64 * 1024;
 
 /// Empty pipes kept for reuse: 128 descriptors, at most 4 MiB of pipe budget
 /// (an empty pipe holds no pages). Beyond this, given-back pipes are closed.
-pub const POOL_MAX: usize = 64;
+pub(crate) const POOL_MAX: usize = 64;
 
 /// Pipes in use at once (2,048 descriptors, the per-user pipe budget's worth
 /// of 64 KiB pipes). A direction that finds them all taken copies through
 /// buffers: splice can never use the descriptors accepts need.
-pub const MAX_IN_USE: usize = 1024;
+pub(crate) const MAX_IN_USE: usize = 1024;
 
 /// Pipes taken from [`POOL`] and not yet given back.
 static IN_USE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// A non-blocking pipe and the count of bytes in it.
 #[derive(Debug)]
-pub struct Pipe {
+pub(crate) struct Pipe {
     read: OwnedFd,
     write: OwnedFd,
     /// In bytes, as granted by the kernel.
@@ -79,7 +79,7 @@ pub struct Pipe {
 
 /// What [`Pipe::fill_from`] did (`Err(WouldBlock)`: the source has nothing).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fill {
+pub(crate) enum Fill {
     /// This many bytes (more than zero) went into the pipe.
     Moved(usize),
     /// The source is at EOF; nothing was moved.
@@ -91,7 +91,7 @@ pub enum Fill {
 
 impl Pipe {
     /// A new empty pipe (`O_NONBLOCK | O_CLOEXEC`) of about [`PIPE_SIZE`].
-    pub fn new() -> io::Result<Pipe> {
+    pub(crate) fn new() -> io::Result<Pipe> {
         let (read, write) = sys::pipe()?;
         let mut capacity = sys::pipe_size(write.as_fd())?;
         if capacity < PIPE_SIZE {
@@ -109,23 +109,24 @@ impl Pipe {
     }
 
     /// The pipe's size in bytes (it may fill up sooner: see the module doc).
-    pub fn capacity(&self) -> usize {
+    pub(crate) fn capacity(&self) -> usize {
         self.capacity
     }
 
+    #[cfg(test)]
     /// Bytes in the pipe.
-    pub fn in_pipe(&self) -> usize {
+    pub(crate) fn in_pipe(&self) -> usize {
         self.in_pipe
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.in_pipe == 0
     }
 
     /// Moves up to `max` bytes (more than zero; at most the free capacity)
     /// from `from` into the pipe. `Err(WouldBlock)` only when the pipe was
     /// empty, so it always means that `from` has nothing now.
-    pub fn fill_from(&mut self, from: impl AsFd, max: usize) -> io::Result<Fill> {
+    pub(crate) fn fill_from(&mut self, from: impl AsFd, max: usize) -> io::Result<Fill> {
         if max == 0 {
             // A zero-length splice answers 0, which would read as EOF.
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "max is 0"));
@@ -150,7 +151,7 @@ impl Pipe {
     /// answers `EPIPE` or `ECONNRESET`, the bytes staying in the pipe. (splice
     /// cannot pass `MSG_NOSIGNAL`: `EPIPE` also raises SIGPIPE, which Rust's
     /// runtime ignores in every binary before `main`.)
-    pub fn drain_into(&mut self, to: impl AsFd) -> io::Result<usize> {
+    pub(crate) fn drain_into(&mut self, to: impl AsFd) -> io::Result<usize> {
         if self.in_pipe == 0 {
             return Ok(0);
         }
@@ -167,16 +168,16 @@ impl Pipe {
 
 /// A bounded stack of empty pipes. [`POOL`] is the one the copy uses.
 #[derive(Debug)]
-pub struct PipePool {
+pub(crate) struct PipePool {
     idle: Mutex<Vec<Pipe>>,
     max: usize,
 }
 
 /// The pipes the copy takes from and gives back to.
-pub static POOL: PipePool = PipePool::new(POOL_MAX);
+pub(crate) static POOL: PipePool = PipePool::new(POOL_MAX);
 
 impl PipePool {
-    pub const fn new(max: usize) -> PipePool {
+    pub(crate) const fn new(max: usize) -> PipePool {
         PipePool {
             idle: Mutex::new(Vec::new()),
             max,
@@ -185,7 +186,7 @@ impl PipePool {
 
     /// An empty pipe from the pool, or a new one. A creation error (`EMFILE`,
     /// `ENFILE`, `Unsupported`) means: copy through buffers instead.
-    pub fn take(&'static self) -> io::Result<PooledPipe> {
+    pub(crate) fn take(&'static self) -> io::Result<PooledPipe> {
         use std::sync::atomic::Ordering;
         if IN_USE.fetch_add(1, Ordering::Relaxed) >= MAX_IN_USE {
             IN_USE.fetch_sub(1, Ordering::Relaxed);
@@ -204,8 +205,9 @@ impl PipePool {
         })
     }
 
+    #[cfg(test)]
     /// Pipes waiting for reuse.
-    pub fn idle(&self) -> usize {
+    pub(crate) fn idle(&self) -> usize {
         self.idle.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
@@ -223,7 +225,7 @@ impl PipePool {
 
 /// A pipe from a [`PipePool`], given back when dropped if empty.
 #[derive(Debug)]
-pub struct PooledPipe {
+pub(crate) struct PooledPipe {
     /// Always `Some` until dropped.
     pipe: Option<Pipe>,
     pool: &'static PipePool,
@@ -231,7 +233,7 @@ pub struct PooledPipe {
 
 impl PooledPipe {
     /// A pipe from [`POOL`].
-    pub fn take() -> io::Result<PooledPipe> {
+    pub(crate) fn take() -> io::Result<PooledPipe> {
         POOL.take()
     }
 }

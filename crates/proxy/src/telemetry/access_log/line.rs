@@ -50,8 +50,9 @@ impl Value<'_> {
     }
 }
 
+#[cfg(test)]
 /// `entry` as one line in `format`, with `fields` in order, and a newline.
-pub fn format(entry: &Entry, format: LogFormat, fields: &[LogField]) -> String {
+pub(crate) fn format(entry: &Entry, format: LogFormat, fields: &[LogField]) -> String {
     let mut out = Vec::with_capacity(384);
     write(entry, format, fields, &mut out);
     // Every value is a `str` or ASCII made here.
@@ -59,7 +60,7 @@ pub fn format(entry: &Entry, format: LogFormat, fields: &[LogField]) -> String {
 }
 
 /// [`format`], appended to `out`.
-pub fn write(entry: &Entry, format: LogFormat, fields: &[LogField], out: &mut Vec<u8>) {
+pub(crate) fn write(entry: &Entry, format: LogFormat, fields: &[LogField], out: &mut Vec<u8>) {
     match format {
         LogFormat::Json => json(entry, fields, out),
         LogFormat::Text => text(entry, fields, out),

@@ -25,9 +25,9 @@
 //! | [`put`] | numbers, addresses and times written without `core::fmt` |
 //! | [`writer`] | the writer task: batching, flushing, reopening on SIGUSR1 and on a changed path |
 
-pub mod line;
+pub(crate) mod line;
 mod put;
-pub mod writer;
+pub(crate) mod writer;
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
@@ -43,58 +43,58 @@ use crate::config::AccessLogConfig;
 
 /// One request's or connection's line, before it is formatted.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Entry {
+pub(crate) struct Entry {
     /// When it ended.
-    pub time: SystemTime,
-    pub client: SocketAddr,
-    pub listener: SocketAddr,
+    pub(crate) time: SystemTime,
+    pub(crate) client: SocketAddr,
+    pub(crate) listener: SocketAddr,
     /// The backend's name and address, when one was chosen.
-    pub backend: Option<(String, SocketAddr)>,
+    pub(crate) backend: Option<(String, SocketAddr)>,
     /// `h64` of the session key.
-    pub key_hash: u64,
+    pub(crate) key_hash: u64,
     /// The raw key, only with `log_keys: true` (a header's value).
-    pub key: Option<String>,
+    pub(crate) key: Option<String>,
     /// Why this backend: `magpie_requests_routed_total`'s `how` label.
-    pub routed: Option<&'static str>,
-    pub status: Status,
+    pub(crate) routed: Option<&'static str>,
+    pub(crate) status: Status,
     /// From the client: a request's body, a connection's bytes.
-    pub bytes_in: u64,
+    pub(crate) bytes_in: u64,
     /// To the client.
-    pub bytes_out: u64,
-    pub first_byte: Option<Duration>,
+    pub(crate) bytes_out: u64,
+    pub(crate) first_byte: Option<Duration>,
     /// How long it waited in the queue (`queue`), if it waited.
-    pub queued: Option<Duration>,
+    pub(crate) queued: Option<Duration>,
     /// How it left the queue (`queue`, mode http): admitted (`at_once`,
     /// `waited`, `spilled`, `placed`) or refused (`full`, `tenant_full`,
     /// `timeout`, `client_gone`).
-    pub queue: Option<&'static str>,
-    pub duration: Duration,
+    pub(crate) queue: Option<&'static str>,
+    pub(crate) duration: Duration,
     /// Mode http only.
-    pub http: Option<HttpRequest>,
+    pub(crate) http: Option<HttpRequest>,
     /// Token counts the usage scanner read from the response.
-    pub tokens: Option<Tokens>,
+    pub(crate) tokens: Option<Tokens>,
 }
 
 /// What a line says of an HTTP request.
 #[derive(Debug, Clone, PartialEq)]
-pub struct HttpRequest {
+pub(crate) struct HttpRequest {
     /// Borrowed for the standard methods: no allocation per request.
-    pub method: Cow<'static, str>,
+    pub(crate) method: Cow<'static, str>,
     /// The query stripped unless `log_query: true`.
-    pub path: String,
+    pub(crate) path: String,
     /// `HTTP/1.1`, `HTTP/2.0`, ...
-    pub protocol: &'static str,
+    pub(crate) protocol: &'static str,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tokens {
-    pub prompt: u64,
-    pub cached: u64,
+pub(crate) struct Tokens {
+    pub(crate) prompt: u64,
+    pub(crate) cached: u64,
 }
 
 /// How it ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
+pub(crate) enum Status {
     /// Mode http: the status code the client got.
     Code(u16),
     /// Mode tcp: `closed`, `idle`, `aborted_by_client`, `no_backend`, ...
@@ -103,14 +103,14 @@ pub enum Status {
 
 /// What a request needs to know while its line is gathered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Recording {
-    pub log_keys: bool,
-    pub log_query: bool,
+pub(crate) struct Recording {
+    pub(crate) log_keys: bool,
+    pub(crate) log_query: bool,
 }
 
 impl Recording {
     /// `path_and_query` as the line writes it.
-    pub fn path(&self, path_and_query: &str) -> String {
+    pub(crate) fn path(&self, path_and_query: &str) -> String {
         match path_and_query.split_once('?') {
             Some((path, _)) if !self.log_query => path.to_string(),
             _ => path_and_query.to_string(),
@@ -170,27 +170,27 @@ impl Queue {
 
 /// Lines written, dropped and failed, for the metrics.
 #[derive(Debug, Default)]
-pub struct Counters {
+pub(crate) struct Counters {
     lines: AtomicU64,
     dropped: AtomicU64,
     write_errors: AtomicU64,
 }
 
 impl Counters {
-    pub fn lines(&self) -> u64 {
+    pub(crate) fn lines(&self) -> u64 {
         self.lines.load(Ordering::Relaxed)
     }
-    pub fn dropped(&self) -> u64 {
+    pub(crate) fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
     }
-    pub fn write_errors(&self) -> u64 {
+    pub(crate) fn write_errors(&self) -> u64 {
         self.write_errors.load(Ordering::Relaxed)
     }
 }
 
 /// The access log of one magpie: its settings, its queue, its counters.
 #[derive(Debug)]
-pub struct AccessLog {
+pub(crate) struct AccessLog {
     settings: Arc<ArcSwapOption<AccessLogConfig>>,
     queue: Arc<Queue>,
     control: mpsc::UnboundedSender<Control>,
@@ -202,7 +202,7 @@ pub struct AccessLog {
 }
 
 impl AccessLog {
-    pub fn new(config: Option<&AccessLogConfig>) -> AccessLog {
+    pub(crate) fn new(config: Option<&AccessLogConfig>) -> AccessLog {
         let (control, controls) = mpsc::unbounded_channel();
         AccessLog {
             settings: Arc::new(ArcSwapOption::from(config.cloned().map(Arc::new))),
@@ -215,7 +215,7 @@ impl AccessLog {
     }
 
     /// Takes a reload's settings; a changed path reopens the file.
-    pub fn configure(&self, config: Option<&AccessLogConfig>) {
+    pub(crate) fn configure(&self, config: Option<&AccessLogConfig>) {
         let next = config.cloned().map(Arc::new);
         let old = self.settings.swap(next);
         let old_target = old.as_ref().map(|c| &c.target);
@@ -226,7 +226,7 @@ impl AccessLog {
 
     /// Closes the file and opens it again at its path (what SIGUSR1 does,
     /// after logrotate moved the file away).
-    pub fn reopen(&self) {
+    pub(crate) fn reopen(&self) {
         // Only fails once the writer is gone, at shutdown.
         if self.control.send(Control::Reopen).is_err() {
             tracing::debug!("access log writer is gone; nothing to reopen");
@@ -236,7 +236,7 @@ impl AccessLog {
     /// Resolves once every line queued so far is written (or failed): at
     /// shutdown, after the drain, so no line is lost at exit. Returns at
     /// once when the writer is gone.
-    pub async fn flush(&self) {
+    pub(crate) async fn flush(&self) {
         let (done, flushed) = oneshot::channel();
         if self.control.send(Control::Flush(done)).is_ok() && flushed.await.is_err() {
             tracing::debug!("access log writer stopped before flushing");
@@ -244,7 +244,7 @@ impl AccessLog {
     }
 
     /// `Some` when this request (or connection) is to be logged.
-    pub fn sampled(&self) -> Option<Recording> {
+    pub(crate) fn sampled(&self) -> Option<Recording> {
         let settings = self.settings.load();
         let s = settings.as_ref()?;
         let recording = Recording {
@@ -262,7 +262,7 @@ impl AccessLog {
     /// Queues `entry` for the writer, or drops and counts it when
     /// `access_log.queue` lines are waiting already. Never waits (but for
     /// the queue's lock, held for a push or a swap).
-    pub fn record(&self, entry: Box<Entry>) {
+    pub(crate) fn record(&self, entry: Box<Entry>) {
         let bound = match &*self.settings.load() {
             Some(s) => s.queue,
             None => return,
@@ -272,12 +272,12 @@ impl AccessLog {
         }
     }
 
-    pub fn counters(&self) -> &Counters {
+    pub(crate) fn counters(&self) -> &Counters {
         &self.counters
     }
 
     /// What the writer task works with.
-    pub fn writer(&self) -> writer::Writer {
+    pub(crate) fn writer(&self) -> writer::Writer {
         writer::Writer {
             settings: Arc::clone(&self.settings),
             queue: Arc::clone(&self.queue),

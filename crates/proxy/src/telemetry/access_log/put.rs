@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, SystemTime};
 
 /// `n` in decimal.
-pub fn decimal(out: &mut Vec<u8>, n: u64) {
+pub(super) fn decimal(out: &mut Vec<u8>, n: u64) {
     padded(out, n, 1);
 }
 
@@ -25,7 +25,7 @@ fn padded(out: &mut Vec<u8>, n: u64, width: usize) {
 }
 
 /// `n` as 16 lower-case hex digits.
-pub fn hex16(out: &mut Vec<u8>, n: u64) {
+pub(super) fn hex16(out: &mut Vec<u8>, n: u64) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut digits = [0u8; 16];
     for (i, d) in digits.iter_mut().enumerate() {
@@ -35,7 +35,7 @@ pub fn hex16(out: &mut Vec<u8>, n: u64) {
 }
 
 /// `d` in milliseconds with three decimals: `1234.567`.
-pub fn millis(out: &mut Vec<u8>, d: Duration) {
+pub(super) fn millis(out: &mut Vec<u8>, d: Duration) {
     let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
     decimal(out, micros / 1000);
     out.push(b'.');
@@ -43,7 +43,7 @@ pub fn millis(out: &mut Vec<u8>, d: Duration) {
 }
 
 /// `a` as `1.2.3.4:80`, or `[::1]:80`.
-pub fn addr(out: &mut Vec<u8>, a: SocketAddr) {
+pub(super) fn addr(out: &mut Vec<u8>, a: SocketAddr) {
     match a {
         SocketAddr::V4(v4) => {
             for (i, octet) in v4.ip().octets().into_iter().enumerate() {
@@ -63,7 +63,7 @@ pub fn addr(out: &mut Vec<u8>, a: SocketAddr) {
 /// `t` in RFC 3339 with milliseconds, in UTC: `2026-01-01T00:00:00.123Z`
 /// (a time before 1970 is written as 1970's first instant, and years past
 /// 9999 keep their last four digits).
-pub fn rfc3339_millis(out: &mut Vec<u8>, t: SystemTime) {
+pub(super) fn rfc3339_millis(out: &mut Vec<u8>, t: SystemTime) {
     let since = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
     let secs = since.as_secs();
     let (year, month, day) = civil_from_days(secs / 86_400);

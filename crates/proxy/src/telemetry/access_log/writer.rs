@@ -30,15 +30,15 @@ use crate::config::{AccessLogConfig, LogTarget};
 use crate::telemetry::throttle::Throttle;
 
 /// Bytes gathered before a write.
-pub const BATCH_BYTES: usize = 64 << 10;
+pub(crate) const BATCH_BYTES: usize = 64 << 10;
 /// How long a line may wait in memory for others to share its write.
-pub const FLUSH_AFTER: Duration = Duration::from_millis(100);
+pub(crate) const FLUSH_AFTER: Duration = Duration::from_millis(100);
 /// How often a batch being gathered looks for more lines.
 const GATHER_TICK: Duration = Duration::from_millis(5);
 
 /// The writer task's state, shared with a restarted one.
 #[derive(Debug, Clone)]
-pub struct Writer {
+pub(crate) struct Writer {
     pub(super) settings: Arc<ArcSwapOption<AccessLogConfig>>,
     pub(super) queue: Arc<Queue>,
     pub(super) controls: Arc<Mutex<mpsc::UnboundedReceiver<Control>>>,
@@ -87,7 +87,7 @@ struct Batch {
 
 impl Writer {
     /// Writes lines until the access log is dropped (magpie has stopped).
-    pub async fn run(self) {
+    pub(crate) async fn run(self) {
         let mut usr1 = match signal(SignalKind::user_defined1()) {
             Ok(s) => Some(s),
             Err(e) => {
@@ -236,7 +236,7 @@ fn write_blocking(mut batch: Batch) -> (Batch, io::Result<()>) {
 
 /// Whether `target` can be opened for appending (creating it if need be);
 /// the error names the file.
-pub fn can_open(target: &LogTarget) -> io::Result<()> {
+pub(crate) fn can_open(target: &LogTarget) -> io::Result<()> {
     open(target).map(drop)
 }
 
