@@ -201,7 +201,7 @@ impl Drop for AwaitingGuard {
 }
 
 /// A request's prefill work at a backend (`queue`), held from its
-/// admission to its answer's first byte (or its end, if no byte comes);
+/// admission to the queue to its answer's first byte (or its end, if no byte comes);
 /// dropping it takes the work off and tells a request waiting for that
 /// backend's work to fall (`queue.max_prefill_tokens`).
 #[derive(Debug)]

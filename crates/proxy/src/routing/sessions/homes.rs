@@ -22,7 +22,7 @@
 //! the fewest conversations' first requests (both kinds of marks), then the
 //! fewest requests awaiting, then the earlier, and marks it. One magpie
 //! ranks its candidates by the same four counts of its own
-//! ([`crate::routing::route::Route::least_awaiting`]), so a fleet sharing a store
+//! ([`crate::routing::llm::groups::least_awaiting`]), so a fleet sharing a store
 //! places groups as one magpie would.
 //!
 //! A mark that is never removed (its magpie died half-way) stops counting
