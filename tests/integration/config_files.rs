@@ -437,7 +437,7 @@ fn check_prints_the_http_deadlines() {
         let out = magpie_check(&config_dir().join(file));
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
-            stdout.contains("\ndeadlines:   backend head 5m after the request (else 504), body gaps 5m (else cut); client first byte 10s, keep-alive idle 10m; pool 32 idle per backend for 4s, reuse safe\n"),
+            stdout.contains("\ndeadlines:   backend head 5m after the request (else 504), body gaps 5m (else cut); client first byte 10s, body gaps 1m (else 408), keep-alive idle 10m; pool 32 idle per backend for 4s, reuse safe\n"),
             "{file}: {stdout}"
         );
         assert!(!stdout.contains("idle_timeout"), "{file}: {stdout}");

@@ -1,6 +1,7 @@
 //! `mode: http` deadlines, through real sockets: towards backends
 //! (`http.response_timeout`, `http.stream_idle_timeout`), for silent clients
-//! (`http.first_byte_timeout`, `http.keepalive_timeout`), and the upstream
+//! (`http.first_byte_timeout`, `http.keepalive_timeout`) and stalled request
+//! bodies (`http.body_timeout`), and the upstream
 //! pool's own (`http.pool_idle_timeout`, `http.pool_max_idle_per_backend`,
 //! a removed backend's idle connections closed on reload).
 
@@ -373,12 +374,15 @@ async fn idle_upstream_connections_close_after_pool_idle_timeout() {
 }
 
 /// Five requests at once need five connections; given back, only
-/// `pool_max_idle_per_backend` of them stay, and those are reused.
+/// `pool_max_idle_per_backend` of them stay, and those are reused (by new
+/// client connections: `reuse: always`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_most_pool_max_idle_per_backend_connections_are_kept() {
     let up = Upstream::start("a", Answer::Ok).await;
     let magpie = start(
-        &http_settings("  pool_max_idle_per_backend: 2\n  pool_idle_timeout: 1h\n"),
+        &http_settings(
+            "  pool_max_idle_per_backend: 2\n  pool_idle_timeout: 1h\n  reuse: always\n",
+        ),
         &[up.pair()],
     )
     .await;
@@ -457,4 +461,69 @@ async fn futures_join_all<F: std::future::Future<Output = ()> + Send + 'static>(
     for task in tasks {
         task.await.expect("a request task");
     }
+}
+
+/// A request body that stops arriving is cut after `http.body_timeout`,
+/// through the pass-through (HTTP/1.1) and hyper's path (an HTTP/1.0
+/// request, handed over): the client gets `408`, the slot it held (here
+/// the queue's `max_inflight`) is given back for the next request, and the
+/// backend is not blamed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_request_body_is_cut_after_body_timeout_and_frees_its_slot() {
+    let backends = HyperBackends::start(&["a"]).await;
+    let settings = format!(
+        "{}queue:\n  max_inflight: 2\n  timeout: 30s\n",
+        http_settings("  body_timeout: 300ms\n")
+    );
+    let magpie = start(&settings, &backends.pairs()).await;
+    let mut stalled = Vec::new();
+    for version in ["1.1", "1.0"] {
+        let mut stream = connect(magpie.addr).await;
+        let head = format!(
+            "POST / HTTP/{version}\r\nhost: m\r\nx-session-id: s\r\ncontent-length: 1000\r\n\r\n"
+        );
+        stream
+            .write_all(head.as_bytes())
+            .await
+            .expect("send a head");
+        stream
+            .write_all(&[b'x'; 38])
+            .await
+            .expect("38 of 1000 bytes");
+        stalled.push(stream);
+    }
+    let a = magpie.backend("a");
+    within("both stalled requests to hold their slot", async {
+        while a.active() < 2 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    // A third request waits for a slot: it gets one once the bodies are cut.
+    let started = Instant::now();
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    assert_eq!(client.get_session("next").await, "a");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the stalled bodies held the slots for {:?}",
+        started.elapsed()
+    );
+    for stream in &mut stalled {
+        let mut buf = Vec::new();
+        let body_in = |b: &[u8]| find(b, b"http.body_timeout").map(|at| at + 17);
+        within("the 408", read_until(stream, &mut buf, body_in))
+            .await
+            .expect("an answer");
+        let answer = String::from_utf8_lossy(&buf);
+        assert!(
+            answer.starts_with("HTTP/1.") && answer.contains(" 408 "),
+            "{answer:?}"
+        );
+    }
+    assert_eq!(magpie.client_failures("body_timeout"), 2);
+    let errors = ["code_class=\"error\""];
+    let blamed = magpie.backend_metric("magpie_backend_requests_total", "a", &errors);
+    assert_eq!(blamed, 0, "the backend was blamed");
+    assert!(a.is_up());
+    magpie.stop().await;
 }

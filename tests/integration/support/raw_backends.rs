@@ -235,7 +235,7 @@ pub const INJECTED: &str = "HTTP/1.1 200 OK\r\ncontent-length: 8\r\n\r\ninjected
 ///   head that allows no body, then [`INJECTED`] as if it were one;
 /// * `/early`: `413` at once, without reading the request's body, and the
 ///   body (itself a request for `/smuggled`) is then read as a request,
-///   answered with [`INJECTED`];
+///   answered with [`INJECTED`] (after `delay`);
 /// * anything else: `mine`, the honest answer.
 ///
 /// The injected bytes follow the honest answer after `delay`; each write of
@@ -301,6 +301,9 @@ async fn serve_rogue(
                 return;
             }
             buf.drain(..length);
+        }
+        if path == "/smuggled" {
+            tokio::time::sleep(delay).await;
         }
         if stream.write_all(honest.as_bytes()).await.is_err() {
             return;

@@ -143,12 +143,16 @@ pub const MAX_MAX_WAITING: u64 = 1_000_000;
 pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5 * MINUTE);
 pub const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(5 * MINUTE);
 pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(MINUTE);
+/// nginx's `client_body_timeout`: a request body that stalls this long
+/// holds a backend's slot no longer.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(MINUTE);
 pub const DEFAULT_FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Below uvicorn's 5 s keep-alive (vLLM, SGLang): a request sent on a
 /// connection the server is closing is lost.
 pub const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 pub const DEFAULT_POOL_MAX_IDLE: u64 = 32;
-/// `http.response_timeout`, `.stream_idle_timeout`, `.keepalive_timeout`.
+/// `http.response_timeout`, `.stream_idle_timeout`, `.body_timeout`,
+/// `.keepalive_timeout`.
 pub const MAX_HTTP_TIMEOUT: Duration = Duration::from_secs(DAY);
 pub const MAX_FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(HOUR);
 pub const MAX_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(HOUR);

@@ -295,9 +295,9 @@ impl Default for HealthConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Reuse {
-    /// A client connection's first request takes a connection another
-    /// client used only when its method is idempotent; later requests take
-    /// their own connection first, then any.
+    /// A client connection's first request never takes a connection another
+    /// client used; later requests take their own connection first, then
+    /// any.
     #[default]
     Safe,
     /// Any request takes any idle connection, its own first.
@@ -327,6 +327,9 @@ pub struct HttpConfig {
     /// The longest gap between the bytes of a response body; past it the
     /// client's stream is cut (a reset, never a clean end).
     pub stream_idle_timeout: Duration,
+    /// The longest a request body may send nothing while it is passed on;
+    /// past it the client gets `408` and the backend's connection closes.
+    pub body_timeout: Duration,
     /// A client connection idle between requests is closed after this.
     pub keepalive_timeout: Duration,
     /// A client connection that has sent nothing at all is closed after this.
@@ -347,6 +350,7 @@ impl Default for HttpConfig {
             reuse: Reuse::Safe,
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
             stream_idle_timeout: DEFAULT_STREAM_IDLE_TIMEOUT,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
             keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT,
             first_byte_timeout: DEFAULT_FIRST_BYTE_TIMEOUT,
             pool_idle_timeout: DEFAULT_POOL_IDLE_TIMEOUT,

@@ -367,6 +367,8 @@ pub(super) struct RawHttp {
     #[serde(default)]
     pub(super) stream_idle_timeout: Option<Spanned<HumanDuration>>,
     #[serde(default)]
+    pub(super) body_timeout: Option<Spanned<HumanDuration>>,
+    #[serde(default)]
     pub(super) keepalive_timeout: Option<Spanned<HumanDuration>>,
     #[serde(default)]
     pub(super) first_byte_timeout: Option<Spanned<HumanDuration>>,

@@ -1,12 +1,16 @@
-//! The deadlines towards a backend (`mode: http`): its response head must
-//! come within `http.response_timeout` of the last byte of the request sent
-//! to it, and its body may pause at most `http.stream_idle_timeout` between
-//! two frames.
+//! The deadlines of a request on its way (`mode: http`): its response head
+//! must come within `http.response_timeout` of the last byte of the request
+//! sent to the backend, its body may pause at most `http.stream_idle_timeout`
+//! between two frames, and while the client's own request body stalls (the
+//! backend waits for it), `http.body_timeout` applies instead of the
+//! response timeout: a client that stops sending its body holds a backend's
+//! slot that long, not minutes.
 //!
 //! The request body goes to hyper as an [`Outgoing`], which notes when it
-//! last handed a frame over ([`Progress`]): the head deadline runs from the
-//! request's last byte sent, so a long upload is not cut while it flows, and
-//! a backend that stops reading one is. [`Silence`] times the pauses of a
+//! last handed a frame over, and whether it is waiting for the client's
+//! next one ([`Progress`]): the head deadline runs from the request's last
+//! byte sent, so a long upload is not cut while it flows, and a backend
+//! that stops reading one is. [`Silence`] times the pauses of a
 //! response body while the client waits for it (not while the client is slow
 //! to read: then the body is not asked for). Both timers are re-armed lazily,
 //! when they fire early, so a streamed answer costs no timer update per
@@ -15,7 +19,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -33,6 +37,46 @@ pub(crate) struct Progress {
     ms: AtomicU64,
     /// The body's bytes sent so far (for the access log).
     bytes: AtomicU64,
+    /// The body waits for the client's next bytes.
+    stalled: AtomicBool,
+}
+
+/// Which deadline passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Late {
+    /// The backend sent no response head within `http.response_timeout`.
+    Response,
+    /// The client's request body sent nothing for `http.body_timeout`.
+    Body,
+}
+
+/// The two deadlines a request's head waits under.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HeadDeadlines {
+    /// `http.response_timeout`.
+    pub(crate) response: Duration,
+    /// `http.body_timeout`.
+    pub(crate) body: Duration,
+}
+
+impl HeadDeadlines {
+    pub(crate) fn of(http: &crate::config::HttpConfig) -> HeadDeadlines {
+        HeadDeadlines {
+            response: http.response_timeout,
+            body: http.body_timeout,
+        }
+    }
+
+    /// When waiting ends as `progress` stands: the body timeout (or the
+    /// response's, if shorter) while the client's body stalls, else the
+    /// response timeout, from the latest byte sent.
+    pub(crate) fn deadline(&self, progress: &Progress) -> (Instant, Late) {
+        let (after, late) = match progress.stalled() && self.body < self.response {
+            true => (self.body, Late::Body),
+            false => (self.response, Late::Response),
+        };
+        (progress.last() + after, late)
+    }
 }
 
 impl Progress {
@@ -42,7 +86,18 @@ impl Progress {
             epoch: Instant::now(),
             ms: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
+            stalled: AtomicBool::new(false),
         })
+    }
+
+    /// Whether the request body waits for the client's next bytes.
+    pub(crate) fn stalled(&self) -> bool {
+        self.stalled.load(Ordering::Relaxed)
+    }
+
+    /// The request body waits for the client's next bytes (or no longer).
+    pub(crate) fn set_stalled(&self, stalled: bool) {
+        self.stalled.store(stalled, Ordering::Relaxed);
     }
 
     /// The request body's bytes sent so far.
@@ -94,6 +149,7 @@ impl Body for Outgoing {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let polled = Pin::new(&mut self.body).poll_frame(cx);
+        self.progress.set_stalled(polled.is_pending());
         if let Poll::Ready(Some(Ok(frame))) = &polled {
             self.progress.touch();
             if let Some(data) = frame.data_ref() {
@@ -113,23 +169,29 @@ impl Body for Outgoing {
     }
 }
 
-/// Awaits `head` while less than `timeout` has passed since the request's
-/// latest byte went (`progress`); `None` once it has.
+/// Awaits `head` while its deadline, as `progress` moves it, has not passed
+/// ([`HeadDeadlines::deadline`]); which passed, once one has.
 pub(crate) async fn response_head<F: Future>(
     head: F,
     progress: &Progress,
-    timeout: Duration,
-) -> Option<F::Output> {
+    deadlines: HeadDeadlines,
+) -> Result<F::Output, Late> {
     tokio::pin!(head);
     loop {
-        let deadline = progress.last() + timeout;
+        // A body that flows now may stall later: look again by then.
+        let (deadline, late) = deadlines.deadline(progress);
+        let wake = match late {
+            Late::Response => deadline.min(Instant::now() + deadlines.body),
+            Late::Body => deadline,
+        };
         tokio::select! {
             biased;
-            out = &mut head => return Some(out),
-            _ = tokio::time::sleep_until(deadline) => {
+            out = &mut head => return Ok(out),
+            _ = tokio::time::sleep_until(wake) => {
                 // A frame that went meanwhile moved the deadline.
-                if progress.last() + timeout <= Instant::now() {
-                    return None;
+                let (deadline, late) = deadlines.deadline(progress);
+                if deadline <= Instant::now() {
+                    return Err(late);
                 }
             }
         }
@@ -203,16 +265,38 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_head_may_take_the_timeout_from_the_latest_byte() {
         let progress = Progress::new();
-        let timeout = Duration::from_millis(100);
+        let deadlines = HeadDeadlines {
+            response: Duration::from_millis(100),
+            body: Duration::from_secs(60),
+        };
         // In time.
         let head = tokio::time::sleep(Duration::from_millis(90));
-        assert_eq!(response_head(head, &progress, timeout).await, Some(()));
+        assert_eq!(response_head(head, &progress, deadlines).await, Ok(()));
         // A byte at 90 ms moves the deadline to 190 ms.
         progress.touch();
         let started = Instant::now();
         let never = std::future::pending::<()>();
-        assert_eq!(response_head(never, &progress, timeout).await, None);
+        let late = response_head(never, &progress, deadlines).await;
+        assert_eq!(late, Err(Late::Response));
         assert_eq!(started.elapsed(), Duration::from_millis(100));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_body_is_late_after_the_body_timeout() {
+        let progress = Progress::new();
+        let deadlines = HeadDeadlines {
+            response: Duration::from_secs(300),
+            body: Duration::from_millis(50),
+        };
+        progress.set_stalled(true);
+        let started = Instant::now();
+        let never = std::future::pending::<()>();
+        let late = response_head(never, &progress, deadlines).await;
+        assert_eq!(late, Err(Late::Body));
+        assert_eq!(started.elapsed(), Duration::from_millis(50));
+        // The body flows again: the response timeout is back.
+        progress.set_stalled(false);
+        assert_eq!(deadlines.deadline(&progress).1, Late::Response);
     }
 
     #[tokio::test(start_paused = true)]

@@ -45,6 +45,9 @@ pub(crate) enum Failure {
     /// The client's body failed (a malformed chunk, a cut) while it was
     /// sent on: the client's fault, not the backend's.
     ClientBody,
+    /// The client's body sent nothing for `http.body_timeout` while it was
+    /// passed on: `408`, the backend's connection closed.
+    BodyTimeout { after: Duration },
     /// The backend answered `101 Switching Protocols`, which magpie never
     /// asks for (it passes no `Upgrade` on).
     Switched { backend: String },
@@ -85,7 +88,7 @@ impl Failure {
             Failure::AfterSend { .. }
             | Failure::ResponseTimeout { .. }
             | Failure::Switched { .. } => Source::Backend,
-            Failure::ClientBody => Source::Client,
+            Failure::ClientBody | Failure::BodyTimeout { .. } => Source::Client,
             Failure::Refused(_) => Source::Queue,
         }
     }
@@ -95,6 +98,7 @@ impl Failure {
         match self {
             Failure::LocalResources => ClientFailure::LocalResources,
             Failure::ClientBody => ClientFailure::BadRequest,
+            Failure::BodyTimeout { .. } => ClientFailure::BodyTimeout,
             Failure::NoBackend { .. } => ClientFailure::NoBackend,
             Failure::AfterSend { .. } | Failure::Switched { .. } => ClientFailure::BackendFailed,
             Failure::ResponseTimeout { .. } => ClientFailure::ResponseTimeout,
@@ -139,6 +143,13 @@ impl Failure {
                 format!("magpie: backend {backend} failed after the request was sent: {error}\n"),
             ),
             Failure::ClientBody => (StatusCode::BAD_REQUEST, BODY_UNREADABLE.to_string()),
+            Failure::BodyTimeout { after } => (
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "magpie: the request body sent nothing for {} (http.body_timeout)\n",
+                    humantime::format_duration(*after)
+                ),
+            ),
             Failure::Switched { backend } => (
                 StatusCode::BAD_GATEWAY,
                 format!("magpie: backend {backend} switched protocols (101) unasked\n"),
@@ -166,7 +177,7 @@ impl Failure {
         LocalAnswer {
             status,
             text,
-            close: matches!(self, Failure::ClientBody),
+            close: matches!(self, Failure::ClientBody | Failure::BodyTimeout { .. }),
             retry_after: matches!(self, Failure::Refused(_)).then_some(RETRY_AFTER_SECONDS),
         }
     }

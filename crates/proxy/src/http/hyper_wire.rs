@@ -19,7 +19,7 @@ use hyper::{Request, Response, StatusCode, Uri, Version};
 use tokio::time::Instant;
 use tracing::debug;
 
-use super::backend_deadlines::{self, Outgoing, Progress};
+use super::backend_deadlines::{self, HeadDeadlines, Late, Outgoing, Progress};
 use super::fields::{BACKEND_HEADER, HOP_BY_HOP, usage_reader};
 use super::journey::{Exchange, Failure, LocalAnswer, Wire};
 use super::pool::{self, Conn, Lease, Pool};
@@ -82,10 +82,18 @@ impl Wire for HyperWire<'_> {
         let progress = Progress::new();
         let request = request.map(|body| Outgoing::new(body, Arc::clone(&progress)));
         let head = lease.conn.sender.try_send_request(request);
-        let timeout = config.http.response_timeout;
-        let Some(answer) = backend_deadlines::response_head(head, &progress, timeout).await else {
+        let deadlines = HeadDeadlines::of(&config.http);
+        let answer = match backend_deadlines::response_head(head, &progress, deadlines).await {
+            Ok(answer) => answer,
             // The lease is dropped here: its connection closes.
-            return Exchange::Failed(Failure::timed_out(backend, timeout));
+            Err(Late::Response) => {
+                return Exchange::Failed(Failure::timed_out(backend, deadlines.response));
+            }
+            Err(Late::Body) => {
+                return Exchange::Failed(Failure::BodyTimeout {
+                    after: deadlines.body,
+                });
+            }
         };
         let mut error = match answer {
             Ok(response) if response.status() == StatusCode::SWITCHING_PROTOCOLS => {

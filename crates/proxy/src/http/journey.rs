@@ -51,7 +51,7 @@ pub(crate) use super::failure::{BODY_UNREADABLE, Failure, LocalAnswer, Source};
 use super::pool::{Lease, Limits, Pool, Pooled};
 use super::request_log::{Answer, RequestLog};
 use super::response_body::InFlight;
-use super::reuse::Claim;
+use super::reuse::{Claim, reusable_after};
 use super::upstream::{self, UpstreamIo};
 use crate::config::Config;
 use crate::routing::backend::{Backend, CodeClass, Spill, TimeoutKind};
@@ -140,6 +140,9 @@ pub(crate) struct Journey<'a> {
     pub(crate) plan: Plan,
     /// Which idle connections it may take (`http.reuse`).
     pub(crate) claim: Claim,
+    /// It carries a body: after an error answer its connection is not kept
+    /// ([`super::reuse::reusable_after`]).
+    pub(crate) with_body: bool,
     /// Body bytes it holds, read for its key: counted while it waits.
     pub(crate) held: u64,
     pub(crate) config: &'a Config,
@@ -255,6 +258,7 @@ impl Journey<'_> {
             sent,
             lease,
             tally: committed.tally(self.instance),
+            reusable: reusable_after(self.with_body, status),
             stream_idle: self.config.http.stream_idle_timeout,
             log,
             awaiting: first_byte,

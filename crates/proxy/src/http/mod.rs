@@ -88,7 +88,7 @@ use self::reply::Reply;
 use self::request_key::KeyPlan;
 use self::request_log::{Arrival, RequestLog};
 use self::resets::{Dispatched, Resets};
-use self::reuse::{ClientConn, idempotent};
+use self::reuse::ClientConn;
 use self::socket::ClientSocket;
 use crate::config::{DEFAULT_HTTP_READ_TIMEOUT, KeyConfig};
 use crate::intake::listener::Accepted;
@@ -392,7 +392,7 @@ impl HttpPath {
         }
         let snapshot = instance.snapshot.load_full();
         let config = Arc::clone(&snapshot.config);
-        let claim = conn.claim(config.http.reuse, idempotent(request.method().as_str()));
+        let claim = conn.claim(config.http.reuse);
         let headers = request.headers();
         let standing = Standing::of(config.queue.as_ref(), |name| {
             headers.get(name).map(|v| v.as_bytes())
@@ -415,9 +415,8 @@ impl HttpPath {
             }
         };
         let held = request.body().held();
-        let prompt_bytes = hyper::body::Body::size_hint(request.body())
-            .exact()
-            .unwrap_or(held);
+        let length = hyper::body::Body::size_hint(request.body()).exact();
+        let prompt_bytes = length.unwrap_or(held);
         let asked = found.request(standing, prompt_bytes, &instance.stats);
         if let Some(log) = log.as_mut() {
             log.keyed(asked.keys.session);
@@ -427,6 +426,7 @@ impl HttpPath {
         let mut journey = Journey {
             plan,
             claim,
+            with_body: length != Some(0),
             held,
             config: &config,
             instance,

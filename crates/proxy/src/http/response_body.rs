@@ -29,9 +29,9 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use super::backend_deadlines::Silence;
-use super::pool::{Conn, Lease, Pooled};
+use super::pool::{Conn, Lease, Pooled, discarded};
 use super::request_log::RequestLog;
-use crate::routing::backend::{ActiveGuard, Backend, TimeoutKind};
+use crate::routing::backend::{ActiveGuard, Backend, Discard, TimeoutKind};
 use crate::routing::decision::FirstByte;
 use crate::routing::llm::usage::{Tally, Tokens};
 use crate::telemetry::access_log;
@@ -60,6 +60,9 @@ pub(crate) struct InFlight<C: Pooled = Conn> {
     /// Counts the request as awaiting its first byte of body until that
     /// byte passes.
     pub(crate) awaiting: Option<FirstByte>,
+    /// Whether its connection may carry another request once the answer
+    /// ends cleanly: not after an error answer to a request with a body.
+    pub(crate) reusable: bool,
 }
 
 impl<C: Pooled> std::fmt::Debug for InFlight<C> {
@@ -168,8 +171,14 @@ impl<C: Pooled> InFlight<C> {
             });
             log.ended(bytes_out, tokens);
         }
-        if complete {
+        if !complete {
+            return;
+        }
+        if self.reusable {
             self.lease.give_back();
+        } else if self.lease.conn.fit().is_ok() {
+            // Fit but for what its backend may still read as a request.
+            discarded(&self.lease.conn, Discard::ErrorAfterBody);
         }
     }
 }

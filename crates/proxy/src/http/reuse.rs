@@ -6,11 +6,15 @@
 //! takes its connection next. Each idle connection remembers the client
 //! connection that used it last ([`ClientConn`]); a request takes its own
 //! client's first, and another client's only when its [`Claim`] allows:
-//! with `reuse: safe` (the default) not for a client connection's first
-//! request unless its method is idempotent, with `never` not at all, with
-//! `always` whenever. A connection whose backend closed it or sent bytes
-//! nobody asked for is never lent; each such discard is counted by reason
-//! ([`super::pool::discarded`]).
+//! with `reuse: safe` (the default) never for a client connection's first
+//! request, whatever its method (as HAProxy's `http-reuse safe`: a backend
+//! that writes an answer nobody asked for after its connection was lent
+//! cannot reach a client that just connected), with `never` not at all,
+//! with `always` whenever. A connection whose backend closed it or sent
+//! bytes nobody asked for is never lent, nor one whose request carried a
+//! body and got an error answer (its backend may not have read the body,
+//! and could take what is left of it for the next request); each such
+//! discard is counted by reason ([`super::pool::discarded`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,12 +32,12 @@ pub(crate) struct Claim {
 
 impl Claim {
     /// What `reuse` lets a request take: `first` when it is its client
-    /// connection's first, `idempotent` by its method (RFC 9110 §9.2.2).
-    pub(crate) fn of(reuse: Reuse, client: u64, first: bool, idempotent: bool) -> Claim {
+    /// connection's first.
+    pub(crate) fn of(reuse: Reuse, client: u64, first: bool) -> Claim {
         let others = match reuse {
             Reuse::Always => true,
             Reuse::Never => false,
-            Reuse::Safe => !first || idempotent,
+            Reuse::Safe => !first,
         };
         Claim { client, others }
     }
@@ -57,21 +61,20 @@ impl ClientConn {
         })
     }
 
-    /// A request begins on this connection, its method idempotent or not:
-    /// the idle connections `reuse` lets it take.
-    pub(crate) fn claim(&self, reuse: Reuse, idempotent: bool) -> Claim {
+    /// A request begins on this connection: the idle connections `reuse`
+    /// lets it take.
+    pub(crate) fn claim(&self, reuse: Reuse) -> Claim {
         let first = self.requests.fetch_add(1, Ordering::Relaxed) == 0;
-        Claim::of(reuse, self.id, first, idempotent)
+        Claim::of(reuse, self.id, first)
     }
 }
 
-/// Whether `method` is idempotent (RFC 9110 §9.2.2): sent twice, it does
-/// what it does once.
-pub(crate) fn idempotent(method: &str) -> bool {
-    matches!(
-        method,
-        "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE"
-    )
+/// Whether a connection may carry another request once the answer to one
+/// that carried a body (`with_body`) ended with `status`: not after an
+/// error answer, which a backend may send without reading the body (an
+/// early `413`), and then take the body's bytes for the next request.
+pub(crate) fn reusable_after(with_body: bool, status: u16) -> bool {
+    !(with_body && status >= 400)
 }
 
 #[cfg(test)]
@@ -79,16 +82,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn each_policy_by_first_request_and_method() {
-        assert!(!Claim::of(Reuse::Safe, 1, true, false).others);
-        assert!(Claim::of(Reuse::Safe, 1, true, true).others);
-        assert!(Claim::of(Reuse::Safe, 1, false, false).others);
-        assert!(Claim::of(Reuse::Always, 1, true, false).others);
-        assert!(!Claim::of(Reuse::Never, 1, false, true).others);
-        assert!(idempotent("GET") && idempotent("DELETE") && !idempotent("POST"));
+    fn each_policy_by_first_request() {
+        assert!(!Claim::of(Reuse::Safe, 1, true).others);
+        assert!(Claim::of(Reuse::Safe, 1, false).others);
+        assert!(Claim::of(Reuse::Always, 1, true).others);
+        assert!(!Claim::of(Reuse::Never, 1, false).others);
         let conn = ClientConn::new();
-        assert!(!conn.claim(Reuse::Safe, false).others, "the first POST");
-        assert!(conn.claim(Reuse::Safe, false).others, "the second");
+        assert!(!conn.claim(Reuse::Safe).others, "the first request");
+        assert!(conn.claim(Reuse::Safe).others, "the second");
         assert_ne!(conn.id, ClientConn::new().id);
+    }
+
+    #[test]
+    fn an_error_answer_to_a_body_ends_its_connection() {
+        assert!(!reusable_after(true, 413));
+        assert!(!reusable_after(true, 500));
+        assert!(reusable_after(true, 200));
+        assert!(reusable_after(false, 404));
     }
 }

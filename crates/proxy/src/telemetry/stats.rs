@@ -62,6 +62,9 @@ labels! {
         /// `mode: http`: the backend sent no response head within
         /// `http.response_timeout` (the client got `504`).
         ResponseTimeout => "response_timeout",
+        /// `mode: http`: the client's request body sent nothing for
+        /// `http.body_timeout` while it was passed on (the client got `408`).
+        BodyTimeout => "body_timeout",
         /// `queue`: every target was at its limit and the queue was full
         /// (the client got `429`).
         QueueFull => "queue_full",

@@ -14,10 +14,10 @@ use crate::config::raw::{
     RawHealth, RawHttp, RawLimits, RawRedis, RawSessions, StatusRange, StoreKind,
 };
 use crate::config::{
-    CopyMode, DEFAULT_FIRST_BYTE_TIMEOUT, DEFAULT_H2_RESETS_PER_SECOND, DEFAULT_KEEPALIVE_TIMEOUT,
-    DEFAULT_KEY_BUFFER_BYTES, DEFAULT_MAX_HEAD_BYTES, DEFAULT_POOL_IDLE_TIMEOUT,
-    DEFAULT_POOL_MAX_IDLE, DEFAULT_REDIS_ADDR, DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT,
-    DEFAULT_RESPONSE_TIMEOUT, DEFAULT_SESSION_MAX, DEFAULT_SESSION_TTL,
+    CopyMode, DEFAULT_BODY_TIMEOUT, DEFAULT_FIRST_BYTE_TIMEOUT, DEFAULT_H2_RESETS_PER_SECOND,
+    DEFAULT_KEEPALIVE_TIMEOUT, DEFAULT_KEY_BUFFER_BYTES, DEFAULT_MAX_HEAD_BYTES,
+    DEFAULT_POOL_IDLE_TIMEOUT, DEFAULT_POOL_MAX_IDLE, DEFAULT_REDIS_ADDR, DEFAULT_REDIS_PREFIX,
+    DEFAULT_REDIS_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_SESSION_MAX, DEFAULT_SESSION_TTL,
     DEFAULT_STREAM_IDLE_TIMEOUT, HealthConfig, HttpConfig, LimitsConfig, MAX_FIRST_BYTE_TIMEOUT,
     MAX_H2_RESETS_PER_SECOND, MAX_HTTP_TIMEOUT, MAX_KEY_BUFFER_BYTES, MAX_MAX_HEAD_BYTES,
     MAX_POOL_IDLE_TIMEOUT, MAX_POOL_MAX_IDLE, MAX_REDIS_PREFIX, MAX_REDIS_TIMEOUT, MAX_SESSION_MAX,
@@ -72,6 +72,12 @@ impl Validator<'_> {
             DEFAULT_STREAM_IDLE_TIMEOUT,
             MAX_HTTP_TIMEOUT,
         );
+        let body_timeout = timeout(
+            raw.body_timeout,
+            "http.body_timeout",
+            DEFAULT_BODY_TIMEOUT,
+            MAX_HTTP_TIMEOUT,
+        );
         let keepalive_timeout = timeout(
             raw.keepalive_timeout,
             "http.keepalive_timeout",
@@ -101,6 +107,7 @@ impl Validator<'_> {
             reuse: raw.reuse.unwrap_or_default(),
             response_timeout,
             stream_idle_timeout,
+            body_timeout,
             keepalive_timeout,
             first_byte_timeout,
             pool_idle_timeout,

@@ -22,7 +22,6 @@ use crate::config::QueueConfig;
 use crate::http::fields::HOP_BY_HOP_BUT_FRAMING;
 use crate::http::request_key::{HeadKeys, KeyPlan, head_keys};
 use crate::http::request_log::{Arrival, RequestLine, RequestLog};
-use crate::http::reuse::idempotent;
 use crate::routing::instance::Instance;
 use crate::routing::queue::Standing;
 
@@ -68,8 +67,8 @@ pub(crate) struct Head<'a> {
     pub(crate) framing: Framing,
     /// A `HEAD` request: its answer has no body, whatever its headers say.
     pub(crate) head_method: bool,
-    /// Its method is idempotent (for the upstream pool's reuse policy).
-    pub(crate) idempotent: bool,
+    /// It carries a body (a length above 0, or chunked).
+    pub(crate) with_body: bool,
     /// The client asked to close the connection after this request.
     pub(crate) close: bool,
     /// The head as the backend gets it.
@@ -134,7 +133,7 @@ pub(crate) fn parse<'a>(buf: &[u8], cx: &Context<'a, '_>) -> Parse<'a> {
         len,
         framing: checked.framing,
         head_method: method == "HEAD",
-        idempotent: idempotent(method),
+        with_body: !matches!(checked.framing, Framing::Empty | Framing::Length(0)),
         close: checked.close,
         upstream: upstream_head(method, target, headers, &checked.named, len),
         keys,

@@ -95,7 +95,8 @@ pub(crate) async fn serve<S: ClientIo>(
     };
     let mut journey = Journey {
         plan,
-        claim: c.conn.claim(config.http.reuse, head.idempotent),
+        claim: c.conn.claim(config.http.reuse),
+        with_body: head.with_body,
         held: keyed_bytes,
         config: &config,
         instance: c.instance,

@@ -27,7 +27,7 @@ pub(crate) use super::io::READ_CHUNK;
 use super::io::{ClientBuf, ClientIo, poll_read_into, write_all};
 use super::response::{self, ResponseHead};
 use crate::config::Config;
-use crate::http::backend_deadlines::{Progress, passed};
+use crate::http::backend_deadlines::{HeadDeadlines, Late, Progress, passed};
 use crate::http::journey::{Exchange, Failure, Wire};
 use crate::http::pool::{Lease, Pool, RawConn, UPSTREAM_BUFFER_BYTES};
 use crate::http::upstream::UpstreamIo;
@@ -164,6 +164,8 @@ enum Event {
     ClientBody(FramingError),
     /// `http.response_timeout` passed since the request's latest byte.
     TimedOut,
+    /// The client's body sent nothing for `http.body_timeout`.
+    BodyTimeout,
 }
 
 /// The outcome of an event that ends an exchange.
@@ -172,6 +174,11 @@ fn failed<W: Wire>(backend: &Backend, event: Event, config: &Config) -> Exchange
         Event::TimedOut => {
             let after = config.http.response_timeout;
             Exchange::Failed(Failure::timed_out(backend, after))
+        }
+        Event::BodyTimeout => {
+            let after = config.http.body_timeout;
+            debug!(backend = %backend.name, timeout = ?after, "the request body stalled; the client gets 408");
+            Exchange::Failed(Failure::BodyTimeout { after })
         }
         Event::ClientGone => {
             backend.live.traffic.count_client_abort();
@@ -202,9 +209,10 @@ impl Flight {
         head_method: bool,
     ) -> Exchange<W> {
         let timeout = config.http.response_timeout;
+        let deadlines = HeadDeadlines::of(&config.http);
         let mut request_done = true;
         if !out.end.is_done() {
-            match self.pump(out, timeout).await {
+            match self.pump(out, deadlines).await {
                 Ok(done) => request_done = done,
                 Err(event) => return failed(backend, event, config),
             }
@@ -292,10 +300,10 @@ impl Flight {
     async fn pump<S: ClientIo>(
         &mut self,
         out: &mut Outbound<'_, S>,
-        timeout: std::time::Duration,
+        deadlines: HeadDeadlines,
     ) -> Result<bool, Event> {
         while !(out.end.is_done() && out.walked == 0) {
-            let event = poll_fn(|cx| self.poll_pump(cx, out, timeout)).await;
+            let event = poll_fn(|cx| self.poll_pump(cx, out, deadlines)).await;
             match event {
                 Event::Backend(0) => return Err(Event::Backend(0)),
                 // An answer before the body's end.
@@ -318,11 +326,15 @@ impl Flight {
         Ok(true)
     }
 
+    /// The next event while the body is passed on: the backend's bytes,
+    /// body bytes written to it or read from the client, or a deadline:
+    /// while the client is waited for, the body timeout (its stall), else
+    /// the response timeout (the backend does not read).
     fn poll_pump<S: ClientIo>(
         &mut self,
         cx: &mut Context<'_>,
         out: &mut Outbound<'_, S>,
-        timeout: std::time::Duration,
+        deadlines: HeadDeadlines,
     ) -> Poll<Event> {
         if let Poll::Ready(event) = self.poll_backend(cx) {
             return Poll::Ready(event);
@@ -344,8 +356,13 @@ impl Flight {
                 Poll::Pending => {}
             }
         }
-        if passed(cx, &mut out.timer, self.progress.last() + timeout) {
-            return Poll::Ready(Event::TimedOut);
+        self.progress.set_stalled(out.walked == 0);
+        let (deadline, late) = deadlines.deadline(&self.progress);
+        if passed(cx, &mut out.timer, deadline) {
+            return Poll::Ready(match late {
+                Late::Response => Event::TimedOut,
+                Late::Body => Event::BodyTimeout,
+            });
         }
         Poll::Pending
     }

@@ -234,10 +234,11 @@ fn expiry_warnings(config: &Config, now: i64) -> Vec<String> {
 fn deadlines_text(http: &HttpConfig) -> String {
     let d = humantime::format_duration;
     format!(
-        "backend head {} after the request (else 504), body gaps {} (else cut); client first byte {}, keep-alive idle {}; pool {} idle per backend for {}, reuse {}",
+        "backend head {} after the request (else 504), body gaps {} (else cut); client first byte {}, body gaps {} (else 408), keep-alive idle {}; pool {} idle per backend for {}, reuse {}",
         d(http.response_timeout),
         d(http.stream_idle_timeout),
         d(http.first_byte_timeout),
+        d(http.body_timeout),
         d(http.keepalive_timeout),
         http.pool_max_idle_per_backend,
         d(http.pool_idle_timeout),

@@ -60,7 +60,7 @@ fn the_report_shows_what_decides_routing() {
     }
     assert!(!text.contains("loopback"), "{text}");
     assert!(!text.contains("copy:"), "copy is mode tcp's: {text}");
-    let needle = "deadlines:   backend head 5m after the request (else 504), body gaps 5m (else cut); client first byte 10s, keep-alive idle 1m; pool 32 idle per backend for 4s";
+    let needle = "deadlines:   backend head 5m after the request (else 504), body gaps 5m (else cut); client first byte 10s, body gaps 1m (else 408), keep-alive idle 1m; pool 32 idle per backend for 4s";
     assert!(text.contains(needle), "{needle:?} not in:\n{text}");
     assert!(!text.contains("idle_timeout is not used"), "{text}");
     let s = snapshot(

@@ -78,6 +78,10 @@ labels! {
         Unsolicited => "unsolicited_bytes",
         /// An answer that ended before its request's body was sent whole.
         EarlyAnswer => "early_answer",
+        /// An error answer (4xx, 5xx) to a request that carried a body: the
+        /// backend may not have read the body, and could read what is left
+        /// of it as the next request.
+        ErrorAfterBody => "error_after_body",
         /// The backend closed the connection while it idled, or said it
         /// would after its answer.
         Closed => "closed",
