@@ -172,6 +172,46 @@ async fn a_client_that_goes_away_leaves_the_queue() {
     .await;
 }
 
+/// Queued requests whose clients leave are noticed whatever their bodies'
+/// size (what is past the key is not read while they wait: the socket
+/// tells), counted, and never reach a backend: chat POSTs of 16 KiB over
+/// the pass-through (HTTP/1.1) and over hyper's path (HTTP/1.0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_posts_whose_clients_leave_never_reach_the_backend() {
+    let backends = HyperBackends::start(&["a"]).await;
+    let settings = format!("{QUEUE}{SESSION_KEY}");
+    let magpie = Magpie::with(&settings, &backends.pairs()).await;
+    let (_client, held) = hold(&magpie).await;
+    let body = format!("{{\"messages\":\"{}\"}}", "x".repeat(16 << 10));
+    let mut clients = Vec::new();
+    for n in 0..6 {
+        let version = ["1.1", "1.0"][n % 2];
+        let mut raw = TcpStream::connect(magpie.addr).await.expect("a connection");
+        let head = format!(
+            "POST / HTTP/{version}\r\nhost: m\r\nx-session-id: s-{n}\r\nx-test-name: gone-{n}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        raw.write_all(head.as_bytes()).await.expect("sent");
+        raw.write_all(body.as_bytes()).await.expect("sent");
+        clients.push(raw);
+        queued(&magpie, n + 1).await;
+    }
+    drop(clients);
+    queued(&magpie, 0).await;
+    assert_eq!(refused(&magpie, "default", "client_gone"), 6);
+    backends.release(1);
+    drop(held);
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    send(&magpie, "after", &[], &tx);
+    let (name, status, _) = within("the next answer", rx.recv()).await.expect("one");
+    assert_eq!((name, status), ("after", 200));
+    let reached = arrivals(&backends);
+    assert!(
+        reached.iter().all(|n| !n.starts_with("gone")),
+        "{reached:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenants_take_turns_so_a_burst_does_not_starve_a_trickle() {
     let backends = HyperBackends::start(&["a"]).await;
@@ -275,12 +315,15 @@ async fn mode_tcp_connections_wait_for_room() {
         .expect("read");
     assert!(n > 0, "the waiting connection was served");
     assert_eq!(magpie.probe.queued(), 0);
-    // A waiting connection whose client closes leaves the queue.
-    let mut third = TcpStream::connect(magpie.addr).await.expect("connected");
-    third.write_all(b"three\n").await.expect("sent");
-    queued(&magpie, 1).await;
-    drop(third);
-    queued(&magpie, 0).await;
+    // A waiting connection whose client closes leaves the queue, however
+    // much it sent meanwhile (past what is read ahead, the socket tells).
+    for sent in [6, 64 << 10] {
+        let mut third = TcpStream::connect(magpie.addr).await.expect("connected");
+        third.write_all(&vec![b'x'; sent]).await.expect("sent");
+        queued(&magpie, 1).await;
+        drop(third);
+        queued(&magpie, 0).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,6 +16,7 @@ use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Request, Response, StatusCode, Uri, Version};
+use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tracing::debug;
 
@@ -35,23 +36,32 @@ use crate::routing::backend::Backend;
 pub(crate) struct HyperWire<'p> {
     pub(crate) pool: &'p Arc<Pool>,
     request: Option<Request<RequestBody>>,
+    /// The client's socket under any TLS.
+    socket: &'p TcpStream,
 }
 
 impl<'p> HyperWire<'p> {
-    /// `request`, prepared for its backend, to go over `pool`'s connections.
-    pub(crate) fn new(request: Request<RequestBody>, pool: &'p Arc<Pool>) -> HyperWire<'p> {
+    /// `request`, prepared for its backend, to go over `pool`'s
+    /// connections; its client's `socket`.
+    pub(crate) fn new(
+        request: Request<RequestBody>,
+        pool: &'p Arc<Pool>,
+        socket: &'p TcpStream,
+    ) -> HyperWire<'p> {
         HyperWire {
             pool,
             request: Some(prepare(request)),
+            socket,
         }
     }
 }
 
 impl Wire for HyperWire<'_> {
-    /// hyper drops a request's future when its client goes away, and the
-    /// queue's ticket with it.
+    /// hyper drops a request's future when its HTTP/2 stream is reset; the
+    /// client's connection closing is told by its socket, which hyper does
+    /// not read while a body waits unread.
     async fn client_gone(&mut self) {
-        std::future::pending().await
+        crate::net::peer_closed(self.socket).await
     }
 
     type Conn = Conn;

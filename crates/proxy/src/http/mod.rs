@@ -138,6 +138,8 @@ struct Served {
     resets: Arc<Resets>,
     arrival: Arrival,
     conn: Arc<ClientConn>,
+    /// The client's socket, for its leaving while a request waits.
+    socket: Arc<TcpStream>,
 }
 
 /// Which HTTP versions a connection may speak.
@@ -244,6 +246,7 @@ impl HttpPath {
             shutdown: &c.shutdown,
             stop: &c.stop,
             conn: &c.conn,
+            socket: &c.socket,
         };
         match h1::serve(stream, &client).await {
             Ended::Handover(stream, read) => {
@@ -275,6 +278,7 @@ impl HttpPath {
             resets: Arc::clone(&resets),
             arrival: c.arrival,
             conn: Arc::clone(&c.conn),
+            socket: Arc::clone(&c.socket),
         });
         let connection = builder.serve_connection(TokioIo::new(io), service);
         tokio::pin!(connection);
@@ -351,12 +355,14 @@ impl HttpPath {
             resets,
             arrival,
             conn,
+            socket,
         } = served;
         service_fn(move |request: Request<Incoming>| {
             let path = self.clone();
             let clock = Arc::clone(&clock);
             let instance = Arc::clone(&instance);
             let conn = Arc::clone(&conn);
+            let socket = Arc::clone(&socket);
             let dispatched = Dispatched::new(&resets, &clock, &instance);
             // Boxed: hyper keeps a slot the size of this future for every
             // connection, idle or not, so an unboxed one (kilobytes: the
@@ -366,7 +372,12 @@ impl HttpPath {
                 let busy = clock.serving();
                 let mut log = RequestLog::start(&request, arrival, &instance);
                 let response = path
-                    .request(request, &instance, (arrival.client, &conn), &mut log)
+                    .request(
+                        request,
+                        &instance,
+                        (arrival.client, &conn, &socket),
+                        &mut log,
+                    )
                     .await;
                 if let Some(log) = log {
                     // Not handed to a response body: magpie answered itself.
@@ -384,7 +395,7 @@ impl HttpPath {
         &self,
         request: Request<Incoming>,
         instance: &Arc<Instance>,
-        (client, conn): (Client, &ClientConn),
+        (client, conn, socket): (Client, &ClientConn, &TcpStream),
         log: &mut Option<RequestLog>,
     ) -> Response<Reply> {
         if let Some(refused) = normalize::refuse(&request, &instance.stats, client) {
@@ -432,7 +443,7 @@ impl HttpPath {
             instance,
             log,
         };
-        let mut wire = HyperWire::new(request, &self.pool);
+        let mut wire = HyperWire::new(request, &self.pool, socket);
         match journey.forward(&mut wire).await {
             Forwarded::Answered(answered) => {
                 hyper_wire::respond(answered.head, answered.in_flight, &config)

@@ -172,6 +172,25 @@ pub(crate) async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<T
     Ok(stream)
 }
 
+/// How often [`peer_closed`] looks again while bytes wait unread.
+const PEER_CLOSED_RECHECK: Duration = Duration::from_millis(50);
+
+/// Resolves when the peer shut its side of `stream` (its FIN, or the socket
+/// failed), without reading what waits in it: for a client whose request
+/// waits (in the queue) with part of its body still unread. The event loop
+/// reports a peer's FIN as the socket's read side closing; while only bytes
+/// wait, it looks again every [`PEER_CLOSED_RECHECK`], never spinning.
+pub(crate) async fn peer_closed(stream: &TcpStream) {
+    loop {
+        match stream.ready(tokio::io::Interest::READABLE).await {
+            Ok(ready) if !ready.is_read_closed() && !ready.is_error() => {
+                tokio::time::sleep(PEER_CLOSED_RECHECK).await;
+            }
+            _ => return,
+        }
+    }
+}
+
 /// Makes the coming close of `stream` an abort: with SO_LINGER 0 the kernel
 /// sends a reset instead of a FIN, so the peer cannot take a cut-off stream
 /// for a complete one.

@@ -238,11 +238,12 @@ const QUEUED_READ_AHEAD: usize = 16 << 10;
 
 /// Resolves when the client closes (or breaks) its side while its
 /// connection waits in the queue; what it sends meanwhile is kept, up to
-/// [`QUEUED_READ_AHEAD`], for the backend.
+/// [`QUEUED_READ_AHEAD`], for the backend, and past that left in the
+/// socket, whose own state then tells that the client left.
 async fn client_gone(stream: &mut ReadAhead) {
     loop {
         if stream.bytes().len() >= QUEUED_READ_AHEAD {
-            return std::future::pending().await;
+            return crate::net::peer_closed(stream.stream()).await;
         }
         if matches!(stream.read_more(QUEUED_READ_AHEAD).await, Ok(0) | Err(_)) {
             return;

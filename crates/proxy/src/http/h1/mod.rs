@@ -72,6 +72,9 @@ pub(crate) struct Client<'c> {
     pub(crate) stop: &'c CancellationToken,
     /// Tells its requests from other clients' for the upstream pool.
     pub(crate) conn: &'c ClientConn,
+    /// The client's socket under any TLS: whether the client left is read
+    /// off it while a request waits with its body unread.
+    pub(crate) socket: &'c tokio::net::TcpStream,
 }
 
 /// What a connection does after a request.

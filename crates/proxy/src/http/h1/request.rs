@@ -92,6 +92,7 @@ pub(crate) async fn serve<S: ClientIo>(
         out,
         pool: c.pool,
         head_method: head.head_method,
+        socket: c.socket,
     };
     let mut journey = Journey {
         plan,

@@ -65,6 +65,8 @@ pub(crate) struct RawWire<'x, 'p, S> {
     pub(crate) pool: &'p Arc<Pool<RawConn>>,
     /// The request is a `HEAD`: its answer has no body.
     pub(crate) head_method: bool,
+    /// The client's socket, for its leaving while the body waits unread.
+    pub(crate) socket: &'p tokio::net::TcpStream,
 }
 
 /// An answer's head, and the backend's bytes read so far: the head, then
@@ -126,13 +128,14 @@ impl<S: ClientIo> Wire for RawWire<'_, '_, S> {
         head.head.status
     }
 
-    /// Watched only once the body is all read (what comes next is the
-    /// client's next request, read ahead as while an answer streams): a
-    /// queued request's body is not read beyond what its key needed.
+    /// Once the body is all read, by reading ahead (what comes next is the
+    /// client's next request, read as while an answer streams); before, off
+    /// the socket itself, as a queued request's body is not read beyond what
+    /// its key needed: its rest waits in the socket.
     async fn client_gone(&mut self) {
         let out = &mut self.out;
         if !out.end.is_done() {
-            return std::future::pending().await;
+            return crate::net::peer_closed(self.socket).await;
         }
         loop {
             let read = poll_fn(|cx| out.buf.poll_read_ahead(out.client, cx, MAX_AHEAD)).await;
