@@ -409,3 +409,59 @@ fn dropped(magpie: &Magpie, reason: &str) -> u64 {
     let reason = format!("reason=\"{reason}\"");
     magpie.metric("magpie_udp_datagrams_dropped_total", &[&reason])
 }
+
+/// `udp.responses` is exact: a backend that answers twice back to back has
+/// one answer relayed per flow, the other counted as dropped (when it came
+/// before the flow's socket closed), on every one of 20 flows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_are_exact_whatever_comes_back_to_back() {
+    let backends = UdpBackends::start("127.0.0.1", &["a"]).await;
+    let log = TempFile::new("access.log", "");
+    let settings = format!(
+        "mode: udp\nudp:\n  responses: 1\naccess_log:\n  path: {}\n  format: json\n",
+        log.path.display()
+    );
+    let magpie = Magpie::with(&settings, &backends.pairs()).await;
+    for n in 0..20u8 {
+        let client = client_on(&format!("127.0.0.{}", n + 2)).await;
+        let (answer, _) = exchange(&client, magpie.addr, b"twice").await;
+        assert_eq!(answer, "a:twice");
+    }
+    until("every flow ended", || ended(&magpie, "responses") == 20).await;
+    magpie.probe.flush_access_log().await;
+    let text = std::fs::read_to_string(&log.path).expect("the log");
+    let lines: Vec<serde_json::Value> = (text.lines())
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(lines.len(), 20);
+    for line in &lines {
+        assert_eq!(line["bytes_out"], "a:twice".len(), "{line}");
+    }
+    assert!(dropped(&magpie, "after_responses") <= 20);
+    magpie.stop().await;
+}
+
+/// Answers dropped in magpie's own flow socket (its receive buffer full
+/// during a burst) are counted: every answer the backend sent is either
+/// relayed or counted as dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_dropped_in_a_flows_receive_buffer_are_counted() {
+    const BURST: u64 = 20_000;
+    let backends = UdpBackends::start("127.0.0.1", &["a"]).await;
+    let magpie = Magpie::with("mode: udp\n", &backends.pairs()).await;
+    let client = client_on("127.0.0.1").await;
+    client
+        .send_to(format!("burst {BURST}").as_bytes(), magpie.addr)
+        .await
+        .expect("sent");
+    // The burst, then its end, which carries the socket's drop count.
+    let accounted = || {
+        let received = magpie.metric("magpie_backend_datagrams_received_total", &[]);
+        received + dropped(&magpie, "receive_buffer")
+    };
+    until("every answer relayed or counted as dropped", || {
+        accounted() == BURST + 1
+    })
+    .await;
+    magpie.stop().await;
+}

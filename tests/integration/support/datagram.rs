@@ -1,7 +1,8 @@
 //! For the `mode: udp` tests: UDP backends that answer each datagram with
-//! `NAME:` and the datagram (a probe `ping` with `pong`), and remember the
-//! addresses that sent to them; and a client socket that sends and awaits
-//! answers.
+//! `NAME:` and the datagram (a probe `ping` with `pong`; `twice` twice, back
+//! to back; `burst N` with N answers of 1,200 bytes as fast as it can, then
+//! `NAME:end` 200 ms later), and remember the addresses that sent to them;
+//! and a client socket that sends and awaits answers.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -100,8 +101,28 @@ async fn answer(socket: &UdpSocket, b: &UdpBackend) {
             b.peers.lock().expect("not poisoned").push(from);
             [format!("{}:", b.name).as_bytes(), &buf[..n]].concat()
         };
+        if let Some(burst) = buf[..n].strip_prefix(b"burst ") {
+            let count: usize = String::from_utf8_lossy(burst).trim().parse().unwrap_or(0);
+            send_burst(socket, from, count, &b.name).await;
+            continue;
+        }
+        if &buf[..n] == b"twice" {
+            let _ = socket.send_to(&answer, from).await;
+        }
         let _ = socket.send_to(&answer, from).await;
     }
+}
+
+/// `count` answers of 1,200 bytes to `to` as fast as the socket takes them,
+/// then `NAME:end` 200 ms later (a datagram that carries the receiver's
+/// count of drops after the burst).
+async fn send_burst(socket: &UdpSocket, to: SocketAddr, count: usize, name: &str) {
+    let answer = vec![b'b'; 1200];
+    for _ in 0..count {
+        let _ = socket.send_to(&answer, to).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let _ = socket.send_to(format!("{name}:end").as_bytes(), to).await;
 }
 
 /// A client socket on `ip` (port 0).

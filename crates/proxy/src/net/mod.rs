@@ -107,7 +107,18 @@ pub(crate) fn connected_datagram(peer: SocketAddr) -> io::Result<UdpSocket> {
     let socket = Socket::new(Domain::for_address(peer), Type::DGRAM, Some(Protocol::UDP))?;
     socket.connect(&peer.into())?;
     socket.set_nonblocking(true)?;
+    count_overflows(&socket);
     UdpSocket::from_std(socket.into())
+}
+
+/// Asks the kernel to attach to each datagram `socket` receives how many it
+/// has dropped so far, its receive buffer full (SO_RXQ_OVFL), so that
+/// magpie counts them. Logged, not fatal, where it is refused.
+fn count_overflows(socket: impl std::os::fd::AsFd) {
+    use nix::sys::socket::{setsockopt, sockopt::RxqOvfl};
+    if let Err(e) = setsockopt(&socket, RxqOvfl, &1) {
+        debug!(error = %e, "cannot set SO_RXQ_OVFL: drops in this socket's receive buffer go uncounted");
+    }
 }
 
 /// The receive buffer a datagram socket asks for (the kernel caps it at
@@ -118,7 +129,10 @@ pub(crate) const DATAGRAM_BUFFER: usize = 4 << 20;
 /// tunes its own and made non-blocking.
 pub(crate) fn adopt_datagram(socket: std::net::UdpSocket) -> io::Result<UdpSocket> {
     // Best effort: a smaller buffer still works.
-    let _ = SockRef::from(&socket).set_recv_buffer_size(DATAGRAM_BUFFER);
+    if let Err(e) = SockRef::from(&socket).set_recv_buffer_size(DATAGRAM_BUFFER) {
+        debug!(error = %e, "cannot enlarge a datagram socket's receive buffer");
+    }
+    count_overflows(&socket);
     socket.set_nonblocking(true)?;
     UdpSocket::from_std(socket)
 }

@@ -40,6 +40,13 @@ labels! {
         /// The answer could not be sent on to the client (its socket's
         /// send buffer full, or an error).
         ReplyFailed => "reply_failed",
+        /// The kernel dropped it in one of magpie's own sockets, its receive
+        /// buffer full (a listening socket's, or a flow's): told by the
+        /// socket's drop count, read with the next datagram it receives.
+        ReceiveBuffer => "receive_buffer",
+        /// An answer past `udp.responses`: the flow ended with the last one
+        /// it may relay.
+        AfterResponses => "after_responses",
     }
 }
 
@@ -66,7 +73,11 @@ impl DatagramStats {
     }
 
     pub(crate) fn count_drop(&self, why: DatagramDrop) {
-        self.dropped[why.index()].fetch_add(1, Ordering::Relaxed);
+        self.count_drops(why, 1);
+    }
+
+    pub(crate) fn count_drops(&self, why: DatagramDrop, n: u64) {
+        self.dropped[why.index()].fetch_add(n, Ordering::Relaxed);
     }
 
     /// Flows open now.

@@ -17,7 +17,8 @@ use std::io::{self, ErrorKind, IoSliceMut};
 use std::net::{SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::AsRawFd;
 
-use nix::sys::socket::{MsgFlags, MultiHeaders, SockaddrStorage, recvmmsg};
+use nix::cmsg_space;
+use nix::sys::socket::{ControlMessageOwned, MsgFlags, MultiHeaders, SockaddrStorage, recvmmsg};
 use tokio::io::Interest;
 use tokio::net::UdpSocket;
 
@@ -49,6 +50,9 @@ pub(crate) struct Batch {
     headers: MultiHeaders<SockaddrStorage>,
     /// Length and sender of each datagram read, in order.
     read: Vec<(usize, Option<SocketAddr>)>,
+    /// The socket's count of datagrams dropped in its receive buffer, as
+    /// the last read's datagrams carried it (SO_RXQ_OVFL), if any did.
+    dropped: Option<u32>,
 }
 
 impl std::fmt::Debug for Batch {
@@ -61,8 +65,9 @@ impl Default for Batch {
     fn default() -> Self {
         Batch {
             buffers: vec![0; BATCH * SLOT],
-            headers: MultiHeaders::preallocate(BATCH, None),
+            headers: MultiHeaders::preallocate(BATCH, Some(cmsg_space!(u32))),
             read: Vec::with_capacity(BATCH),
+            dropped: None,
         }
     }
 }
@@ -75,6 +80,7 @@ impl Batch {
     /// socket's readiness given up).
     pub(crate) fn read(&mut self, socket: &UdpSocket) -> io::Result<()> {
         self.read.clear();
+        self.dropped = None;
         let fd = socket.as_raw_fd();
         let full = socket.try_io(Interest::READABLE, || {
             let mut chunks = self.buffers.chunks_mut(SLOT);
@@ -94,6 +100,11 @@ impl Batch {
                 } else {
                     msg.bytes
                 };
+                for cmsg in msg.cmsgs().into_iter().flatten() {
+                    if let ControlMessageOwned::RxqOvfl(n) = cmsg {
+                        self.dropped = Some(n);
+                    }
+                }
                 self.read
                     .push((bytes, msg.address.as_ref().and_then(socket_addr)));
             }
@@ -128,6 +139,18 @@ impl Batch {
 
     pub(crate) fn is_empty(&self) -> bool {
         self.read.is_empty()
+    }
+
+    /// How many datagrams the socket last read has dropped in its receive
+    /// buffer since `seen`, which becomes its count now (a count the
+    /// kernel keeps per socket, wrapping at 2³²).
+    pub(crate) fn dropped_since(&self, seen: &std::sync::atomic::AtomicU32) -> u64 {
+        use std::sync::atomic::Ordering;
+        let Some(now) = self.dropped else {
+            return 0;
+        };
+        let before = seen.swap(now, Ordering::Relaxed);
+        u64::from(now.wrapping_sub(before))
     }
 }
 

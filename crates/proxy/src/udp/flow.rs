@@ -10,7 +10,7 @@
 
 use std::io::{self, ErrorKind};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
@@ -72,6 +72,9 @@ pub(crate) struct Flow {
     last: AtomicU64,
     from_client: Counted,
     to_client: Counted,
+    /// Its upstream socket's count of answers dropped in its receive
+    /// buffer, as last read.
+    dropped: AtomicU32,
     stop: CancellationToken,
     stopped_as: OnceLock<FlowEnd>,
     _slot: ActiveGuard,
@@ -105,6 +108,7 @@ impl Flow {
             last: AtomicU64::new(0),
             from_client: Counted::default(),
             to_client: Counted::default(),
+            dropped: AtomicU32::new(0),
             stop: CancellationToken::new(),
             stopped_as: OnceLock::new(),
             _slot: opened.slot,
@@ -220,8 +224,8 @@ impl Flow {
                         debug!(backend = %self.backend.name, error = %e, "flow socket failed");
                         break FlowEnd::Idle;
                     }
-                    let more = self.relay_ready(&instance);
-                    if responses.is_some_and(|n| self.to_client.datagrams.load(Ordering::Relaxed) >= n) {
+                    let more = self.relay_ready(&instance, responses);
+                    if self.answered_all(responses) {
                         break FlowEnd::Responses;
                     }
                     if more {
@@ -232,13 +236,24 @@ impl Flow {
             }
         };
         leave(&self);
+        if why == FlowEnd::Responses {
+            // Answers already waiting are past its responses: counted as
+            // dropped, not lost with the socket unseen.
+            while self.relay_ready(&instance, responses) {}
+        }
         instance.stats.datagrams.flow_ended(why);
         self.log(&instance, why);
     }
 
-    /// Relays a batch of the answers waiting on the upstream socket;
-    /// whether more may wait.
-    fn relay_ready(&self, instance: &Instance) -> bool {
+    /// Whether it relayed its `udp.responses` answers.
+    fn answered_all(&self, responses: Option<u64>) -> bool {
+        responses.is_some_and(|n| self.to_client.datagrams.load(Ordering::Relaxed) >= n)
+    }
+
+    /// Relays a batch of the answers waiting on the upstream socket, none
+    /// past `responses` (those are counted as dropped, as is what the
+    /// socket dropped itself); whether more may wait.
+    fn relay_ready(&self, instance: &Instance, responses: Option<u64>) -> bool {
         let stats = &instance.stats.datagrams;
         with_batch(|batch| {
             let more = match batch.read(&self.upstream) {
@@ -254,6 +269,10 @@ impl Flow {
                     false
                 }
             };
+            let dropped = batch.dropped_since(&self.dropped);
+            if dropped > 0 {
+                stats.count_drops(DatagramDrop::ReceiveBuffer, dropped);
+            }
             if batch.is_empty() {
                 return more;
             }
@@ -261,6 +280,10 @@ impl Flow {
             let to = SockAddr::from(self.client);
             let client = SockRef::from(&*self.listener);
             for (answer, _) in batch.datagrams() {
+                if self.answered_all(responses) {
+                    stats.count_drop(DatagramDrop::AfterResponses);
+                    continue;
+                }
                 if answer.len() > MAX_DATAGRAM {
                     stats.count_drop(DatagramDrop::Oversized);
                     continue;

@@ -35,6 +35,7 @@ pub(crate) mod flows;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU32;
 
 use tokio::net::UdpSocket;
 use tokio_util::sync::CancellationToken;
@@ -53,7 +54,7 @@ use crate::telemetry::datagrams::{DatagramDrop, FlowEnd};
 use crate::telemetry::stats::Exhausted;
 use crate::telemetry::supervise::{self, Task};
 use crate::telemetry::throttle::Throttle;
-use batch::{MAX_DATAGRAM, with_batch};
+use batch::{Batch, MAX_DATAGRAM, with_batch};
 use flow::{Flow, Opened, Relay};
 use flows::{Flows, Found};
 use magpie_core::key::{self, FallbackReason};
@@ -122,7 +123,6 @@ pub(crate) async fn serve(
 
 /// Reads one socket's datagrams, a batch at a time, until `stop`.
 async fn receive(socket: Arc<UdpSocket>, shared: Arc<Shared>, stop: CancellationToken) {
-    static ERRORS: Throttle = Throttle::new(std::time::Duration::from_secs(1));
     let to = match socket.local_addr() {
         Ok(local) => Listening {
             socket: Arc::clone(&socket),
@@ -133,6 +133,8 @@ async fn receive(socket: Arc<UdpSocket>, shared: Arc<Shared>, stop: Cancellation
             return;
         }
     };
+    // The socket's count of datagrams dropped in its receive buffer.
+    let dropped = AtomicU32::new(0);
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -142,29 +144,7 @@ async fn receive(socket: Arc<UdpSocket>, shared: Arc<Shared>, stop: Cancellation
             },
         }
         loop {
-            let more = with_batch(|batch| {
-                let more = match batch.read(&socket) {
-                    Ok(()) => true,
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
-                    Err(e) => {
-                        if let Some(held_back) = ERRORS.allow() {
-                            warn!(error = %e, held_back, "cannot receive a datagram");
-                        }
-                        false
-                    }
-                };
-                for (datagram, client) in batch.datagrams() {
-                    let Some(client) = client else { continue };
-                    let delivered = match datagram.len() > MAX_DATAGRAM {
-                        true => Err(DatagramDrop::Oversized),
-                        false => deliver(&shared, &to, client, datagram),
-                    };
-                    if let Err(why) = delivered {
-                        shared.instance.stats.datagrams.count_drop(why);
-                    }
-                }
-                more
-            });
+            let more = with_batch(|batch| take_batch(batch, &shared, &to, &dropped));
             if !more {
                 break;
             }
@@ -172,6 +152,35 @@ async fn receive(socket: Arc<UdpSocket>, shared: Arc<Shared>, stop: Cancellation
             tokio::task::yield_now().await;
         }
     }
+}
+
+/// Reads a batch of the datagrams waiting on `to`'s socket and sends each
+/// on; whether more may wait. What the socket dropped itself is counted.
+fn take_batch(batch: &mut Batch, shared: &Shared, to: &Listening, dropped: &AtomicU32) -> bool {
+    static ERRORS: Throttle = Throttle::new(std::time::Duration::from_secs(1));
+    let more = match batch.read(&to.socket) {
+        Ok(()) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+        Err(e) => {
+            if let Some(held_back) = ERRORS.allow() {
+                warn!(error = %e, held_back, "cannot receive a datagram");
+            }
+            false
+        }
+    };
+    let stats = &shared.instance.stats.datagrams;
+    stats.count_drops(DatagramDrop::ReceiveBuffer, batch.dropped_since(dropped));
+    for (datagram, client) in batch.datagrams() {
+        let Some(client) = client else { continue };
+        let delivered = match datagram.len() > MAX_DATAGRAM {
+            true => Err(DatagramDrop::Oversized),
+            false => deliver(shared, to, client, datagram),
+        };
+        if let Err(why) = delivered {
+            stats.count_drop(why);
+        }
+    }
+    more
 }
 
 /// Sends one client datagram on: through its flow, or a new one.
