@@ -4,7 +4,8 @@
 //! two upgrades in a row, a conversation pinned away from its table owner
 //! stays where it is pinned, and a TCP stream open across the upgrade
 //! finishes in the old process. A new process that fails leaves the old
-//! one serving.
+//! one serving; one still starting when the old one is told to stop is
+//! killed, and nothing is left listening or on disk.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -369,4 +370,60 @@ async fn mode_udp_flows_cross_the_upgrade_without_a_lost_datagram() {
     stop.store(true, Ordering::Relaxed);
     let lost = load.await.expect("the load ran");
     assert_eq!(lost, 0, "no datagram lost across the upgrade");
+}
+
+/// An upgrade still pending when the old process is told to stop is
+/// abandoned: the new binary (here one that hangs while starting, holding
+/// the listening sockets it was handed) is killed, nothing is left
+/// listening, and the hand-over directory is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_pending_at_sigterm_is_abandoned_and_leaves_nothing() {
+    use std::os::unix::fs::PermissionsExt;
+    let backends = HttpBackends::start(&["a", "b"]).await;
+    let yaml = config_yaml("127.0.0.1:0", &settings(), &backends.list);
+    let file = TempFile::new("magpie.yaml", &yaml);
+    let path = file.path.to_str().expect("a UTF-8 temp path");
+    // magpie runs as `exe`, a link to the built binary: the upgrade starts
+    // whatever `exe` is then.
+    let exe_file = TempFile::new("magpie", "");
+    let exe = exe_file.path.clone();
+    std::fs::remove_file(&exe).expect("make room for the link");
+    std::os::unix::fs::symlink(magpie_bin(), &exe).expect("link the binary");
+    let tmp = TempFile::new("placeholder", "");
+    let tmp_dir = tmp.path.parent().expect("a directory").to_path_buf();
+    let mut command = tokio::process::Command::new(&exe);
+    command
+        .args(["run", "--config", path])
+        .env("TMPDIR", &tmp_dir);
+    let mut old = Child::spawn_command(command);
+    let addr = old.listen_addr().await;
+    // The new binary hangs while starting.
+    std::fs::remove_file(&exe).expect("unlink");
+    std::fs::write(&exe, "#!/bin/sh\nexec sleep 600\n").expect("a hanging binary");
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    old.signal("-USR2");
+    let line = old.wait_for_line("the new process started").await;
+    let pid = (line.split_whitespace())
+        .find_map(|f| f.strip_prefix("pid="))
+        .expect("the new process's pid in the line")
+        .to_string();
+    let _hung = KillOnDrop(pid.clone());
+    assert!(alive(&pid), "the new process runs");
+    old.signal("-TERM");
+    let status = within("the old process to exit", old.process.wait())
+        .await
+        .expect("exits");
+    assert!(status.success(), "{status}");
+    assert!(!alive(&pid), "the hung new process still runs");
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "something still listens on {addr}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&tmp_dir)
+        .expect("the temp directory")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name())
+        .filter(|n| n.to_string_lossy().starts_with("magpie-upgrade-"))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
 }

@@ -93,7 +93,7 @@ impl Child {
         Child::spawn_command(tokio::process::Command::from(command))
     }
 
-    fn spawn_command(mut command: tokio::process::Command) -> Child {
+    pub fn spawn_command(mut command: tokio::process::Command) -> Child {
         let mut process = command
             .env("RUST_LOG", "info")
             .stdin(std::process::Stdio::null())

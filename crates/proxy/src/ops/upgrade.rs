@@ -7,7 +7,10 @@
 //! connections in flight finish in the old process within
 //! `shutdown_grace`; conversations keep their pins. If the new process
 //! fails (exits, or is not serving within [`READY_TIMEOUT`]), the old one
-//! keeps serving and says why.
+//! keeps serving and says why. If the old one is told to stop while the new
+//! one is still starting, the upgrade is abandoned: the new process is
+//! killed (it holds the listening sockets and must not keep them without
+//! serving), and the hand-over directory removed, whatever ends the wait.
 //!
 //! Why re-exec with inherited sockets (nginx's USR2) rather than a new
 //! process fetching them from the old one (HAProxy's `-x`, Envoy's hot
@@ -67,6 +70,8 @@ pub enum UpgradeError {
     Timeout(Duration),
     #[error("the hand-over broke: {0}")]
     Broken(String),
+    #[error("this process was told to stop before the new one served")]
+    Abandoned,
 }
 
 /// The new process's side: the connection to the old one.
@@ -179,12 +184,18 @@ pub(crate) fn spawn(instance: Arc<Instance>, sockets: Sockets, signal: Signal, s
                 _ = usr2.recv() => {}
             }
             info!("SIGUSR2: starting the new binary");
-            match hand_over(&instance, &sockets).await {
+            match hand_over(&instance, &sockets, &shutdown).await {
                 Ok(pid) => {
                     info!(pid, "handed over to the new process; draining");
                     notify_main_pid(pid);
                     admin_stop.cancel();
                     shutdown.cancel();
+                    return;
+                }
+                Err(UpgradeError::Abandoned) => {
+                    warn!(
+                        "binary upgrade abandoned: this process stops, and the new one was killed"
+                    );
                     return;
                 }
                 Err(e) => error!("binary upgrade failed, this process keeps serving: {e}"),
@@ -193,41 +204,93 @@ pub(crate) fn spawn(instance: Arc<Instance>, sockets: Sockets, signal: Signal, s
     });
 }
 
-/// Starts the new process, gives it the pins, waits until it serves.
-async fn hand_over(instance: &Instance, sockets: &Sockets) -> Result<u32, UpgradeError> {
-    let dir = private_dir()?;
-    let path = dir.join("handover.sock");
-    let result = async {
-        let listener = UnixListener::bind(&path).map_err(|source| UpgradeError::Socket {
-            path: path.clone(),
-            source,
-        })?;
-        let mut child = spawn_new(sockets, &path)?;
-        let pid = child.id().unwrap_or(0);
-        let talk = async {
-            let (stream, _) = listener.accept().await.map_err(broken)?;
-            send_pins(instance, stream).await
-        };
-        let outcome = tokio::select! {
-            status = child.wait() => match status {
-                Ok(s) => Err(UpgradeError::Exited(s)),
-                Err(e) => Err(broken(e)),
-            },
-            talked = tokio::time::timeout(READY_TIMEOUT, talk) => {
-                talked.unwrap_or(Err(UpgradeError::Timeout(READY_TIMEOUT)))
-            }
-        };
-        if outcome.is_err() {
-            // A new process that is not serving must not serve later.
-            let _ = child.start_kill();
+/// Starts the new process, gives it the pins, waits until it serves (or
+/// fails, or `shutdown` abandons it).
+async fn hand_over(
+    instance: &Instance,
+    sockets: &Sockets,
+    shutdown: &CancellationToken,
+) -> Result<u32, UpgradeError> {
+    let dir = HandoverDir(private_dir()?);
+    let path = dir.0.join("handover.sock");
+    let listener = UnixListener::bind(&path).map_err(|source| UpgradeError::Socket {
+        path: path.clone(),
+        source,
+    })?;
+    let mut starting = Starting(Some(spawn_new(sockets, &path)?));
+    let Some(child) = starting.0.as_mut() else {
+        return Err(UpgradeError::Broken("no new process".into()));
+    };
+    let pid = child.id().unwrap_or(0);
+    info!(pid, "the new process started; waiting until it serves");
+    let talk = async {
+        let (stream, _) = listener.accept().await.map_err(broken)?;
+        send_pins(instance, stream).await
+    };
+    let outcome = tokio::select! {
+        status = child.wait() => match status {
+            Ok(s) => Err(UpgradeError::Exited(s)),
+            Err(e) => Err(broken(e)),
+        },
+        talked = tokio::time::timeout(READY_TIMEOUT, talk) => {
+            talked.unwrap_or(Err(UpgradeError::Timeout(READY_TIMEOUT)))
         }
-        outcome.map(|()| pid)
+        _ = shutdown.cancelled() => Err(UpgradeError::Abandoned),
+    };
+    match outcome {
+        // It serves: it outlives this process.
+        Ok(()) => drop(starting.0.take()),
+        // A new process that is not serving must not serve later, nor keep
+        // the listening sockets: killed, and waited for a moment.
+        Err(_) => starting.kill().await,
     }
-    .await;
-    if let Err(e) = std::fs::remove_dir_all(&dir) {
-        warn!(dir = %dir.display(), error = %e, "cannot remove the hand-over directory");
+    outcome.map(|()| pid)
+}
+
+/// A new process that does not serve yet: killed when the hand-over ends
+/// without it serving, even when the wait itself is dropped (this process
+/// exits meanwhile).
+struct Starting(Option<tokio::process::Child>);
+
+/// How long a killed new process is waited for.
+const KILL_WAIT: Duration = Duration::from_secs(5);
+
+impl Starting {
+    /// Kills it, and waits (a moment) until it is gone.
+    async fn kill(&mut self) {
+        let Some(mut child) = self.0.take() else {
+            return;
+        };
+        if let Err(e) = child.start_kill() {
+            warn!(error = %e, "cannot kill the new process");
+            return;
+        }
+        if tokio::time::timeout(KILL_WAIT, child.wait()).await.is_err() {
+            warn!("the killed new process has not exited yet");
+        }
     }
-    result
+}
+
+impl Drop for Starting {
+    fn drop(&mut self) {
+        if let Some(child) = self.0.as_mut()
+            && let Err(e) = child.start_kill()
+        {
+            warn!(error = %e, "cannot kill the new process");
+        }
+    }
+}
+
+/// The hand-over's private directory, removed with everything in it when
+/// the hand-over ends, however it ends.
+struct HandoverDir(PathBuf);
+
+impl Drop for HandoverDir {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.0) {
+            warn!(dir = %self.0.display(), error = %e, "cannot remove the hand-over directory");
+        }
+    }
 }
 
 /// Writes every pin, then `end`, then waits for `ready`.
