@@ -65,7 +65,7 @@ impl Default for Batch {
     fn default() -> Self {
         Batch {
             buffers: vec![0; BATCH * SLOT],
-            headers: MultiHeaders::preallocate(BATCH, Some(cmsg_space!(u32))),
+            headers: headers(),
             read: Vec::with_capacity(BATCH),
             dropped: None,
         }
@@ -81,6 +81,10 @@ impl Batch {
     pub(crate) fn read(&mut self, socket: &UdpSocket) -> io::Result<()> {
         self.read.clear();
         self.dropped = None;
+        // Fresh headers: a call leaves in each the length of the control
+        // data it got (none, mostly), and recvmmsg(2) would take that as
+        // the room for the next call's, losing the drop count.
+        self.headers = headers();
         let fd = socket.as_raw_fd();
         let full = socket.try_io(Interest::READABLE, || {
             let mut chunks = self.buffers.chunks_mut(SLOT);
@@ -152,6 +156,11 @@ impl Batch {
         let before = seen.swap(now, Ordering::Relaxed);
         u64::from(now.wrapping_sub(before))
     }
+}
+
+/// Headers for a batch, each with room for the socket's drop count.
+fn headers() -> MultiHeaders<SockaddrStorage> {
+    MultiHeaders::preallocate(BATCH, Some(cmsg_space!(u32)))
 }
 
 fn socket_addr(address: &SockaddrStorage) -> Option<SocketAddr> {
