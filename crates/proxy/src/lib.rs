@@ -45,8 +45,9 @@
 //! `plan` compute), [`parsers`]. Everything else is `pub(crate)`
 //! (`unreachable_pub` is warned).
 //!
-//! `unsafe` is denied everywhere but [`tcp::pipe`], whose splice(2) calls
-//! have no safe wrapper.
+//! `unsafe` is denied everywhere but [`net::sys`]: the system calls with no
+//! safe wrapper (splice(2) for mode tcp, a socket's drop count for mode
+//! udp), one libc call each.
 
 #![deny(unsafe_code)]
 #![warn(unreachable_pub)]

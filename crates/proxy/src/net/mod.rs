@@ -18,11 +18,14 @@
 //!
 //! | module | owns |
 //! |---|---|
+//! | [`sys`] | the one module allowed `unsafe`: the system calls with no safe wrapper (pipes and splice for mode tcp, a socket's drop count for mode udp) |
 //! | [`activation`] | listening sockets handed over at start (systemd's `LISTEN_FDS`), each taken by the listener of its address |
 //! | [`tls_unverified`] | `upstream_tls.verify: false`: a client config that takes any backend certificate (signatures still checked) |
 //! | [`tls_client`] | the client side of TLS to backends: one shared rustls config (CA roots, ALPN `http/1.1`, session resumption), the handshake under a deadline, and telling its failure from a failed connect |
 
 pub(crate) mod activation;
+#[allow(unsafe_code)]
+pub(crate) mod sys;
 pub(crate) mod tls_client;
 pub(crate) mod tls_unverified;
 
@@ -107,18 +110,7 @@ pub(crate) fn connected_datagram(peer: SocketAddr) -> io::Result<UdpSocket> {
     let socket = Socket::new(Domain::for_address(peer), Type::DGRAM, Some(Protocol::UDP))?;
     socket.connect(&peer.into())?;
     socket.set_nonblocking(true)?;
-    count_overflows(&socket);
     UdpSocket::from_std(socket.into())
-}
-
-/// Asks the kernel to attach to each datagram `socket` receives how many it
-/// has dropped so far, its receive buffer full (SO_RXQ_OVFL), so that
-/// magpie counts them. Logged, not fatal, where it is refused.
-fn count_overflows(socket: impl std::os::fd::AsFd) {
-    use nix::sys::socket::{setsockopt, sockopt::RxqOvfl};
-    if let Err(e) = setsockopt(&socket, RxqOvfl, &1) {
-        debug!(error = %e, "cannot set SO_RXQ_OVFL: drops in this socket's receive buffer go uncounted");
-    }
 }
 
 /// The receive buffer a datagram socket asks for (the kernel caps it at
@@ -132,7 +124,6 @@ pub(crate) fn adopt_datagram(socket: std::net::UdpSocket) -> io::Result<UdpSocke
     if let Err(e) = SockRef::from(&socket).set_recv_buffer_size(DATAGRAM_BUFFER) {
         debug!(error = %e, "cannot enlarge a datagram socket's receive buffer");
     }
-    count_overflows(&socket);
     socket.set_nonblocking(true)?;
     UdpSocket::from_std(socket)
 }

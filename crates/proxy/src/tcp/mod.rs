@@ -19,7 +19,6 @@ pub(crate) mod copy;
 pub(crate) mod direction;
 pub(crate) mod header_key;
 // The one module allowed `unsafe`: three libc calls (pipe2, fcntl, splice).
-#[allow(unsafe_code)]
 pub(crate) mod pipe;
 pub(crate) mod sni_key;
 

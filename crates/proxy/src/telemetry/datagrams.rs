@@ -42,7 +42,8 @@ labels! {
         ReplyFailed => "reply_failed",
         /// The kernel dropped it in one of magpie's own sockets, its receive
         /// buffer full (a listening socket's, or a flow's): told by the
-        /// socket's drop count, read with the next datagram it receives.
+        /// socket's drop count (SO_MEMINFO), read after a full batch, once a
+        /// second for a listening socket and when a flow ends.
         ReceiveBuffer => "receive_buffer",
         /// An answer past `udp.responses`: the flow ended with the last one
         /// it may relay.

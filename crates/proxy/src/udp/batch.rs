@@ -15,10 +15,10 @@
 use std::cell::RefCell;
 use std::io::{self, ErrorKind, IoSliceMut};
 use std::net::{SocketAddr, SocketAddrV4, SocketAddrV6};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::atomic::{AtomicU32, Ordering};
 
-use nix::cmsg_space;
-use nix::sys::socket::{ControlMessageOwned, MsgFlags, MultiHeaders, SockaddrStorage, recvmmsg};
+use nix::sys::socket::{MsgFlags, MultiHeaders, SockaddrStorage, recvmmsg};
 use tokio::io::Interest;
 use tokio::net::UdpSocket;
 
@@ -50,9 +50,6 @@ pub(crate) struct Batch {
     headers: MultiHeaders<SockaddrStorage>,
     /// Length and sender of each datagram read, in order.
     read: Vec<(usize, Option<SocketAddr>)>,
-    /// The socket's count of datagrams dropped in its receive buffer, as
-    /// the last read's datagrams carried it (SO_RXQ_OVFL), if any did.
-    dropped: Option<u32>,
 }
 
 impl std::fmt::Debug for Batch {
@@ -65,9 +62,8 @@ impl Default for Batch {
     fn default() -> Self {
         Batch {
             buffers: vec![0; BATCH * SLOT],
-            headers: headers(),
+            headers: MultiHeaders::preallocate(BATCH, None),
             read: Vec::with_capacity(BATCH),
-            dropped: None,
         }
     }
 }
@@ -80,11 +76,6 @@ impl Batch {
     /// socket's readiness given up).
     pub(crate) fn read(&mut self, socket: &UdpSocket) -> io::Result<()> {
         self.read.clear();
-        self.dropped = None;
-        // Fresh headers: a call leaves in each the length of the control
-        // data it got (none, mostly), and recvmmsg(2) would take that as
-        // the room for the next call's, losing the drop count.
-        self.headers = headers();
         let fd = socket.as_raw_fd();
         let full = socket.try_io(Interest::READABLE, || {
             let mut chunks = self.buffers.chunks_mut(SLOT);
@@ -104,11 +95,6 @@ impl Batch {
                 } else {
                     msg.bytes
                 };
-                for cmsg in msg.cmsgs().into_iter().flatten() {
-                    if let ControlMessageOwned::RxqOvfl(n) = cmsg {
-                        self.dropped = Some(n);
-                    }
-                }
                 self.read
                     .push((bytes, msg.address.as_ref().and_then(socket_addr)));
             }
@@ -144,23 +130,28 @@ impl Batch {
     pub(crate) fn is_empty(&self) -> bool {
         self.read.is_empty()
     }
-
-    /// How many datagrams the socket last read has dropped in its receive
-    /// buffer since `seen`, which becomes its count now (a count the
-    /// kernel keeps per socket, wrapping at 2³²).
-    pub(crate) fn dropped_since(&self, seen: &std::sync::atomic::AtomicU32) -> u64 {
-        use std::sync::atomic::Ordering;
-        let Some(now) = self.dropped else {
-            return 0;
-        };
-        let before = seen.swap(now, Ordering::Relaxed);
-        u64::from(now.wrapping_sub(before))
-    }
 }
 
-/// Headers for a batch, each with room for the socket's drop count.
-fn headers() -> MultiHeaders<SockaddrStorage> {
-    MultiHeaders::preallocate(BATCH, Some(cmsg_space!(u32)))
+/// What the kernel dropped on one socket, its receive buffer full, and how
+/// much of it is counted. The count is read (one getsockopt) when a read
+/// came back full, so the socket may have overflowed, and once more when
+/// the socket's reader ends; a receive loop also reads it once a second,
+/// for a buffer that filled with a few large datagrams.
+#[derive(Debug, Default)]
+pub(crate) struct SocketDrops {
+    counted: AtomicU32,
+}
+
+impl SocketDrops {
+    /// The drops on `socket` since the last call (0 where the system does
+    /// not tell).
+    pub(crate) fn since_last(&self, socket: &UdpSocket) -> u64 {
+        let Ok(now) = crate::net::sys::socket_drops(socket.as_fd()) else {
+            return 0;
+        };
+        let before = self.counted.swap(now, Ordering::Relaxed);
+        u64::from(now.wrapping_sub(before))
+    }
 }
 
 fn socket_addr(address: &SockaddrStorage) -> Option<SocketAddr> {

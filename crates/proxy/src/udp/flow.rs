@@ -10,7 +10,7 @@
 
 use std::io::{self, ErrorKind};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use super::batch::{MAX_DATAGRAM, with_batch};
+use super::batch::{MAX_DATAGRAM, SocketDrops, with_batch};
 use crate::routing::backend::{ActiveGuard, Backend};
 use crate::routing::health::passive;
 use crate::routing::instance::Instance;
@@ -72,9 +72,8 @@ pub(crate) struct Flow {
     last: AtomicU64,
     from_client: Counted,
     to_client: Counted,
-    /// Its upstream socket's count of answers dropped in its receive
-    /// buffer, as last read.
-    dropped: AtomicU32,
+    /// Answers its upstream socket dropped, its receive buffer full.
+    drops: SocketDrops,
     stop: CancellationToken,
     stopped_as: OnceLock<FlowEnd>,
     _slot: ActiveGuard,
@@ -108,7 +107,7 @@ impl Flow {
             last: AtomicU64::new(0),
             from_client: Counted::default(),
             to_client: Counted::default(),
-            dropped: AtomicU32::new(0),
+            drops: SocketDrops::default(),
             stop: CancellationToken::new(),
             stopped_as: OnceLock::new(),
             _slot: opened.slot,
@@ -241,6 +240,11 @@ impl Flow {
             // dropped, not lost with the socket unseen.
             while self.relay_ready(&instance, responses) {}
         }
+        let dropped = self.drops.since_last(&self.upstream);
+        instance
+            .stats
+            .datagrams
+            .count_drops(DatagramDrop::ReceiveBuffer, dropped);
         instance.stats.datagrams.flow_ended(why);
         self.log(&instance, why);
     }
@@ -252,7 +256,7 @@ impl Flow {
 
     /// Relays a batch of the answers waiting on the upstream socket, none
     /// past `responses` (those are counted as dropped, as is what the
-    /// socket dropped itself); whether more may wait.
+    /// socket dropped itself, after a full read); whether more may wait.
     fn relay_ready(&self, instance: &Instance, responses: Option<u64>) -> bool {
         let stats = &instance.stats.datagrams;
         with_batch(|batch| {
@@ -269,8 +273,9 @@ impl Flow {
                     false
                 }
             };
-            let dropped = batch.dropped_since(&self.dropped);
-            if dropped > 0 {
+            if more {
+                // A full read: the buffer may have overflowed.
+                let dropped = self.drops.since_last(&self.upstream);
                 stats.count_drops(DatagramDrop::ReceiveBuffer, dropped);
             }
             if batch.is_empty() {

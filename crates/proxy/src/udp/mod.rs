@@ -35,9 +35,9 @@ pub(crate) mod flows;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU32;
 
 use tokio::net::UdpSocket;
+use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
@@ -54,10 +54,14 @@ use crate::telemetry::datagrams::{DatagramDrop, FlowEnd};
 use crate::telemetry::stats::Exhausted;
 use crate::telemetry::supervise::{self, Task};
 use crate::telemetry::throttle::Throttle;
-use batch::{Batch, MAX_DATAGRAM, with_batch};
+use batch::{Batch, MAX_DATAGRAM, SocketDrops, with_batch};
 use flow::{Flow, Opened, Relay};
 use flows::{Flows, Found};
 use magpie_core::key::{self, FallbackReason};
+
+/// How often a receive loop reads its socket's drop count besides after a
+/// full batch ([`SocketDrops`]).
+const DROPS_READ_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// One listening socket and its address.
 struct Listening {
@@ -133,30 +137,42 @@ async fn receive(socket: Arc<UdpSocket>, shared: Arc<Shared>, stop: Cancellation
             return;
         }
     };
-    // The socket's count of datagrams dropped in its receive buffer.
-    let dropped = AtomicU32::new(0);
+    let drops = SocketDrops::default();
+    // Drops before this process read the socket (one handed over) are not
+    // its own.
+    drops.since_last(&socket);
+    let count_drops = || {
+        let dropped = drops.since_last(&socket);
+        let stats = &shared.instance.stats.datagrams;
+        stats.count_drops(DatagramDrop::ReceiveBuffer, dropped);
+    };
+    let mut every_second = tokio::time::interval(DROPS_READ_EVERY);
+    every_second.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = stop.cancelled() => return,
+            _ = stop.cancelled() => return count_drops(),
+            _ = every_second.tick() => count_drops(),
             ready = socket.readable() => if let Err(e) = ready {
                 warn!(error = %e, "a datagram socket failed");
-                return;
+                return count_drops();
             },
         }
         loop {
-            let more = with_batch(|batch| take_batch(batch, &shared, &to, &dropped));
+            let more = with_batch(|batch| take_batch(batch, &shared, &to));
             if !more {
                 break;
             }
-            // A full batch: more wait, after the other tasks' turn.
+            // A full batch: the buffer may have overflowed, and more wait,
+            // after the other tasks' turn.
+            count_drops();
             tokio::task::yield_now().await;
         }
     }
 }
 
 /// Reads a batch of the datagrams waiting on `to`'s socket and sends each
-/// on; whether more may wait. What the socket dropped itself is counted.
-fn take_batch(batch: &mut Batch, shared: &Shared, to: &Listening, dropped: &AtomicU32) -> bool {
+/// on; whether more may wait.
+fn take_batch(batch: &mut Batch, shared: &Shared, to: &Listening) -> bool {
     static ERRORS: Throttle = Throttle::new(std::time::Duration::from_secs(1));
     let more = match batch.read(&to.socket) {
         Ok(()) => true,
@@ -169,7 +185,6 @@ fn take_batch(batch: &mut Batch, shared: &Shared, to: &Listening, dropped: &Atom
         }
     };
     let stats = &shared.instance.stats.datagrams;
-    stats.count_drops(DatagramDrop::ReceiveBuffer, batch.dropped_since(dropped));
     for (datagram, client) in batch.datagrams() {
         let Some(client) = client else { continue };
         let delivered = match datagram.len() > MAX_DATAGRAM {

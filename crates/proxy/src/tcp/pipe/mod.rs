@@ -2,11 +2,9 @@
 //! with splice(2) and stay in the kernel, instead of being read into a copy
 //! buffer and written out again.
 //!
-//! This is the one module of magpie allowed to contain `unsafe` (the crate
-//! denies it everywhere else): pipe2(2), fcntl(2) and splice(2) have no safe
-//! wrapper in std, tokio or socket2. Each `unsafe` block is one libc call on
-//! descriptors this module owns or borrows for the call, with a `// SAFETY:`
-//! comment; the rest is safe Rust on top.
+//! pipe2(2), fcntl(2) and splice(2) have no safe wrapper in std, tokio or
+//! socket2: their `unsafe` calls are in [`crate::net::sys`], the one module
+//! allowed to contain any; this one is safe Rust on top.
 //!
 //! Linux only. Elsewhere the API is the same but [`Pipe::new`] (and so
 //! [`PooledPipe::take`]) fails with `ErrorKind::Unsupported`, as creating a
@@ -38,6 +36,7 @@
 //! to tokio's `try_io`, which clears the source's readiness: it never does
 //! while the source may still hold bytes.
 
+use crate::net::sys;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Mutex;
@@ -261,108 +260,6 @@ impl Drop for PooledPipe {
             IN_USE.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
             self.pool.give_back(pipe);
         }
-    }
-}
-
-#[cfg(target_os = "linux")]
-mod sys {
-    use std::io;
-    use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-
-    /// `pipe2(O_NONBLOCK | O_CLOEXEC)`: (read end, write end).
-    pub(super) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-        let mut fds: [libc::c_int; 2] = [-1, -1];
-        // SAFETY: `fds` is a writable array of two c_ints, which is all pipe2
-        // writes to.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) } == -1 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: pipe2 succeeded, so both are open descriptors that nothing
-        // else owns; each gets exactly one owner here.
-        Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
-    }
-
-    pub(super) fn pipe_size(fd: BorrowedFd<'_>) -> io::Result<usize> {
-        // SAFETY: `fd` is open for the borrow; F_GETPIPE_SZ takes no argument
-        // and touches no memory of ours.
-        let size = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETPIPE_SZ) };
-        size_or_error(size)
-    }
-
-    /// Asks for `size` bytes; the kernel rounds up and answers what it granted.
-    pub(super) fn set_pipe_size(fd: BorrowedFd<'_>, size: usize) -> io::Result<usize> {
-        let size = libc::c_int::try_from(size).map_err(|_| io::ErrorKind::InvalidInput)?;
-        // SAFETY: `fd` is open for the borrow; F_SETPIPE_SZ takes an int by
-        // value and touches no memory of ours.
-        let granted = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETPIPE_SZ, size) };
-        size_or_error(granted)
-    }
-
-    fn size_or_error(n: libc::c_int) -> io::Result<usize> {
-        usize::try_from(n).map_err(|_| io::Error::last_os_error())
-    }
-
-    /// One non-blocking splice of at most `len` bytes from `from` to `to`
-    /// (one of them a pipe).
-    pub(super) fn splice(
-        from: BorrowedFd<'_>,
-        to: BorrowedFd<'_>,
-        len: usize,
-    ) -> io::Result<usize> {
-        loop {
-            // SAFETY: both descriptors are open for the borrow; null offsets
-            // (required for pipes and sockets) mean no memory of ours is
-            // read or written; the kernel moves at most `len` bytes between
-            // its own buffers.
-            let n = unsafe {
-                libc::splice(
-                    from.as_raw_fd(),
-                    std::ptr::null_mut(),
-                    to.as_raw_fd(),
-                    std::ptr::null_mut(),
-                    len,
-                    libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK,
-                )
-            };
-            match usize::try_from(n) {
-                Ok(n) => return Ok(n),
-                Err(_) => {
-                    let e = io::Error::last_os_error();
-                    if e.kind() != io::ErrorKind::Interrupted {
-                        return Err(e);
-                    }
-                }
-            }
-        }
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-mod sys {
-    use std::io;
-    use std::os::fd::{BorrowedFd, OwnedFd};
-
-    fn unsupported<T>() -> io::Result<T> {
-        Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            "splice(2) is Linux only",
-        ))
-    }
-
-    pub(super) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-        unsupported()
-    }
-
-    pub(super) fn pipe_size(_: BorrowedFd<'_>) -> io::Result<usize> {
-        unsupported()
-    }
-
-    pub(super) fn set_pipe_size(_: BorrowedFd<'_>, _: usize) -> io::Result<usize> {
-        unsupported()
-    }
-
-    pub(super) fn splice(_: BorrowedFd<'_>, _: BorrowedFd<'_>, _: usize) -> io::Result<usize> {
-        unsupported()
     }
 }
 
