@@ -155,11 +155,7 @@ async fn the_flow_table_is_bounded_and_idle_flows_end() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flow_ends_after_its_responses_and_its_line_is_logged() {
     let backends = UdpBackends::start("127.0.0.1", &["a"]).await;
-    let log = TempFile::new("access.log", "");
-    let settings = format!(
-        "mode: udp\nudp:\n  responses: 1\naccess_log:\n  path: {}\n  format: json\n",
-        log.path.display()
-    );
+    let (log, settings) = one_response_logged();
     let magpie = Magpie::with(&settings, &backends.pairs()).await;
     let client = client_on("127.0.0.1").await;
     exchange(&client, magpie.addr, b"query").await;
@@ -404,6 +400,17 @@ fn ended(magpie: &Magpie, reason: &str) -> u64 {
     magpie.metric("magpie_udp_flows_ended_total", &[&reason])
 }
 
+/// Settings of flows that end after one answer, logged as JSON to the
+/// returned file.
+fn one_response_logged() -> (TempFile, String) {
+    let log = TempFile::new("access.log", "");
+    let settings = format!(
+        "mode: udp\nudp:\n  responses: 1\naccess_log:\n  path: {}\n  format: json\n",
+        log.path.display()
+    );
+    (log, settings)
+}
+
 /// Datagrams dropped for `reason`.
 fn dropped(magpie: &Magpie, reason: &str) -> u64 {
     let reason = format!("reason=\"{reason}\"");
@@ -416,11 +423,7 @@ fn dropped(magpie: &Magpie, reason: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn responses_are_exact_whatever_comes_back_to_back() {
     let backends = UdpBackends::start("127.0.0.1", &["a"]).await;
-    let log = TempFile::new("access.log", "");
-    let settings = format!(
-        "mode: udp\nudp:\n  responses: 1\naccess_log:\n  path: {}\n  format: json\n",
-        log.path.display()
-    );
+    let (log, settings) = one_response_logged();
     let magpie = Magpie::with(&settings, &backends.pairs()).await;
     for n in 0..20u8 {
         let client = client_on(&format!("127.0.0.{}", n + 2)).await;
