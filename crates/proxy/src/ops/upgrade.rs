@@ -217,18 +217,18 @@ async fn hand_over(
         path: path.clone(),
         source,
     })?;
-    let mut starting = Starting(Some(spawn_new(sockets, &path)?));
-    let Some(child) = starting.0.as_mut() else {
-        return Err(UpgradeError::Broken("no new process".into()));
+    let mut starting = Starting {
+        child: spawn_new(sockets, &path)?,
+        settled: false,
     };
-    let pid = child.id().unwrap_or(0);
+    let pid = starting.child.id().unwrap_or(0);
     info!(pid, "the new process started; waiting until it serves");
     let talk = async {
         let (stream, _) = listener.accept().await.map_err(broken)?;
         send_pins(instance, stream).await
     };
     let outcome = tokio::select! {
-        status = child.wait() => match status {
+        status = starting.child.wait() => match status {
             Ok(s) => Err(UpgradeError::Exited(s)),
             Err(e) => Err(broken(e)),
         },
@@ -239,7 +239,7 @@ async fn hand_over(
     };
     match outcome {
         // It serves: it outlives this process.
-        Ok(()) => drop(starting.0.take()),
+        Ok(()) => starting.settled = true,
         // A new process that is not serving must not serve later, nor keep
         // the listening sockets: killed, and waited for a moment.
         Err(_) => starting.kill().await,
@@ -250,7 +250,11 @@ async fn hand_over(
 /// A new process that does not serve yet: killed when the hand-over ends
 /// without it serving, even when the wait itself is dropped (this process
 /// exits meanwhile).
-struct Starting(Option<tokio::process::Child>);
+struct Starting {
+    child: tokio::process::Child,
+    /// It serves, or was killed already: left alone from then on.
+    settled: bool,
+}
 
 /// How long a killed new process is waited for.
 const KILL_WAIT: Duration = Duration::from_secs(5);
@@ -258,14 +262,15 @@ const KILL_WAIT: Duration = Duration::from_secs(5);
 impl Starting {
     /// Kills it, and waits (a moment) until it is gone.
     async fn kill(&mut self) {
-        let Some(mut child) = self.0.take() else {
-            return;
-        };
-        if let Err(e) = child.start_kill() {
+        self.settled = true;
+        if let Err(e) = self.child.start_kill() {
             warn!(error = %e, "cannot kill the new process");
             return;
         }
-        if tokio::time::timeout(KILL_WAIT, child.wait()).await.is_err() {
+        if tokio::time::timeout(KILL_WAIT, self.child.wait())
+            .await
+            .is_err()
+        {
             warn!("the killed new process has not exited yet");
         }
     }
@@ -273,8 +278,8 @@ impl Starting {
 
 impl Drop for Starting {
     fn drop(&mut self) {
-        if let Some(child) = self.0.as_mut()
-            && let Err(e) = child.start_kill()
+        if !self.settled
+            && let Err(e) = self.child.start_kill()
         {
             warn!(error = %e, "cannot kill the new process");
         }
