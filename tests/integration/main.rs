@@ -17,6 +17,7 @@ mod docs;
 mod engine_load;
 mod failover;
 mod faults;
+mod first_token;
 mod group;
 mod group_home;
 mod health;

@@ -197,6 +197,17 @@ impl ChatHead {
         }
         Ok(h64(&encoded))
     }
+
+    /// The bytes of the text a conversation opens with: the model, the
+    /// instructions, the tools (as JSON) and the first user message.
+    pub fn opening_bytes(&self) -> u64 {
+        let texts = std::iter::once(&self.model)
+            .chain(&self.instructions)
+            .chain(&self.first_user);
+        let text: usize = texts.map(String::len).sum();
+        let tools = self.tools.as_ref().map_or(0, |t| t.to_string().len());
+        (text + tools) as u64
+    }
 }
 
 /// The conversation key of a JSON chat body, or why there is none.

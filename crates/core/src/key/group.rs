@@ -73,12 +73,22 @@ impl GroupBy {
     /// The group key of a chat head (`system`, `prefix_bytes`,
     /// `conversation`); `None` for `header` groups, which no body carries.
     pub fn of_head(&self, head: &ChatHead) -> Option<Result<u64, GroupMiss>> {
+        self.head_of(head).map(|found| found.map(|h| h.key))
+    }
+
+    /// The group of a chat head and the size of what its conversations
+    /// share ([`GroupHead`]); `None` for `header` groups.
+    pub fn head_of(&self, head: &ChatHead) -> Option<Result<GroupHead, GroupMiss>> {
         let rendered = match self {
             GroupBy::Header(_) => return None,
             GroupBy::Conversation => {
+                let key = head.conversation_key();
                 return Some(
-                    head.conversation_key()
-                        .map_err(|_| GroupMiss::NoUserMessage),
+                    key.map_err(|_| GroupMiss::NoUserMessage)
+                        .map(|key| GroupHead {
+                            key,
+                            bytes: head.opening_bytes(),
+                        }),
                 );
             }
             _ => render_head(head),
@@ -86,11 +96,25 @@ impl GroupBy {
         let Some(rendered) = rendered else {
             return Some(Err(GroupMiss::NoHead));
         };
-        Some(Ok(match self {
-            GroupBy::PrefixBytes(n) => h64(&rendered[..rendered.len().min(*n)]),
-            _ => h64(&rendered),
+        let shared = match self {
+            GroupBy::PrefixBytes(n) => &rendered[..rendered.len().min(*n)],
+            _ => &rendered[..],
+        };
+        Some(Ok(GroupHead {
+            key: h64(shared),
+            bytes: shared.len() as u64,
         }))
     }
+}
+
+/// A request's group and the bytes of its body's head the group's other
+/// conversations repeat (the rendered head, or its first `N` bytes, or for
+/// `conversation` the opening's text): about what a replica that served the
+/// group lately holds of this request in its prefix cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupHead {
+    pub key: u64,
+    pub bytes: u64,
 }
 
 labels! {

@@ -54,6 +54,9 @@ pub(crate) struct RequestKey {
     /// parsed for a key: where conversations that open alike meet under a
     /// `queue`. None when the session key is the conversation key.
     pub(crate) opening: Option<OpeningKey>,
+    /// The bytes of its body's head its group's other conversations repeat
+    /// (0 when not known: no group, or a header's).
+    pub(crate) head_bytes: u64,
 }
 
 impl RequestKey {
@@ -88,6 +91,7 @@ impl RequestKey {
             prompt_bytes,
             follows: None,
             awaits_first_byte: true,
+            head_bytes: self.head_bytes,
         }
     }
 }
@@ -171,6 +175,7 @@ pub(crate) fn head_keys<'a, 'h>(
             fallback: None,
             group: None,
             opening: None,
+            head_bytes: 0,
         });
     };
     let sources = plan.key.sources();
@@ -211,6 +216,7 @@ pub(crate) fn head_keys<'a, 'h>(
             session: session.ok_or(why),
             group,
             opening: None,
+            head_bytes: 0,
         };
         return HeadKeys::Known(wants.found(found));
     }
@@ -232,6 +238,7 @@ impl BodyWants<'_> {
                 session: *found,
                 group: None,
                 opening: None,
+                head_bytes: 0,
             },
             Read::TooLarge => unread(FallbackReason::TooLarge, self.group_reads_body),
             Read::Timeout => unread(FallbackReason::Timeout, self.group_reads_body),
@@ -258,6 +265,12 @@ impl BodyWants<'_> {
             fallback,
             group: group.map(|g| g.map(GroupKey::new)),
             opening: found.opening.map(OpeningKey::new),
+            // A header's group says nothing of what its bodies share.
+            head_bytes: if self.header_group.is_some() {
+                0
+            } else {
+                found.head_bytes
+            },
         }
     }
 }
@@ -285,6 +298,8 @@ struct BodyKeys {
     session: Result<u64, FallbackReason>,
     group: Option<Result<u64, GroupMiss>>,
     opening: Option<u64>,
+    /// The bytes of the head its group shares.
+    head_bytes: u64,
 }
 
 /// The keys a body that was not read in full gives: none, for `why`.
@@ -293,6 +308,7 @@ fn unread(why: FallbackReason, group_reads_body: bool) -> BodyKeys {
         session: Err(why),
         group: group_reads_body.then_some(Err(GroupMiss::of_body(why))),
         opening: None,
+        head_bytes: 0,
     }
 }
 
@@ -314,11 +330,13 @@ fn body_keys(sources: &KeySources<'_>, wants: Wants<'_>, bytes: &[u8]) -> BodyKe
             .and_then(ChatHead::conversation_key),
         _ => by_field,
     };
-    let group = wants.group.and_then(|by| match &head {
-        Some(Ok(head)) => by.of_head(head),
+    let grouped = wants.group.and_then(|by| match &head {
+        Some(Ok(head)) => by.head_of(head),
         Some(Err(why)) => Some(Err(GroupMiss::of_body(*why))),
         None => None,
     });
+    let head_bytes = grouped.and_then(Result::ok).map_or(0, |g| g.bytes);
+    let group = grouped.map(|g| g.map(|g| g.key));
     // How it opens: none when that is the session key already (its pin
     // is that memory), the group when it is grouped so, else hashed once.
     let opening = match (&head, wants.group) {
@@ -331,6 +349,7 @@ fn body_keys(sources: &KeySources<'_>, wants: Wants<'_>, bytes: &[u8]) -> BodyKe
         session,
         group,
         opening,
+        head_bytes,
     }
 }
 

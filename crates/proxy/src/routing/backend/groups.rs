@@ -111,6 +111,15 @@ impl Groups {
         }
     }
 
+    /// Whether a request of `group` was served here in the current or the
+    /// previous period.
+    pub(crate) fn holds(&self, group: GroupKey) -> bool {
+        let mut seen = self.lock();
+        seen.rotate(Instant::now());
+        let hash = group.hash();
+        seen.current.contains(&hash) || seen.previous.contains(&hash)
+    }
+
     /// Distinct groups served here in the current and the previous period.
     pub(crate) fn seen(&self) -> usize {
         let mut seen = self.lock();
@@ -139,6 +148,7 @@ mod tests {
         groups.served(GroupKey::new(2));
         groups.served(GroupKey::new(1));
         assert_eq!(groups.seen(), 2);
+        assert!(groups.holds(GroupKey::new(2)) && !groups.holds(GroupKey::new(3)));
         tokio::time::advance(GROUPS_PERIOD).await;
         groups.served(GroupKey::new(2));
         groups.served(GroupKey::new(3));
@@ -147,6 +157,7 @@ mod tests {
         tokio::time::advance(GROUPS_PERIOD).await;
         // 2 and 3 now from the previous period.
         assert_eq!(groups.seen(), 2);
+        assert!(groups.holds(GroupKey::new(3)) && !groups.holds(GroupKey::new(1)));
         tokio::time::advance(2 * GROUPS_PERIOD).await;
         assert_eq!(groups.seen(), 0);
     }

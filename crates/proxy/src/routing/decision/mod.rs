@@ -70,6 +70,10 @@ pub(crate) struct Request {
     /// It counts among its backend's requests awaiting their first byte of
     /// body until that byte comes (mode http).
     pub(crate) awaits_first_byte: bool,
+    /// The bytes of its body's head that its group's other conversations
+    /// repeat (mode http; 0 when not known): what a backend that served
+    /// the group lately still has to prefill less of.
+    pub(crate) head_bytes: u64,
 }
 
 impl Request {
@@ -82,6 +86,7 @@ impl Request {
             prompt_bytes: 0,
             follows: None,
             awaits_first_byte: false,
+            head_bytes: 0,
         }
     }
 
@@ -297,7 +302,9 @@ impl Plan {
             targets: &self.rest,
             sticky: self.sticky,
             pinned: self.route.how == How::Pinned,
-            spread: self.pin_lost && keys.group.is_none(),
+            // A header's group, whose head's size is not known, keeps its
+            // home first while it has room.
+            places: self.pin_lost && (keys.group.is_none() || self.request.head_bytes > 0),
             class: self.request.standing.class,
             tenant: match queue.tenant {
                 Some(TenantBy::Group) => TenantKey::of_group(keys.group),
@@ -308,7 +315,8 @@ impl Plan {
                 &instance.key_memory,
                 self.work_key,
                 self.request.prompt_bytes,
-            ),
+            )
+            .of_group(keys.group, self.request.head_bytes),
             key: keys.table(),
             queue,
             limits: SlotLimits::of(queue, config.load_limits()),

@@ -5,13 +5,15 @@
 //! The queue counts work at each backend ([`crate::routing::backend::load`])
 //! and weighs a spill by it; the estimate comes from the key memory's note
 //! ([`super::note`]): the previous request's body bytes, and once its usage
-//! was read, its own bytes-to-tokens ratio.
+//! was read, its own bytes-to-tokens ratio. A grouped request also brings
+//! its head's size: a backend that served its group lately holds that much
+//! of it ([`Work::at`]).
 
 use std::sync::Arc;
 
 use crate::routing::backend::Backend;
 use crate::routing::key_memory::KeyMemory;
-use crate::routing::keys::MemoryKey;
+use crate::routing::keys::{GroupKey, MemoryKey};
 
 /// What a request's work is estimated from when nothing better is known:
 /// JSON chat bodies run about four bytes to a token.
@@ -24,6 +26,9 @@ pub(crate) struct Work {
     pub(crate) tokens: u64,
     /// The backend its key's previous request went to, and its work there.
     pub(crate) warm_at: Option<(Arc<Backend>, u64)>,
+    /// Its group, and the tokens of its head the group's conversations
+    /// share: a backend that served the group lately holds them.
+    pub(crate) head: Option<(GroupKey, u64)>,
 }
 
 impl Work {
@@ -32,15 +37,35 @@ impl Work {
         Work {
             tokens,
             warm_at: None,
+            head: None,
         }
     }
 
-    /// Its work at `backend`.
+    /// The same work, of `group`, whose conversations share `head_bytes`
+    /// of their bodies (none when 0).
+    pub(crate) fn of_group(self, group: Option<GroupKey>, head_bytes: u64) -> Work {
+        let shared = head_bytes / BYTES_PER_TOKEN;
+        Work {
+            head: group.filter(|_| shared > 0).map(|g| (g, shared)),
+            ..self
+        }
+    }
+
+    /// Its work at `backend`: less the prefix its key's previous request
+    /// left there, or less its group's head if the backend served the group
+    /// lately, whichever it holds more of.
     pub(crate) fn at(&self, backend: &Backend) -> u64 {
-        match &self.warm_at {
+        let warm = match &self.warm_at {
             Some((warm, tokens)) if warm.name == backend.name => *tokens,
             _ => self.tokens,
-        }
+        };
+        let headed = match self.head {
+            Some((group, shared)) if backend.live.groups.holds(group) => {
+                self.tokens.saturating_sub(shared)
+            }
+            _ => self.tokens,
+        };
+        warm.min(headed)
     }
 }
 
@@ -64,5 +89,6 @@ pub(crate) fn work(memory: &KeyMemory, key: MemoryKey, bytes: u64) -> Work {
     Work {
         tokens: tokens(bytes),
         warm_at: Some((backend, tokens(bytes.saturating_sub(before)))),
+        head: None,
     }
 }

@@ -17,12 +17,17 @@
 //! A request's home is its first target: its session pin, or the table's
 //! owner of its key. It waits for its home at least `queue.affinity_wait`,
 //! then takes another of its targets only where that pays in work
-//! ([`Waiter::spill_pays`]); a new conversation (sessions on, no
-//! pin yet) has, as a rule, no cache and takes, at once, the target with room
-//! that has the least work (ties in the table's order; a grouped one, whose
-//! head is cached at its group's candidates, the first with room; one that
-//! opens like a conversation served lately comes sticky, its home where
-//! that one went, see [`crate::routing::key_memory::opening_record`]). A
+//! ([`Waiter::spill_pays`]); a conversation's first request (sessions on,
+//! no pin yet) goes where its first token comes soonest
+//! ([`soonest_first`]): the work each target holds plus what it would still
+//! have to prefill of this request, less what its cache holds of it (its
+//! group's head, where the group was served lately); it takes that target
+//! at once if it has room, else waits for it, or for any other that comes
+//! to be as soon. A tiny shared head never outweighs load; a long agent
+//! prompt does. (One that opens like a conversation served lately comes
+//! sticky, its home where that one went, see
+//! [`crate::routing::llm::openings`]; one grouped by a header, whose head's
+//! size nobody knows, takes the first target with room.) A
 //! backend whose engine reports itself full (`health.load`), or whose
 //! requests awaiting their first byte hold `queue.max_prefill_tokens` of
 //! prefill, counts as at its limit. Work is the prompt tokens a backend
@@ -122,9 +127,9 @@ pub(crate) struct Ask<'a> {
     pub(crate) sticky: bool,
     /// Whether its home is its session pin (kept across a reload).
     pub(crate) pinned: bool,
-    /// A conversation's first request without a group: of the targets with
-    /// room, the one with the least work takes it (not sticky only).
-    pub(crate) spread: bool,
+    /// A conversation's first request: it goes where its first token comes
+    /// soonest ([`soonest_first`]; not sticky only).
+    pub(crate) places: bool,
     /// Its class (an index into `queue.priority.classes`) and tenant.
     pub(crate) class: usize,
     pub(crate) tenant: TenantKey,
@@ -188,9 +193,26 @@ impl Waiter {
         let Some(home) = self.targets.first().filter(|_| self.sticky) else {
             return true;
         };
-        let ahead = |b: &Backend| b.live.load.prefill_tokens().saturating_add(self.work.at(b));
-        ahead(to) <= ahead(home)
+        ahead(to, &self.work) <= ahead(home, &self.work)
     }
+}
+
+/// The prefill work ahead of a request's first token at `backend`: what it
+/// holds awaiting a first byte, plus what it would still have to compute of
+/// the request ([`Work::at`]).
+fn ahead(backend: &Backend, work: &Work) -> u64 {
+    let held = backend.live.load.prefill_tokens();
+    held.saturating_add(work.at(backend))
+}
+
+/// `targets` by when a request of `work` would have its first token there,
+/// soonest first ([`ahead`]; ties keep the table's order, the group's home
+/// first). A conversation's first request goes to the first.
+pub(crate) fn soonest_first(targets: &[Arc<Backend>], work: &Work) -> Vec<Arc<Backend>> {
+    let mut order: Vec<(u64, &Arc<Backend>)> =
+        targets.iter().map(|b| (ahead(b, work), b)).collect();
+    order.sort_by_key(|(ahead, _)| *ahead);
+    order.into_iter().map(|(_, b)| Arc::clone(b)).collect()
 }
 
 impl Default for Queue {
@@ -295,12 +317,24 @@ impl Queue {
             state.limits = ask.limits;
             state.aging = q.priority.aging;
             state.waiting.set_across_classes(q.tenant_across_classes);
-            let may = if waits_for_home { 1 } else { ask.targets.len() };
-            let spread = ask.spread && !waits_for_home;
-            let room_now = || first_with_room(&ask.targets[..may], &ask.limits, &ask.work, spread);
+            let places = ask.places && !waits_for_home;
+            let targets = match places {
+                true => soonest_first(ask.targets, &ask.work),
+                false => ask.targets.to_vec(),
+            };
+            // Where it may go now: its home; placing, any target as soon as
+            // the soonest; else the first with room.
+            let may = |i: usize| match (waits_for_home, places) {
+                (true, _) => i == 0,
+                (_, true) => {
+                    i == 0 || ahead(&targets[i], &ask.work) <= ahead(&targets[0], &ask.work)
+                }
+                _ => true,
+            };
+            let room_now = || first_with_room(&targets, &ask.limits, &ask.work, may);
             if let Some(found) = room_now() {
                 drop(state);
-                return Ok(self.without_waiting(&ask, found, started));
+                return Ok(self.without_waiting(&ask, &targets, found, started));
             }
             if let Err(why) = fits(&state.waiting, &ask, self.stats.bytes()) {
                 drop(state);
@@ -309,14 +343,14 @@ impl Queue {
             }
             let (tx, rx) = oneshot::channel();
             let waiter = Waiter {
-                targets: ask.targets.to_vec(),
+                targets: targets.clone(),
                 home_until: if waits_for_home {
                     started + q.affinity_wait
                 } else {
                     started
                 },
                 pinned: ask.pinned,
-                sticky: waits_for_home,
+                sticky: waits_for_home || places,
                 key: ask.key,
                 bytes: ask.bytes,
                 work: ask.work.clone(),
@@ -335,7 +369,7 @@ impl Queue {
                 state.waiting.remove(id);
                 self.len.store(state.waiting.len(), Ordering::Relaxed);
                 drop(state);
-                return Ok(self.without_waiting(&ask, found, started));
+                return Ok(self.without_waiting(&ask, &targets, found, started));
             }
             self.stats.hold_bytes(ask.bytes, true);
             (rx, id)
@@ -361,19 +395,23 @@ impl Queue {
         }
     }
 
-    /// Admitted at once: at its home, or (not sticky) at another target.
+    /// Admitted at once at `targets[i]` (its targets, in the order it
+    /// takes them): at its home, or (not sticky) at another target.
     fn without_waiting(
         &self,
         ask: &Ask<'_>,
+        targets: &[Arc<Backend>],
         (i, room): (usize, Room),
         started: Instant,
     ) -> Admitted {
-        let how = match i {
-            0 => Admit::AtOnce,
-            _ if ask.spread && !ask.sticky => Admit::Placed,
-            _ => Admit::Spilled,
+        let backend = &targets[i];
+        let home = ask.targets.first().is_some_and(|h| Arc::ptr_eq(h, backend));
+        let how = match () {
+            () if home => Admit::AtOnce,
+            () if ask.places && !ask.sticky => Admit::Placed,
+            () => Admit::Spilled,
         };
-        self.admitted(ask, &ask.targets[i], room, how, started)
+        self.admitted(ask, backend, room, how, started)
     }
 
     fn admitted(
@@ -514,6 +552,7 @@ impl Ticket<'_> {
         let home = ask.targets.first().map(|b| Arc::clone(&b.live));
         let how = |b: &Arc<Backend>| match &home {
             Some(home) if Arc::ptr_eq(home, &b.live) => Admit::Waited,
+            _ if ask.places && !ask.sticky => Admit::Placed,
             _ => Admit::Spilled,
         };
         tokio::pin!(gone);

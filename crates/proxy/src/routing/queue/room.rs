@@ -46,20 +46,14 @@ pub(crate) fn room(backend: &Arc<Backend>, limits: &SlotLimits, work: &Work) -> 
     (backend.live).try_reserve_work(limit, tokens, limits.max_prefill_tokens)
 }
 
-/// The first of `targets` with room, and its slot; with `spread`, the one
-/// with room and the least work (ties to the earlier).
+/// The first of `targets` that `may` take it and has room, and its slot.
 pub(super) fn first_with_room(
     targets: &[Arc<Backend>],
     limits: &SlotLimits,
     work: &Work,
-    spread: bool,
+    may: impl Fn(usize) -> bool,
 ) -> Option<(usize, Room)> {
-    let take = |i: usize| room(&targets[i], limits, work).map(|r| (i, r));
-    if !spread {
-        return (0..targets.len()).find_map(take);
-    }
-    let mut order: Vec<usize> = (0..targets.len()).collect();
-    // Stable: equal work keeps the table's order.
-    order.sort_by_key(|&i| targets[i].live.load.prefill_tokens());
-    order.into_iter().find_map(take)
+    (0..targets.len())
+        .filter(|&i| may(i))
+        .find_map(|i| room(&targets[i], limits, work).map(|r| (i, r)))
 }

@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::config::{BackendConfig, Priority};
-use crate::routing::keys::TenantKey;
+use crate::routing::keys::{GroupKey, TenantKey};
 use crate::routing::llm::work::Work;
 
 fn backend(name: &str, port: u16, queue: &Arc<Queue>) -> Arc<Backend> {
@@ -48,7 +48,7 @@ fn ask<'a>(targets: &'a [Arc<Backend>], q: &'a QueueConfig, class: usize) -> Ask
         targets,
         sticky: true,
         pinned: false,
-        spread: false,
+        places: false,
         class,
         tenant: TenantKey::NONE,
         bytes: 10,
@@ -274,10 +274,10 @@ async fn a_new_conversation_goes_where_there_is_least_work() {
     let _less = targets[1].live.try_reserve_work(8, 300, None);
     let mut opening = ask(&targets, &q, 1);
     opening.sticky = false;
-    opening.spread = true;
+    opening.places = true;
     let admitted = queue.admit(opening, std::future::pending()).await.unwrap();
     assert_eq!(admitted.backend.name, "b3");
-    // Equal work keeps the table's order; without spread, the first with room.
+    // Equal work keeps the table's order; not placing, the first with room.
     let mut later = ask(&targets, &q, 1);
     later.sticky = false;
     let admitted = queue.admit(later, std::future::pending()).await.unwrap();
@@ -303,6 +303,7 @@ async fn past_its_affinity_wait_a_request_spills_only_where_it_pays() {
             turn.work = Work {
                 tokens: 4000,
                 warm_at: Some((warm, 100)),
+                head: None,
             };
             let admitted = queue.admit(turn, std::future::pending()).await;
             admitted.map(|a| (a.backend.name.clone(), a.how))
@@ -322,4 +323,77 @@ async fn past_its_affinity_wait_a_request_spills_only_where_it_pays() {
     drop(_home_slot);
     let (name, how) = waiting.await.unwrap().unwrap();
     assert_eq!((name.as_str(), how), ("home", Admit::Waited));
+}
+
+/// A conversation's first request of `tokens`, of group 7 whose head is
+/// `head` tokens.
+fn opening<'a>(targets: &'a [Arc<Backend>], q: &'a QueueConfig, tokens: u64, head: u64) -> Ask<'a> {
+    let mut opening = ask(targets, q, 1);
+    opening.sticky = false;
+    opening.places = true;
+    opening.work = Work::cold(tokens).of_group(Some(GroupKey::new(7)), head * 4);
+    opening
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_conversation_goes_where_its_first_token_comes_soonest() {
+    let queue = Arc::new(Queue::default());
+    let targets: Vec<_> = (1..=2)
+        .map(|i| backend(&format!("b{i}"), i, &queue))
+        .collect();
+    targets[0].live.groups.served(GroupKey::new(7));
+    let q = config(8);
+    let placed = |tokens, head| {
+        let (queue, targets, q) = (Arc::clone(&queue), targets.clone(), q.clone());
+        async move {
+            let ask = opening(&targets, &q, tokens, head);
+            let admitted = queue.admit(ask, std::future::pending()).await.unwrap();
+            (admitted.backend.name.clone(), admitted.how)
+        }
+    };
+    // b1 holds 1,000 tokens of work and the group's head of 3,000: 1,000 +
+    // 200 there against 3,200 at b2.
+    let held = targets[0].live.try_reserve_work(8, 1000, None).unwrap();
+    assert_eq!(placed(3200, 3000).await, ("b1".into(), Admit::AtOnce));
+    // A head of 100 tokens: 1,000 + 3,100 against 3,200, load wins.
+    assert_eq!(placed(3200, 100).await, ("b2".into(), Admit::Placed));
+    drop(held);
+    // With 4,000 tokens held at b1, even the long head loses.
+    let _held = targets[0].live.try_reserve_work(8, 4000, None).unwrap();
+    assert_eq!(placed(3200, 3000).await, ("b2".into(), Admit::Placed));
+    // No group anywhere: the least work, as before.
+    let fresh = Work::cold(3200);
+    assert_eq!(fresh.at(&targets[0]), fresh.at(&targets[1]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_conversation_waits_for_the_soonest_rather_than_take_a_later_one_with_room() {
+    let queue = Arc::new(Queue::default());
+    let targets: Vec<_> = (1..=2)
+        .map(|i| backend(&format!("b{i}"), i, &queue))
+        .collect();
+    targets[0].live.groups.served(GroupKey::new(7));
+    let mut q = config(8);
+    // One prefill at a time.
+    q.max_prefill_tokens = Some(1);
+    let prefill = targets[0].live.try_reserve_work(8, 500, Some(1)).unwrap();
+    let waiting = tokio::spawn({
+        let (queue, targets, q) = (Arc::clone(&queue), targets.clone(), q.clone());
+        async move {
+            let ask = opening(&targets, &q, 3200, 3000);
+            let admitted = queue.admit(ask, std::future::pending()).await;
+            admitted.map(|a| (a.backend.name.clone(), a.how))
+        }
+    });
+    while queue.is_empty() {
+        tokio::task::yield_now().await;
+    }
+    // b2 has room, but 3,200 there is later than 500 + 200 at b1.
+    let other = targets[1].live.try_reserve_work(8, 0, Some(1)).unwrap();
+    drop(other);
+    tokio::task::yield_now().await;
+    assert_eq!(queue.len(), 1, "a later first token is not taken for room");
+    drop(prefill);
+    let (name, how) = waiting.await.unwrap().unwrap();
+    assert_eq!((name.as_str(), how), ("b1", Admit::Waited));
 }

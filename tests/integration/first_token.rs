@@ -1,0 +1,93 @@
+//! Under a `queue`, a conversation's first request goes where its first
+//! token comes soonest: the prefill work each backend holds plus what it
+//! would still have to compute of the request, less its group's head where
+//! that group was served lately. A long shared head keeps a conversation
+//! with its group's cache against some load; a tiny one never outweighs it.
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::Response;
+use hyper::body::Incoming;
+use magpie_core::key::group::{GroupBy, body_group_key};
+use magpie_core::key::text_key;
+
+use crate::support::*;
+
+const SOONEST: &str = "mode: http\nkey:\n  from: header\n  header: x-session-id\n  group: system\nsessions:\n  ttl: 10m\nqueue:\n  max_inflight: 8\n  timeout: 30s\n";
+
+/// A chat body: `system` as its instructions, then one user message.
+fn chat(system: &str, user: &str) -> String {
+    format!(
+        r#"{{"model":"m","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"{user}"}}]}}"#
+    )
+}
+
+/// Holds `tokens` of prefill work at `backend`: a request whose answer's
+/// head has come but no byte of its body (`/quiet`), of a session whose
+/// primary is `backend` (pinned there by its first request, which went
+/// there while nothing was held), 4 bytes a token.
+async fn hold_work(
+    magpie: &Magpie,
+    backend: &str,
+    tokens: usize,
+) -> (KeepAlive, Response<Incoming>) {
+    let session = (0..10_000)
+        .map(|i| format!("busy-{i}"))
+        .find(|s| magpie.primary(text_key(s.as_bytes())) == backend)
+        .expect("a session of that backend");
+    let request = hyper::Request::post("/quiet")
+        .header("host", "magpie")
+        .header("x-session-id", session)
+        .body(Full::new(Bytes::from(vec![b'x'; tokens * 4])))
+        .expect("a request");
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    let response = client.start(request).await;
+    assert_eq!(response.status(), 200);
+    (client, response)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_goes_where_its_first_token_comes_soonest() {
+    let backends = HyperBackends::start(&["a", "b"]).await;
+    let magpie = Magpie::with(SOONEST, &backends.pairs()).await;
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    let prefill = |b: &str| magpie.backend_metric("magpie_backend_prefill_tokens", b, &[]);
+
+    // An agent with a head of 2,000 tokens: its first conversation goes to
+    // its group's primary (nothing is cached anywhere, no work is held).
+    let head = "h".repeat(8000);
+    let long = |user: &str| chat(&head, user);
+    let group = body_group_key(long("x").as_bytes(), &GroupBy::System).expect("a group");
+    let order = magpie.candidates(group);
+    assert_eq!(client.post_json(&long("one"), Some("one")).await, order[0]);
+    // The primary holds 1,000 tokens of work: 1,000 + a few there against
+    // 2,000 elsewhere, where the head is not cached. It stays.
+    let held = hold_work(&magpie, &order[0], 1000).await;
+    assert_eq!(prefill(&order[0]), 1000);
+    assert_eq!(client.post_json(&long("two"), Some("two")).await, order[0]);
+    // Another 2,000 held there (the same session's: 3,000 tokens less the
+    // 1,000 its first left cached): the head no longer pays for the wait.
+    let more = hold_work(&magpie, &order[0], 3000).await;
+    assert_eq!(prefill(&order[0]), 3000);
+    assert_eq!(
+        client.post_json(&long("three"), Some("three")).await,
+        order[1]
+    );
+
+    // A tiny head (one word) with a long first message: where its group was
+    // served counts for almost nothing against the work held there.
+    let tiny = |user: &str| chat("be brief", user);
+    let document = "d".repeat(8000);
+    let tiny_group = body_group_key(tiny("x").as_bytes(), &GroupBy::System).expect("a group");
+    let tiny_order = magpie.candidates(tiny_group);
+    let idle = (tiny_order.iter().find(|b| **b == order[1])).expect("both are candidates");
+    assert_eq!(
+        client.post_json(&tiny(&document), Some("four")).await,
+        *idle
+    );
+    let placed = magpie.metric("magpie_queue_admitted_total", &["how=\"placed\""]);
+    assert!(placed >= 1, "placed away from the table's first: {placed}");
+    drop((held, more));
+    backends.release(2);
+    magpie.stop().await;
+}
