@@ -132,6 +132,9 @@ pub(crate) struct Plan {
     work_key: MemoryKey,
     /// A `queue` was configured: openings are remembered.
     queued: bool,
+    /// Connects left (`connect.attempts`): a route under a queue keeps
+    /// more targets than that, to choose among.
+    attempts_left: usize,
 }
 
 /// A backend's room, taken for a request.
@@ -249,6 +252,7 @@ impl Plan {
             pinned: pinned.map(Box::new),
             pin_lost,
             queued,
+            attempts_left: snapshot.config.connect.attempts as usize,
         };
         // A conversation's first request that opens like one served lately
         // waits where that one went, its work there told by its record.
@@ -294,7 +298,7 @@ impl Plan {
                 None => Taken::None,
             };
         };
-        if self.rest.is_empty() {
+        if self.rest.is_empty() || self.attempts_left == 0 {
             return Taken::None;
         }
         let keys = self.request.keys;
@@ -338,7 +342,7 @@ impl Plan {
     /// waiting; a target that filled up since the plan was made is passed
     /// over (counted as a spill). `None` when no target is left.
     pub(crate) fn take_now(&mut self) -> Option<Slot> {
-        while !self.rest.is_empty() {
+        while !self.rest.is_empty() && self.attempts_left > 0 {
             let backend = self.rest.remove(0);
             match self.route.reserve(&backend) {
                 Some(active) => return Some(self.slot(backend, active, None)),
@@ -357,6 +361,7 @@ impl Plan {
         work: Option<WorkGuard>,
     ) -> Slot {
         self.sticky = false;
+        self.attempts_left = self.attempts_left.saturating_sub(1);
         let first_byte = self.request.awaits_first_byte.then(|| {
             // A conversation's opening counts at the first backend that
             // takes it, a new group's at its home only.

@@ -7,7 +7,10 @@
 //! key: a backend marked down is skipped, and so is one at its bounded-load
 //! cap, or whose engine reports itself full (`health.load`: its queue or KV
 //! cache over the limits; a pinned key stays unless it is far over). At most
-//! `connect.attempts` targets are kept. When health leaves nobody, `health.when_all_down` decides: try the candidates anyway, primary
+//! `connect.attempts` targets are kept; under a `queue`, every candidate that
+//! takes the key, for the queue to choose among (where a first token comes
+//! soonest, where a spill pays), and the plan still connects at most
+//! `connect.attempts` times ([`kept`]). When health leaves nobody, `health.when_all_down` decides: try the candidates anyway, primary
 //! first (fail open), or refuse.
 //!
 //! Both data paths and the admin endpoint's `/route` ask this module, so a
@@ -31,7 +34,7 @@
 
 use std::sync::Arc;
 
-use crate::config::AllDown;
+use crate::config::{AllDown, Config};
 use crate::routing::backend::{ActiveGuard, Backend, Spill};
 use crate::routing::snapshot::Snapshot;
 use magpie_core::labels;
@@ -258,8 +261,7 @@ impl Route {
         if takes {
             self.targets.retain(|b| !Arc::ptr_eq(b, pin));
             self.targets.insert(0, Arc::clone(pin));
-            self.targets
-                .truncate(snapshot.config.connect.attempts as usize);
+            self.targets.truncate(kept(&snapshot.config));
             self.how = How::Pinned;
             self.session_pin = session;
         }
@@ -339,11 +341,22 @@ fn caps_of(snapshot: &Snapshot) -> Option<Caps> {
     })
 }
 
+/// How many targets a route keeps: `connect.attempts`, or under a `queue`
+/// every candidate (it chooses among them; connects stay at most
+/// `connect.attempts`, [`crate::routing::decision`]).
+pub(crate) fn kept(config: &Config) -> usize {
+    match config.queue {
+        Some(_) => MAX_CANDIDATES,
+        None => config.connect.attempts as usize,
+    }
+}
+
 /// Walks `key`'s candidates and keeps those the policy accepts, calling
 /// `on_skip` for each one passed over.
 fn select(snapshot: &Snapshot, key: u64, mut on_skip: impl FnMut(&Backend, Spill)) -> Route {
     let config = &snapshot.config;
     let attempts = config.connect.attempts as usize;
+    let keep = kept(config);
     let caps = caps_of(snapshot);
     // With `queue`, a full engine counts as at its limit: the request
     // waits for it (crate::routing::queue) rather than passing it over.
@@ -351,7 +364,7 @@ fn select(snapshot: &Snapshot, key: u64, mut on_skip: impl FnMut(&Backend, Spill
         .filter(|_| config.queue.is_none())
         .map(|l| (l, Instant::now()));
     let ramp = (config.placement.slow_start).map(|length| (length, Instant::now()));
-    let mut targets = Vec::with_capacity(attempts);
+    let mut targets = Vec::with_capacity(attempts.min(keep));
     let mut skipped_down = false;
     let mut how = How::Primary;
     for backend in snapshot.candidates(key) {
@@ -376,7 +389,7 @@ fn select(snapshot: &Snapshot, key: u64, mut on_skip: impl FnMut(&Backend, Spill
             }
             None => {
                 targets.push(Arc::clone(backend));
-                if targets.len() == attempts {
+                if targets.len() == keep {
                     break;
                 }
             }
