@@ -4,6 +4,8 @@
 //! that group was served lately. A long shared head keeps a conversation
 //! with its group's cache against some load; a tiny one never outweighs it.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::Response;
@@ -90,4 +92,58 @@ async fn a_conversation_goes_where_its_first_token_comes_soonest() {
     drop((held, more));
     backends.release(2);
     magpie.stop().await;
+}
+
+/// What the store binds `session` to, once it binds it.
+async fn bound(redis: &RedisServer, session: &str) -> String {
+    within("the binding", async {
+        loop {
+            if let redis::Value::BulkString(name) =
+                redis.command(&[b"GET", &store_key(session)]).await
+            {
+                return String::from_utf8(name).expect("UTF-8");
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
+}
+
+/// Two magpies sharing a store, under a queue: a conversation's pin is
+/// bound where its first request went (where its first token came soonest,
+/// not the table's first), so its next turn through the other magpie goes
+/// there too; a turn that spills off its pin moves the pin for both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_magpies_bind_a_conversation_where_it_was_placed_and_moved() {
+    let redis = RedisServer::start().await;
+    let backends = HyperBackends::start(&["a", "b"]).await;
+    let queue = "queue:\n  max_inflight: 8\n  max_prefill_tokens: 2000\n  affinity_wait: 0s\n  timeout: 30s\n";
+    let fleet = Fleet::start(&store_settings(redis.addr, queue), &backends.pairs()).await;
+    let [one, two] = &fleet.magpies;
+    let session = "conversation";
+    let order = one.candidates(text_key(session.as_bytes()));
+    let mut via_one = KeepAlive::connect(one.addr).await;
+    let mut via_two = KeepAlive::connect(two.addr).await;
+    // The table's first holds 1,000 tokens of work: the conversation's
+    // first request (no work) goes to the other, and is bound there.
+    let first = hold_work(one, &order[0], 1000).await;
+    assert_eq!(via_one.post_json("{}", Some(session)).await, order[1]);
+    assert_eq!(bound(&redis, session).await, order[1]);
+    // Its next turn, through the other magpie, follows its pin.
+    assert_eq!(via_two.post_json("{}", Some(session)).await, order[1]);
+    // Its pin's backend is full (3,000 tokens held through this magpie,
+    // 2,000 the limit): a turn spills to the first, which has room, and the
+    // pin moves there.
+    let second = hold_work(two, &order[1], 3000).await;
+    assert_eq!(via_two.post_json("{}", Some(session)).await, order[0]);
+    within("the pin to move", async {
+        while bound(&redis, session).await != order[0] {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+    // The other magpie reads the move: the next turn goes there too.
+    assert_eq!(via_one.post_json("{}", Some(session)).await, order[0]);
+    drop((first, second));
+    backends.release(1);
 }

@@ -19,6 +19,10 @@
 //! once that one is below its mean share. A shared pin stays where it is
 //! bound (moving it back would need every instance to agree on loads).
 //!
+//! Under a `queue` with a shared store, a key without a binding is placed by
+//! the queue and bound where it went, and a turn that spilled off its pin
+//! moves the binding ([`crate::routing::sessions::placed`]).
+//!
 //! With `key.group` the pin is the session key's and the table is looked
 //! up by the group ([`Keys`]): a conversation without a pin is placed by
 //! its group ([`crate::routing::llm::groups`]), that backend becomes the
@@ -35,6 +39,7 @@ use crate::routing::llm::groups::{self, Grouped};
 use crate::routing::llm::openings::Opening;
 use crate::routing::route::{How, Route};
 use crate::routing::sessions::Sessions;
+use crate::routing::sessions::placed::SharedPin;
 use crate::routing::sessions::store::Store;
 use crate::routing::snapshot::Snapshot;
 
@@ -52,6 +57,9 @@ pub(crate) struct Pinned {
     pub(crate) opening: Option<Opening>,
     /// Its group (`key.group`, which needs sessions).
     pub(crate) grouped: Option<Grouped>,
+    /// Under a queue with a shared store: what serving it does to the
+    /// binding there.
+    shared: Option<SharedPin>,
 }
 
 impl Pinned {
@@ -62,7 +70,9 @@ impl Pinned {
         if let Some(grouped) = &self.grouped {
             grouped.served(backend, &self.sessions);
         }
-        if self.bind_served {
+        if let Some(shared) = &self.shared {
+            (self.sessions).bind_shared(keys.session.hash(), &backend.name, shared);
+        } else if self.bind_served {
             self.sessions.pins.bind(keys.session.hash(), &backend.name);
         } else {
             self.sessions.pins.touch(keys.session.hash());
@@ -87,6 +97,7 @@ pub(crate) async fn route(
         placed: bound.placed,
         opening: bound.opening,
         grouped: None,
+        shared: bound.shared,
     };
     (route, pinned)
 }
@@ -100,6 +111,8 @@ struct Bound {
     placed: bool,
     /// The request opens a conversation (`key.group_choices`).
     opening: Option<Opening>,
+    /// Under a queue with a shared store: what serving it does there.
+    shared: Option<SharedPin>,
 }
 
 /// The route for `keys` under `sessions`, and what it does to the pin.
@@ -131,15 +144,22 @@ async fn by_pin(
                 bind_served: true,
                 placed,
                 opening,
+                shared: None,
             },
         );
     };
+    // Under a queue the store is read first: another magpie may have
+    // moved the pin.
+    let queued = snapshot.config.queue.is_some();
+    if queued && store.is_usable() {
+        return placed_then_bound(sessions, store, snapshot, keys).await;
+    }
     // Instance pins: the local map first.
     if let Some((name, due)) = sessions.cached(session)
         && let Some(pin) = usable(snapshot, &name)
     {
         if due {
-            sessions.refresh(session, name);
+            sessions.refresh(session, Arc::clone(&name));
         }
         return (
             Route::plan_pinned(snapshot, table_key, pin),
@@ -148,6 +168,53 @@ async fn by_pin(
     }
     store.ensure_connecting();
     by_shared_pin(sessions, store, snapshot, keys).await
+}
+
+/// [`by_pin`] with a shared store under a queue: the store's binding if it
+/// has a usable one (a turn that spills off it moves it); else the table's
+/// route (its group's home first), for the queue to place the request, and
+/// the backend that takes it is bound (replacing a binding to a backend
+/// down or gone). No answer from the store: the cached pin, else the
+/// table's route, nothing bound.
+async fn placed_then_bound(
+    sessions: &Arc<Sessions>,
+    store: &Arc<Store>,
+    snapshot: &Snapshot,
+    keys: Keys,
+) -> (Route, Bound) {
+    let session = keys.session.hash();
+    let table = Route::plan(snapshot, keys.table());
+    let Some(held) = store.lookup(session).await else {
+        let cached = sessions.cached(session);
+        return match cached.and_then(|(name, _)| usable(snapshot, &name).cloned()) {
+            Some(pin) => (table.pin_first(snapshot, &pin), Bound::default()),
+            None => (table, Bound::default()),
+        };
+    };
+    let pin = held.as_deref().and_then(|name| usable(snapshot, name));
+    sessions.pins.count(pin.is_some());
+    if let Some(pin) = pin {
+        sessions.pins.bind(session, &pin.name);
+        let bound = Bound {
+            shared: Some(SharedPin::Move {
+                was: pin.name.clone(),
+            }),
+            ..Bound::default()
+        };
+        return (Route::plan_pinned(snapshot, keys.table(), pin), bound);
+    }
+    let grouped = keys.group.filter(|_| snapshot.config.group_choices > 1);
+    let (table, opening) = match grouped {
+        Some(group) => groups::home_shared(sessions, store, snapshot, group, table).await,
+        None => (table, None),
+    };
+    let bound = Bound {
+        placed: true,
+        opening,
+        shared: Some(SharedPin::Place { stale: held }),
+        ..Bound::default()
+    };
+    (table, bound)
 }
 
 /// [`by_pin`] with a shared store, for a key without a usable cached pin:
@@ -191,6 +258,7 @@ async fn by_shared_pin(
         bind_served: false,
         placed: pin.name == choice,
         opening,
+        shared: None,
     };
     (table.pin_first(snapshot, pin), placed)
 }

@@ -15,6 +15,7 @@
 //! session's hits or misses.
 
 pub(crate) mod homes;
+pub(crate) mod placed;
 pub(crate) mod store;
 
 use std::num::NonZeroUsize;
@@ -243,6 +244,13 @@ impl Pins {
     #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Counts a pin found (a hit) or not (a miss) elsewhere: in the shared
+    /// store, read first under a queue.
+    pub(crate) fn count(&self, hit: bool) {
+        let counter = if hit { &self.hits } else { &self.misses };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn hits(&self) -> u64 {

@@ -347,7 +347,7 @@ impl Store {
 
     /// Replaces `key`'s binding `stale` with `backend`; the binding that
     /// holds (`backend` if this replacement won).
-    async fn replace(
+    pub(super) async fn replace(
         &self,
         key: u64,
         stale: &[u8],
