@@ -147,3 +147,25 @@ async fn two_magpies_bind_a_conversation_where_it_was_placed_and_moved() {
     drop((first, second));
     backends.release(1);
 }
+
+/// A backend's prefill rate is learned from its answers (their work over the
+/// time until each one's first byte), shown once eight answers came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backends_prefill_rate_is_learned_from_its_answers() {
+    let backends = HyperBackends::start(&["a"]).await;
+    let magpie = Magpie::with(SOONEST, &backends.pairs()).await;
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    let rate = || {
+        let labels = ["backend=\"a\""];
+        magpie.metric_f64("magpie_backend_prefill_rate_tokens_per_second", &labels)
+    };
+    let document = "d".repeat(4000);
+    for i in 0..8 {
+        assert_eq!(rate(), 0.0, "not before eight answers");
+        let session = format!("s{i}");
+        client
+            .post_json(&chat("s", &document), Some(&session))
+            .await;
+    }
+    assert!(rate() > 0.0, "learned: {}", rate());
+}

@@ -65,6 +65,16 @@ pub(crate) struct InFlight<C: Pooled = Conn> {
     pub(crate) reusable: bool,
 }
 
+impl<C: Pooled> InFlight<C> {
+    /// The first byte of the answer's body passed: the request no longer
+    /// awaits it, and its work teaches the backend's prefill rate.
+    pub(crate) fn body_began(&mut self) {
+        if let Some(first) = self.awaiting.take() {
+            first.arrived();
+        }
+    }
+}
+
 impl<C: Pooled> std::fmt::Debug for InFlight<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("InFlight")
@@ -201,7 +211,7 @@ impl Body for ResponseBody {
                     traffic.add_bytes_received(data.len() as u64);
                     this.bytes_out += data.len() as u64;
                     if !data.is_empty() {
-                        f.awaiting = None;
+                        f.body_began();
                     }
                     if let Some(usage) = &mut this.usage {
                         usage.feed(data);

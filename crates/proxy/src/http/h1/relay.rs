@@ -390,7 +390,7 @@ impl Body {
             })
             .map_err(|e| debug!(backend = %in_flight.backend.name, error = %e, "malformed response body"))?;
         if data_seen {
-            in_flight.awaiting = None;
+            in_flight.body_began();
         }
         if n < bytes.len() {
             self.unfit = Some(Discard::Unsolicited);

@@ -13,6 +13,7 @@
 //! | [`crate::routing::health::EngineLoad`] | the inference engine's queue and KV cache, as last scraped |
 //! | [`drain`] | when a removed backend's connections must close |
 //! | [`groups`] | `key.group`: distinct groups served lately, placements by candidate rank |
+//! | [`rate`] | `queue`: the prefill rate learned from its answers (work over busy time) |
 //!
 //! Live state lives behind its own `Arc`, so a reload can hand the same live
 //! state to the next snapshot when a backend's name and address are
@@ -21,6 +22,7 @@
 pub(crate) mod drain;
 pub(crate) mod groups;
 pub(crate) mod load;
+pub(crate) mod rate;
 pub(crate) mod traffic;
 
 use crate::net::tls_client::BackendTls;
@@ -33,6 +35,7 @@ use self::drain::Drain;
 use self::groups::Groups;
 pub(crate) use self::load::Awaiting;
 use self::load::Load;
+use self::rate::PrefillRate;
 use self::traffic::Traffic;
 use crate::config::BackendConfig;
 use crate::routing::health::{self, EngineLoad, Health};
@@ -98,6 +101,8 @@ pub(crate) struct Live {
     pub(crate) drain: Drain,
     /// The groups it served (`key.group`).
     pub(crate) groups: Groups,
+    /// Its prefill rate, learned from its answers (`queue`).
+    pub(crate) prefill_rate: PrefillRate,
     /// Told whenever a slot is given back, so a request waiting for this
     /// backend can take it (`queue`); set once by the instance.
     pub(crate) waiters: OnceLock<Arc<dyn SlotFreed>>,
@@ -157,6 +162,7 @@ impl Live {
         let work = WorkGuard {
             live: Arc::clone(self),
             tokens,
+            sent: tokio::time::Instant::now(),
         };
         Some((slot, work))
     }
@@ -208,9 +214,18 @@ impl Drop for AwaitingGuard {
 pub(crate) struct WorkGuard {
     live: Arc<Live>,
     tokens: u64,
+    /// When the request was admitted (and so sent).
+    sent: tokio::time::Instant,
 }
 
 impl WorkGuard {
+    /// The answer's first byte came: the backend's prefill rate learns
+    /// from it ([`rate`]), and the work is taken off.
+    pub(crate) fn answered(self) {
+        let now = tokio::time::Instant::now();
+        self.live.prefill_rate.answered(self.tokens, self.sent, now);
+    }
+
     /// Adds `tokens` to the work it holds.
     pub(crate) fn grow(&mut self, tokens: u64) {
         self.live.load.add_work(tokens);

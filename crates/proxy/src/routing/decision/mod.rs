@@ -158,7 +158,17 @@ pub(crate) struct Slot {
 pub(crate) struct FirstByte {
     _count: AwaitingGuard,
     _mark: Option<AwaitingMark>,
-    _work: Option<WorkGuard>,
+    work: Option<WorkGuard>,
+}
+
+impl FirstByte {
+    /// The first byte of body came (dropping it without this: the request
+    /// ended first): its work there teaches the backend's prefill rate.
+    pub(crate) fn arrived(self) {
+        if let Some(work) = self.work {
+            work.answered();
+        }
+    }
 }
 
 /// What taking a slot came to.
@@ -373,7 +383,7 @@ impl Plan {
             FirstByte {
                 _count: backend.live.await_first_byte(kind),
                 _mark: mark,
-                _work: work,
+                work,
             }
         });
         Slot {

@@ -193,26 +193,44 @@ impl Waiter {
         let Some(home) = self.targets.first().filter(|_| self.sticky) else {
             return true;
         };
-        ahead(to, &self.work) <= ahead(home, &self.work)
+        let unknown = unlearned_rate(&self.targets);
+        ahead(to, &self.work, unknown) <= ahead(home, &self.work, unknown)
     }
 }
 
-/// The prefill work ahead of a request's first token at `backend`: what it
-/// holds awaiting a first byte, plus what it would still have to compute of
-/// the request ([`Work::at`]).
-fn ahead(backend: &Backend, work: &Work) -> u64 {
+/// When a request of `work` would have its first token at `backend`: the
+/// work it holds awaiting a first byte plus what it would still have to
+/// compute of the request ([`Work::at`]), over its prefill rate as learned
+/// from its answers ([`crate::routing::backend::rate`]; `unknown` while it
+/// is not learned).
+fn ahead(backend: &Backend, work: &Work, unknown: f64) -> f64 {
     let held = backend.live.load.prefill_tokens();
-    held.saturating_add(work.at(backend))
+    let tokens = held.saturating_add(work.at(backend)) as f64;
+    tokens / backend.live.prefill_rate.per_second().unwrap_or(unknown)
+}
+
+/// The rate a backend whose rate is not learned yet counts at: the mean of
+/// those of `targets` that are (all alike while none is).
+fn unlearned_rate(targets: &[Arc<Backend>]) -> f64 {
+    let learned: Vec<f64> = (targets.iter())
+        .filter_map(|b| b.live.prefill_rate.per_second())
+        .collect();
+    match learned.len() {
+        0 => 1.0,
+        n => learned.iter().sum::<f64>() / n as f64,
+    }
 }
 
 /// `targets` by when a request of `work` would have its first token there,
-/// soonest first ([`ahead`]; ties keep the table's order, the group's home
-/// first). A conversation's first request goes to the first.
-pub(crate) fn soonest_first(targets: &[Arc<Backend>], work: &Work) -> Vec<Arc<Backend>> {
-    let mut order: Vec<(u64, &Arc<Backend>)> =
-        targets.iter().map(|b| (ahead(b, work), b)).collect();
-    order.sort_by_key(|(ahead, _)| *ahead);
-    order.into_iter().map(|(_, b)| Arc::clone(b)).collect()
+/// soonest first, and when ([`ahead`]; ties keep the table's order, the
+/// group's home first). A conversation's first request goes to the first.
+pub(crate) fn soonest_first(targets: &[Arc<Backend>], work: &Work) -> Vec<(Arc<Backend>, f64)> {
+    let unknown = unlearned_rate(targets);
+    let mut order: Vec<(Arc<Backend>, f64)> = (targets.iter())
+        .map(|b| (Arc::clone(b), ahead(b, work, unknown)))
+        .collect();
+    order.sort_by(|(_, x), (_, y)| x.total_cmp(y));
+    order
 }
 
 impl Default for Queue {
@@ -318,17 +336,15 @@ impl Queue {
             state.aging = q.priority.aging;
             state.waiting.set_across_classes(q.tenant_across_classes);
             let places = ask.places && !waits_for_home;
-            let targets = match places {
-                true => soonest_first(ask.targets, &ask.work),
-                false => ask.targets.to_vec(),
+            let (targets, soon): (Vec<_>, Vec<f64>) = match places {
+                true => soonest_first(ask.targets, &ask.work).into_iter().unzip(),
+                false => (ask.targets.to_vec(), Vec::new()),
             };
             // Where it may go now: its home; placing, any target as soon as
             // the soonest; else the first with room.
             let may = |i: usize| match (waits_for_home, places) {
                 (true, _) => i == 0,
-                (_, true) => {
-                    i == 0 || ahead(&targets[i], &ask.work) <= ahead(&targets[0], &ask.work)
-                }
+                (_, true) => soon[i] <= soon[0],
                 _ => true,
             };
             let room_now = || first_with_room(&targets, &ask.limits, &ask.work, may);

@@ -397,3 +397,34 @@ async fn a_new_conversation_waits_for_the_soonest_rather_than_take_a_later_one_w
     let (name, how) = waiting.await.unwrap().unwrap();
     assert_eq!((name.as_str(), how), ("b1", Admit::Waited));
 }
+
+#[tokio::test(start_paused = true)]
+async fn work_ahead_is_weighed_by_each_backends_learned_prefill_rate() {
+    let queue = Arc::new(Queue::default());
+    let targets: Vec<_> = (1..=2)
+        .map(|i| backend(&format!("b{i}"), i, &queue))
+        .collect();
+    let q = config(8);
+    let _b1 = targets[0].live.try_reserve_work(8, 4000, None).unwrap();
+    let _b2 = targets[1].live.try_reserve_work(8, 2500, None).unwrap();
+    let place = |queue: &Arc<Queue>| {
+        let (queue, targets, q) = (Arc::clone(queue), targets.clone(), q.clone());
+        async move {
+            let mut ask = opening(&targets, &q, 100, 0);
+            ask.work = Work::cold(100);
+            let admitted = queue.admit(ask, std::future::pending()).await.unwrap();
+            admitted.backend.name.clone()
+        }
+    };
+    // Nothing learned: 2,600 tokens ahead at b2 against 4,100 at b1.
+    assert_eq!(place(&queue).await, "b2");
+    // b1 prefills 2,000 tokens a second, b2 1,000 (ten answers each, one
+    // at a time): 2.05 s at b1 against 2.6 s at b2.
+    let t0 = tokio::time::Instant::now();
+    for i in 0..10u64 {
+        let at = |ms: u64| t0 + Duration::from_millis(i * 1000 + ms);
+        targets[0].live.prefill_rate.answered(1000, at(0), at(500));
+        targets[1].live.prefill_rate.answered(1000, at(0), at(1000));
+    }
+    assert_eq!(place(&queue).await, "b1");
+}
