@@ -267,8 +267,9 @@ fn spawn_admin(
     });
 }
 
-/// The tasks beside the data path: health checks, engine load, the access
-/// log's writer, and reloads when there is a file (or DNS) to reload from.
+/// The tasks beside the data path: health checks, engine load, the fleet's
+/// work (queue and shared store), the access log's writer, and reloads when
+/// there is a file (or DNS) to reload from.
 fn spawn_background(config: &Config, instance: &Arc<Instance>, shutdown: &CancellationToken) {
     {
         let (instance, shutdown) = (Arc::clone(instance), shutdown.clone());
@@ -280,6 +281,12 @@ fn spawn_background(config: &Config, instance: &Arc<Instance>, shutdown: &Cancel
         let (instance, shutdown) = (Arc::clone(instance), shutdown.clone());
         supervise::spawn(Task::EngineLoad, move || {
             crate::routing::health::engine_scrape::run(Arc::clone(&instance), shutdown.clone())
+        });
+    }
+    {
+        let (instance, shutdown) = (Arc::clone(instance), shutdown.clone());
+        supervise::spawn(Task::Fleet, move || {
+            crate::routing::sessions::fleet::run(Arc::clone(&instance), shutdown.clone())
         });
     }
     let writer = instance.access_log.writer();

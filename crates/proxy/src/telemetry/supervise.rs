@@ -30,6 +30,7 @@ labels! {
         EngineLoad => "engine_load",
         Reload => "reload",
         AccessLog => "access_log",
+        Fleet => "fleet",
     }
 }
 

@@ -171,6 +171,13 @@ pub(crate) const BACKEND: &[Family] = &[
         read: Read::Backend(|b, s| s.value(&[], b.live().load.prefill_tokens() as f64)),
     },
     Family {
+        name: "magpie_backend_fleet_prefill_tokens",
+        kind: GAUGE,
+        labels: &["backend", "addr"],
+        help: "mode http with queue and sessions.store redis: the prefill work the other magpies sharing the store hold at the backend, as last read (every 100 ms); the queue counts it with this magpie's own.",
+        read: Read::Backend(|b, s| s.value(&[], b.live().load.fleet_tokens() as f64)),
+    },
+    Family {
         name: "magpie_backend_prefill_rate_tokens_per_second",
         kind: GAUGE,
         labels: &["backend", "addr"],

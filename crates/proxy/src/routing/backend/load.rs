@@ -16,7 +16,10 @@
 //! still have to prefill, each request's size less the prefix its key's
 //! previous request left in that backend's cache
 //! ([`crate::routing::llm::work`]), reserved with the slot at
-//! admission and given back at the answer's first byte.
+//! admission and given back at the answer's first byte. `fleet_tokens` is
+//! the work the other magpies sharing a store hold there
+//! ([`crate::routing::sessions::fleet`]); the queue weighs and bounds
+//! both together ([`Load::held_tokens`]).
 //! Taking a slot under a cap is
 //! one atomic step, so concurrent accepts never push a backend past its
 //! bounded-load cap.
@@ -31,6 +34,7 @@ pub(crate) struct Load {
     awaiting_openings: AtomicU64,
     awaiting_cold: AtomicU64,
     prefill_tokens: AtomicU64,
+    fleet_tokens: AtomicU64,
 }
 
 /// What a request awaiting its first byte of body is, for the counts.
@@ -76,6 +80,21 @@ impl Load {
         self.prefill_tokens.load(Ordering::Relaxed)
     }
 
+    /// The work the other magpies sharing a store hold here, as last read.
+    pub(crate) fn fleet_tokens(&self) -> u64 {
+        self.fleet_tokens.load(Ordering::Relaxed)
+    }
+
+    /// Sets the other magpies' work here; returns what it was.
+    pub(crate) fn set_fleet_work(&self, tokens: u64) -> u64 {
+        self.fleet_tokens.swap(tokens, Ordering::Relaxed)
+    }
+
+    /// All the work held here: this magpie's and the others'.
+    pub(crate) fn held_tokens(&self) -> u64 {
+        self.prefill_tokens().saturating_add(self.fleet_tokens())
+    }
+
     /// The counters a request of `kind` counts in.
     fn counters(&self, kind: Awaiting) -> impl Iterator<Item = &AtomicU64> {
         let depth = match kind {
@@ -100,13 +119,16 @@ impl Load {
         }
     }
 
-    /// Adds `tokens` of work if less than `max` is held (any, without a
-    /// maximum or when none is held): the check and the addition are one
-    /// atomic step, so concurrent admissions never both pass a full one.
+    /// Adds `tokens` of work if less than `max` is held, the fleet's
+    /// counted (any, without a maximum or when none is held): the check and
+    /// the addition are one atomic step, so concurrent admissions never both
+    /// pass a full one.
     pub(super) fn try_add_work(&self, tokens: u64, max: Option<u64>) -> bool {
+        let fleet = self.fleet_tokens();
         self.prefill_tokens
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |w| {
-                (max.is_none_or(|m| w < m)).then_some(w.saturating_add(tokens))
+                let held = w.saturating_add(fleet);
+                (max.is_none_or(|m| held < m)).then_some(w.saturating_add(tokens))
             })
             .is_ok()
     }

@@ -44,6 +44,7 @@
 
 pub(crate) mod order;
 pub(crate) mod room;
+pub(crate) mod soonest;
 pub(crate) mod stats;
 
 use std::future::Future;
@@ -57,6 +58,7 @@ use tokio::time::Instant;
 use self::order::Waiting;
 pub(crate) use self::room::SlotLimits;
 use self::room::{Room, first_with_room, room};
+use self::soonest::{ahead, soonest_first, unlearned_rate};
 pub(crate) use self::stats::{Admit, QueueStats, Refusal};
 use crate::config::DEFAULT_MAX_INFLIGHT;
 use crate::config::{Config, DEFAULT_AGING, MAX_CLASSES, QueueConfig, TenantBy};
@@ -196,41 +198,6 @@ impl Waiter {
         let unknown = unlearned_rate(&self.targets);
         ahead(to, &self.work, unknown) <= ahead(home, &self.work, unknown)
     }
-}
-
-/// When a request of `work` would have its first token at `backend`: the
-/// work it holds awaiting a first byte plus what it would still have to
-/// compute of the request ([`Work::at`]), over its prefill rate as learned
-/// from its answers ([`crate::routing::backend::rate`]; `unknown` while it
-/// is not learned).
-fn ahead(backend: &Backend, work: &Work, unknown: f64) -> f64 {
-    let held = backend.live.load.prefill_tokens();
-    let tokens = held.saturating_add(work.at(backend)) as f64;
-    tokens / backend.live.prefill_rate.per_second().unwrap_or(unknown)
-}
-
-/// The rate a backend whose rate is not learned yet counts at: the mean of
-/// those of `targets` that are (all alike while none is).
-fn unlearned_rate(targets: &[Arc<Backend>]) -> f64 {
-    let learned: Vec<f64> = (targets.iter())
-        .filter_map(|b| b.live.prefill_rate.per_second())
-        .collect();
-    match learned.len() {
-        0 => 1.0,
-        n => learned.iter().sum::<f64>() / n as f64,
-    }
-}
-
-/// `targets` by when a request of `work` would have its first token there,
-/// soonest first, and when ([`ahead`]; ties keep the table's order, the
-/// group's home first). A conversation's first request goes to the first.
-pub(crate) fn soonest_first(targets: &[Arc<Backend>], work: &Work) -> Vec<(Arc<Backend>, f64)> {
-    let unknown = unlearned_rate(targets);
-    let mut order: Vec<(Arc<Backend>, f64)> = (targets.iter())
-        .map(|b| (Arc::clone(b), ahead(b, work, unknown)))
-        .collect();
-    order.sort_by(|(_, x), (_, y)| x.total_cmp(y));
-    order
 }
 
 impl Default for Queue {

@@ -14,6 +14,7 @@
 //! group's home, under [`group_pin`]: a key no session has, counted in no
 //! session's hits or misses.
 
+pub(crate) mod fleet;
 pub(crate) mod homes;
 pub(crate) mod placed;
 pub(crate) mod store;
