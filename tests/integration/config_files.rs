@@ -320,7 +320,7 @@ fn example_configs_route_as_pinned() {
         ),
         (
             "llm-sessions.yaml",
-            "dba07f510d5e603ddcc1af9876122986",
+            "cdf07154f338fce0d3fdbc8cba602c7e",
             &[
                 ("alice", "gpu-0"),
                 ("bob", "gpu-3"),
@@ -422,10 +422,16 @@ fn check_prints_the_group_setting() {
     let out = magpie_check(&config_dir().join("agents.yaml"));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
-        stdout.contains("\ngroup:       the body's model, instructions and tools: places a conversation's first request"),
+        stdout.contains("\ngroup:       the body's model, instructions and tools: a conversation's first request goes where its first token comes soonest"),
         "{stdout}"
     );
     let out = magpie_check(&config_dir().join("llm-sessions.yaml"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("\ngroup:       the body's model, instructions and first user message"),
+        "{stdout}"
+    );
+    let out = magpie_check(&config_dir().join("magpie.yaml"));
     assert!(!String::from_utf8_lossy(&out.stdout).contains("group:"));
 }
 

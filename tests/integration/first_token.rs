@@ -169,3 +169,35 @@ async fn a_backends_prefill_rate_is_learned_from_its_answers() {
     }
     assert!(rate() > 0.0, "learned: {}", rate());
 }
+
+/// Two magpies sharing a store, under a queue, count each other's work: a
+/// new conversation through one goes past the engine the other filled, and
+/// the work stops counting once its first byte came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_magpies_count_each_others_work() {
+    let redis = RedisServer::start().await;
+    let backends = HyperBackends::start(&["a", "b"]).await;
+    let queue = "queue:\n  max_inflight: 8\n  timeout: 30s\n";
+    let fleet = Fleet::start(&store_settings(redis.addr, queue), &backends.pairs()).await;
+    let [one, two] = &fleet.magpies;
+    let session = "fresh";
+    let order = two.candidates(text_key(session.as_bytes()));
+    let fleet_work = |b: &str| two.backend_metric("magpie_backend_fleet_prefill_tokens", b, &[]);
+    let held = hold_work(one, &order[0], 1000).await;
+    counted(fleet_work, &order[0], 1000).await;
+    let mut client = KeepAlive::connect(two.addr).await;
+    assert_eq!(client.post_json("{}", Some(session)).await, order[1]);
+    drop(held);
+    backends.release(1);
+    counted(fleet_work, &order[0], 0).await;
+}
+
+/// Waits until `fleet_work(b)` reads `tokens`.
+async fn counted(fleet_work: impl Fn(&str) -> u64, b: &str, tokens: u64) {
+    within("the fleet's work", async {
+        while fleet_work(b) != tokens {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}

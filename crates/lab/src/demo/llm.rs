@@ -2,9 +2,10 @@
 //! ([`crate::engine`]) behind magpie, keyed by session (header, body
 //! field, or the conversation itself), with session pins, bounded load and
 //! the engines' own load; and `magpie demo --load`, a short multi-turn
-//! workload ([`crate::workload`]) through magpie and through round
-//! robin over the same kind of engines, then a scale-up from 3 to 4
-//! replicas with and without session pins.
+//! workload ([`crate::workload`]) through magpie as `config/llm-sessions.yaml`
+//! ships ([`shipped_yaml`]) and through round robin over the same kind of
+//! engines, then a scale-up from 3 to 4 replicas with and without session
+//! pins.
 //!
 //! Every run starts fresh engines (empty caches), so the rows compare
 //! routing alone. The engines are faster than `bench/llm`'s (a demo should
@@ -85,6 +86,44 @@ pub fn config_yaml(
     yaml
 }
 
+/// `config/llm-sessions.yaml` as shipped: what `magpie demo --load` runs.
+const SHIPPED: &str = include_str!("../../../../config/llm-sessions.yaml");
+
+/// [`SHIPPED`] with the demo's addresses and `engines`, its access log left
+/// out (a line per request on stderr), and without `sessions` its pins and
+/// `key.group` (which needs them) left out too.
+pub fn shipped_yaml(
+    listen: SocketAddr,
+    admin: SocketAddr,
+    engines: &[(String, SocketAddr)],
+    sessions: bool,
+) -> String {
+    let mut yaml = String::new();
+    let mut skipping = false;
+    for line in SHIPPED.lines() {
+        if line.starts_with(|c: char| c.is_ascii_alphabetic()) {
+            skipping =
+                line.starts_with("access_log:") || (!sessions && line.starts_with("sessions:"));
+        }
+        let group = !sessions && line.trim_start().starts_with("group:");
+        match line {
+            _ if line.starts_with("backends:") => break,
+            _ if line.starts_with("listen:") => yaml.push_str(&format!("listen: \"{listen}\"\n")),
+            _ if line.starts_with("admin:") => yaml.push_str(&format!("admin: \"{admin}\"\n")),
+            _ if skipping || group => {}
+            _ => {
+                yaml.push_str(line);
+                yaml.push('\n');
+            }
+        }
+    }
+    yaml.push_str("backends:\n");
+    for (name, addr) in engines {
+        yaml.push_str(&format!("  - name: {name}\n    addr: \"{addr}\"\n"));
+    }
+    yaml
+}
+
 /// The workload of one `--load` run, `seconds` long at most.
 fn workload(urls: &[String], key: &str, extra: &[String]) -> WorkloadArgs {
     #[derive(Parser)]
@@ -142,7 +181,7 @@ async fn through_magpie(dir: &Path, sessions: bool, scale_up: bool) -> Result<Su
             source,
         })
     };
-    write(&path, config_yaml(any, any, &engines, sessions))?;
+    write(&path, shipped_yaml(any, any, &engines, sessions))?;
     let config =
         magpie_proxy::config::Config::load(&path).map_err(|e| DemoError::Magpie(e.to_string()))?;
     let running = magpie_proxy::app::start(config, stop.clone())
@@ -153,7 +192,7 @@ async fn through_magpie(dir: &Path, sessions: bool, scale_up: bool) -> Result<Su
     if scale_up {
         let all: Vec<_> = engines.iter().chain(&spare).cloned().collect();
         let next = dir.join(format!("next-{sessions}.yaml"));
-        write(&next, config_yaml(any, any, &all, sessions))?;
+        write(&next, shipped_yaml(any, any, &all, sessions))?;
         let cmd = format!("cp '{}' '{}'", next.display(), path.display());
         extra = vec![
             "--scale-up-at".into(),
@@ -184,9 +223,13 @@ pub async fn load(dir: &Path) -> Result<String, DemoError> {
     let step = |what: &str| eprintln!("magpie demo --load: {what}");
     step("1/4 round robin over three fresh replicas");
     let rr = round_robin().await?;
-    step("2/4 magpie (session key, bounded load, engine load) over three fresh replicas");
-    let mg = through_magpie(dir, false, false).await?;
-    step("3/4 magpie without session pins, a fourth replica added 3 s in");
+    step(
+        "2/4 magpie as config/llm-sessions.yaml ships (its addresses and access log aside) over three fresh replicas",
+    );
+    let mg = through_magpie(dir, true, false).await?;
+    step(
+        "3/4 the same without session pins (nor key.group, which needs them), a fourth replica added 3 s in",
+    );
     let stateless = through_magpie(dir, false, true).await?;
     step("4/4 magpie with session pins, a fourth replica added 3 s in");
     let pinned = through_magpie(dir, true, true).await?;

@@ -68,7 +68,7 @@ pub fn report(
         writeln!(
             out,
             "group:       {}",
-            group_text(group, config.group_choices)
+            group_text(group, config.group_choices, config.queue.is_some())
         )?;
     }
     writeln!(out, "proxy in:    {}", proxy_in(config))?;
@@ -343,8 +343,9 @@ fn key_text(key: &KeyConfig) -> String {
     }
 }
 
-/// `key.group`: what places a conversation's first request.
-fn group_text(group: &GroupBy, choices: usize) -> String {
+/// `key.group`: what places a conversation's first request (under a
+/// `queue`, it weighs where the first token comes soonest).
+fn group_text(group: &GroupBy, choices: usize, queued: bool) -> String {
     let what = match group {
         GroupBy::System => "the body's model, instructions and tools".to_string(),
         GroupBy::PrefixBytes(n) => {
@@ -359,6 +360,11 @@ fn group_text(group: &GroupBy, choices: usize) -> String {
         1 => "a group's home is its first candidate that takes it".to_string(),
         n => format!("a new group's home is the least busy of its first {n} candidates"),
     };
+    if queued && !matches!(group, GroupBy::Header(_)) {
+        return format!(
+            "{what}: a conversation's first request goes where its first token comes soonest, its group's head counted as cached where the group was served lately; the key above pins it; {home} (ties go there)"
+        );
+    }
     format!(
         "{what}: places a conversation's first request on its group's home; the key above pins it (without a group, the key places it too); {home}"
     )
