@@ -19,7 +19,7 @@
 //! then takes another of its targets only where that pays in work
 //! ([`Waiter::spill_pays`]); a conversation's first request (sessions on,
 //! no pin yet) goes where its first token comes soonest
-//! ([`soonest_first`]): the work each target holds plus what it would still
+//! ([`soonest`]): the work each target holds plus what it would still
 //! have to prefill of this request, less what its cache holds of it (its
 //! group's head, where the group was served lately); it takes that target
 //! at once if it has room, else waits for it, or for any other that comes
@@ -58,7 +58,7 @@ use tokio::time::Instant;
 use self::order::Waiting;
 pub(crate) use self::room::SlotLimits;
 use self::room::{Room, first_with_room, room};
-use self::soonest::{ahead, soonest_first, unlearned_rate};
+use self::soonest::{Order, ahead, unlearned_rate};
 pub(crate) use self::stats::{Admit, QueueStats, Refusal};
 use crate::config::DEFAULT_MAX_INFLIGHT;
 use crate::config::{Config, DEFAULT_AGING, MAX_CLASSES, QueueConfig, TenantBy};
@@ -130,7 +130,7 @@ pub(crate) struct Ask<'a> {
     /// Whether its home is its session pin (kept across a reload).
     pub(crate) pinned: bool,
     /// A conversation's first request: it goes where its first token comes
-    /// soonest ([`soonest_first`]; not sticky only).
+    /// soonest ([`soonest`]; not sticky only).
     pub(crate) places: bool,
     /// Its class (an index into `queue.priority.classes`) and tenant.
     pub(crate) class: usize,
@@ -184,6 +184,20 @@ impl Waiter {
         let to = &self.targets[i];
         let may = i == 0 || (now >= self.home_until && self.spill_pays(to));
         may.then_some(to)
+    }
+
+    /// Whether its target `i` is its pin (kept there though the engine is
+    /// full for new keys, unless far over).
+    fn kept(&self, i: usize) -> bool {
+        self.pinned && i == 0
+    }
+
+    /// [`Waiter::takes`], when the engine at `live` is `full` for new
+    /// keys: then only if it is the request's pin.
+    fn takes_when(&self, live: &Arc<Live>, now: Instant, full: bool) -> Option<&Arc<Backend>> {
+        let pinned_here =
+            self.pinned && (self.targets.first()).is_some_and(|b| Arc::ptr_eq(&b.live, live));
+        self.takes(live, now).filter(|_| !full || pinned_here)
     }
 
     /// Whether the request would have its first token no later at `to` than
@@ -295,6 +309,10 @@ impl Queue {
         let started = Instant::now();
         let q = ask.queue;
         let waits_for_home = ask.sticky && !q.affinity_wait.is_zero() && ask.targets.len() > 1;
+        let home_wait = match waits_for_home {
+            true => q.affinity_wait,
+            false => Duration::ZERO,
+        };
         let (rx, id) = {
             let mut state = self.lock();
             // The settings of the config this request was routed with: the
@@ -302,22 +320,16 @@ impl Queue {
             state.limits = ask.limits;
             state.aging = q.priority.aging;
             state.waiting.set_across_classes(q.tenant_across_classes);
-            let places = ask.places && !waits_for_home;
-            let (targets, soon): (Vec<_>, Vec<f64>) = match places {
-                true => soonest_first(ask.targets, &ask.work).into_iter().unzip(),
-                false => (ask.targets.to_vec(), Vec::new()),
+            let order = Order::of(&ask, waits_for_home);
+            let targets = &order.targets;
+            let room_now = || {
+                first_with_room(targets, &ask.limits, &ask.work, ask.pinned, |i| {
+                    order.may(i)
+                })
             };
-            // Where it may go now: its home; placing, any target as soon as
-            // the soonest; else the first with room.
-            let may = |i: usize| match (waits_for_home, places) {
-                (true, _) => i == 0,
-                (_, true) => soon[i] <= soon[0],
-                _ => true,
-            };
-            let room_now = || first_with_room(&targets, &ask.limits, &ask.work, may);
             if let Some(found) = room_now() {
                 drop(state);
-                return Ok(self.without_waiting(&ask, &targets, found, started));
+                return Ok(self.without_waiting(&ask, targets, found, started));
             }
             if let Err(why) = fits(&state.waiting, &ask, self.stats.bytes()) {
                 drop(state);
@@ -327,13 +339,9 @@ impl Queue {
             let (tx, rx) = oneshot::channel();
             let waiter = Waiter {
                 targets: targets.clone(),
-                home_until: if waits_for_home {
-                    started + q.affinity_wait
-                } else {
-                    started
-                },
+                home_until: started + home_wait,
                 pinned: ask.pinned,
-                sticky: waits_for_home || places,
+                sticky: order.sticky(),
                 key: ask.key,
                 bytes: ask.bytes,
                 work: ask.work.clone(),
@@ -352,7 +360,7 @@ impl Queue {
                 state.waiting.remove(id);
                 self.len.store(state.waiting.len(), Ordering::Relaxed);
                 drop(state);
-                return Ok(self.without_waiting(&ask, &targets, found, started));
+                return Ok(self.without_waiting(&ask, targets, found, started));
             }
             self.stats.hold_bytes(ask.bytes, true);
             (rx, id)
@@ -360,12 +368,7 @@ impl Queue {
         let ticket = Ticket {
             queue: self,
             id,
-            home_until: started
-                + if waits_for_home {
-                    q.affinity_wait
-                } else {
-                    Duration::ZERO
-                },
+            home_until: started + home_wait,
             deadline: started + q.timeout,
         };
         let outcome = ticket.wait(rx, &ask, gone).await;
@@ -436,7 +439,7 @@ impl Queue {
         let targets = waiter.targets.clone();
         let (i, room) = (targets.iter().enumerate())
             .filter(|(i, b)| *i == 0 || waiter.spill_pays(b))
-            .find_map(|(i, b)| room(b, &limits, &waiter.work).map(|r| (i, r)))?;
+            .find_map(|(i, b)| room(b, &limits, &waiter.work, waiter.kept(i)).map(|r| (i, r)))?;
         // Still there: the lock was held since `get`.
         let left = state.waiting.remove(id);
         self.len.store(state.waiting.len(), Ordering::Relaxed);
@@ -464,17 +467,20 @@ impl Queue {
         } = &mut *state;
         loop {
             let now = Instant::now();
+            // An engine full for new keys takes only requests pinned there.
+            let full = (limits.load).is_some_and(|l| live.engine.full_for_new_keys(&l, now));
             // Room first (the backend as any eligible waiter knows it), then
             // the request that goes next: the queue is unchanged between.
-            let Some(backend) = waiting.find(|w| w.takes(live, now).cloned()) else {
+            let Some(backend) = waiting.find(|w| w.takes_when(live, now, full).cloned()) else {
                 break;
             };
             // Room is taken before the request is known: its work is
             // added once it is (the check was that the backend had room).
-            let Some((slot, mut work)) = room(&backend, limits, &Work::default()) else {
+            let Some((slot, mut work)) = room(&backend, limits, &Work::default(), true) else {
                 break;
             };
-            let Some(picked) = waiting.pick(now, *aging, |w| w.takes(live, now).is_some()) else {
+            let picks = |w: &Waiter| w.takes_when(live, now, full).is_some();
+            let Some(picked) = waiting.pick(now, *aging, picks) else {
                 unclaimed.push((slot, work));
                 break;
             };

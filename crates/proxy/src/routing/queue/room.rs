@@ -35,25 +35,38 @@ impl SlotLimits {
 /// A slot at `backend` if it has room: fewer than its limit in flight
 /// (its own `max_inflight`, else the queue's), less than
 /// `max_prefill_tokens` of work awaiting its first byte (any, if it has
-/// none), and its engine (with `health.load`) not full.
-pub(crate) fn room(backend: &Arc<Backend>, limits: &SlotLimits, work: &Work) -> Option<Room> {
+/// none), and its engine (with `health.load`) not full: for a request
+/// `kept` there (its key's pin), not far over, as a route keeps a pin.
+pub(crate) fn room(
+    backend: &Arc<Backend>,
+    limits: &SlotLimits,
+    work: &Work,
+    kept: bool,
+) -> Option<Room> {
     let limit = backend.max_inflight.unwrap_or(limits.max_inflight);
     let engine = &backend.live.engine;
-    if (limits.load.as_ref()).is_some_and(|l| engine.full_for_new_keys(l, Instant::now())) {
+    let now = Instant::now();
+    let full = |l: &LoadLimits| match kept {
+        true => engine.far_over(l, now),
+        false => engine.full_for_new_keys(l, now),
+    };
+    if limits.load.as_ref().is_some_and(full) {
         return None;
     }
     let tokens = work.at(backend);
     (backend.live).try_reserve_work(limit, tokens, limits.max_prefill_tokens)
 }
 
-/// The first of `targets` that `may` take it and has room, and its slot.
+/// The first of `targets` that `may` take it and has room, and its slot;
+/// `pinned`: the first is the request's pin.
 pub(super) fn first_with_room(
     targets: &[Arc<Backend>],
     limits: &SlotLimits,
     work: &Work,
+    pinned: bool,
     may: impl Fn(usize) -> bool,
 ) -> Option<(usize, Room)> {
     (0..targets.len())
         .filter(|&i| may(i))
-        .find_map(|i| room(&targets[i], limits, work).map(|r| (i, r)))
+        .find_map(|i| room(&targets[i], limits, work, pinned && i == 0).map(|r| (i, r)))
 }

@@ -428,3 +428,45 @@ async fn work_ahead_is_weighed_by_each_backends_learned_prefill_rate() {
     }
     assert_eq!(place(&queue).await, "b1");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_pinned_request_enters_an_engine_full_for_new_keys_but_not_far_over() {
+    let queue = Arc::new(Queue::default());
+    let targets: Vec<_> = (1..=2)
+        .map(|i| backend(&format!("b{i}"), i, &queue))
+        .collect();
+    let q = config(8);
+    // b1's engine has 10 requests waiting: over 8 (full for new keys),
+    // not over 32 (far over).
+    let sample = crate::routing::health::exposition::Sample {
+        waiting: Some(10.0),
+        running: Some(4.0),
+        kv_usage: Some(0.5),
+        kv_capacity: None,
+    };
+    targets[0]
+        .live
+        .engine
+        .record(sample, tokio::time::Instant::now());
+    let limits = crate::config::LoadLimits {
+        max_waiting: 8,
+        max_kv_usage: 0.95,
+        max_age: Duration::from_secs(5),
+    };
+    let admit = |pinned: bool| {
+        let (queue, targets, q) = (Arc::clone(&queue), targets.clone(), q.clone());
+        async move {
+            let mut ask = ask(&targets, &q, 1);
+            ask.limits = SlotLimits::of(&q, Some(&limits));
+            ask.pinned = pinned;
+            ask.sticky = pinned;
+            ask.places = !pinned;
+            let admitted = queue.admit(ask, std::future::pending()).await.unwrap();
+            admitted.backend.name.clone()
+        }
+    };
+    // A live conversation stays on its engine.
+    assert_eq!(admit(true).await, "b1");
+    // A new one goes to the engine that is not full.
+    assert_eq!(admit(false).await, "b2");
+}
