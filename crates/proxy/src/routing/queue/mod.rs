@@ -55,13 +55,14 @@ use std::time::Duration;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
+pub(crate) use self::order::Standing;
 use self::order::Waiting;
 pub(crate) use self::room::SlotLimits;
 use self::room::{Room, first_with_room, room};
 use self::soonest::{Order, ahead, unlearned_rate};
 pub(crate) use self::stats::{Admit, QueueStats, Refusal};
 use crate::config::DEFAULT_MAX_INFLIGHT;
-use crate::config::{Config, DEFAULT_AGING, MAX_CLASSES, QueueConfig, TenantBy};
+use crate::config::{Config, DEFAULT_AGING, MAX_CLASSES, QueueConfig};
 use crate::routing::backend::{ActiveGuard, Backend, Live, SlotFreed, WorkGuard};
 use crate::routing::keys::TenantKey;
 use crate::routing::llm::work::Work;
@@ -86,39 +87,6 @@ struct State {
     waiting: Waiting<Waiter>,
     limits: SlotLimits,
     aging: Duration,
-}
-
-/// A request's place in the queue's order: its class (an index into
-/// `queue.priority.classes`) and its tenant.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Standing {
-    pub(crate) class: usize,
-    pub(crate) tenant: TenantKey,
-}
-
-impl Standing {
-    /// A request's standing from its header fields (`header` gives a
-    /// field's value by lower-case name); a tenant told by its group
-    /// (`queue.tenant: group`) is told by the decision, which knows the
-    /// group ([`crate::routing::decision`]).
-    pub(crate) fn of<'h>(
-        queue: Option<&QueueConfig>,
-        header: impl Fn(&str) -> Option<&'h [u8]>,
-    ) -> Standing {
-        let Some(q) = queue else {
-            return Standing::default();
-        };
-        let class = q
-            .priority
-            .class_of(q.priority.header.as_deref().and_then(&header));
-        let tenant = match &q.tenant {
-            Some(TenantBy::Header(name)) => header(name).map_or(TenantKey::NONE, |v| {
-                TenantKey::new(magpie_core::hash::h64(v))
-            }),
-            Some(TenantBy::Group) | None => TenantKey::NONE,
-        };
-        Standing { class, tenant }
-    }
 }
 
 /// What a request asks to be admitted with.

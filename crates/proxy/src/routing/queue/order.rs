@@ -14,6 +14,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::config::{QueueConfig, TenantBy};
+use crate::routing::keys::TenantKey;
+
 /// The waiting requests of every class, in order.
 #[derive(Debug)]
 pub(crate) struct Waiting<W> {
@@ -264,6 +267,39 @@ fn aged_steps(waited: Duration, aging: Duration) -> usize {
         return 0;
     }
     usize::try_from(waited.as_nanos() / aging.as_nanos()).unwrap_or(usize::MAX)
+}
+
+/// A request's place in the queue's order: its class (an index into
+/// `queue.priority.classes`) and its tenant.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Standing {
+    pub(crate) class: usize,
+    pub(crate) tenant: TenantKey,
+}
+
+impl Standing {
+    /// A request's standing from its header fields (`header` gives a
+    /// field's value by lower-case name); a tenant told by its group
+    /// (`queue.tenant: group`) is told by the decision, which knows the
+    /// group ([`crate::routing::decision`]).
+    pub(crate) fn of<'h>(
+        queue: Option<&QueueConfig>,
+        header: impl Fn(&str) -> Option<&'h [u8]>,
+    ) -> Standing {
+        let Some(q) = queue else {
+            return Standing::default();
+        };
+        let class = q
+            .priority
+            .class_of(q.priority.header.as_deref().and_then(&header));
+        let tenant = match &q.tenant {
+            Some(TenantBy::Header(name)) => header(name).map_or(TenantKey::NONE, |v| {
+                TenantKey::new(magpie_core::hash::h64(v))
+            }),
+            Some(TenantBy::Group) | None => TenantKey::NONE,
+        };
+        Standing { class, tenant }
+    }
 }
 
 #[cfg(test)]
