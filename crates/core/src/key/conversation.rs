@@ -205,8 +205,26 @@ impl ChatHead {
             .chain(&self.instructions)
             .chain(&self.first_user);
         let text: usize = texts.map(String::len).sum();
-        let tools = self.tools.as_ref().map_or(0, |t| t.to_string().len());
-        (text + tools) as u64
+        let mut tools = Counted(0);
+        if let Some(t) = &self.tools {
+            // Writing to a counter cannot fail.
+            let _ = serde_json::to_writer(&mut tools, t);
+        }
+        (text + tools.0) as u64
+    }
+}
+
+/// A writer that only counts the bytes written to it.
+struct Counted(usize);
+
+impl std::io::Write for Counted {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0 += bytes.len();
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

@@ -245,6 +245,24 @@ mod tests {
     }
 
     #[test]
+    fn a_group_head_says_how_many_bytes_its_conversations_share() {
+        let body = r#"{"model":"m","tools":[{"a":1}],"messages":[{"role":"system","content":"agent"},{"role":"user","content":"hello"}]}"#;
+        let head = read_head(body.as_bytes()).expect("a head");
+        let bytes = |by: GroupBy| {
+            by.head_of(&head)
+                .expect("a body group")
+                .expect("a head")
+                .bytes
+        };
+        // "m\0agent\0[{\"a\":1}]\0": the rendered head.
+        assert_eq!(bytes(GroupBy::System), 2 + 6 + 10);
+        assert_eq!(bytes(GroupBy::PrefixBytes(4)), 4);
+        // The model, instructions, tools and first user message: 1 + 5 + 9 + 5.
+        assert_eq!(bytes(GroupBy::Conversation), 20);
+        assert_eq!(GroupBy::Header("x".into()).head_of(&head), None);
+    }
+
+    #[test]
     fn conversations_that_open_alike_share_a_group() {
         let by = |body: &str| body_group_key(body.as_bytes(), &GroupBy::Conversation);
         let opening = r#"{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"doc"}]}"#;

@@ -265,12 +265,7 @@ impl BodyWants<'_> {
             fallback,
             group: group.map(|g| g.map(GroupKey::new)),
             opening: found.opening.map(OpeningKey::new),
-            // A header's group says nothing of what its bodies share.
-            head_bytes: if self.header_group.is_some() {
-                0
-            } else {
-                found.head_bytes
-            },
+            head_bytes: found.head_bytes,
         }
     }
 }

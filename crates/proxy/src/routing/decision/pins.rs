@@ -183,8 +183,8 @@ async fn placed_then_bound(
     keys: Keys,
 ) -> (Route, Bound) {
     let session = keys.session.hash();
-    let table = Route::plan(snapshot, keys.table());
     let Some(held) = store.lookup(session).await else {
+        let table = Route::plan(snapshot, keys.table());
         let cached = sessions.cached(session);
         return match cached.and_then(|(name, _)| usable(snapshot, &name).cloned()) {
             Some(pin) => (table.pin_first(snapshot, &pin), Bound::default()),
@@ -203,6 +203,7 @@ async fn placed_then_bound(
         };
         return (Route::plan_pinned(snapshot, keys.table(), pin), bound);
     }
+    let table = Route::plan(snapshot, keys.table());
     let grouped = keys.group.filter(|_| snapshot.config.group_choices > 1);
     let (table, opening) = match grouped {
         Some(group) => groups::home_shared(sessions, store, snapshot, group, table).await,

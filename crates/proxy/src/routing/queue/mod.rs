@@ -146,26 +146,19 @@ struct Waiter {
 impl Waiter {
     /// The target whose live state is `live`, if the request may take it
     /// now: its home, and once `home_until` passed, another target where
-    /// spilling pays ([`Waiter::spill_pays`]).
-    fn takes(&self, live: &Arc<Live>, now: Instant) -> Option<&Arc<Backend>> {
+    /// spilling pays ([`Waiter::spill_pays`]); when that backend's engine
+    /// is `full` for new keys, only if it is the request's pin.
+    fn takes(&self, live: &Arc<Live>, now: Instant, full: bool) -> Option<&Arc<Backend>> {
         let i = (self.targets.iter()).position(|b| Arc::ptr_eq(&b.live, live))?;
         let to = &self.targets[i];
         let may = i == 0 || (now >= self.home_until && self.spill_pays(to));
-        may.then_some(to)
+        (may && (!full || self.kept(i))).then_some(to)
     }
 
     /// Whether its target `i` is its pin (kept there though the engine is
     /// full for new keys, unless far over).
     fn kept(&self, i: usize) -> bool {
         self.pinned && i == 0
-    }
-
-    /// [`Waiter::takes`], when the engine at `live` is `full` for new
-    /// keys: then only if it is the request's pin.
-    fn takes_when(&self, live: &Arc<Live>, now: Instant, full: bool) -> Option<&Arc<Backend>> {
-        let pinned_here =
-            self.pinned && (self.targets.first()).is_some_and(|b| Arc::ptr_eq(&b.live, live));
-        self.takes(live, now).filter(|_| !full || pinned_here)
     }
 
     /// Whether the request would have its first token no later at `to` than
@@ -439,7 +432,7 @@ impl Queue {
             let full = (limits.load).is_some_and(|l| live.engine.full_for_new_keys(&l, now));
             // Room first (the backend as any eligible waiter knows it), then
             // the request that goes next: the queue is unchanged between.
-            let Some(backend) = waiting.find(|w| w.takes_when(live, now, full).cloned()) else {
+            let Some(backend) = waiting.find(|w| w.takes(live, now, full).cloned()) else {
                 break;
             };
             // Room is taken before the request is known: its work is
@@ -447,14 +440,14 @@ impl Queue {
             let Some((slot, mut work)) = room(&backend, limits, &Work::default(), true) else {
                 break;
             };
-            let picks = |w: &Waiter| w.takes_when(live, now, full).is_some();
+            let picks = |w: &Waiter| w.takes(live, now, full).is_some();
             let Some(picked) = waiting.pick(now, *aging, picks) else {
                 unclaimed.push((slot, work));
                 break;
             };
             let w = picked.waiter;
             self.stats.hold_bytes(w.bytes, false);
-            let target = w.takes(live, now).cloned().unwrap_or(backend);
+            let target = w.takes(live, now, full).cloned().unwrap_or(backend);
             work.grow(w.work.at(&target));
             if let Err((_, room)) = w.grant.send((target, (slot, work))) {
                 // Its request went away as the slot came.
