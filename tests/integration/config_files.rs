@@ -422,7 +422,7 @@ fn check_prints_the_group_setting() {
     let out = magpie_check(&config_dir().join("agents.yaml"));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
-        stdout.contains("\ngroup:       the body's model, instructions and tools: a conversation's first request goes where its first token comes soonest"),
+        stdout.contains("\ngroup:       the body's model, instructions and tools: a conversation's first request goes where it costs least"),
         "{stdout}"
     );
     let out = magpie_check(&config_dir().join("llm-sessions.yaml"));

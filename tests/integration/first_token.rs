@@ -1,8 +1,9 @@
-//! Under a `queue`, a conversation's first request goes where its first
-//! token comes soonest: the prefill work each backend holds plus what it
-//! would still have to compute of the request, less its group's head where
-//! that group was served lately. A long shared head keeps a conversation
-//! with its group's cache against some load; a tiny one never outweighs it.
+//! Under a `queue`, a conversation's first request goes where it costs
+//! least: the prefill work each backend holds plus what it would still have
+//! to compute of the request, less its group's head where that group was
+//! served lately (its own work counted again per request waiting there). A
+//! long shared head keeps a conversation with its group's cache against
+//! some load; a tiny one never outweighs it.
 
 use std::time::Duration;
 

@@ -32,6 +32,7 @@ use crate::config::{KeyConfig, KeyRead, KeySources};
 use crate::net::Client;
 use crate::routing::decision;
 use crate::routing::keys::{GroupKey, Keys, OpeningKey, SessionKey};
+use crate::routing::llm::work::Heads;
 use crate::routing::queue::Standing;
 use crate::telemetry::key_budget::{Held, KeyBudget};
 use crate::telemetry::stats::Stats;
@@ -54,9 +55,9 @@ pub(crate) struct RequestKey {
     /// parsed for a key: where conversations that open alike meet under a
     /// `queue`. None when the session key is the conversation key.
     pub(crate) opening: Option<OpeningKey>,
-    /// The bytes of its body's head its group's other conversations repeat
-    /// (0 when not known: no group, or a header's).
-    pub(crate) head_bytes: u64,
+    /// What of its body other requests share: its group's head, its
+    /// system head ([`Heads`]).
+    pub(crate) heads: Heads,
 }
 
 impl RequestKey {
@@ -91,7 +92,7 @@ impl RequestKey {
             prompt_bytes,
             follows: None,
             awaits_first_byte: true,
-            head_bytes: self.head_bytes,
+            heads: self.heads,
         }
     }
 }
@@ -175,7 +176,7 @@ pub(crate) fn head_keys<'a, 'h>(
             fallback: None,
             group: None,
             opening: None,
-            head_bytes: 0,
+            heads: Heads::default(),
         });
     };
     let sources = plan.key.sources();
@@ -216,7 +217,7 @@ pub(crate) fn head_keys<'a, 'h>(
             session: session.ok_or(why),
             group,
             opening: None,
-            head_bytes: 0,
+            heads: Heads::default(),
         };
         return HeadKeys::Known(wants.found(found));
     }
@@ -238,7 +239,7 @@ impl BodyWants<'_> {
                 session: *found,
                 group: None,
                 opening: None,
-                head_bytes: 0,
+                heads: Heads::default(),
             },
             Read::TooLarge => unread(FallbackReason::TooLarge, self.group_reads_body),
             Read::Timeout => unread(FallbackReason::Timeout, self.group_reads_body),
@@ -265,7 +266,7 @@ impl BodyWants<'_> {
             fallback,
             group: group.map(|g| g.map(GroupKey::new)),
             opening: found.opening.map(OpeningKey::new),
-            head_bytes: found.head_bytes,
+            heads: found.heads,
         }
     }
 }
@@ -293,8 +294,8 @@ struct BodyKeys {
     session: Result<u64, FallbackReason>,
     group: Option<Result<u64, GroupMiss>>,
     opening: Option<u64>,
-    /// The bytes of the head its group shares.
-    head_bytes: u64,
+    /// What of it other requests share.
+    heads: Heads,
 }
 
 /// The keys a body that was not read in full gives: none, for `why`.
@@ -303,7 +304,7 @@ fn unread(why: FallbackReason, group_reads_body: bool) -> BodyKeys {
         session: Err(why),
         group: group_reads_body.then_some(Err(GroupMiss::of_body(why))),
         opening: None,
-        head_bytes: 0,
+        heads: Heads::default(),
     }
 }
 
@@ -330,7 +331,15 @@ fn body_keys(sources: &KeySources<'_>, wants: Wants<'_>, bytes: &[u8]) -> BodyKe
         Some(Err(why)) => Some(Err(GroupMiss::of_body(*why))),
         None => None,
     });
-    let head_bytes = grouped.and_then(Result::ok).map_or(0, |g| g.bytes);
+    let heads = Heads {
+        group_bytes: grouped.and_then(Result::ok).map_or(0, |g| g.bytes),
+        system: match (&head, wants.group) {
+            (_, Some(GroupBy::System)) => None,
+            (Some(Ok(head)), _) => GroupBy::System.head_of(head).and_then(Result::ok),
+            _ => None,
+        }
+        .map(|h| (h.key, h.bytes)),
+    };
     let group = grouped.map(|g| g.map(|g| g.key));
     // How it opens: none when that is the session key already (its pin
     // is that memory), the group when it is grouped so, else hashed once.
@@ -344,7 +353,7 @@ fn body_keys(sources: &KeySources<'_>, wants: Wants<'_>, bytes: &[u8]) -> BodyKe
         session,
         group,
         opening,
-        head_bytes,
+        heads,
     }
 }
 
@@ -511,5 +520,41 @@ mod tests {
         let h = headers(&[("x-session-id", "  "), ("x-other", "a")]);
         assert_eq!(header_value(&h, "x-session-id"), None);
         assert_eq!(header_value(&h, "x-other"), Some(&b"a"[..]));
+    }
+
+    #[test]
+    fn a_body_read_for_its_group_also_gives_its_system_head() {
+        let sources = KeySources {
+            from: "header",
+            header: Some("x-session-id"),
+            body_field: None,
+            conversation: false,
+            server_name: false,
+        };
+        let body = |user: &str| {
+            format!(
+                r#"{{"model":"m","messages":[{{"role":"system","content":"You are terse."}},{{"role":"user","content":"{user}"}}]}}"#
+            )
+        };
+        let read = |by: &GroupBy, user: &str| {
+            let wants = Wants {
+                session: false,
+                group: Some(by),
+            };
+            body_keys(&sources, wants, body(user).as_bytes())
+        };
+        // Two conversations that open differently: two groups, one system head.
+        let (a, b) = (
+            read(&GroupBy::Conversation, "hi"),
+            read(&GroupBy::Conversation, "yo"),
+        );
+        assert_ne!(a.group, b.group);
+        let system = a.heads.system.expect("a system head");
+        assert_eq!(b.heads.system, Some(system));
+        assert!(system.1 > 0 && a.heads.group_bytes > 0);
+        // Grouped by the system head, the group is it: no second one.
+        let c = read(&GroupBy::System, "hi");
+        assert_eq!(c.group, Some(Ok(system.0)));
+        assert_eq!((c.heads.group_bytes, c.heads.system), (system.1, None));
     }
 }

@@ -344,7 +344,7 @@ fn key_text(key: &KeyConfig) -> String {
 }
 
 /// `key.group`: what places a conversation's first request (under a
-/// `queue`, it weighs where the first token comes soonest).
+/// `queue`, it weighs where it costs least).
 fn group_text(group: &GroupBy, choices: usize, queued: bool) -> String {
     let what = match group {
         GroupBy::System => "the body's model, instructions and tools".to_string(),
@@ -362,7 +362,7 @@ fn group_text(group: &GroupBy, choices: usize, queued: bool) -> String {
     };
     if queued && !matches!(group, GroupBy::Header(_)) {
         return format!(
-            "{what}: a conversation's first request goes where its first token comes soonest, its group's head counted as cached where the group was served lately; the key above pins it; {home} (ties go there)"
+            "{what}: a conversation's first request goes where it costs least (its wait and the wait it adds), its group's head counted as cached where the group was served lately; the key above pins it; {home} (ties go there)"
         );
     }
     format!(

@@ -42,7 +42,7 @@ pub(crate) const QUEUE: &[Family] = &[
         name: "magpie_queue_admitted_total",
         kind: COUNTER,
         labels: &["class", "how"],
-        help: "Requests (mode tcp: connections) the queue admitted, by class and how: at_once (room at their home), waited (their home took them after a wait), spilled (another target took them: their home had no room within queue.affinity_wait), placed (a conversation's first request, where its first token came soonest rather than at its table owner).",
+        help: "Requests (mode tcp: connections) the queue admitted, by class and how: at_once (room at their home), waited (their home took them after a wait), spilled (another target took them: their home had no room within queue.affinity_wait), placed (a conversation's first request, where it cost least rather than at its table owner).",
         read: Read::Global(|g, s| {
             for (c, class) in g.classes().iter().enumerate() {
                 for how in Admit::ALL {

@@ -1,29 +1,13 @@
-//! The groups a backend serves (`key.group`): how many distinct groups
-//! reached it lately, and at which rank of their candidates its
-//! conversations were placed.
-//!
-//! Distinct groups are counted in two rotating sets of group hashes: the
-//! current one, and the one before it; every [`GROUPS_PERIOD`] the current
-//! set becomes the previous one and a new one starts, so the count
-//! ([`Groups::seen`]) covers between one and two periods (2.5 to 5
-//! minutes). Each set holds at most [`MAX_GROUPS_TRACKED`] hashes (8 bytes
-//! each, about 80 KiB per set): past that, new groups are not added and the
-//! count stays at the bound until the next rotation.
+//! The groups a backend serves (`key.group`): which groups reached it
+//! lately ([`super::recent`]: 2.5 to 5 minutes, with how much it computed
+//! since), and at which rank of their candidates its conversations were
+//! placed.
 
-use std::collections::HashSet;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
-use tokio::time::Instant;
-
+use super::recent::Recent;
 use crate::routing::keys::GroupKey;
 use magpie_core::labels;
-
-/// How long one set of group hashes collects before it rotates.
-pub(crate) const GROUPS_PERIOD: Duration = Duration::from_secs(150);
-/// The most group hashes one set holds.
-pub(crate) const MAX_GROUPS_TRACKED: usize = 10_000;
 
 labels! {
     /// Which of its group's candidates a conversation was first placed on.
@@ -48,48 +32,10 @@ impl Rank {
 }
 
 /// One backend's group counters.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Groups {
     placements: [AtomicU64; Rank::COUNT],
-    seen: Mutex<Seen>,
-}
-
-impl Default for Groups {
-    fn default() -> Self {
-        Groups {
-            placements: Default::default(),
-            seen: Mutex::new(Seen {
-                current: HashSet::new(),
-                previous: HashSet::new(),
-                since: Instant::now(),
-            }),
-        }
-    }
-}
-
-#[derive(Debug)]
-struct Seen {
-    current: HashSet<u64>,
-    previous: HashSet<u64>,
-    /// When `current` started collecting.
-    since: Instant,
-}
-
-impl Seen {
-    /// Rotates the sets for the time passed since `since`.
-    fn rotate(&mut self, now: Instant) {
-        let elapsed = now.saturating_duration_since(self.since);
-        if elapsed < GROUPS_PERIOD {
-            return;
-        }
-        if elapsed >= 2 * GROUPS_PERIOD {
-            self.previous.clear();
-            self.current.clear();
-        } else {
-            self.previous = std::mem::take(&mut self.current);
-        }
-        self.since = now;
-    }
+    seen: Recent,
 }
 
 impl Groups {
@@ -102,74 +48,27 @@ impl Groups {
         self.placements[rank.index()].load(Ordering::Relaxed)
     }
 
-    /// A request of `group` was served here.
-    pub(crate) fn served(&self, group: GroupKey) {
-        let mut seen = self.lock();
-        seen.rotate(Instant::now());
-        if seen.current.len() < MAX_GROUPS_TRACKED {
-            seen.current.insert(group.hash());
-        }
+    /// A request of `group` was served here, when the backend had computed
+    /// `computed` tokens.
+    pub(crate) fn served(&self, group: GroupKey, computed: u64) {
+        self.seen.served(group.hash(), computed);
     }
 
-    /// Whether a request of `group` was served here in the current or the
-    /// previous period.
-    pub(crate) fn holds(&self, group: GroupKey) -> bool {
-        let mut seen = self.lock();
-        seen.rotate(Instant::now());
-        let hash = group.hash();
-        seen.current.contains(&hash) || seen.previous.contains(&hash)
+    /// Whether `group` was served here lately and its head is likely still
+    /// cached ([`Recent::holds`]).
+    pub(crate) fn holds(&self, group: GroupKey, computed: u64, capacity: Option<u64>) -> bool {
+        self.seen.holds(group.hash(), computed, capacity)
     }
 
     /// Distinct groups served here in the current and the previous period.
     pub(crate) fn seen(&self) -> usize {
-        let mut seen = self.lock();
-        seen.rotate(Instant::now());
-        let earlier = seen
-            .previous
-            .iter()
-            .filter(|g| !seen.current.contains(g))
-            .count();
-        seen.current.len() + earlier
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Seen> {
-        self.seen.lock().unwrap_or_else(|e| e.into_inner())
+        self.seen.count()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[tokio::test(start_paused = true)]
-    async fn groups_are_counted_over_two_periods() {
-        let groups = Groups::default();
-        groups.served(GroupKey::new(1));
-        groups.served(GroupKey::new(2));
-        groups.served(GroupKey::new(1));
-        assert_eq!(groups.seen(), 2);
-        assert!(groups.holds(GroupKey::new(2)) && !groups.holds(GroupKey::new(3)));
-        tokio::time::advance(GROUPS_PERIOD).await;
-        groups.served(GroupKey::new(2));
-        groups.served(GroupKey::new(3));
-        // 1 from the previous period, 2 and 3 from this one.
-        assert_eq!(groups.seen(), 3);
-        tokio::time::advance(GROUPS_PERIOD).await;
-        // 2 and 3 now from the previous period.
-        assert_eq!(groups.seen(), 2);
-        assert!(groups.holds(GroupKey::new(3)) && !groups.holds(GroupKey::new(1)));
-        tokio::time::advance(2 * GROUPS_PERIOD).await;
-        assert_eq!(groups.seen(), 0);
-    }
-
-    #[test]
-    fn a_set_is_bounded() {
-        let groups = Groups::default();
-        for g in 0..(MAX_GROUPS_TRACKED as u64 + 50) {
-            groups.served(GroupKey::new(g));
-        }
-        assert_eq!(groups.seen(), MAX_GROUPS_TRACKED);
-    }
 
     #[test]
     fn ranks() {

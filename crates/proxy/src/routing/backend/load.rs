@@ -19,7 +19,9 @@
 //! admission and given back at the answer's first byte. `fleet_tokens` is
 //! the work the other magpies sharing a store hold there
 //! ([`crate::routing::sessions::fleet`]); the queue weighs and bounds
-//! both together ([`Load::held_tokens`]).
+//! both together ([`Load::held_tokens`]). `computed` counts the work whose
+//! answer began: the tokens this magpie had the backend prefill, which is
+//! what pushes older prefixes out of its cache ([`super::Live::holds_head`]).
 //! Taking a slot under a cap is
 //! one atomic step, so concurrent accepts never push a backend past its
 //! bounded-load cap.
@@ -35,6 +37,7 @@ pub(crate) struct Load {
     awaiting_cold: AtomicU64,
     prefill_tokens: AtomicU64,
     fleet_tokens: AtomicU64,
+    computed: AtomicU64,
 }
 
 /// What a request awaiting its first byte of body is, for the counts.
@@ -93,6 +96,15 @@ impl Load {
     /// All the work held here: this magpie's and the others'.
     pub(crate) fn held_tokens(&self) -> u64 {
         self.prefill_tokens().saturating_add(self.fleet_tokens())
+    }
+
+    /// The prompt tokens this magpie had the backend prefill, all told.
+    pub(crate) fn computed(&self) -> u64 {
+        self.computed.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn count_computed(&self, tokens: u64) {
+        self.computed.fetch_add(tokens, Ordering::Relaxed);
     }
 
     /// The counters a request of `kind` counts in.

@@ -3,7 +3,7 @@
 //! Identity comes from the config and never changes within a snapshot. Live
 //! state is atomics (and, for groups, a small lock) shared by the data paths
 //! (which count and take slots), health (which marks up and down) and
-//! metrics/admin (which read), in six named parts:
+//! metrics/admin (which read), in named parts:
 //!
 //! | part | owns |
 //! |---|---|
@@ -14,6 +14,7 @@
 //! | [`drain`] | when a removed backend's connections must close |
 //! | [`groups`] | `key.group`: distinct groups served lately, placements by candidate rank |
 //! | [`rate`] | `queue`: the prefill rate learned from its answers (work over busy time) |
+//! | [`recent`] | hashes served lately (groups, system heads), and how much was computed since |
 //!
 //! Live state lives behind its own `Arc`, so a reload can hand the same live
 //! state to the next snapshot when a backend's name and address are
@@ -23,6 +24,7 @@ pub(crate) mod drain;
 pub(crate) mod groups;
 pub(crate) mod load;
 pub(crate) mod rate;
+pub(crate) mod recent;
 pub(crate) mod traffic;
 
 use crate::net::tls_client::BackendTls;
@@ -36,9 +38,11 @@ use self::groups::Groups;
 pub(crate) use self::load::Awaiting;
 use self::load::Load;
 use self::rate::PrefillRate;
+use self::recent::Recent;
 use self::traffic::Traffic;
 use crate::config::BackendConfig;
 use crate::routing::health::{self, EngineLoad, Health};
+use crate::routing::keys::GroupKey;
 
 #[derive(Debug)]
 pub struct Backend {
@@ -103,6 +107,10 @@ pub(crate) struct Live {
     pub(crate) groups: Groups,
     /// Its prefill rate, learned from its answers (`queue`).
     pub(crate) prefill_rate: PrefillRate,
+    /// The system heads (model, instructions, tools) of the requests it
+    /// answered (`queue`), whatever their group: what its cache may hold of
+    /// another group's conversation.
+    pub(crate) system_heads: Recent,
     /// Told whenever a slot is given back, so a request waiting for this
     /// backend can take it (`queue`); set once by the instance.
     pub(crate) waiters: OnceLock<Arc<dyn SlotFreed>>,
@@ -114,6 +122,30 @@ pub(crate) trait SlotFreed: Send + Sync + std::fmt::Debug {
 }
 
 impl Live {
+    /// A request of `group` was served here.
+    pub(crate) fn served_group(&self, group: GroupKey) {
+        self.groups.served(group, self.load.computed());
+    }
+
+    /// Whether its cache likely still holds `group`'s head: the group was
+    /// served here lately and, where the engine says the size of its cache,
+    /// less than that many tokens were computed here since (a cache evicts
+    /// the least recently used first).
+    pub(crate) fn holds_head(&self, group: GroupKey) -> bool {
+        self.groups
+            .holds(group, self.load.computed(), self.kv_capacity())
+    }
+
+    /// Whether its cache likely still holds the system head hashed `hash`,
+    /// as [`Live::holds_head`] tells a group's.
+    pub(crate) fn holds_system_head(&self, hash: u64) -> bool {
+        (self.system_heads).holds(hash, self.load.computed(), self.kv_capacity())
+    }
+
+    fn kv_capacity(&self) -> Option<u64> {
+        self.engine.kv_capacity().map(|c| c as u64)
+    }
+
     /// Takes one active slot unconditionally.
     pub(crate) fn reserve(self: &Arc<Self>) -> ActiveGuard {
         self.load.take();
@@ -163,6 +195,7 @@ impl Live {
             live: Arc::clone(self),
             tokens,
             sent: tokio::time::Instant::now(),
+            system_head: None,
         };
         Some((slot, work))
     }
@@ -216,14 +249,28 @@ pub(crate) struct WorkGuard {
     tokens: u64,
     /// When the request was admitted (and so sent).
     sent: tokio::time::Instant,
+    /// The hash of its system head, which its prefill leaves in the cache.
+    system_head: Option<u64>,
 }
 
 impl WorkGuard {
     /// The answer's first byte came: the backend's prefill rate learns
-    /// from it ([`rate`]), and the work is taken off.
+    /// from it ([`rate`]), its tokens count as computed, its system head as
+    /// served, and the work is taken off.
     pub(crate) fn answered(self) {
         let now = tokio::time::Instant::now();
-        self.live.prefill_rate.answered(self.tokens, self.sent, now);
+        let live = &self.live;
+        live.prefill_rate.answered(self.tokens, self.sent, now);
+        live.load.count_computed(self.tokens);
+        if let Some(hash) = self.system_head {
+            live.system_heads.served(hash, live.load.computed());
+        }
+    }
+
+    /// Its request's system head is hashed `hash` (recorded when answered).
+    pub(crate) fn with_system_head(mut self, hash: Option<u64>) -> WorkGuard {
+        self.system_head = hash;
+        self
     }
 
     /// Adds `tokens` to the work it holds.

@@ -47,7 +47,7 @@ use crate::routing::llm::groups::Grouped;
 use crate::routing::llm::note::Sent;
 use crate::routing::llm::openings;
 use crate::routing::llm::usage::Tally;
-use crate::routing::llm::work::work;
+use crate::routing::llm::work::{Heads, work};
 use crate::routing::queue::{Admit, Ask, Refusal, SlotLimits, Standing};
 use crate::routing::route::{How, Route};
 use crate::routing::sessions::homes::AwaitingMark;
@@ -70,10 +70,10 @@ pub(crate) struct Request {
     /// It counts among its backend's requests awaiting their first byte of
     /// body until that byte comes (mode http).
     pub(crate) awaits_first_byte: bool,
-    /// The bytes of its body's head that its group's other conversations
-    /// repeat (mode http; 0 when not known): what a backend that served
-    /// the group lately still has to prefill less of.
-    pub(crate) head_bytes: u64,
+    /// What of its body other requests share (mode http): its group's
+    /// head and its system head, which a backend that served them lately
+    /// still has to prefill less of.
+    pub(crate) heads: Heads,
 }
 
 impl Request {
@@ -86,7 +86,7 @@ impl Request {
             prompt_bytes: 0,
             follows: None,
             awaits_first_byte: false,
-            head_bytes: 0,
+            heads: Heads::default(),
         }
     }
 
@@ -318,7 +318,7 @@ impl Plan {
             pinned: self.route.how == How::Pinned,
             // A header's group, whose head's size is not known, keeps its
             // home first while it has room.
-            places: self.pin_lost && (keys.group.is_none() || self.request.head_bytes > 0),
+            places: self.pin_lost && (keys.group.is_none() || self.request.heads.group_bytes > 0),
             class: self.request.standing.class,
             tenant: match queue.tenant {
                 Some(TenantBy::Group) => TenantKey::of_group(keys.group),
@@ -330,7 +330,7 @@ impl Plan {
                 self.work_key,
                 self.request.prompt_bytes,
             )
-            .of_group(keys.group, self.request.head_bytes),
+            .of_group(keys.group, self.request.heads),
             key: keys.table(),
             queue,
             limits: SlotLimits::of(queue, config.load_limits()),

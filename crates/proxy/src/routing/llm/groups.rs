@@ -168,7 +168,7 @@ impl Grouped {
     /// backend's, its home (a pin, in the shared store too) lives while its
     /// conversations do, and a placement is counted by the candidate's rank.
     pub(crate) fn served(&self, backend: &Backend, sessions: &Arc<Sessions>) {
-        backend.live.groups.served(self.group);
+        backend.live.served_group(self.group);
         if self.homes {
             let at = group_pin(self.group);
             sessions.pins.touch(at);

@@ -29,6 +29,19 @@ pub(crate) struct Work {
     /// Its group, and the tokens of its head the group's conversations
     /// share: a backend that served the group lately holds them.
     pub(crate) head: Option<(GroupKey, u64)>,
+    /// Its system head's hash and tokens: a backend that answered a request
+    /// with the same system head lately holds them.
+    pub(crate) system_head: Option<(u64, u64)>,
+}
+
+/// What of a request's body other requests share, as read for its key:
+/// the bytes of its group's head (0 when not known: no group, or a
+/// header's), and its system head (model, instructions, tools: hash and
+/// bytes) when its chat head was read and its group is not that already.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Heads {
+    pub(crate) group_bytes: u64,
+    pub(crate) system: Option<(u64, u64)>,
 }
 
 impl Work {
@@ -38,34 +51,39 @@ impl Work {
             tokens,
             warm_at: None,
             head: None,
+            system_head: None,
         }
     }
 
-    /// The same work, of `group`, whose conversations share `head_bytes`
-    /// of their bodies (none when 0).
-    pub(crate) fn of_group(self, group: Option<GroupKey>, head_bytes: u64) -> Work {
-        let shared = head_bytes / BYTES_PER_TOKEN;
+    /// The same work, of `group`, with the `heads` it shares with others.
+    pub(crate) fn of_group(self, group: Option<GroupKey>, heads: Heads) -> Work {
+        let shared = heads.group_bytes / BYTES_PER_TOKEN;
         Work {
             head: group.filter(|_| shared > 0).map(|g| (g, shared)),
+            system_head: (heads.system).map(|(hash, bytes)| (hash, bytes / BYTES_PER_TOKEN)),
             ..self
         }
     }
 
     /// Its work at `backend`: less the prefix its key's previous request
-    /// left there, or less its group's head if the backend served the group
-    /// lately, whichever it holds more of.
+    /// left there, or less its group's head or its system head if the
+    /// backend's cache likely holds it
+    /// ([`crate::routing::backend::Live::holds_head`]), whichever it holds
+    /// most of.
     pub(crate) fn at(&self, backend: &Backend) -> u64 {
         let warm = match &self.warm_at {
             Some((warm, tokens)) if warm.name == backend.name => *tokens,
             _ => self.tokens,
         };
         let headed = match self.head {
-            Some((group, shared)) if backend.live.groups.holds(group) => {
-                self.tokens.saturating_sub(shared)
-            }
-            _ => self.tokens,
+            Some((group, shared)) if backend.live.holds_head(group) => shared,
+            _ => 0,
         };
-        warm.min(headed)
+        let system = match self.system_head {
+            Some((hash, shared)) if backend.live.holds_system_head(hash) => shared,
+            _ => 0,
+        };
+        warm.min(self.tokens.saturating_sub(headed.max(system)))
     }
 }
 
@@ -90,5 +108,6 @@ pub(crate) fn work(memory: &KeyMemory, key: MemoryKey, bytes: u64) -> Work {
         tokens: tokens(bytes),
         warm_at: Some((backend, tokens(bytes.saturating_sub(before)))),
         head: None,
+        system_head: None,
     }
 }

@@ -18,13 +18,14 @@
 //! owner of its key. It waits for its home at least `queue.affinity_wait`,
 //! then takes another of its targets only where that pays in work
 //! ([`Waiter::spill_pays`]); a conversation's first request (sessions on,
-//! no pin yet) goes where its first token comes soonest
-//! ([`soonest`]): the work each target holds plus what it would still
-//! have to prefill of this request, less what its cache holds of it (its
-//! group's head, where the group was served lately); it takes that target
-//! at once if it has room, else waits for it, or for any other that comes
-//! to be as soon. A tiny shared head never outweighs load; a long agent
-//! prompt does. (One that opens like a conversation served lately comes
+//! no pin yet) goes where it costs least ([`cost`]): its own wait for a
+//! first token (the work each target holds plus what it would still have
+//! to prefill of this request, less what its cache likely holds of it: its
+//! group's head) plus, under load, what its prefill adds to the wait of the
+//! requests that will queue behind it; it takes that target at once if it
+//! has room, else waits for it, or for any other that comes to cost as
+//! little. A tiny shared head never outweighs load; a long agent prompt
+//! does, and more so the more requests wait. (One that opens like a conversation served lately comes
 //! sticky, its home where that one went, see
 //! [`crate::routing::llm::openings`]; one grouped by a header, whose head's
 //! size nobody knows, takes the first target with room.) A
@@ -42,9 +43,9 @@
 //! The queue lives as long as the instance: a reload rebinds every waiting
 //! request to the new table ([`Queue::rebind`]).
 
+pub(crate) mod cost;
 pub(crate) mod order;
 pub(crate) mod room;
-pub(crate) mod soonest;
 pub(crate) mod stats;
 
 use std::future::Future;
@@ -55,11 +56,11 @@ use std::time::Duration;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
+use self::cost::{Order, cost, unlearned_rate};
 pub(crate) use self::order::Standing;
 use self::order::Waiting;
 pub(crate) use self::room::SlotLimits;
 use self::room::{Room, first_with_room, room};
-use self::soonest::{Order, ahead, unlearned_rate};
 pub(crate) use self::stats::{Admit, QueueStats, Refusal};
 use crate::config::DEFAULT_MAX_INFLIGHT;
 use crate::config::{Config, DEFAULT_AGING, MAX_CLASSES, QueueConfig};
@@ -97,8 +98,8 @@ pub(crate) struct Ask<'a> {
     pub(crate) sticky: bool,
     /// Whether its home is its session pin (kept across a reload).
     pub(crate) pinned: bool,
-    /// A conversation's first request: it goes where its first token comes
-    /// soonest ([`soonest`]; not sticky only).
+    /// A conversation's first request: it goes where it costs least
+    /// ([`cost`]; not sticky only).
     pub(crate) places: bool,
     /// Its class (an index into `queue.priority.classes`) and tenant.
     pub(crate) class: usize,
@@ -146,13 +147,16 @@ struct Waiter {
 impl Waiter {
     /// The target whose live state is `live`, if the request may take it
     /// now: its home, and once `home_until` passed, another target where
-    /// spilling pays ([`Waiter::spill_pays`]); when that backend's engine
-    /// is `full` for new keys, only if it is the request's pin.
-    fn takes(&self, live: &Arc<Live>, now: Instant, full: bool) -> Option<&Arc<Backend>> {
+    /// spilling pays ([`Waiter::spill_pays`]), or any when its home's
+    /// engine takes it not (full for new keys, and not its pin, or far
+    /// over); the backend's own engine must take it (`limits`).
+    fn takes(&self, live: &Arc<Live>, now: Instant, limits: &SlotLimits) -> Option<&Arc<Backend>> {
         let i = (self.targets.iter()).position(|b| Arc::ptr_eq(&b.live, live))?;
         let to = &self.targets[i];
-        let may = i == 0 || (now >= self.home_until && self.spill_pays(to));
-        (may && (!full || self.kept(i))).then_some(to)
+        let home_takes = || !limits.engine_full(&self.targets[0], self.kept(0), now);
+        let pays = || !home_takes() || self.spill_pays(to);
+        let may = i == 0 || (now >= self.home_until && pays());
+        (may && !limits.engine_full(to, self.kept(i), now)).then_some(to)
     }
 
     /// Whether its target `i` is its pin (kept there though the engine is
@@ -161,17 +165,18 @@ impl Waiter {
         self.pinned && i == 0
     }
 
-    /// Whether the request would have its first token no later at `to` than
-    /// at its home, counted in work: the prefill `to` holds plus all of
-    /// this request's, against what its home holds plus only its uncached
-    /// part there (work that is all zero, as in mode tcp, always pays). A
-    /// request without a home (not sticky) goes anywhere.
+    /// Whether the request would cost no more at `to` than at its home
+    /// ([`cost`]): the prefill `to` holds plus all of this request's,
+    /// against what its home holds plus only its uncached part there, each
+    /// counted again for the requests queued there (work that is all zero,
+    /// as in mode tcp, always pays). A request without a home (not sticky)
+    /// goes anywhere.
     fn spill_pays(&self, to: &Backend) -> bool {
         let Some(home) = self.targets.first().filter(|_| self.sticky) else {
             return true;
         };
         let unknown = unlearned_rate(&self.targets);
-        ahead(to, &self.work, unknown) <= ahead(home, &self.work, unknown)
+        cost(to, &self.work, unknown) <= cost(home, &self.work, unknown)
     }
 }
 
@@ -428,11 +433,9 @@ impl Queue {
         } = &mut *state;
         loop {
             let now = Instant::now();
-            // An engine full for new keys takes only requests pinned there.
-            let full = (limits.load).is_some_and(|l| live.engine.full_for_new_keys(&l, now));
             // Room first (the backend as any eligible waiter knows it), then
             // the request that goes next: the queue is unchanged between.
-            let Some(backend) = waiting.find(|w| w.takes(live, now, full).cloned()) else {
+            let Some(backend) = waiting.find(|w| w.takes(live, now, limits).cloned()) else {
                 break;
             };
             // Room is taken before the request is known: its work is
@@ -440,14 +443,14 @@ impl Queue {
             let Some((slot, mut work)) = room(&backend, limits, &Work::default(), true) else {
                 break;
             };
-            let picks = |w: &Waiter| w.takes(live, now, full).is_some();
+            let picks = |w: &Waiter| w.takes(live, now, limits).is_some();
             let Some(picked) = waiting.pick(now, *aging, picks) else {
                 unclaimed.push((slot, work));
                 break;
             };
             let w = picked.waiter;
             self.stats.hold_bytes(w.bytes, false);
-            let target = w.takes(live, now, full).cloned().unwrap_or(backend);
+            let target = w.takes(live, now, limits).cloned().unwrap_or(backend);
             work.grow(w.work.at(&target));
             if let Err((_, room)) = w.grant.send((target, (slot, work))) {
                 // Its request went away as the slot came.

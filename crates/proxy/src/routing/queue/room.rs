@@ -30,6 +30,17 @@ impl SlotLimits {
             load: load.copied(),
         }
     }
+
+    /// Whether `backend`'s engine (with `health.load`) takes no request
+    /// now: none new when it is full for new keys, none at all when it is
+    /// far over (for a request `kept` there, its pin).
+    pub(crate) fn engine_full(&self, backend: &Backend, kept: bool, now: Instant) -> bool {
+        let engine = &backend.live.engine;
+        self.load.as_ref().is_some_and(|l| match kept {
+            true => engine.far_over(l, now),
+            false => engine.full_for_new_keys(l, now),
+        })
+    }
 }
 
 /// A slot at `backend` if it has room: fewer than its limit in flight
@@ -44,17 +55,15 @@ pub(crate) fn room(
     kept: bool,
 ) -> Option<Room> {
     let limit = backend.max_inflight.unwrap_or(limits.max_inflight);
-    let engine = &backend.live.engine;
-    let now = Instant::now();
-    let full = |l: &LoadLimits| match kept {
-        true => engine.far_over(l, now),
-        false => engine.full_for_new_keys(l, now),
-    };
-    if limits.load.as_ref().is_some_and(full) {
+    if limits.engine_full(backend, kept, Instant::now()) {
         return None;
     }
     let tokens = work.at(backend);
-    (backend.live).try_reserve_work(limit, tokens, limits.max_prefill_tokens)
+    let (slot, held) = (backend.live).try_reserve_work(limit, tokens, limits.max_prefill_tokens)?;
+    Some((
+        slot,
+        held.with_system_head(work.system_head.map(|(hash, _)| hash)),
+    ))
 }
 
 /// The first of `targets` that `may` take it and has room, and its slot;

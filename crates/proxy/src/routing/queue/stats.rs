@@ -20,8 +20,8 @@ labels! {
         /// Another of its targets took it: its home had no room (for a
         /// request with a home, within `queue.affinity_wait`).
         Spilled => "spilled",
-        /// A conversation's first request: the target where its first token
-        /// came soonest took it, not its table owner.
+        /// A conversation's first request: the target where it cost least
+        /// took it, not its table owner.
         Placed => "placed",
     }
 }

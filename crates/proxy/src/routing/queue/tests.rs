@@ -4,7 +4,7 @@ use std::time::Duration;
 use super::*;
 use crate::config::{BackendConfig, Priority};
 use crate::routing::keys::{GroupKey, TenantKey};
-use crate::routing::llm::work::Work;
+use crate::routing::llm::work::{Heads, Work};
 
 fn backend(name: &str, port: u16, queue: &Arc<Queue>) -> Arc<Backend> {
     let config = BackendConfig {
@@ -304,6 +304,7 @@ async fn past_its_affinity_wait_a_request_spills_only_where_it_pays() {
                 tokens: 4000,
                 warm_at: Some((warm, 100)),
                 head: None,
+                system_head: None,
             };
             let admitted = queue.admit(turn, std::future::pending()).await;
             admitted.map(|a| (a.backend.name.clone(), a.how))
@@ -331,7 +332,11 @@ fn opening<'a>(targets: &'a [Arc<Backend>], q: &'a QueueConfig, tokens: u64, hea
     let mut opening = ask(targets, q, 1);
     opening.sticky = false;
     opening.places = true;
-    opening.work = Work::cold(tokens).of_group(Some(GroupKey::new(7)), head * 4);
+    let heads = Heads {
+        group_bytes: head * 4,
+        system: None,
+    };
+    opening.work = Work::cold(tokens).of_group(Some(GroupKey::new(7)), heads);
     opening
 }
 
@@ -341,7 +346,7 @@ async fn a_new_conversation_goes_where_its_first_token_comes_soonest() {
     let targets: Vec<_> = (1..=2)
         .map(|i| backend(&format!("b{i}"), i, &queue))
         .collect();
-    targets[0].live.groups.served(GroupKey::new(7));
+    targets[0].live.served_group(GroupKey::new(7));
     let q = config(8);
     let placed = |tokens, head| {
         let (queue, targets, q) = (Arc::clone(&queue), targets.clone(), q.clone());
@@ -367,12 +372,103 @@ async fn a_new_conversation_goes_where_its_first_token_comes_soonest() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn under_load_a_cached_head_counts_for_the_requests_queued_behind() {
+    let queue = Arc::new(Queue::default());
+    let targets: Vec<_> = (1..=2)
+        .map(|i| backend(&format!("b{i}"), i, &queue))
+        .collect();
+    targets[0].live.served_group(GroupKey::new(7));
+    let q = config(8);
+    let queued = |b: &Arc<Backend>, n: usize, tokens: u64| {
+        let each = tokens / n as u64;
+        (0..n)
+            .map(|_| {
+                let waiting = b
+                    .live
+                    .await_first_byte(crate::routing::backend::Awaiting::Turn);
+                (waiting, b.live.try_reserve_work(8, each, None).unwrap())
+            })
+            .collect::<Vec<_>>()
+    };
+    // b1 holds the head and 6,000 tokens in 3 requests; b2 2,000 in 2. The
+    // first token comes sooner at b2 (2,000 + 3,200 against 6,000 + 200),
+    // but its 3,200 tokens there would delay the two requests that, at this
+    // load, come to queue behind it: 3,000 tokens of work more, counted
+    // for each, than at b1.
+    let _b1 = queued(&targets[0], 3, 6000);
+    let _b2 = queued(&targets[1], 2, 2000);
+    let ask = opening(&targets, &q, 3200, 3000);
+    let admitted = queue.admit(ask, std::future::pending()).await.unwrap();
+    assert_eq!(admitted.backend.name, "b1");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_conversation_goes_where_its_system_head_was_answered_whatever_its_group() {
+    let queue = Arc::new(Queue::default());
+    let targets: Vec<_> = (1..=2)
+        .map(|i| backend(&format!("b{i}"), i, &queue))
+        .collect();
+    let q = config(8);
+    let system = Heads {
+        group_bytes: 3100 * 4,
+        system: Some((99, 3000 * 4)),
+    };
+    let work = |group| Work::cold(3200).of_group(Some(GroupKey::new(group)), system);
+    // b1 answered a conversation of group 1 with this system head, and
+    // holds 1,000 tokens of work: a conversation of group 2 costs 1,000 +
+    // 200 there against 3,200 at b2.
+    let (_slot, answered) = targets[0].live.try_reserve_work(8, 3200, None).unwrap();
+    answered.with_system_head(Some(99)).answered();
+    let _held = targets[0].live.try_reserve_work(8, 1000, None).unwrap();
+    let mut ask = opening(&targets, &q, 3200, 0);
+    ask.work = work(2);
+    let admitted = queue.admit(ask, std::future::pending()).await.unwrap();
+    assert_eq!(admitted.backend.name, "b1");
+    // Its group's own head, were it held, counts as well.
+    assert_eq!(work(2).at(&targets[0]), 200);
+    assert_eq!(work(2).at(&targets[1]), 3200);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_head_is_not_counted_where_the_engine_computed_a_cache_full_since() {
+    let queue = Arc::new(Queue::default());
+    let b = backend("b1", 1, &queue);
+    let group = GroupKey::new(7);
+    let heads = Heads {
+        group_bytes: 3000 * 4,
+        system: None,
+    };
+    let work = Work::cold(3200).of_group(Some(group), heads);
+    let compute = |tokens| {
+        let (_slot, work) = b.live.try_reserve_work(8, tokens, None).unwrap();
+        work.answered();
+    };
+    b.live.served_group(group);
+    assert_eq!(work.at(&b), 200);
+    // The engine says its cache holds 10,000 tokens; 6,000 computed since
+    // the group was served: its head is still there.
+    let sample = crate::parsers::Sample {
+        kv_capacity: Some(10_000.0),
+        ..Default::default()
+    };
+    b.live.engine.record(sample, tokio::time::Instant::now());
+    compute(6000);
+    assert_eq!(work.at(&b), 200);
+    // 6,000 more pushed it out.
+    compute(6000);
+    assert_eq!(work.at(&b), 3200);
+    // Served again, it is held again.
+    b.live.served_group(group);
+    assert_eq!(work.at(&b), 200);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_new_conversation_waits_for_the_soonest_rather_than_take_a_later_one_with_room() {
     let queue = Arc::new(Queue::default());
     let targets: Vec<_> = (1..=2)
         .map(|i| backend(&format!("b{i}"), i, &queue))
         .collect();
-    targets[0].live.groups.served(GroupKey::new(7));
+    targets[0].live.served_group(GroupKey::new(7));
     let mut q = config(8);
     // One prefill at a time.
     q.max_prefill_tokens = Some(1);
@@ -469,4 +565,36 @@ async fn a_pinned_request_enters_an_engine_full_for_new_keys_but_not_far_over() 
     assert_eq!(admit(true).await, "b1");
     // A new one goes to the engine that is not full.
     assert_eq!(admit(false).await, "b2");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_conversation_does_not_wait_for_a_cheaper_engine_full_for_new_keys() {
+    let queue = Arc::new(Queue::default());
+    let targets: Vec<_> = (1..=2)
+        .map(|i| backend(&format!("b{i}"), i, &queue))
+        .collect();
+    targets[0].live.served_group(GroupKey::new(7));
+    // b1 holds the group's head, so it is the cheaper, but its engine has
+    // 10 requests waiting (over 8): it takes no new conversation until a
+    // scrape says otherwise.
+    let sample = crate::routing::health::exposition::Sample {
+        waiting: Some(10.0),
+        ..Default::default()
+    };
+    let now = tokio::time::Instant::now();
+    targets[0].live.engine.record(sample, now);
+    let limits = crate::config::LoadLimits {
+        max_waiting: 8,
+        max_kv_usage: 0.95,
+        max_age: Duration::from_secs(5),
+    };
+    let q = config(8);
+    let mut ask = opening(&targets, &q, 3200, 3000);
+    ask.limits = SlotLimits::of(&q, Some(&limits));
+    let admitted = queue.admit(ask, std::future::pending()).await.unwrap();
+    assert_eq!(
+        (admitted.backend.name.as_str(), admitted.how),
+        ("b2", Admit::Placed)
+    );
+    assert_eq!(admitted.waited, Duration::ZERO);
 }

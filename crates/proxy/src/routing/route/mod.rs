@@ -8,8 +8,8 @@
 //! cap, or whose engine reports itself full (`health.load`: its queue or KV
 //! cache over the limits; a pinned key stays unless it is far over). At most
 //! `connect.attempts` targets are kept; under a `queue`, every candidate that
-//! takes the key, for the queue to choose among (where a first token comes
-//! soonest, where a spill pays), and the plan still connects at most
+//! takes the key, for the queue to choose among (where a first request
+//! costs least, where a spill pays), and the plan still connects at most
 //! `connect.attempts` times ([`kept`]). When health leaves nobody, `health.when_all_down` decides: try the candidates anyway, primary
 //! first (fail open), or refuse.
 //!

@@ -11,7 +11,7 @@
 //! a sorted set, `{prefix}fleet`, scored by the store's clock; the same
 //! script returns every other live magpie's work. Each backend's sum is its
 //! fleet work ([`crate::routing::backend::load`]): the queue adds it to the
-//! backend's own when it weighs where a first token comes soonest, whether a
+//! backend's own when it weighs where a first request costs least, whether a
 //! spill pays, and whether work has room. A magpie that stops writing (it
 //! died, or lost the store) stops counting after [`LIFETIME`]; while this
 //! one gets no answer, it counts the others' work as none.

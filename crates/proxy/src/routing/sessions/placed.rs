@@ -2,7 +2,7 @@
 //! pin is bound where its request went, not where the table said.
 //!
 //! Under a queue the backend that takes a conversation's first request is
-//! the one where its first token comes soonest ([`crate::routing::queue`]),
+//! the one where it costs least ([`crate::routing::queue`]),
 //! which the table does not know. Binding the table's choice before the
 //! queue placed the request would pin the conversation where its cache is
 //! not, and its next turn, through any magpie, would go there. So every

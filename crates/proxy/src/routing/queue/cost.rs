@@ -1,0 +1,121 @@
+//! What a request costs at each of its targets, in seconds of waiting: its
+//! own wait for its first token (the work each holds, this magpie's and,
+//! with a shared store, the fleet's, plus what it would still have to
+//! compute of the request, over the backend's learned prefill rate), plus
+//! the wait its prefill adds to the requests that will queue behind it
+//! there. A conversation's first request goes where it costs least; a
+//! waiting request spills where it costs no more.
+//!
+//! Behind a request come, in a steady state, as many requests as it found
+//! ahead of it: at an idle engine none, and the cost is its own wait (the
+//! soonest first token); at a loaded one the work a cache saves is saved
+//! for each of them, so under load a cache counts more than a short queue.
+//! A hot group's home fills first, and then its own queue weighs against it
+//! (its requests' whole work, counted once for each request queued there).
+
+use std::sync::Arc;
+
+use super::Ask;
+use crate::routing::backend::Backend;
+use crate::routing::llm::work::Work;
+
+/// A request's targets in the order it takes them, and which it may take
+/// now.
+pub(super) struct Order {
+    pub(super) targets: Vec<Arc<Backend>>,
+    /// Placing: what it would cost at each ([`cost`]).
+    soon: Vec<f64>,
+    waits_for_home: bool,
+    places: bool,
+}
+
+impl Order {
+    /// `ask`'s order: a conversation's first request (not waiting for a
+    /// home) cheapest first ([`cheapest_first`]; an engine full for new
+    /// keys last, as it takes none), else the targets' own.
+    pub(super) fn of(ask: &Ask<'_>, waits_for_home: bool) -> Order {
+        let places = ask.places && !waits_for_home;
+        let now = tokio::time::Instant::now();
+        let full = |b: &Backend| ask.limits.engine_full(b, false, now);
+        let (targets, soon) = match places {
+            true => cheapest_first(ask.targets, &ask.work, full)
+                .into_iter()
+                .unzip(),
+            false => (ask.targets.to_vec(), Vec::new()),
+        };
+        Order {
+            targets,
+            soon,
+            waits_for_home,
+            places,
+        }
+    }
+
+    /// Whether it may take `targets[i]` now: its home; placing, any target
+    /// that costs no more than the cheapest; else any (the first with room).
+    pub(super) fn may(&self, i: usize) -> bool {
+        match (self.waits_for_home, self.places) {
+            (true, _) => i == 0,
+            (_, true) => self.soon[i] <= self.soon[0],
+            _ => true,
+        }
+    }
+
+    /// Whether, waiting, it takes another target only where that costs no
+    /// more than its first.
+    pub(super) fn sticky(&self) -> bool {
+        self.waits_for_home || self.places
+    }
+}
+
+/// When a request of `work` would have its first token at `backend`: the
+/// work it holds awaiting a first byte plus what it would still have to
+/// compute of the request ([`Work::at`]), over its prefill rate as learned
+/// from its answers ([`crate::routing::backend::rate`]; `unknown` while it
+/// is not learned).
+pub(super) fn ahead(backend: &Backend, work: &Work, unknown: f64) -> f64 {
+    let held = backend.live.load.held_tokens();
+    let tokens = held.saturating_add(work.at(backend)) as f64;
+    tokens / backend.live.prefill_rate.per_second().unwrap_or(unknown)
+}
+
+/// What a request of `work` costs at `backend`: its own wait ([`ahead`])
+/// plus its prefill's time there once for each request awaiting a first
+/// byte there now, as many as will come to queue behind it.
+pub(super) fn cost(backend: &Backend, work: &Work, unknown: f64) -> f64 {
+    let behind = backend.live.load.awaiting() as f64;
+    let rate = backend.live.prefill_rate.per_second().unwrap_or(unknown);
+    ahead(backend, work, unknown) + behind * work.at(backend) as f64 / rate
+}
+
+/// The rate a backend whose rate is not learned yet counts at: the mean of
+/// those of `targets` that are (all alike while none is).
+pub(super) fn unlearned_rate(targets: &[Arc<Backend>]) -> f64 {
+    let learned: Vec<f64> = (targets.iter())
+        .filter_map(|b| b.live.prefill_rate.per_second())
+        .collect();
+    match learned.len() {
+        0 => 1.0,
+        n => learned.iter().sum::<f64>() / n as f64,
+    }
+}
+
+/// `targets` by what a request of `work` would cost there, cheapest first,
+/// and the cost ([`cost`]; infinite where `full` says the engine takes no
+/// new key; ties keep the table's order, the group's home first). A
+/// conversation's first request goes to the first.
+fn cheapest_first(
+    targets: &[Arc<Backend>],
+    work: &Work,
+    full: impl Fn(&Backend) -> bool,
+) -> Vec<(Arc<Backend>, f64)> {
+    let unknown = unlearned_rate(targets);
+    let cost = |b: &Backend| match full(b) {
+        true => f64::INFINITY,
+        false => cost(b, work, unknown),
+    };
+    let mut order: Vec<(Arc<Backend>, f64)> =
+        (targets.iter()).map(|b| (Arc::clone(b), cost(b))).collect();
+    order.sort_by(|(_, x), (_, y)| x.total_cmp(y));
+    order
+}
