@@ -26,6 +26,7 @@ mod http_framing;
 mod http_mode;
 mod http_timeouts;
 mod key_buffers;
+mod llamacpp;
 mod module_maps;
 mod pass_through;
 mod pool_safety;

@@ -1,7 +1,8 @@
 //! Fake inference engines for the engine load tests: hyper servers on
 //! `127.0.0.1:0` whose `GET /metrics` serves vLLM-style Prometheus text with
 //! values the test sets (or hangs, or answers garbage), and which answer
-//! every other request with `backend: NAME`.
+//! every other request with `backend: NAME`, or with the answer the test
+//! set for its kind (streamed or not).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -30,9 +31,15 @@ pub struct FakeEngine {
     pub name: String,
     pub addr: SocketAddr,
     metrics: Mutex<Metrics>,
+    /// What other requests get: (content type, body), for a body that asks
+    /// `"stream":true` and for one that does not.
+    answers: Mutex<Option<[EngineAnswer; 2]>>,
     /// `GET /metrics` requests seen.
     pub scrapes: AtomicU64,
 }
+
+/// An answer's content type and body.
+pub type EngineAnswer = (&'static str, String);
 
 impl FakeEngine {
     /// vLLM's gauges with these values, for two models (summed by magpie).
@@ -53,6 +60,12 @@ impl FakeEngine {
 
     pub fn set(&self, metrics: Metrics) {
         *self.metrics.lock().expect("the metrics lock") = metrics;
+    }
+
+    /// Answers a request whose body asks `"stream":true` with `streamed`,
+    /// any other with `whole`.
+    pub fn answer_with(&self, streamed: EngineAnswer, whole: EngineAnswer) {
+        *self.answers.lock().expect("the answers lock") = Some([streamed, whole]);
     }
 }
 
@@ -75,6 +88,7 @@ impl FakeEngines {
                 name: name.to_string(),
                 addr: listener.local_addr().expect("a bound address"),
                 metrics: Mutex::new(Metrics::Garbage),
+                answers: Mutex::new(None),
                 scrapes: AtomicU64::new(0),
             });
             engine.report(0, 0.1);
@@ -143,9 +157,22 @@ async fn answer(
         return Ok(Response::new(Full::new(Bytes::from(text))));
     }
     let mut body = req.into_body();
-    while let Some(Ok(_)) = body.frame().await {}
-    Ok(Response::new(Full::new(Bytes::from(format!(
-        "backend: {}\n",
-        engine.name
-    )))))
+    let mut streams = false;
+    while let Some(Ok(frame)) = body.frame().await {
+        if let Some(data) = frame.data_ref() {
+            streams |= data.windows(13).any(|w| w == b"\"stream\":true");
+        }
+    }
+    let answers = engine.answers.lock().expect("the answers lock").clone();
+    let Some([streamed, whole]) = answers else {
+        let text = format!("backend: {}\n", engine.name);
+        return Ok(Response::new(Full::new(Bytes::from(text))));
+    };
+    let (content_type, body) = if streams { streamed } else { whole };
+    let response = Response::builder()
+        .header("content-type", content_type)
+        .header("x-engine", engine.name.as_str())
+        .body(Full::new(Bytes::from(body)))
+        .expect("an answer");
+    Ok(response)
 }

@@ -16,7 +16,8 @@
 //!   events on blank lines and each event's `data:` lines are joined
 //!   ([`sse`]); at most one event's bytes are held, and an event longer than
 //!   the limit is skipped, not buffered. An event whose data lacks the bytes
-//!   `_tokens` (which end every count's name) costs one substring scan, so
+//!   `_tokens` (which end every count's name) and `"cache_n"` (llama.cpp's)
+//!   costs two substring scans, so
 //!   the `"usage":null` of every chunk but the last is not parsed; one that
 //!   has them is parsed, and the latest counts win (engines that report
 //!   usage in every chunk report it cumulatively).
@@ -31,6 +32,7 @@
 //! | OpenAI Responses | `input_tokens` | `input_tokens_details.cached_tokens` | `output_tokens` |
 //! | Anthropic messages | `input_tokens` + `cache_read_input_tokens` + `cache_creation_input_tokens` | `cache_read_input_tokens` | `output_tokens` |
 //! | SGLang `meta_info` (native `/generate`), when there is no `usage` | `prompt_tokens` | `cached_tokens` | `completion_tokens` |
+//! | llama.cpp `timings` (streamed chat, native `/completion`), when there is neither | `prompt_n` + `cache_n` | `cache_n` | `predicted_n` |
 //!
 //! A missing or `null` cached count is 0, and the cached count never
 //! exceeds the prompt count. A count that is not a non-negative integer

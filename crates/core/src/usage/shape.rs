@@ -33,14 +33,23 @@ impl Partial {
     }
 }
 
-/// The bytes every count's name ends with: an event without them reports
-/// nothing, and is not parsed. (Not `usage`: OpenAI streams asked for usage
-/// send `"usage":null` in every chunk but the last.)
+/// The bytes every count's name ends with: an event without them, nor
+/// llama.cpp's [`TIMINGS_COUNT`], reports nothing, and is not parsed. (Not
+/// `usage`: OpenAI streams asked for usage send `"usage":null` in every
+/// chunk but the last.)
 pub(super) static COUNT_NAME: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"_tokens"));
+/// The count llama.cpp's `timings` always carry.
+pub(super) static TIMINGS_COUNT: LazyLock<Finder<'static>> =
+    LazyLock::new(|| Finder::new(b"\"cache_n\""));
+
+/// Whether a document may report counts: it names one.
+pub(super) fn may_count(bytes: &[u8]) -> bool {
+    COUNT_NAME.find(bytes).is_some() || TIMINGS_COUNT.find(bytes).is_some()
+}
 
 /// The counts in a whole JSON document (a body or an event's data): its
 /// top-level `usage`, else `response.usage`, else `message.usage`, else
-/// `meta_info`. `Ok(None)` for valid JSON that reports none, `Err` for text
+/// `meta_info`, else `timings`. `Ok(None)` for valid JSON that reports none, `Err` for text
 /// that is not one JSON value.
 pub(super) fn in_document(bytes: &[u8]) -> Result<Option<Partial>, serde_json::Error> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
@@ -56,6 +65,7 @@ pub(super) fn in_document(bytes: &[u8]) -> Result<Option<Partial>, serde_json::E
         .flatten()
         .find_map(in_usage)
         .or_else(|| top.meta_info.as_ref().and_then(in_meta_info))
+        .or_else(|| top.timings.as_ref().and_then(in_timings))
     }))
 }
 
@@ -163,6 +173,24 @@ fn in_meta_info(meta: &Value) -> Option<Partial> {
     (!found.is_empty()).then_some(found)
 }
 
+/// llama.cpp's `timings`: `prompt_n` prompt tokens computed and `cache_n`
+/// taken from the cache (the prompt is both), `predicted_n` generated.
+fn in_timings(timings: &Value) -> Option<Partial> {
+    let timings = timings.as_object()?;
+    let prompt = match (count(timings, "prompt_n"), count(timings, "cache_n")) {
+        (Some(computed), cached) => {
+            let cached = cached.unwrap_or(0);
+            Some((computed.saturating_add(cached), cached))
+        }
+        (None, _) => None,
+    };
+    let found = Partial {
+        prompt,
+        completion: count(timings, "predicted_n"),
+    };
+    (!found.is_empty()).then_some(found)
+}
+
 /// The top-level fields that can hold counts; every other field is skipped
 /// without being built. A repeated field's last value wins, as serde_json's
 /// own maps have it.
@@ -172,6 +200,7 @@ struct Top {
     response: Option<Value>,
     message: Option<Value>,
     meta_info: Option<Value>,
+    timings: Option<Value>,
 }
 
 /// A top-level field name, matched without being copied.
@@ -182,6 +211,7 @@ enum Field {
     Response,
     Message,
     MetaInfo,
+    Timings,
     #[serde(other)]
     Other,
 }
@@ -204,6 +234,7 @@ impl<'de> Visitor<'de> for TopVisitor {
                 Field::Response => &mut top.response,
                 Field::Message => &mut top.message,
                 Field::MetaInfo => &mut top.meta_info,
+                Field::Timings => &mut top.timings,
                 Field::Other => {
                     map.next_value::<IgnoredAny>()?;
                     continue;

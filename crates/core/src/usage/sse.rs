@@ -130,7 +130,7 @@ impl Events {
     fn dispatch(&mut self) {
         if !self.skip
             && self.has_data
-            && shape::COUNT_NAME.find(&self.buf).is_some()
+            && shape::may_count(&self.buf)
             && let Ok(Some(found)) = shape::in_document(&self.buf)
         {
             self.found.update(found);

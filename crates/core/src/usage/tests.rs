@@ -281,6 +281,26 @@ fn sglang_meta_info() {
     assert_eq!(scan(JSON, both), usage(9, 0, 4));
 }
 
+/// llama-server's own answers (tests/fixtures/llamacpp).
+const LLAMACPP_CHAT: &str = include_str!("../../../../tests/fixtures/llamacpp/chat.json");
+const LLAMACPP_STREAM: &str = include_str!("../../../../tests/fixtures/llamacpp/chat-stream.txt");
+const LLAMACPP_COMPLETION: &str =
+    include_str!("../../../../tests/fixtures/llamacpp/completion.json");
+
+#[test]
+fn llamacpp_usage_and_timings() {
+    // A whole answer has both; usage wins (they agree).
+    assert_eq!(scan(JSON, LLAMACPP_CHAT), usage(281, 0, 4));
+    // A stream has no usage: the last chunk's timings (cache_n of the
+    // prompt's tokens came from the cache, prompt_n were computed).
+    assert_eq!(scan(SSE, LLAMACPP_STREAM), usage(281, 280, 4));
+    // The native /completion API: timings only.
+    assert_eq!(scan(JSON, LLAMACPP_COMPLETION), usage(248, 0, 4));
+    // usage, when there is one, wins over timings.
+    let both = r#"{"usage":{"prompt_tokens":9,"completion_tokens":4},"timings":{"cache_n":5,"prompt_n":3,"predicted_n":2}}"#;
+    assert_eq!(scan(JSON, both), usage(9, 0, 4));
+}
+
 #[test]
 fn crlf_cr_and_multi_line_events() {
     let crlf = "event: message\r\ndata: {\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}\r\n\r\ndata: [DONE]\r\n\r\n";

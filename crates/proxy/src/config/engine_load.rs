@@ -20,6 +20,8 @@ pub enum LoadPreset {
     Vllm,
     /// SGLang's `sglang:` gauges.
     Sglang,
+    /// llama.cpp's `llama-server --metrics` gauges: its queue, no KV cache.
+    Llamacpp,
     /// No preset: the gauges are named in the section.
     #[default]
     None,
@@ -30,14 +32,24 @@ impl LoadPreset {
         match self {
             LoadPreset::Vllm => "vllm",
             LoadPreset::Sglang => "sglang",
+            LoadPreset::Llamacpp => "llamacpp",
             LoadPreset::None => "none",
         }
     }
 
     /// The preset's gauge names: waiting, running, KV cache usage, KV
-    /// cache capacity.
+    /// cache capacity. `llama-server` reports its requests deferred (no
+    /// slot free) and processing, and nothing of its KV cache's use or size.
     pub fn gauges(self) -> Gauges {
         let names = match self {
+            LoadPreset::Llamacpp => {
+                return Gauges {
+                    waiting: Some("llamacpp:requests_deferred".to_string()),
+                    running: Some("llamacpp:requests_processing".to_string()),
+                    kv_usage: None,
+                    kv_capacity: None,
+                };
+            }
             LoadPreset::Vllm => [
                 "vllm:num_requests_waiting",
                 "vllm:num_requests_running",

@@ -144,7 +144,7 @@ impl Validator<'_> {
         if gauges.waiting.is_none() && gauges.kv_usage.is_none() {
             self.err(
                 at,
-                "health.load needs a preset (vllm or sglang) or the gauges to read (waiting, kv_usage)",
+                "health.load needs a preset (vllm, sglang or llamacpp) or the gauges to read (waiting, kv_usage)",
             );
         }
         gauges
@@ -254,6 +254,26 @@ mod tests {
                 .iter()
                 .any(|e| e
                     .contains("health.load.kv_capacity \"a b\" is not a Prometheus metric name"))
+        );
+    }
+
+    #[test]
+    fn the_llamacpp_preset_reads_its_queue_and_no_kv_cache() {
+        let text = with_load("{preset: llamacpp}");
+        let load = parse(&text).unwrap().health.unwrap().load.unwrap();
+        assert_eq!(load.preset, LoadPreset::Llamacpp);
+        let gauges = &load.gauges;
+        assert_eq!(
+            gauges.waiting.as_deref(),
+            Some("llamacpp:requests_deferred")
+        );
+        assert_eq!(
+            gauges.running.as_deref(),
+            Some("llamacpp:requests_processing")
+        );
+        assert_eq!(
+            (gauges.kv_usage.as_deref(), gauges.kv_capacity.as_deref()),
+            (None, None)
         );
     }
 
