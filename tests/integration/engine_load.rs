@@ -30,7 +30,11 @@ async fn start(engines: &FakeEngines, extra: &str) -> (Magpie, SocketAddr) {
 }
 
 /// Polls the admin `/metrics` until `done` holds; returns that text.
-async fn until_metrics(admin: SocketAddr, what: &str, done: impl Fn(&str) -> bool) -> String {
+pub(crate) async fn until_metrics(
+    admin: SocketAddr,
+    what: &str,
+    done: impl Fn(&str) -> bool,
+) -> String {
     within(what, async {
         loop {
             let (_, text) = admin_get(admin, "/metrics").await;

@@ -6,14 +6,13 @@
 //! a stream its `timings`, give the realized hits.
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::Request;
 use magpie_core::key::text_key;
 
-use crate::engine_load::promtool_accepts;
+use crate::engine_load::{promtool_accepts, until_metrics};
 use crate::support::*;
 
 const METRICS: &str = include_str!("../fixtures/llamacpp/metrics.txt");
@@ -42,20 +41,6 @@ async fn start(engines: &FakeEngines) -> (Magpie, SocketAddr) {
     let magpie = Magpie::start(&yaml).await;
     let admin = magpie.admin.expect("admin is on");
     (magpie, admin)
-}
-
-/// Polls the admin `/metrics` until `done` holds; returns that text.
-async fn until_metrics(admin: SocketAddr, what: &str, done: impl Fn(&str) -> bool) -> String {
-    within(what, async {
-        loop {
-            let (_, text) = admin_get(admin, "/metrics").await;
-            if done(&text) {
-                return text;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
 }
 
 fn gauge(text: &str, name: &str, backend: &str) -> f64 {
