@@ -23,6 +23,20 @@ fn backend(name: &str, port: u16, queue: &Arc<Queue>) -> Arc<Backend> {
     Arc::new(Backend::new(&config, live))
 }
 
+/// Engine load limits: full for new keys over 8 waiting.
+const LOAD_LIMITS: crate::config::LoadLimits = crate::config::LoadLimits {
+    max_waiting: 8,
+    max_kv_usage: 0.95,
+    max_age: Duration::from_secs(5),
+};
+
+/// Backends b1 and b2, waited for through `queue`.
+fn two_backends(queue: &Arc<Queue>) -> Vec<Arc<Backend>> {
+    (1..=2)
+        .map(|i| backend(&format!("b{i}"), i, queue))
+        .collect()
+}
+
 fn config(max_inflight: u64) -> QueueConfig {
     QueueConfig {
         max_inflight,
@@ -343,9 +357,7 @@ fn opening<'a>(targets: &'a [Arc<Backend>], q: &'a QueueConfig, tokens: u64, hea
 #[tokio::test(start_paused = true)]
 async fn a_new_conversation_goes_where_its_first_token_comes_soonest() {
     let queue = Arc::new(Queue::default());
-    let targets: Vec<_> = (1..=2)
-        .map(|i| backend(&format!("b{i}"), i, &queue))
-        .collect();
+    let targets = two_backends(&queue);
     targets[0].live.served_group(GroupKey::new(7));
     let q = config(8);
     let placed = |tokens, head| {
@@ -374,9 +386,7 @@ async fn a_new_conversation_goes_where_its_first_token_comes_soonest() {
 #[tokio::test(start_paused = true)]
 async fn under_load_a_cached_head_counts_for_the_requests_queued_behind() {
     let queue = Arc::new(Queue::default());
-    let targets: Vec<_> = (1..=2)
-        .map(|i| backend(&format!("b{i}"), i, &queue))
-        .collect();
+    let targets = two_backends(&queue);
     targets[0].live.served_group(GroupKey::new(7));
     let q = config(8);
     let queued = |b: &Arc<Backend>, n: usize, tokens: u64| {
@@ -405,9 +415,7 @@ async fn under_load_a_cached_head_counts_for_the_requests_queued_behind() {
 #[tokio::test(start_paused = true)]
 async fn a_new_conversation_goes_where_its_system_head_was_answered_whatever_its_group() {
     let queue = Arc::new(Queue::default());
-    let targets: Vec<_> = (1..=2)
-        .map(|i| backend(&format!("b{i}"), i, &queue))
-        .collect();
+    let targets = two_backends(&queue);
     let q = config(8);
     let system = Heads {
         group_bytes: 3100 * 4,
@@ -465,9 +473,7 @@ async fn a_head_is_not_counted_where_the_engine_computed_a_cache_full_since() {
 #[tokio::test(start_paused = true)]
 async fn a_new_conversation_waits_for_the_soonest_rather_than_take_a_later_one_with_room() {
     let queue = Arc::new(Queue::default());
-    let targets: Vec<_> = (1..=2)
-        .map(|i| backend(&format!("b{i}"), i, &queue))
-        .collect();
+    let targets = two_backends(&queue);
     targets[0].live.served_group(GroupKey::new(7));
     let mut q = config(8);
     // One prefill at a time.
@@ -497,9 +503,7 @@ async fn a_new_conversation_waits_for_the_soonest_rather_than_take_a_later_one_w
 #[tokio::test(start_paused = true)]
 async fn work_ahead_is_weighed_by_each_backends_learned_prefill_rate() {
     let queue = Arc::new(Queue::default());
-    let targets: Vec<_> = (1..=2)
-        .map(|i| backend(&format!("b{i}"), i, &queue))
-        .collect();
+    let targets = two_backends(&queue);
     let q = config(8);
     let _b1 = targets[0].live.try_reserve_work(8, 4000, None).unwrap();
     let _b2 = targets[1].live.try_reserve_work(8, 2500, None).unwrap();
@@ -528,9 +532,7 @@ async fn work_ahead_is_weighed_by_each_backends_learned_prefill_rate() {
 #[tokio::test(start_paused = true)]
 async fn a_pinned_request_enters_an_engine_full_for_new_keys_but_not_far_over() {
     let queue = Arc::new(Queue::default());
-    let targets: Vec<_> = (1..=2)
-        .map(|i| backend(&format!("b{i}"), i, &queue))
-        .collect();
+    let targets = two_backends(&queue);
     let q = config(8);
     // b1's engine has 10 requests waiting: over 8 (full for new keys),
     // not over 32 (far over).
@@ -544,11 +546,7 @@ async fn a_pinned_request_enters_an_engine_full_for_new_keys_but_not_far_over() 
         .live
         .engine
         .record(sample, tokio::time::Instant::now());
-    let limits = crate::config::LoadLimits {
-        max_waiting: 8,
-        max_kv_usage: 0.95,
-        max_age: Duration::from_secs(5),
-    };
+    let limits = LOAD_LIMITS;
     let admit = |pinned: bool| {
         let (queue, targets, q) = (Arc::clone(&queue), targets.clone(), q.clone());
         async move {
@@ -570,9 +568,7 @@ async fn a_pinned_request_enters_an_engine_full_for_new_keys_but_not_far_over() 
 #[tokio::test(start_paused = true)]
 async fn a_new_conversation_does_not_wait_for_a_cheaper_engine_full_for_new_keys() {
     let queue = Arc::new(Queue::default());
-    let targets: Vec<_> = (1..=2)
-        .map(|i| backend(&format!("b{i}"), i, &queue))
-        .collect();
+    let targets = two_backends(&queue);
     targets[0].live.served_group(GroupKey::new(7));
     // b1 holds the group's head, so it is the cheaper, but its engine has
     // 10 requests waiting (over 8): it takes no new conversation until a
@@ -583,11 +579,7 @@ async fn a_new_conversation_does_not_wait_for_a_cheaper_engine_full_for_new_keys
     };
     let now = tokio::time::Instant::now();
     targets[0].live.engine.record(sample, now);
-    let limits = crate::config::LoadLimits {
-        max_waiting: 8,
-        max_kv_usage: 0.95,
-        max_age: Duration::from_secs(5),
-    };
+    let limits = LOAD_LIMITS;
     let q = config(8);
     let mut ask = opening(&targets, &q, 3200, 3000);
     ask.limits = SlotLimits::of(&q, Some(&limits));
