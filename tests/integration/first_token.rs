@@ -95,6 +95,36 @@ async fn a_conversation_goes_where_its_first_token_comes_soonest() {
     magpie.stop().await;
 }
 
+/// A conversation grouped by how it opens (`group: conversation`) shares
+/// its system prompt with others of other groups: the engine that answered
+/// one of them holds that prompt, and the next goes there, not to its own
+/// group's primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_goes_where_its_system_prompt_was_answered_whatever_its_group() {
+    let backends = HyperBackends::start(&["a", "b"]).await;
+    let settings = SOONEST.replace("group: system", "group: conversation");
+    let magpie = Magpie::with(&settings, &backends.pairs()).await;
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    let system = "s".repeat(8000);
+    let primary = |user: &str| {
+        let body = chat(&system, user);
+        let group = body_group_key(body.as_bytes(), &GroupBy::Conversation).expect("a group");
+        magpie.candidates(group)[0].clone()
+    };
+    let first = client.post_json(&chat(&system, "one"), Some("one")).await;
+    // A conversation whose own group's primary is the other backend.
+    let user = (0..1000)
+        .map(|i| format!("question {i}"))
+        .find(|u| primary(u) != first)
+        .expect("a group of the other backend");
+    assert_eq!(
+        client.post_json(&chat(&system, &user), Some("two")).await,
+        first,
+        "where its system prompt is cached"
+    );
+    magpie.stop().await;
+}
+
 /// What the store binds `session` to, once it binds it.
 async fn bound(redis: &RedisServer, session: &str) -> String {
     within("the binding", async {
