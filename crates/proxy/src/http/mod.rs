@@ -408,13 +408,7 @@ impl HttpPath {
         let standing = Standing::of(config.queue.as_ref(), |name| {
             headers.get(name).map(|v| v.as_bytes())
         });
-        let plan = KeyPlan {
-            key: &config.key,
-            group: config.group.as_ref(),
-            client,
-            budget: &instance.stats.key_budget,
-            budget_max: config.limits.key_buffer_bytes,
-        };
+        let plan = KeyPlan::of(&config, client, &instance.stats.key_budget);
         let (found, request) = match request_key::request_key(request, plan).await {
             Ok(found) => found,
             Err(e) => {

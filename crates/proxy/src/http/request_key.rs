@@ -28,7 +28,7 @@ use hyper::header::{CONTENT_TYPE, HeaderMap};
 use tokio::time::Instant;
 
 use super::request_body::RequestBody;
-use crate::config::{KeyConfig, KeyRead, KeySources};
+use crate::config::{Config, KeyConfig, KeyRead, KeySources};
 use crate::net::Client;
 use crate::routing::decision;
 use crate::routing::keys::{GroupKey, Keys, OpeningKey, SessionKey};
@@ -113,6 +113,23 @@ pub(crate) struct KeyPlan<'a> {
     /// most (`limits.key_buffer_bytes`).
     pub(crate) budget: &'a Arc<KeyBudget>,
     pub(crate) budget_max: u64,
+    /// A body parsed for a key gives its system head too: under a `queue`,
+    /// which weighs what engines' caches hold of it.
+    pub(crate) system_head: bool,
+}
+
+impl<'a> KeyPlan<'a> {
+    /// The plan of `config` for a request from `client`.
+    pub(crate) fn of(config: &'a Config, client: Client, budget: &'a Arc<KeyBudget>) -> Self {
+        KeyPlan {
+            key: &config.key,
+            group: config.group.as_ref(),
+            client,
+            budget,
+            budget_max: config.limits.key_buffer_bytes,
+            system_head: config.queue.is_some(),
+        }
+    }
 }
 
 /// Finds `request`'s key (and group); returns them with the request, its
@@ -159,6 +176,7 @@ pub(crate) struct BodyWants<'a> {
     header_group: Option<Result<u64, GroupMiss>>,
     session_reads_body: bool,
     group_reads_body: bool,
+    system_head: bool,
     fallback_key: u64,
 }
 
@@ -204,6 +222,7 @@ pub(crate) fn head_keys<'a, 'h>(
         header_group,
         session_reads_body,
         group_reads_body,
+        system_head: plan.system_head,
         fallback_key: key::fallback_key(read.fallback, plan.client.0),
     };
     if !content_type.is_some_and(is_json) || !(session_reads_body || group_reads_body) {
@@ -232,6 +251,7 @@ impl BodyWants<'_> {
                 let wants = Wants {
                     session: self.session_reads_body,
                     group: self.group.filter(|_| self.group_reads_body),
+                    system_head: self.system_head,
                 };
                 body_keys(&self.sources, wants, bytes)
             }
@@ -287,6 +307,8 @@ struct Wants<'a> {
     session: bool,
     /// The group, when it is read from the body.
     group: Option<&'a GroupBy>,
+    /// The system head, when the chat head is parsed for the others.
+    system_head: bool,
 }
 
 /// What a body gave (or, for the session key, why it gave none).
@@ -334,6 +356,7 @@ fn body_keys(sources: &KeySources<'_>, wants: Wants<'_>, bytes: &[u8]) -> BodyKe
     let heads = Heads {
         group_bytes: grouped.and_then(Result::ok).map_or(0, |g| g.bytes),
         system: match (&head, wants.group) {
+            _ if !wants.system_head => None,
             (_, Some(GroupBy::System)) => None,
             (Some(Ok(head)), _) => GroupBy::System.head_of(head).and_then(Result::ok),
             _ => None,
@@ -540,6 +563,7 @@ mod tests {
             let wants = Wants {
                 session: false,
                 group: Some(by),
+                system_head: true,
             };
             body_keys(&sources, wants, body(user).as_bytes())
         };

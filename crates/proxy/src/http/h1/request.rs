@@ -41,13 +41,7 @@ pub(crate) async fn serve<S: ClientIo>(
     let snapshot = c.instance.snapshot.load_full();
     let config = Arc::clone(&snapshot.config);
     let cx = head::Context {
-        plan: KeyPlan {
-            key: &config.key,
-            group: config.group.as_ref(),
-            client: c.arrival.client,
-            budget: &c.instance.stats.key_budget,
-            budget_max: config.limits.key_buffer_bytes,
-        },
+        plan: KeyPlan::of(&config, c.arrival.client, &c.instance.stats.key_budget),
         queue: config.queue.as_ref(),
         arrival: c.arrival,
         instance: c.instance,

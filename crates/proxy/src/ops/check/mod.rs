@@ -362,7 +362,7 @@ fn group_text(group: &GroupBy, choices: usize, queued: bool) -> String {
     };
     if queued && !matches!(group, GroupBy::Header(_)) {
         return format!(
-            "{what}: a conversation's first request goes where it costs least (its wait and the wait it adds), its group's head counted as cached where the group was served lately; the key above pins it; {home} (ties go there)"
+            "{what}: a conversation's first request goes where it costs least (its wait and the wait it adds), its group's head counted as cached where the engine likely still holds it; the key above pins it; {home} (ties go there)"
         );
     }
     format!(

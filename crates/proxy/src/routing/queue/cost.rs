@@ -24,7 +24,7 @@ use crate::routing::llm::work::Work;
 pub(super) struct Order {
     pub(super) targets: Vec<Arc<Backend>>,
     /// Placing: what it would cost at each ([`cost`]).
-    soon: Vec<f64>,
+    costs: Vec<f64>,
     waits_for_home: bool,
     places: bool,
 }
@@ -37,7 +37,7 @@ impl Order {
         let places = ask.places && !waits_for_home;
         let now = tokio::time::Instant::now();
         let full = |b: &Backend| ask.limits.engine_full(b, false, now);
-        let (targets, soon) = match places {
+        let (targets, costs) = match places {
             true => cheapest_first(ask.targets, &ask.work, full)
                 .into_iter()
                 .unzip(),
@@ -45,7 +45,7 @@ impl Order {
         };
         Order {
             targets,
-            soon,
+            costs,
             waits_for_home,
             places,
         }
@@ -56,7 +56,7 @@ impl Order {
     pub(super) fn may(&self, i: usize) -> bool {
         match (self.waits_for_home, self.places) {
             (true, _) => i == 0,
-            (_, true) => self.soon[i] <= self.soon[0],
+            (_, true) => self.costs[i] <= self.costs[0],
             _ => true,
         }
     }
@@ -68,24 +68,18 @@ impl Order {
     }
 }
 
-/// When a request of `work` would have its first token at `backend`: the
-/// work it holds awaiting a first byte plus what it would still have to
-/// compute of the request ([`Work::at`]), over its prefill rate as learned
-/// from its answers ([`crate::routing::backend::rate`]; `unknown` while it
-/// is not learned).
-pub(super) fn ahead(backend: &Backend, work: &Work, unknown: f64) -> f64 {
-    let held = backend.live.load.held_tokens();
-    let tokens = held.saturating_add(work.at(backend)) as f64;
-    tokens / backend.live.prefill_rate.per_second().unwrap_or(unknown)
-}
-
-/// What a request of `work` costs at `backend`: its own wait ([`ahead`])
-/// plus its prefill's time there once for each request awaiting a first
-/// byte there now, as many as will come to queue behind it.
+/// What a request of `work` costs at `backend`, in seconds: its own wait
+/// for a first token (the work the backend holds plus what it would still
+/// have to compute of the request, [`Work::at`]) plus that computing once
+/// more for each request awaiting a first byte there now, as many as will
+/// come to queue behind it; over the prefill rate learned from its answers
+/// ([`crate::routing::backend::rate`]; `unknown` while it is not learned).
 pub(super) fn cost(backend: &Backend, work: &Work, unknown: f64) -> f64 {
-    let behind = backend.live.load.awaiting() as f64;
-    let rate = backend.live.prefill_rate.per_second().unwrap_or(unknown);
-    ahead(backend, work, unknown) + behind * work.at(backend) as f64 / rate
+    let live = &backend.live;
+    let own = work.at(backend) as f64;
+    let behind = live.load.awaiting() as f64;
+    let tokens = live.load.held_tokens() as f64 + own * (1.0 + behind);
+    tokens / live.prefill_rate.per_second().unwrap_or(unknown)
 }
 
 /// The rate a backend whose rate is not learned yet counts at: the mean of
@@ -110,12 +104,12 @@ fn cheapest_first(
     full: impl Fn(&Backend) -> bool,
 ) -> Vec<(Arc<Backend>, f64)> {
     let unknown = unlearned_rate(targets);
-    let cost = |b: &Backend| match full(b) {
+    let at = |b: &Backend| match full(b) {
         true => f64::INFINITY,
         false => cost(b, work, unknown),
     };
     let mut order: Vec<(Arc<Backend>, f64)> =
-        (targets.iter()).map(|b| (Arc::clone(b), cost(b))).collect();
+        (targets.iter()).map(|b| (Arc::clone(b), at(b))).collect();
     order.sort_by(|(_, x), (_, y)| x.total_cmp(y));
     order
 }

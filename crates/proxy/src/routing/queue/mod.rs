@@ -21,14 +21,14 @@
 //! no pin yet) goes where it costs least ([`cost`]): its own wait for a
 //! first token (the work each target holds plus what it would still have
 //! to prefill of this request, less what its cache likely holds of it: its
-//! group's head) plus, under load, what its prefill adds to the wait of the
+//! group's head or its system head) plus, under load, what its prefill adds to the wait of the
 //! requests that will queue behind it; it takes that target at once if it
 //! has room, else waits for it, or for any other that comes to cost as
 //! little. A tiny shared head never outweighs load; a long agent prompt
-//! does, and more so the more requests wait. (One that opens like a conversation served lately comes
-//! sticky, its home where that one went, see
-//! [`crate::routing::llm::openings`]; one grouped by a header, whose head's
-//! size nobody knows, takes the first target with room.) A
+//! does, and more so the more requests wait. (One that opens like a
+//! conversation served lately comes sticky, its home where that one went,
+//! see [`crate::routing::llm::openings`]; one grouped by a header, whose
+//! head's size nobody knows, takes the first target with room.) A
 //! backend whose engine reports itself full (`health.load`), or whose
 //! requests awaiting their first byte hold `queue.max_prefill_tokens` of
 //! prefill, counts as at its limit. Work is the prompt tokens a backend
