@@ -1,10 +1,14 @@
 //! The simulated engine's time model: one GPU, owned by one task.
 //!
-//! Requests wait in a FIFO queue (`waiting`) until a batch slot is free and
-//! the GPU is not prefilling. Prefill is serialised: one at a time, costing
-//! `prefill_us_per_token` for each prompt token the prefix cache does not
-//! hold, and it produces the first token (the time to first token is the wait
-//! plus the prefill). The running batch, up to `max_running` sequences
+//! Requests wait in a queue (`waiting`) until a batch slot is free and the
+//! GPU is not prefilling: first in, first out, or with `priority` by their
+//! `priority` (the lowest value first, as vLLM's `--scheduling-policy
+//! priority`; first in, first out among equals). Prefill is serialised: one
+//! at a time, costing `prefill_us_per_token` for each prompt token the prefix
+//! cache does not hold, in chunks of `prefill_chunk_tokens`; at a chunk's end
+//! a waiting request of a higher priority takes the GPU, and the one it
+//! interrupted waits again, keeping what it computed. Prefill produces the
+//! first token (the time to first token is the wait plus the prefill). The running batch, up to `max_running` sequences
 //! including the one in prefill, decodes together: every
 //! `decode_ms_per_token` each decoding sequence gets one more token. The
 //! cache is consulted when a prefill starts (a queued request benefits from
@@ -12,7 +16,8 @@
 //! adds its answer's blocks when it completes, since the next turn's prompt
 //! holds the answer.
 
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -34,6 +39,9 @@ pub struct Job {
     pub prompt_blocks: usize,
     /// Tokens to generate (at least 1).
     pub max_tokens: usize,
+    /// Its `priority` (lower first, with `priority` scheduling; 0 when the
+    /// request gives none).
+    pub priority: i64,
     /// Where the sequence's progress goes. Unbounded, but a job sends at most
     /// `max_tokens` events, and `max_tokens` is bounded by the config.
     pub events: mpsc::UnboundedSender<Event>,
@@ -68,20 +76,53 @@ pub struct Counters {
     pub prefill_busy_us: AtomicU64,
 }
 
-/// A job in the batch.
+/// A job in the batch, or waiting for the GPU.
 struct Seq {
     job: Job,
     /// Of `job.blocks`, how many it holds in the cache (all from the first).
     held: usize,
     /// Prompt tokens the cache held when its prefill started.
     cached: usize,
+    /// Prompt tokens still to prefill; `None` before its prefill starts.
+    left: Option<usize>,
+    /// Its place among waiting sequences of its priority.
+    arrival: u64,
     emitted: usize,
+}
+
+/// A waiting sequence in the queue's order: the lowest priority value
+/// first (all 0 without `priority`), then the earliest.
+struct Waiting {
+    order: (i64, u64),
+    seq: Seq,
+}
+
+impl PartialEq for Waiting {
+    fn eq(&self, other: &Self) -> bool {
+        self.order == other.order
+    }
+}
+
+impl Eq for Waiting {}
+
+impl PartialOrd for Waiting {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Waiting {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.order.cmp(&other.order)
+    }
 }
 
 struct Gpu {
     config: EngineConfig,
     cache: PrefixCache,
-    waiting: VecDeque<Job>,
+    waiting: BinaryHeap<Reverse<Waiting>>,
+    /// Jobs queued so far: the order among equal priorities.
+    arrivals: u64,
     /// The sequence in prefill and when its prefill ends.
     prefill: Option<(Instant, Seq)>,
     decoding: Vec<Seq>,
@@ -99,7 +140,8 @@ pub async fn run(
     let mut gpu = Gpu {
         cache: PrefixCache::new(config.cache_blocks),
         config,
-        waiting: VecDeque::new(),
+        waiting: BinaryHeap::new(),
+        arrivals: 0,
         prefill: None,
         decoding: Vec::new(),
         next_step: Instant::now(),
@@ -117,7 +159,7 @@ pub async fn run(
                 None => return,
             },
             () = sleep_until(prefill_end.unwrap_or(gpu.next_step)), if prefill_end.is_some() => {
-                gpu.finish_prefill();
+                gpu.end_chunk();
             }
             () = sleep_until(gpu.next_step), if !gpu.decoding.is_empty() => gpu.step(),
         }
@@ -136,53 +178,130 @@ impl Gpu {
             self.counters.rejected.fetch_add(1, Ordering::Relaxed);
         } else {
             self.counters.requests.fetch_add(1, Ordering::Relaxed);
-            self.waiting.push_back(job);
+            let seq = Seq {
+                job,
+                held: 0,
+                cached: 0,
+                left: None,
+                arrival: self.arrivals,
+                emitted: 0,
+            };
+            self.arrivals += 1;
+            self.wait(seq);
         }
     }
 
-    /// Takes the next waiting job into prefill, if the GPU and a batch slot are free.
+    /// Queues `seq` in its order: a sequence interrupted mid-prefill comes
+    /// back where it was.
+    fn wait(&mut self, seq: Seq) {
+        let order = (self.priority(&seq), seq.arrival);
+        self.waiting.push(Reverse(Waiting { order, seq }));
+    }
+
+    /// `seq`'s priority, as this GPU schedules: 0 for all without `priority`.
+    fn priority(&self, seq: &Seq) -> i64 {
+        if self.config.priority {
+            seq.job.priority
+        } else {
+            0
+        }
+    }
+
+    /// The priority of the first waiting sequence, if any.
+    fn first_waiting(&self) -> Option<i64> {
+        self.waiting.peek().map(|w| w.0.order.0)
+    }
+
+    /// Takes the next waiting sequence into prefill (its next chunk), if
+    /// the GPU and a batch slot are free.
     fn start_prefill(&mut self) {
         while self.prefill.is_none() && self.running() < self.config.max_running {
-            let Some(job) = self.waiting.pop_front() else {
+            let Some(Reverse(Waiting { seq, .. })) = self.waiting.pop() else {
                 return;
             };
-            if job.events.is_closed() {
-                self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
+            if seq.job.events.is_closed() {
+                self.cancel(seq);
                 continue;
             }
-            let prompt = &job.blocks[..job.prompt_blocks];
-            // At least one token is computed, as in vLLM: a prompt cached
-            // whole recomputes its last block.
-            let mut matched = self.cache.matched(prompt);
-            if matched * self.config.block_tokens >= job.prompt_tokens {
-                matched = matched.saturating_sub(1);
-            }
-            let cached = matched * self.config.block_tokens;
-            let held = self.cache.acquire(prompt);
-            let uncached = job.prompt_tokens - cached;
-            let cost = Duration::from_secs_f64(
-                uncached as f64 * self.config.prefill_us_per_token / 1_000_000.0,
-            );
-            let c = &self.counters;
-            c.prompt_tokens
-                .fetch_add(job.prompt_tokens as u64, Ordering::Relaxed);
-            c.cached_tokens.fetch_add(cached as u64, Ordering::Relaxed);
-            c.prefill_busy_us
-                .fetch_add(cost.as_micros() as u64, Ordering::Relaxed);
-            let seq = Seq {
-                job,
-                held,
-                cached,
-                emitted: 0,
+            let seq = match seq.left {
+                Some(_) => seq,
+                None => self.begin(seq.job, seq.arrival),
             };
+            let chunk = self.chunk(&seq);
+            let cost = self.prefill_time(chunk);
             self.prefill = Some((Instant::now() + cost, seq));
         }
     }
 
-    fn finish_prefill(&mut self) {
+    /// A job's prefill begins: what the cache holds of its prompt is taken
+    /// and counted.
+    fn begin(&mut self, job: Job, arrival: u64) -> Seq {
+        let prompt = &job.blocks[..job.prompt_blocks];
+        // At least one token is computed, as in vLLM: a prompt cached
+        // whole recomputes its last block.
+        let mut matched = self.cache.matched(prompt);
+        if matched * self.config.block_tokens >= job.prompt_tokens {
+            matched = matched.saturating_sub(1);
+        }
+        let cached = matched * self.config.block_tokens;
+        let held = self.cache.acquire(prompt);
+        let uncached = job.prompt_tokens - cached;
+        let c = &self.counters;
+        c.prompt_tokens
+            .fetch_add(job.prompt_tokens as u64, Ordering::Relaxed);
+        c.cached_tokens.fetch_add(cached as u64, Ordering::Relaxed);
+        c.prefill_busy_us.fetch_add(
+            self.prefill_time(uncached).as_micros() as u64,
+            Ordering::Relaxed,
+        );
+        Seq {
+            job,
+            held,
+            cached,
+            left: Some(uncached),
+            arrival,
+            emitted: 0,
+        }
+    }
+
+    /// The tokens of `seq`'s next chunk.
+    fn chunk(&self, seq: &Seq) -> usize {
+        let left = seq.left.unwrap_or(0);
+        match self.config.prefill_chunk_tokens {
+            0 => left,
+            n => left.min(n),
+        }
+    }
+
+    fn prefill_time(&self, tokens: usize) -> Duration {
+        Duration::from_secs_f64(tokens as f64 * self.config.prefill_us_per_token / 1_000_000.0)
+    }
+
+    /// A chunk's prefill is done: the sequence's first token is out if it
+    /// was its last; else it goes on, unless a waiting sequence of a higher
+    /// priority takes the GPU.
+    fn end_chunk(&mut self) {
         let Some((_, mut seq)) = self.prefill.take() else {
             return;
         };
+        let chunk = self.chunk(&seq);
+        let left = seq.left.unwrap_or(0) - chunk;
+        seq.left = Some(left);
+        if left == 0 {
+            return self.finish_prefill(seq);
+        }
+        if self
+            .first_waiting()
+            .is_some_and(|p| p < self.priority(&seq))
+        {
+            self.wait(seq);
+        } else {
+            let cost = self.prefill_time(self.chunk(&seq));
+            self.prefill = Some((Instant::now() + cost, seq));
+        }
+    }
+
+    fn finish_prefill(&mut self, mut seq: Seq) {
         let cached_tokens = seq.cached;
         seq.emitted = 1;
         self.counters

@@ -7,7 +7,9 @@
 //! gateway reads to register a worker). It has what makes routing matter: a
 //! prefix cache of KV blocks with LRU eviction, and a GPU whose prefill costs
 //! time per uncached token, one at a time, so a request that lands where its
-//! conversation's blocks are is served sooner and costs less. Every answer
+//! conversation's blocks are is served sooner and costs less; with
+//! `--priority`, a request's `priority` field orders the queue and
+//! interrupts a lower one's prefill between chunks. Every answer
 //! carries `x-engine: NAME`.
 //!
 //! | module | owns |
@@ -57,6 +59,12 @@ pub struct EngineConfig {
     pub decode_ms_per_token: f64,
     /// Sequences in the batch (prefill included).
     pub max_running: usize,
+    /// Waiting requests go by their body's `priority`, the lowest first (as
+    /// vLLM's `--scheduling-policy priority`); else first in, first out.
+    pub priority: bool,
+    /// Prompt tokens prefilled in one go; at each chunk's end a request of
+    /// a higher priority may take the GPU. 0: a prompt in one go.
+    pub prefill_chunk_tokens: usize,
     /// Requests that may wait; beyond, 503.
     pub max_waiting: usize,
     /// Answer length when a request gives no `max_tokens`.
@@ -77,6 +85,8 @@ impl Default for EngineConfig {
             prefill_us_per_token: 50.0,
             decode_ms_per_token: 10.0,
             max_running: 32,
+            priority: false,
+            prefill_chunk_tokens: 512,
             max_waiting: 4096,
             default_max_tokens: 64,
             max_tokens_limit: 8192,
@@ -125,6 +135,7 @@ impl EngineConfig {
             10_000.0,
         )?;
         count("--max-running", self.max_running, 1, 100_000)?;
+        count("--prefill-chunk", self.prefill_chunk_tokens, 0, 10_000_000)?;
         count("--max-waiting", self.max_waiting, 1, 1_000_000)?;
         count("--max-tokens-limit", self.max_tokens_limit, 1, 1_000_000)?;
         count(
@@ -290,6 +301,14 @@ pub struct EngineArgs {
     /// Requests that may wait for the batch; beyond, 503.
     #[arg(long, default_value_t = 4096)]
     pub max_waiting: usize,
+    /// Schedule waiting requests by their body's priority field, the lowest
+    /// first (vLLM's --scheduling-policy priority); else first in, first out.
+    #[arg(long)]
+    pub priority: bool,
+    /// Prompt tokens prefilled in one go (0: a whole prompt); at each
+    /// chunk's end a waiting request of a higher priority takes the GPU.
+    #[arg(long, default_value_t = 512)]
+    pub prefill_chunk: usize,
     /// Answer length when a request gives no max_tokens.
     #[arg(long, default_value_t = 64)]
     pub max_tokens: usize,
@@ -309,6 +328,8 @@ impl EngineArgs {
             decode_ms_per_token: self.decode_ms_per_token,
             max_running: self.max_running,
             max_waiting: self.max_waiting,
+            priority: self.priority,
+            prefill_chunk_tokens: self.prefill_chunk,
             default_max_tokens: self.max_tokens,
             max_tokens_limit: self.max_tokens_limit,
             ..EngineConfig::default()

@@ -120,6 +120,8 @@ struct Ask {
     stream: bool,
     include_usage: bool,
     model: String,
+    /// The body's `priority` (0 when it gives none).
+    priority: i64,
 }
 
 /// Runs one completion through the GPU. Answers when the first token is out:
@@ -147,6 +149,7 @@ async fn complete(
         ),
         prompt_blocks: ask.prompt.len() / block_bytes,
         max_tokens: ask.max_tokens,
+        priority: ask.priority,
         events,
     };
     if state.jobs.try_send(job).is_err() {
@@ -253,8 +256,15 @@ fn parse(kind: Kind, body: &[u8], config: &EngineConfig) -> Result<Ask, ApiError
             }
         },
     };
+    let priority = match request.get("priority") {
+        None | Some(Value::Null) => 0,
+        Some(v) => v
+            .as_i64()
+            .ok_or_else(|| bad("priority must be an integer"))?,
+    };
     let flag = |v: Option<&Value>| v.and_then(Value::as_bool).unwrap_or(false);
     Ok(Ask {
+        priority,
         prompt,
         max_tokens,
         stream: flag(request.get("stream")),

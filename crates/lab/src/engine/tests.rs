@@ -11,6 +11,7 @@ use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use super::*;
+use tokio::sync::mpsc;
 
 /// Fast enough for tests: no prefill time, 1 ms decode steps.
 fn quick(name: &str) -> EngineConfig {
@@ -301,4 +302,56 @@ fn nonsense_options_are_refused() {
         assert!(config.validate().is_err(), "{config:?}");
     }
     assert!(EngineConfig::default().validate().is_ok());
+}
+
+/// A job of `tokens` prompt tokens (distinct blocks from `seed`) at
+/// `priority`, one token long, and where its events go.
+fn job(tokens: usize, seed: u64, priority: i64) -> (gpu::Job, mpsc::UnboundedReceiver<gpu::Event>) {
+    let (events, progress) = mpsc::unbounded_channel();
+    let blocks: Vec<u64> = (0..tokens as u64 / 16).map(|i| seed + i).collect();
+    let job = gpu::Job {
+        prompt_tokens: tokens,
+        prompt_blocks: blocks.len(),
+        blocks,
+        max_tokens: 1,
+        priority,
+        events,
+    };
+    (job, progress)
+}
+
+/// Whether a short request of priority 0, sent while a long one of
+/// priority 10 prefills, has its first token first.
+async fn short_goes_first(priority: bool) -> bool {
+    let config = EngineConfig {
+        prefill_us_per_token: 5.0,
+        priority,
+        ..quick("r1")
+    };
+    let (jobs, rx) = mpsc::channel(8);
+    let counters = Arc::new(gpu::Counters::default());
+    let stop = CancellationToken::new();
+    tokio::spawn(gpu::run(config, rx, Arc::clone(&counters), stop.clone()));
+    // 40,000 tokens: 200 ms of prefill, in chunks of 512 (2.56 ms).
+    let (long, mut long_events) = job(40_000, 1 << 20, 10);
+    jobs.send(long).await.unwrap();
+    // The long one is in prefill once the GPU counts it.
+    while counters.prompt_tokens.load(Ordering::Relaxed) == 0 {
+        tokio::task::yield_now().await;
+    }
+    let (short, mut short_events) = job(1_000, 1 << 40, 0);
+    jobs.send(short).await.unwrap();
+    let short_first = tokio::select! {
+        _ = short_events.recv() => true,
+        _ = long_events.recv() => false,
+    };
+    stop.cancel();
+    short_first
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_higher_priority_takes_the_gpu_between_chunks() {
+    assert!(short_goes_first(true).await);
+    // First in, first out without --priority, whatever the body says.
+    assert!(!short_goes_first(false).await);
 }
