@@ -112,7 +112,7 @@ fn contexts() -> Vec<Value> {
                             {"name": "b", "addr": "127.0.0.1:8002", "tls": true}]}),
         json!({"backends": [{"name": "a", "addr": "127.0.0.1:8001"}, {"dns": "localhost:8000"}]}),
         json!({"queue": {}}),
-        json!({"mode": "http", "queue": {"priority": {"header": "x-p", "classes": ["default", "batch"]}}}),
+        json!({"mode": "http", "key": {"from": "header", "header": "x-s"}, "queue": {"priority": {"header": "x-p", "classes": ["default", "batch"], "engine": {"default": 0, "batch": 1}}}}),
         json!({"mode": "http", "queue": {"tenant": {"header": "x-t"}}}),
         json!({"mode": "http", "key": {"from": "header", "header": "x-s", "group": "system"},
                "sessions": {}, "queue": {}}),

@@ -15,6 +15,7 @@ mod deploy;
 mod discovery;
 mod docs;
 mod engine_load;
+mod engine_priority;
 mod failover;
 mod faults;
 mod first_token;

@@ -38,6 +38,8 @@ pub const DEFAULT_AFFINITY_WAIT: Duration = Duration::from_secs(1);
 /// higher (and two after twice as long), so a low class is never starved.
 pub const DEFAULT_AGING: Duration = Duration::from_secs(10);
 pub const MAX_AGING: Duration = Duration::from_secs(3600);
+/// `queue.priority.engine`: the values a class may have at the engine.
+pub const MAX_ENGINE_PRIORITY: i64 = 1_000_000;
 /// `queue.priority.classes`: the most classes.
 pub const MAX_CLASSES: usize = 16;
 /// `queue.tenant.max_queued`: off unless written.
@@ -75,6 +77,9 @@ pub struct Priority {
     /// Index into `classes`.
     pub default: usize,
     pub aging: Duration,
+    /// Each class's value of the body field `priority`, which engines that
+    /// schedule by priority read (in `classes`' order); `None`: not written.
+    pub engine: Option<Vec<i64>>,
 }
 
 impl Default for Priority {
@@ -84,6 +89,7 @@ impl Default for Priority {
             classes: vec!["default".to_string()],
             default: 0,
             aging: DEFAULT_AGING,
+            engine: None,
         }
     }
 }
@@ -95,6 +101,11 @@ impl Priority {
             .map(<[u8]>::trim_ascii)
             .and_then(|v| (self.classes.iter()).position(|c| c.as_bytes().eq_ignore_ascii_case(v)))
             .unwrap_or(self.default)
+    }
+
+    /// The `priority` the engine is told for a request of `class`, if any.
+    pub fn engine_value(&self, class: usize) -> Option<i64> {
+        self.engine.as_ref()?.get(class).copied()
     }
 }
 

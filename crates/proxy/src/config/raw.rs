@@ -4,8 +4,7 @@
 //! [`validate`](super::validate) turns it into a [`Config`](super::Config).
 //! Parsing rejects unknown fields and duplicate keys and names their line and
 //! column; everything semantic (ranges, addresses, cross-field rules) is left
-//! to validation. Fields that validation checks are `Spanned`, so a semantic
-//! error can still point at the value it is about.
+//! to validation, and `Spanned` fields let its errors point at their values.
 
 use std::path::Path;
 use std::time::Duration;
@@ -101,6 +100,8 @@ pub(super) struct RawPriority {
     pub(super) default: Option<Spanned<String>>,
     #[serde(default)]
     pub(super) aging: Option<Spanned<HumanDuration>>,
+    #[serde(default)] // Each class's value of the body's `priority` field.
+    pub(super) engine: Option<Spanned<std::collections::BTreeMap<String, Spanned<i64>>>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -29,6 +29,7 @@
 //! | [`pool`] | keep-alive connections to backends (hyper's, and the pass-through's), lent to one request at a time |
 //! | [`upstream`] | a connection to a backend below HTTP: TCP, then TLS for a `tls: true` backend |
 //! | [`request_body`] | a request body: the bytes read for the key, then the rest |
+//! | [`engine_priority`] | a request's class written into its body for engines that schedule by priority (`queue.priority.engine`) |
 //! | [`response_body`] | a response body: counted, timed, its connection given back at the end |
 //! | [`request_log`] | a request's access-log line: begun on arrival, completed as it is routed and answered, written at its end |
 //! | [`reply`] | what the client gets: a backend's response body, or magpie's own short answer |
@@ -41,6 +42,7 @@
 
 pub(crate) mod backend_deadlines;
 pub(crate) mod client_deadlines;
+pub(crate) mod engine_priority;
 pub(crate) mod failure;
 pub(crate) mod fields;
 pub(crate) mod h1;
@@ -85,12 +87,13 @@ use self::journey::{BODY_UNREADABLE, Failure, Forwarded, Journey};
 use self::pool::Pool;
 use self::pool::RawConn;
 use self::reply::Reply;
+use self::request_body::RequestBody;
 use self::request_key::KeyPlan;
 use self::request_log::{Arrival, RequestLog};
 use self::resets::{Dispatched, Resets};
 use self::reuse::ClientConn;
 use self::socket::ClientSocket;
-use crate::config::{DEFAULT_HTTP_READ_TIMEOUT, KeyConfig};
+use crate::config::{Config, DEFAULT_HTTP_READ_TIMEOUT, KeyConfig};
 use crate::intake::listener::Accepted;
 use crate::intake::proxy_protocol::{self, Addresses};
 use crate::net::{Client, reset_on_close};
@@ -419,6 +422,7 @@ impl HttpPath {
                 return local(StatusCode::BAD_REQUEST, BODY_UNREADABLE);
             }
         };
+        let request = with_engine_priority(&config, standing, request);
         let held = request.body().held();
         let length = hyper::body::Body::size_hint(request.body()).exact();
         let prompt_bytes = length.unwrap_or(held);
@@ -448,6 +452,29 @@ impl HttpPath {
             Forwarded::ClientGone => hyper_wire::answer(Failure::LocalResources.answer()),
         }
     }
+}
+
+/// `request` with the engine's priority written into its body, when the
+/// config writes it and the body, read whole, is one JSON object
+/// ([`engine_priority`]); its `Content-Length`, if it has one, restated.
+fn with_engine_priority(
+    config: &Config,
+    standing: Standing,
+    request: Request<RequestBody>,
+) -> Request<RequestBody> {
+    let Some(value) = (config.queue.as_ref()).and_then(|q| q.priority.engine_value(standing.class))
+    else {
+        return request;
+    };
+    let (mut parts, mut body) = request.into_parts();
+    if let Some(len) = body.rewrite(|b| engine_priority::with_priority(b, value))
+        && parts.headers.contains_key(hyper::header::CONTENT_LENGTH)
+    {
+        parts
+            .headers
+            .insert(hyper::header::CONTENT_LENGTH, len.into());
+    }
+    Request::from_parts(parts, body)
 }
 
 /// hyper's server for one connection: the versions it may speak, and the

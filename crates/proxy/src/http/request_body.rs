@@ -56,6 +56,19 @@ impl RequestBody {
         self.head.iter().map(|b| b.len() as u64).sum()
     }
 
+    /// The body rewritten by `edit`, when it was read whole and `edit`
+    /// gives a new one (its length); else as it was.
+    pub(crate) fn rewrite(&mut self, edit: impl FnOnce(&[u8]) -> Option<Vec<u8>>) -> Option<u64> {
+        if self.rest.is_some() || self.head.is_empty() {
+            return None;
+        }
+        let whole: Vec<u8> = self.head.iter().flat_map(|b| b.iter().copied()).collect();
+        let new = edit(&whole)?;
+        let len = new.len() as u64;
+        self.head = VecDeque::from([Bytes::from(new)]);
+        Some(len)
+    }
+
     /// Sends `trailers` after the head (for a body read to its end).
     pub(crate) fn with_trailers(mut self, trailers: Option<HeaderMap>) -> RequestBody {
         self.trailers = trailers;

@@ -116,6 +116,9 @@ pub(crate) struct KeyPlan<'a> {
     /// A body parsed for a key gives its system head too: under a `queue`,
     /// which weighs what engines' caches hold of it.
     pub(crate) system_head: bool,
+    /// The body is read whole even when no key is in it: it goes on with
+    /// the engine's priority written in (`queue.priority.engine`).
+    pub(crate) whole_body: bool,
 }
 
 impl<'a> KeyPlan<'a> {
@@ -128,6 +131,7 @@ impl<'a> KeyPlan<'a> {
             budget,
             budget_max: config.limits.key_buffer_bytes,
             system_head: config.queue.is_some(),
+            whole_body: (config.queue.as_ref()).is_some_and(|q| q.priority.engine.is_some()),
         }
     }
 }
@@ -213,9 +217,9 @@ pub(crate) fn head_keys<'a, 'h>(
     let wants = BodyWants {
         read,
         // Only a body field, and nothing after it, is wanted.
-        early: sources
-            .body_field
-            .filter(|_| session_reads_body && !sources.conversation && !group_reads_body),
+        early: sources.body_field.filter(|_| {
+            session_reads_body && !sources.conversation && !group_reads_body && !plan.whole_body
+        }),
         sources,
         group: plan.group,
         session,
@@ -225,7 +229,9 @@ pub(crate) fn head_keys<'a, 'h>(
         system_head: plan.system_head,
         fallback_key: key::fallback_key(read.fallback, plan.client.0),
     };
-    if !content_type.is_some_and(is_json) || !(session_reads_body || group_reads_body) {
+    if !content_type.is_some_and(is_json)
+        || !(session_reads_body || group_reads_body || plan.whole_body)
+    {
         let why = if session_reads_body {
             FallbackReason::NotJson
         } else {

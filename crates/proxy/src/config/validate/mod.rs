@@ -188,7 +188,7 @@ impl<'a> Validator<'a> {
         let group = self.group(raw_group, &key, mode, sessions.is_some());
         let group_choices = self.group_choices(raw_choices, group.is_some(), connect.attempts);
         let access_log = self.access_log(raw.access_log);
-        let queue = self.queue(raw.queue, mode, group.is_some());
+        let queue = self.queue(raw.queue, mode, group.is_some(), key.read().is_some());
         let udp = self.udp(raw.udp, mode);
 
         if self.errors.is_empty() {

@@ -6,15 +6,17 @@
 //! Part of [`Validator`]. Classes and tenants are read from headers, so
 //! they need `mode: http`; limits and the queue itself work in both modes.
 
+use std::collections::BTreeMap;
+
 use serde_saphyr::Spanned;
 
 use super::Validator;
 use crate::config::raw::{RawPriority, RawQueue, RawTenant};
 use crate::config::{
     DEFAULT_AFFINITY_WAIT, DEFAULT_AGING, DEFAULT_MAX_INFLIGHT, DEFAULT_QUEUE_BODY_BYTES,
-    DEFAULT_QUEUE_SIZE, DEFAULT_QUEUE_TIMEOUT, MAX_AGING, MAX_CLASSES, MAX_MAX_INFLIGHT,
-    MAX_MAX_PREFILL_TOKENS, MAX_QUEUE_BODY_BYTES, MAX_QUEUE_SIZE, MAX_QUEUE_TIMEOUT,
-    MAX_TENANT_QUEUED, Mode, Priority, QueueConfig, TenantBy,
+    DEFAULT_QUEUE_SIZE, DEFAULT_QUEUE_TIMEOUT, MAX_AGING, MAX_CLASSES, MAX_ENGINE_PRIORITY,
+    MAX_MAX_INFLIGHT, MAX_MAX_PREFILL_TOKENS, MAX_QUEUE_BODY_BYTES, MAX_QUEUE_SIZE,
+    MAX_QUEUE_TIMEOUT, MAX_TENANT_QUEUED, Mode, Priority, QueueConfig, TenantBy,
 };
 
 impl Validator<'_> {
@@ -33,6 +35,7 @@ impl Validator<'_> {
         raw: Option<Spanned<RawQueue>>,
         mode: Mode,
         grouped: bool,
+        reads_requests: bool,
     ) -> Option<QueueConfig> {
         let Some(raw) = raw else {
             if let Some(at) = self.inflight_written.take() {
@@ -75,7 +78,7 @@ impl Validator<'_> {
             .and_then(|d| self.at_most(&d, "queue.affinity_wait", MAX_QUEUE_TIMEOUT))
             .unwrap_or(DEFAULT_AFFINITY_WAIT);
         let priority = match raw.priority {
-            Some(p) => self.priority(p, mode),
+            Some(p) => self.priority(p, mode, reads_requests),
             None => Priority::default(),
         };
         let (tenant, tenant_max_queued, tenant_across_classes) = match raw.tenant {
@@ -117,8 +120,13 @@ impl Validator<'_> {
     }
 
     /// `queue.priority`: a header, classes from the highest (each once), a
-    /// default among them, an aging step.
-    fn priority(&mut self, raw: Spanned<RawPriority>, mode: Mode) -> Priority {
+    /// default among them, an aging step, the engine's values.
+    fn priority(
+        &mut self,
+        raw: Spanned<RawPriority>,
+        mode: Mode,
+        reads_requests: bool,
+    ) -> Priority {
         if mode != Mode::Http {
             self.err(
                 &raw.referenced,
@@ -173,12 +181,60 @@ impl Validator<'_> {
             }),
         };
         let aging = self.positive(raw.aging, "queue.priority.aging", DEFAULT_AGING, MAX_AGING);
+        if let (Some(e), false) = (&raw.engine, reads_requests) {
+            self.err(&e.referenced, "queue.priority.engine needs key.from: header, body or conversation (the body is written to as it is read, within key.max_bytes)");
+        }
+        let engine = raw.engine.map(|e| self.engine_priority(e, &classes));
         Priority {
             header: Some(header),
             classes,
             default,
             aging,
+            engine,
         }
+    }
+
+    /// `queue.priority.engine`: a value for every class, each within
+    /// ±[`MAX_ENGINE_PRIORITY`], none for a class not named.
+    fn engine_priority(
+        &mut self,
+        raw: Spanned<BTreeMap<String, Spanned<i64>>>,
+        classes: &[String],
+    ) -> Vec<i64> {
+        let mut values = vec![None; classes.len()];
+        for (name, value) in &raw.value {
+            let name = name.trim().to_ascii_lowercase();
+            let Some(i) = classes.iter().position(|c| *c == name) else {
+                self.err(
+                    &value.referenced,
+                    format!(
+                        "queue.priority.engine names {name:?}, which is not one of the classes"
+                    ),
+                );
+                continue;
+            };
+            if !(-MAX_ENGINE_PRIORITY..=MAX_ENGINE_PRIORITY).contains(&value.value) {
+                self.err(
+                    &value.referenced,
+                    format!("queue.priority.engine.{name} {} is out of range (-{MAX_ENGINE_PRIORITY} to {MAX_ENGINE_PRIORITY})", value.value),
+                );
+            }
+            values[i] = Some(value.value);
+        }
+        let missing: Vec<&str> = (classes.iter().zip(&values))
+            .filter(|(_, v)| v.is_none())
+            .map(|(c, _)| c.as_str())
+            .collect();
+        if !missing.is_empty() {
+            self.err(
+                &raw.referenced,
+                format!(
+                    "queue.priority.engine gives no value for {} (give every class one)",
+                    missing.join(", ")
+                ),
+            );
+        }
+        values.into_iter().map(|v| v.unwrap_or(0)).collect()
     }
 
     /// `queue.tenant`: a header or the group, and an optional ceiling.
@@ -229,5 +285,40 @@ impl Validator<'_> {
             // At most MAX_TENANT_QUEUED, so this fits any usize.
             .map(|m| m as usize);
         (by, ceiling, raw.across_classes.unwrap_or(false))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::test_util::{parse, problems};
+
+    const ENGINE: &str = "mode: http\nkey:\n  from: header\n  header: x-s\nqueue:\n  priority:\n    header: x-p\n    classes: [interactive, batch]\n    default: batch\n    engine: {interactive: -10, batch: 30}\nbackends:\n  - name: a\n    addr: 127.0.0.1:8001\nlisten: 127.0.0.1:7000\n";
+
+    #[test]
+    fn engine_priority_gives_each_class_a_value() {
+        let c = parse(ENGINE).unwrap();
+        let priority = &c.queue.unwrap().priority;
+        assert_eq!(priority.engine, Some(vec![-10, 30]));
+        assert_eq!(priority.engine_value(1), Some(30));
+    }
+
+    #[test]
+    fn engine_priority_wants_every_class_in_range_and_a_body_read() {
+        let other = ENGINE.replace("batch: 30}", "bulk: 1}");
+        let p = problems(&other).join("\n");
+        assert!(p.contains("test.yaml:10:"), "{p}");
+        assert!(
+            p.contains("\"bulk\", which is not one of the classes"),
+            "{p}"
+        );
+        assert!(p.contains("gives no value for batch"), "{p}");
+        let p = problems(&ENGINE.replace("batch: 30}", "batch: 1000001}")).join("\n");
+        assert!(
+            p.contains("queue.priority.engine.batch 1000001 is out of range"),
+            "{p}"
+        );
+        let by_address = ENGINE.replace("key:\n  from: header\n  header: x-s\n", "");
+        let p = problems(&by_address).join("\n");
+        assert!(p.contains("queue.priority.engine needs key.from"), "{p}");
     }
 }

@@ -1,7 +1,8 @@
 //! A request head as the pass-through takes it: parsed in place (the crate
 //! `httparse`, no allocation), checked, keyed, and written again for the
 //! backend with its hop-by-hop headers left out, every other byte as it
-//! came.
+//! came (a `Content-Length` goes last, so a body rewritten for the engine's
+//! priority can restate it).
 //!
 //! Only plain HTTP/1.1 requests are taken: an origin-form target, one
 //! `Host`, a body framed by one `Content-Length` or by `chunked` alone (or
@@ -135,7 +136,7 @@ pub(crate) fn parse<'a>(buf: &[u8], cx: &Context<'a, '_>) -> Parse<'a> {
         head_method: method == "HEAD",
         with_body: !matches!(checked.framing, Framing::Empty | Framing::Length(0)),
         close: checked.close,
-        upstream: upstream_head(method, target, headers, &checked.named, len),
+        upstream: upstream_head(method, target, headers, &checked.named, checked.framing),
         keys,
         log,
         standing,
@@ -226,9 +227,13 @@ fn upstream_head(
     target: &str,
     headers: &[Header<'_>],
     named: &[&str],
-    len: usize,
+    framing: Framing,
 ) -> Vec<u8> {
-    let mut out = Vec::with_capacity(len + 16);
+    let len: usize = headers
+        .iter()
+        .map(|h| h.name.len() + h.value.len() + 4)
+        .sum();
+    let mut out = Vec::with_capacity(method.len() + target.len() + len + 16);
     out.extend_from_slice(method.as_bytes());
     out.push(b' ');
     out.extend_from_slice(target.as_bytes());
@@ -238,6 +243,7 @@ fn upstream_head(
         let hop = HOP_BY_HOP_BUT_FRAMING
             .iter()
             .chain(named)
+            .chain(&["content-length"])
             .any(|n| h.name.eq_ignore_ascii_case(n));
         if !hop {
             out.extend_from_slice(h.name.as_bytes());
@@ -246,8 +252,44 @@ fn upstream_head(
             out.extend_from_slice(b"\r\n");
         }
     }
-    out.extend_from_slice(b"\r\n");
+    end_head(&mut out, framing);
     out
+}
+
+/// The head's last field, the body's `Content-Length` (when it has one),
+/// and the blank line.
+fn end_head(out: &mut Vec<u8>, framing: Framing) {
+    if let Framing::Length(n) = framing {
+        out.extend_from_slice(format!("content-length: {n}\r\n").as_bytes());
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+impl Head<'_> {
+    /// Sends `body` in place of the request's own, whole, after the head
+    /// (its `Content-Length` restated): the body read for the keys,
+    /// rewritten for the engine's priority.
+    pub(crate) fn replace_body(&mut self, body: &[u8]) {
+        self.framing = replace_body(&mut self.upstream, self.framing, body);
+    }
+}
+
+/// `upstream`, a head [`upstream_head`] wrote with `framing`, restated for
+/// `body` and followed by it; the new framing. A body without a length is
+/// left alone.
+fn replace_body(upstream: &mut Vec<u8>, framing: Framing, body: &[u8]) -> Framing {
+    let Framing::Length(n) = framing else {
+        return framing;
+    };
+    let ending = format!("content-length: {n}\r\n\r\n");
+    if !upstream.ends_with(ending.as_bytes()) {
+        return framing;
+    }
+    upstream.truncate(upstream.len() - ending.len());
+    let framing = Framing::Length(body.len() as u64);
+    end_head(upstream, framing);
+    upstream.extend_from_slice(body);
+    framing
 }
 
 #[cfg(test)]
@@ -308,11 +350,35 @@ mod tests {
         let head = "POST /v1/chat?x=1 HTTP/1.1\r\nHost: a\r\nX-Session-Id:  s1 \r\nConnection: x-private\r\nKeep-Alive: timeout=5\r\nX-Private: 1\r\nTE: trailers\r\nTransfer-Encoding: chunked\r\n\r\n";
         let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut request = httparse::Request::new(&mut headers);
-        let len = request.parse(head.as_bytes()).unwrap().unwrap();
-        let out = upstream_head("POST", "/v1/chat?x=1", request.headers, &["x-private"], len);
+        request.parse(head.as_bytes()).unwrap().unwrap();
+        let framing = Framing::Chunked;
+        let out = upstream_head(
+            "POST",
+            "/v1/chat?x=1",
+            request.headers,
+            &["x-private"],
+            framing,
+        );
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "POST /v1/chat?x=1 HTTP/1.1\r\nHost: a\r\nX-Session-Id: s1\r\nTransfer-Encoding: chunked\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn a_length_goes_last_and_is_restated_for_a_new_body() {
+        let head = "POST / HTTP/1.1\r\ncontent-Length: 2\r\nHost: a\r\n\r\n";
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut request = httparse::Request::new(&mut headers);
+        request.parse(head.as_bytes()).unwrap().unwrap();
+        let mut out = upstream_head("POST", "/", request.headers, &[], Framing::Length(2));
+        let expected = "POST / HTTP/1.1\r\nHost: a\r\ncontent-length: 2\r\n\r\n";
+        assert_eq!(String::from_utf8_lossy(&out), expected);
+        let framing = replace_body(&mut out, Framing::Length(2), b"{\"priority\":1}");
+        assert_eq!(framing, Framing::Length(14));
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            "POST / HTTP/1.1\r\nHost: a\r\ncontent-length: 14\r\n\r\n{\"priority\":1}"
         );
     }
 }

@@ -19,6 +19,7 @@ use super::relay::{self, Relayed};
 use super::send::{Outbound, READ_CHUNK, RawWire, Received};
 use super::{Client, Next};
 use crate::config::Config;
+use crate::http::engine_priority;
 use crate::http::journey::{Answered, Failure, Forwarded, Journey, LocalAnswer};
 use crate::http::request_key::{HeadKeys, KeyPlan, RequestKey};
 use crate::http::request_log::RequestLog;
@@ -68,6 +69,11 @@ pub(crate) async fn serve<S: ClientIo>(
     let plan = decision::plan(c.instance, &snapshot, asked).await;
     drop(snapshot);
     let mut walked = keyed.walked;
+    if let Some(body) = engine_body(&config, &head, &buf.unconsumed()[..walked]) {
+        head.replace_body(&body);
+        buf.consume(walked);
+        walked = 0;
+    }
     if walked <= JOIN_BELOW {
         head.upstream.extend_from_slice(&buf.unconsumed()[..walked]);
         buf.consume(walked);
@@ -103,6 +109,19 @@ pub(crate) async fn serve<S: ClientIo>(
         Forwarded::Failed(failure) => failed(&failure, &mut wire.out, close, &mut head.log).await,
         Forwarded::ClientGone => Next::Close,
     }
+}
+
+/// The body, whole in `read`, with the engine's priority written in
+/// ([`crate::http::engine_priority`]), when the config writes it and the
+/// body is one JSON object.
+fn engine_body(config: &Config, head: &Head<'_>, read: &[u8]) -> Option<Vec<u8>> {
+    let value = config
+        .queue
+        .as_ref()?
+        .priority
+        .engine_value(head.standing.class)?;
+    let whole = head.framing == Framing::Length(read.len() as u64) && !read.is_empty();
+    whole.then(|| engine_priority::with_priority(read, value))?
 }
 
 /// Reads until `buf` starts with a whole head: the head, or what the

@@ -19,7 +19,10 @@
 //! admission and given back at the answer's first byte. `fleet_tokens` is
 //! the work the other magpies sharing a store hold there
 //! ([`crate::routing::sessions::fleet`]); the queue weighs and bounds
-//! both together ([`Load::held_tokens`]). `computed` counts the work whose
+//! both together ([`Load::held_tokens`]). Where engines take the class
+//! (`queue.priority.engine`), the work is counted by class too
+//! (`by_class`), since a request waits inside the engine only behind its
+//! own class and the higher ones ([`Load::held_ahead`]). `computed` counts the work whose
 //! answer began: the tokens this magpie had the backend prefill, which is
 //! what pushes older prefixes out of its cache ([`super::Live::holds_head`]).
 //! Taking a slot under a cap is
@@ -27,6 +30,8 @@
 //! bounded-load cap.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::config::MAX_CLASSES;
 
 #[derive(Debug, Default)]
 pub(crate) struct Load {
@@ -38,6 +43,9 @@ pub(crate) struct Load {
     prefill_tokens: AtomicU64,
     fleet_tokens: AtomicU64,
     computed: AtomicU64,
+    /// Of `prefill_tokens`, the work of each class, for requests counted
+    /// by class.
+    by_class: [AtomicU64; MAX_CLASSES],
 }
 
 /// What a request awaiting its first byte of body is, for the counts.
@@ -98,6 +106,18 @@ impl Load {
         self.prefill_tokens().saturating_add(self.fleet_tokens())
     }
 
+    /// The work a request of `class` waits behind inside an engine that
+    /// takes the class: that of its class and the higher ones, the
+    /// fleet's counted; all of it for a request not counted by class.
+    pub(crate) fn held_ahead(&self, class: Option<usize>) -> u64 {
+        let Some(class) = class.filter(|c| *c < MAX_CLASSES) else {
+            return self.held_tokens();
+        };
+        (self.by_class[..=class].iter())
+            .map(|w| w.load(Ordering::Relaxed))
+            .fold(self.fleet_tokens(), u64::saturating_add)
+    }
+
     /// The prompt tokens this magpie had the backend prefill, all told.
     pub(crate) fn computed(&self) -> u64 {
         self.computed.load(Ordering::Relaxed)
@@ -131,26 +151,46 @@ impl Load {
         }
     }
 
-    /// Adds `tokens` of work if less than `max` is held, the fleet's
-    /// counted (any, without a maximum or when none is held): the check and
-    /// the addition are one atomic step, so concurrent admissions never both
-    /// pass a full one.
-    pub(super) fn try_add_work(&self, tokens: u64, max: Option<u64>) -> bool {
-        let fleet = self.fleet_tokens();
-        self.prefill_tokens
+    /// Adds `tokens` of work if less than `max` is held (for a request of
+    /// a `class`, less than [`Load::held_ahead`] it), the fleet's counted
+    /// (any, without a maximum or when none is held): the check and the
+    /// addition are one atomic step, so concurrent admissions (of one
+    /// class) never both pass a full one.
+    pub(super) fn try_add_work(&self, tokens: u64, max: Option<u64>, class: Option<usize>) -> bool {
+        let (counter, ahead) = match class.filter(|c| *c < MAX_CLASSES) {
+            None => (&self.prefill_tokens, self.fleet_tokens()),
+            // The higher classes' work, and the fleet's.
+            Some(c) => (
+                &self.by_class[c],
+                (self.by_class[..c].iter())
+                    .map(|w| w.load(Ordering::Relaxed))
+                    .fold(self.fleet_tokens(), u64::saturating_add),
+            ),
+        };
+        let added = counter
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |w| {
-                let held = w.saturating_add(fleet);
+                let held = w.saturating_add(ahead);
                 (max.is_none_or(|m| held < m)).then_some(w.saturating_add(tokens))
             })
-            .is_ok()
+            .is_ok();
+        if added && class.is_some_and(|c| c < MAX_CLASSES) {
+            self.prefill_tokens.fetch_add(tokens, Ordering::Relaxed);
+        }
+        added
     }
 
-    pub(super) fn add_work(&self, tokens: u64) {
+    pub(super) fn add_work(&self, tokens: u64, class: Option<usize>) {
         self.prefill_tokens.fetch_add(tokens, Ordering::Relaxed);
+        if let Some(c) = class.and_then(|c| self.by_class.get(c)) {
+            c.fetch_add(tokens, Ordering::Relaxed);
+        }
     }
 
-    pub(super) fn remove_work(&self, tokens: u64) {
+    pub(super) fn remove_work(&self, tokens: u64, class: Option<usize>) {
         self.prefill_tokens.fetch_sub(tokens, Ordering::Relaxed);
+        if let Some(c) = class.and_then(|c| self.by_class.get(c)) {
+            c.fetch_sub(tokens, Ordering::Relaxed);
+        }
     }
 
     /// Takes one slot unconditionally.

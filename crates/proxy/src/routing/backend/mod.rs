@@ -175,25 +175,28 @@ impl Live {
 
     /// Takes one slot under `cap` with `tokens` of prefill work, if the
     /// backend holds less than `max_work` (any work fits a backend that
-    /// holds none). The work is held until its guard drops, at the answer's
-    /// first byte; the slot until the request ends.
+    /// holds none; for work of a `class`, its class and the higher ones').
+    /// The work is held until its guard drops, at the answer's first byte;
+    /// the slot until the request ends.
     pub(crate) fn try_reserve_work(
         self: &Arc<Self>,
         cap: u64,
         tokens: u64,
         max_work: Option<u64>,
+        class: Option<usize>,
     ) -> Option<(ActiveGuard, WorkGuard)> {
-        if !self.load.try_add_work(tokens, max_work) {
+        if !self.load.try_add_work(tokens, max_work, class) {
             return None;
         }
         let Some(slot) = self.try_reserve(cap) else {
             // Taken back without a word: nobody could have used it.
-            self.load.remove_work(tokens);
+            self.load.remove_work(tokens, class);
             return None;
         };
         let work = WorkGuard {
             live: Arc::clone(self),
             tokens,
+            class,
             sent: tokio::time::Instant::now(),
             system_head: None,
         };
@@ -247,6 +250,8 @@ impl Drop for AwaitingGuard {
 pub(crate) struct WorkGuard {
     live: Arc<Live>,
     tokens: u64,
+    /// The class it counts in, if counted by class.
+    class: Option<usize>,
     /// When the request was admitted (and so sent).
     sent: tokio::time::Instant,
     /// The hash of its system head, which its prefill leaves in the cache.
@@ -273,9 +278,13 @@ impl WorkGuard {
         self
     }
 
-    /// Adds `tokens` to the work it holds.
-    pub(crate) fn grow(&mut self, tokens: u64) {
-        self.live.load.add_work(tokens);
+    /// Adds `tokens` of `class` to the work it holds: room taken before
+    /// its request was known, holding none yet, takes that request's class.
+    pub(crate) fn grow(&mut self, tokens: u64, class: Option<usize>) {
+        if self.tokens == 0 {
+            self.class = class;
+        }
+        self.live.load.add_work(tokens, self.class);
         self.tokens = self.tokens.saturating_add(tokens);
     }
 }
@@ -285,7 +294,7 @@ impl Drop for WorkGuard {
         if self.tokens == 0 {
             return;
         }
-        self.live.load.remove_work(self.tokens);
+        self.live.load.remove_work(self.tokens, self.class);
         if let Some(waiters) = self.live.waiters.get() {
             waiters.slot_freed(&self.live);
         }
@@ -359,19 +368,19 @@ mod tests {
     fn work_is_taken_with_a_slot_under_its_maximum() {
         let live = Arc::new(Live::default());
         // None held: any amount fits.
-        let (a, big) = live.try_reserve_work(4, 5000, Some(1000)).unwrap();
+        let (a, big) = live.try_reserve_work(4, 5000, Some(1000), None).unwrap();
         assert_eq!(live.load.prefill_tokens(), 5000);
-        assert!(live.try_reserve_work(4, 1, Some(1000)).is_none());
+        assert!(live.try_reserve_work(4, 1, Some(1000), None).is_none());
         assert_eq!(live.load.active(), 1, "a refused reservation takes no slot");
         drop(big);
-        let (_b, small) = live.try_reserve_work(4, 300, Some(1000)).unwrap();
-        let (_c, _more) = live.try_reserve_work(4, 800, Some(1000)).unwrap();
+        let (_b, small) = live.try_reserve_work(4, 300, Some(1000), None).unwrap();
+        let (_c, _more) = live.try_reserve_work(4, 800, Some(1000), None).unwrap();
         assert_eq!(live.load.prefill_tokens(), 1100);
         drop(small);
         drop(a);
         // At its slot cap, no work is added.
-        let _d = live.try_reserve_work(3, 10, None).unwrap();
-        assert!(live.try_reserve_work(3, 10, None).is_none());
+        let _d = live.try_reserve_work(3, 10, None, None).unwrap();
+        assert!(live.try_reserve_work(3, 10, None, None).is_none());
         assert_eq!(live.load.prefill_tokens(), 810);
     }
 }

@@ -330,7 +330,14 @@ impl Plan {
                 self.work_key,
                 self.request.prompt_bytes,
             )
-            .of_group(keys.group, self.request.heads),
+            .of_group(keys.group, self.request.heads)
+            .in_class(
+                queue
+                    .priority
+                    .engine
+                    .is_some()
+                    .then_some(self.request.standing.class),
+            ),
             key: keys.table(),
             queue,
             limits: SlotLimits::of(queue, config.load_limits()),

@@ -32,6 +32,9 @@ pub(crate) struct Work {
     /// Its system head's hash and tokens: a backend that answered a request
     /// with the same system head lately holds them.
     pub(crate) system_head: Option<(u64, u64)>,
+    /// Its class, where engines take it (`queue.priority.engine`): inside
+    /// one it waits only behind the work of its class and the higher ones.
+    pub(crate) class: Option<usize>,
 }
 
 /// What of a request's body other requests share, as read for its key:
@@ -52,7 +55,13 @@ impl Work {
             warm_at: None,
             head: None,
             system_head: None,
+            class: None,
         }
+    }
+
+    /// The same work, counted in `class` (`None`: with every class).
+    pub(crate) fn in_class(self, class: Option<usize>) -> Work {
+        Work { class, ..self }
     }
 
     /// The same work, of `group`, with the `heads` it shares with others.
@@ -109,5 +118,6 @@ pub(crate) fn work(memory: &KeyMemory, key: MemoryKey, bytes: u64) -> Work {
         warm_at: Some((backend, tokens(bytes.saturating_sub(before)))),
         head: None,
         system_head: None,
+        class: None,
     }
 }

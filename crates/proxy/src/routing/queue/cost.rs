@@ -78,7 +78,7 @@ pub(super) fn cost(backend: &Backend, work: &Work, unknown: f64) -> f64 {
     let live = &backend.live;
     let own = work.at(backend) as f64;
     let behind = live.load.awaiting() as f64;
-    let tokens = live.load.held_tokens() as f64 + own * (1.0 + behind);
+    let tokens = live.load.held_ahead(work.class) as f64 + own * (1.0 + behind);
     tokens / live.prefill_rate.per_second().unwrap_or(unknown)
 }
 

@@ -433,17 +433,25 @@ impl Queue {
         } = &mut *state;
         loop {
             let now = Instant::now();
-            // Room first (the backend as any eligible waiter knows it), then
-            // the request that goes next: the queue is unchanged between.
-            let Some(backend) = waiting.find(|w| w.takes(live, now, limits).cloned()) else {
+            // Room first (the backend as any eligible waiter knows it, for
+            // the highest class waiting, where work is counted by class),
+            // then the request that goes next: the queue is unchanged between.
+            let Some((backend, class)) = waiting.find(|w| {
+                w.takes(live, now, limits)
+                    .map(|b| (Arc::clone(b), w.work.class))
+            }) else {
                 break;
             };
             // Room is taken before the request is known: its work is
             // added once it is (the check was that the backend had room).
-            let Some((slot, mut work)) = room(&backend, limits, &Work::default(), true) else {
+            let reserved = Work::default().in_class(class);
+            let Some((slot, mut work)) = room(&backend, limits, &reserved, true) else {
                 break;
             };
-            let picks = |w: &Waiter| w.takes(live, now, limits).is_some();
+            let picks = |w: &Waiter| {
+                let to = w.takes(live, now, limits);
+                to.is_some_and(|b| w.work.class == class || limits.work_room(b, w.work.class))
+            };
             let Some(picked) = waiting.pick(now, *aging, picks) else {
                 unclaimed.push((slot, work));
                 break;
@@ -451,7 +459,7 @@ impl Queue {
             let w = picked.waiter;
             self.stats.hold_bytes(w.bytes, false);
             let target = w.takes(live, now, limits).cloned().unwrap_or(backend);
-            work.grow(w.work.at(&target));
+            work.grow(w.work.at(&target), w.work.class);
             if let Err((_, room)) = w.grant.send((target, (slot, work))) {
                 // Its request went away as the slot came.
                 unclaimed.push(room);

@@ -23,6 +23,13 @@ pub(crate) struct SlotLimits {
 }
 
 impl SlotLimits {
+    /// Whether `backend` holds less work than `max_prefill_tokens` ahead of
+    /// a request of `class` (a read: [`room`] takes it).
+    pub(crate) fn work_room(&self, backend: &Backend, class: Option<usize>) -> bool {
+        let held = backend.live.load.held_ahead(class);
+        self.max_prefill_tokens.is_none_or(|m| held < m)
+    }
+
     pub(crate) fn of(queue: &QueueConfig, load: Option<&LoadLimits>) -> SlotLimits {
         SlotLimits {
             max_inflight: queue.max_inflight,
@@ -46,7 +53,8 @@ impl SlotLimits {
 /// A slot at `backend` if it has room: fewer than its limit in flight
 /// (its own `max_inflight`, else the queue's), less than
 /// `max_prefill_tokens` of work awaiting its first byte (any, if it has
-/// none), and its engine (with `health.load`) not full: for a request
+/// none; of the request's class and the higher ones, where engines take the
+/// class), and its engine (with `health.load`) not full: for a request
 /// `kept` there (its key's pin), not far over, as a route keeps a pin.
 pub(crate) fn room(
     backend: &Arc<Backend>,
@@ -59,7 +67,8 @@ pub(crate) fn room(
         return None;
     }
     let tokens = work.at(backend);
-    let (slot, held) = (backend.live).try_reserve_work(limit, tokens, limits.max_prefill_tokens)?;
+    let max = limits.max_prefill_tokens;
+    let (slot, held) = (backend.live).try_reserve_work(limit, tokens, max, work.class)?;
     Some((
         slot,
         held.with_system_head(work.system_head.map(|(hash, _)| hash)),

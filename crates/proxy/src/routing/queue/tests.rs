@@ -50,6 +50,7 @@ fn config(max_inflight: u64) -> QueueConfig {
             classes: vec!["interactive".into(), "default".into(), "batch".into()],
             default: 1,
             aging: Duration::from_secs(10),
+            engine: None,
         },
         tenant: None,
         tenant_max_queued: None,
@@ -284,8 +285,8 @@ async fn a_new_conversation_goes_where_there_is_least_work() {
         .map(|i| backend(&format!("b{i}"), i, &queue))
         .collect();
     let q = config(8);
-    let _busy = targets[0].live.try_reserve_work(8, 900, None);
-    let _less = targets[1].live.try_reserve_work(8, 300, None);
+    let _busy = targets[0].live.try_reserve_work(8, 900, None, None);
+    let _less = targets[1].live.try_reserve_work(8, 300, None, None);
     let mut opening = ask(&targets, &q, 1);
     opening.sticky = false;
     opening.places = true;
@@ -306,8 +307,8 @@ async fn past_its_affinity_wait_a_request_spills_only_where_it_pays() {
     let targets = vec![Arc::clone(&home), Arc::clone(&other)];
     let q = config(1);
     // Home is full, and holds 500 tokens of prefill; the other is full too.
-    let _home_slot = home.live.try_reserve_work(1, 500, None).unwrap();
-    let other_slot = other.live.try_reserve_work(1, 0, None).unwrap();
+    let _home_slot = home.live.try_reserve_work(1, 500, None, None).unwrap();
+    let other_slot = other.live.try_reserve_work(1, 0, None, None).unwrap();
     // 4,000 tokens anywhere, 100 at home where its cache is.
     let waiting = tokio::spawn({
         let (queue, targets, q) = (Arc::clone(&queue), targets.clone(), q.clone());
@@ -319,6 +320,7 @@ async fn past_its_affinity_wait_a_request_spills_only_where_it_pays() {
                 warm_at: Some((warm, 100)),
                 head: None,
                 system_head: None,
+                class: None,
             };
             let admitted = queue.admit(turn, std::future::pending()).await;
             admitted.map(|a| (a.backend.name.clone(), a.how))
@@ -330,7 +332,7 @@ async fn past_its_affinity_wait_a_request_spills_only_where_it_pays() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     // The other frees up past the wait, but 0 + 4,000 there is later than
     // 500 + 100 at home: it keeps waiting.
-    let busy = other.live.try_reserve_work(1, 0, None);
+    let busy = other.live.try_reserve_work(1, 0, None, None);
     assert!(busy.is_none());
     drop(other_slot);
     tokio::task::yield_now().await;
@@ -370,13 +372,19 @@ async fn a_new_conversation_goes_where_its_first_token_comes_soonest() {
     };
     // b1 holds 1,000 tokens of work and the group's head of 3,000: 1,000 +
     // 200 there against 3,200 at b2.
-    let held = targets[0].live.try_reserve_work(8, 1000, None).unwrap();
+    let held = targets[0]
+        .live
+        .try_reserve_work(8, 1000, None, None)
+        .unwrap();
     assert_eq!(placed(3200, 3000).await, ("b1".into(), Admit::AtOnce));
     // A head of 100 tokens: 1,000 + 3,100 against 3,200, load wins.
     assert_eq!(placed(3200, 100).await, ("b2".into(), Admit::Placed));
     drop(held);
     // With 4,000 tokens held at b1, even the long head loses.
-    let _held = targets[0].live.try_reserve_work(8, 4000, None).unwrap();
+    let _held = targets[0]
+        .live
+        .try_reserve_work(8, 4000, None, None)
+        .unwrap();
     assert_eq!(placed(3200, 3000).await, ("b2".into(), Admit::Placed));
     // No group anywhere: the least work, as before.
     let fresh = Work::cold(3200);
@@ -396,7 +404,10 @@ async fn under_load_a_cached_head_counts_for_the_requests_queued_behind() {
                 let waiting = b
                     .live
                     .await_first_byte(crate::routing::backend::Awaiting::Turn);
-                (waiting, b.live.try_reserve_work(8, each, None).unwrap())
+                (
+                    waiting,
+                    b.live.try_reserve_work(8, each, None, None).unwrap(),
+                )
             })
             .collect::<Vec<_>>()
     };
@@ -425,9 +436,15 @@ async fn a_new_conversation_goes_where_its_system_head_was_answered_whatever_its
     // b1 answered a conversation of group 1 with this system head, and
     // holds 1,000 tokens of work: a conversation of group 2 costs 1,000 +
     // 200 there against 3,200 at b2.
-    let (_slot, answered) = targets[0].live.try_reserve_work(8, 3200, None).unwrap();
+    let (_slot, answered) = targets[0]
+        .live
+        .try_reserve_work(8, 3200, None, None)
+        .unwrap();
     answered.with_system_head(Some(99)).answered();
-    let _held = targets[0].live.try_reserve_work(8, 1000, None).unwrap();
+    let _held = targets[0]
+        .live
+        .try_reserve_work(8, 1000, None, None)
+        .unwrap();
     let mut ask = opening(&targets, &q, 3200, 0);
     ask.work = work(2);
     let admitted = queue.admit(ask, std::future::pending()).await.unwrap();
@@ -448,7 +465,7 @@ async fn a_head_is_not_counted_where_the_engine_computed_a_cache_full_since() {
     };
     let work = Work::cold(3200).of_group(Some(group), heads);
     let compute = |tokens| {
-        let (_slot, work) = b.live.try_reserve_work(8, tokens, None).unwrap();
+        let (_slot, work) = b.live.try_reserve_work(8, tokens, None, None).unwrap();
         work.answered();
     };
     b.live.served_group(group);
@@ -478,7 +495,10 @@ async fn a_new_conversation_waits_for_the_soonest_rather_than_take_a_later_one_w
     let mut q = config(8);
     // One prefill at a time.
     q.max_prefill_tokens = Some(1);
-    let prefill = targets[0].live.try_reserve_work(8, 500, Some(1)).unwrap();
+    let prefill = targets[0]
+        .live
+        .try_reserve_work(8, 500, Some(1), None)
+        .unwrap();
     let waiting = tokio::spawn({
         let (queue, targets, q) = (Arc::clone(&queue), targets.clone(), q.clone());
         async move {
@@ -491,7 +511,10 @@ async fn a_new_conversation_waits_for_the_soonest_rather_than_take_a_later_one_w
         tokio::task::yield_now().await;
     }
     // b2 has room, but 3,200 there is later than 500 + 200 at b1.
-    let other = targets[1].live.try_reserve_work(8, 0, Some(1)).unwrap();
+    let other = targets[1]
+        .live
+        .try_reserve_work(8, 0, Some(1), None)
+        .unwrap();
     drop(other);
     tokio::task::yield_now().await;
     assert_eq!(queue.len(), 1, "a later first token is not taken for room");
@@ -505,8 +528,14 @@ async fn work_ahead_is_weighed_by_each_backends_learned_prefill_rate() {
     let queue = Arc::new(Queue::default());
     let targets = two_backends(&queue);
     let q = config(8);
-    let _b1 = targets[0].live.try_reserve_work(8, 4000, None).unwrap();
-    let _b2 = targets[1].live.try_reserve_work(8, 2500, None).unwrap();
+    let _b1 = targets[0]
+        .live
+        .try_reserve_work(8, 4000, None, None)
+        .unwrap();
+    let _b2 = targets[1]
+        .live
+        .try_reserve_work(8, 2500, None, None)
+        .unwrap();
     let place = |queue: &Arc<Queue>| {
         let (queue, targets, q) = (Arc::clone(queue), targets.clone(), q.clone());
         async move {
@@ -589,4 +618,66 @@ async fn a_new_conversation_does_not_wait_for_a_cheaper_engine_full_for_new_keys
         ("b2", Admit::Placed)
     );
     assert_eq!(admitted.waited, Duration::ZERO);
+}
+
+/// Admits a request of `class` (its work counted by class when `by_class`)
+/// to `targets` in the background: where it went, and its room.
+fn admit_in_class(
+    queue: &Arc<Queue>,
+    targets: &[Arc<Backend>],
+    q: &QueueConfig,
+    class: usize,
+    by_class: bool,
+) -> tokio::task::JoinHandle<Result<Admitted, Refusal>> {
+    let (queue, targets, q) = (Arc::clone(queue), targets.to_vec(), q.clone());
+    tokio::spawn(async move {
+        let mut ask = ask(&targets, &q, class);
+        ask.work = Work::cold(300).in_class(by_class.then_some(class));
+        queue.admit(ask, std::future::pending()).await
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn where_engines_take_the_class_a_higher_class_goes_in_beside_a_lower_ones_prefill() {
+    let queue = Arc::new(Queue::default());
+    let targets = vec![backend("a", 1, &queue)];
+    let mut q = config(8);
+    q.max_prefill_tokens = Some(1);
+    q.priority.engine = Some(vec![0, 1, 2]);
+    // A batch request prefills at a.
+    let batch = targets[0]
+        .live
+        .try_reserve_work(8, 500, Some(1), Some(2))
+        .unwrap();
+    // An interactive one goes in beside it: the engine puts it first.
+    let interactive = admit_in_class(&queue, &targets, &q, 0, true)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(interactive.how, Admit::AtOnce);
+    // Another batch request waits for both, another interactive one for
+    // the first interactive only.
+    let batch_2 = admit_in_class(&queue, &targets, &q, 2, true);
+    let interactive_2 = admit_in_class(&queue, &targets, &q, 0, true);
+    while queue.len() < 2 {
+        tokio::task::yield_now().await;
+    }
+    drop(interactive);
+    let interactive_2 = interactive_2.await.unwrap().unwrap();
+    assert_eq!(interactive_2.how, Admit::Waited);
+    assert_eq!(queue.len(), 1, "the batch request still waits");
+    drop((batch, interactive_2));
+    assert_eq!(batch_2.await.unwrap().unwrap().how, Admit::Waited);
+    // Where engines do not take the class, the interactive request waits
+    // for the batch one's prefill.
+    let batch = targets[0]
+        .live
+        .try_reserve_work(8, 500, Some(1), None)
+        .unwrap();
+    let interactive = admit_in_class(&queue, &targets, &q, 0, false);
+    while queue.is_empty() {
+        tokio::task::yield_now().await;
+    }
+    drop(batch);
+    assert_eq!(interactive.await.unwrap().unwrap().how, Admit::Waited);
 }

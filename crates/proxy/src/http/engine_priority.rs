@@ -1,0 +1,108 @@
+//! The engine's priority in a request body. Under `queue.priority.engine`,
+//! a request whose body is one JSON object, read whole for its keys, goes
+//! on with the top-level field `priority` set to its class's value: engines
+//! that schedule by priority (vLLM with `--scheduling-policy priority`,
+//! SGLang with `--enable-priority-scheduling`, `magpie engine --priority`)
+//! then put it ahead of a lower class already queued inside them. A
+//! `priority` the client wrote is replaced: the class is magpie's to say.
+//! The other fields pass as they came, byte for byte (the whitespace between
+//! them is dropped).
+
+use std::fmt;
+use std::io::Write;
+
+use serde::Deserialize;
+use serde::de::{Deserializer, MapAccess, Visitor};
+use serde_json::value::RawValue;
+
+/// The body field engines read a request's priority from.
+pub(crate) const FIELD: &str = "priority";
+
+/// `body` with its top-level `priority` set to `value`; `None` when the
+/// body is not one JSON object (it then goes on unchanged).
+pub(crate) fn with_priority(body: &[u8], value: i64) -> Option<Vec<u8>> {
+    let Fields(fields) = serde_json::from_slice(body).ok()?;
+    let mut out = Vec::with_capacity(body.len() + 24);
+    out.push(b'{');
+    for (name, raw) in fields.iter().filter(|(name, _)| name != FIELD) {
+        serde_json::to_writer(&mut out, name).ok()?;
+        out.push(b':');
+        out.extend_from_slice(raw.get().as_bytes());
+        out.push(b',');
+    }
+    write!(out, "\"{FIELD}\":{value}}}").ok()?;
+    Some(out)
+}
+
+/// A JSON object's fields in order, each value as it was written.
+struct Fields<'a>(Vec<(String, &'a RawValue)>);
+
+impl<'de> Deserialize<'de> for Fields<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_map(FieldsVisitor)
+    }
+}
+
+struct FieldsVisitor;
+
+impl<'de> Visitor<'de> for FieldsVisitor {
+    type Value = Fields<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Fields<'de>, A::Error> {
+        let mut fields = Vec::new();
+        while let Some(name) = map.next_key::<String>()? {
+            fields.push((name, map.next_value::<&'de RawValue>()?));
+        }
+        Ok(Fields(fields))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn written(body: &str, value: i64) -> Option<serde_json::Value> {
+        let out = with_priority(body.as_bytes(), value)?;
+        Some(serde_json::from_slice(&out).expect("the body stays JSON"))
+    }
+
+    #[test]
+    fn the_class_value_is_added_and_every_field_kept() {
+        let body =
+            r#"{"model":"m","messages":[{"role":"user","content":"hi \"x\" }"}],"stream":true}"#;
+        let out = String::from_utf8(with_priority(body.as_bytes(), -3).unwrap()).unwrap();
+        assert_eq!(
+            out,
+            r#"{"model":"m","messages":[{"role":"user","content":"hi \"x\" }"}],"stream":true,"priority":-3}"#
+        );
+        assert_eq!(written("{}", 7), Some(serde_json::json!({"priority": 7})));
+        assert_eq!(
+            written(" {\n \"a\\u0041\" : 1 }\n", 0),
+            Some(serde_json::json!({"aA": 1, "priority": 0}))
+        );
+    }
+
+    #[test]
+    fn a_priority_the_client_wrote_is_replaced() {
+        let out = with_priority(br#"{"priority":-100,"a":1,"priority":5}"#, 10).unwrap();
+        assert_eq!(out, br#"{"a":1,"priority":10}"#);
+    }
+
+    #[test]
+    fn a_body_that_is_not_one_object_is_left_alone() {
+        for body in [
+            "[1,2]",
+            "\"s\"",
+            "{\"a\":1",
+            "{\"a\":1} {}",
+            "",
+            "{\"a\":1,}",
+        ] {
+            assert_eq!(with_priority(body.as_bytes(), 1), None, "{body:?}");
+        }
+    }
+}
