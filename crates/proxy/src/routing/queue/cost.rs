@@ -71,13 +71,15 @@ impl Order {
 /// What a request of `work` costs at `backend`, in seconds: its own wait
 /// for a first token (the work the backend holds plus what it would still
 /// have to compute of the request, [`Work::at`]) plus that computing once
-/// more for each request awaiting a first byte there now, as many as will
-/// come to queue behind it; over the prefill rate learned from its answers
-/// ([`crate::routing::backend::rate`]; `unknown` while it is not learned).
+/// more for each request in flight there now (awaiting its first byte, or
+/// streaming its answer: a conversation whose next turn comes back there),
+/// as many as will come to queue behind it; over the prefill rate learned
+/// from its answers ([`crate::routing::backend::rate`]; `unknown` while it
+/// is not learned).
 pub(super) fn cost(backend: &Backend, work: &Work, unknown: f64) -> f64 {
     let live = &backend.live;
     let own = work.at(backend) as f64;
-    let behind = live.load.awaiting() as f64;
+    let behind = live.load.active() as f64;
     let tokens = live.load.held_ahead(work.class) as f64 + own * (1.0 + behind);
     tokens / live.prefill_rate.per_second().unwrap_or(unknown)
 }
