@@ -16,7 +16,7 @@ use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
 /// The body field engines read a request's priority from.
-pub(crate) const FIELD: &str = "priority";
+const FIELD: &str = "priority";
 
 /// `body` with its top-level `priority` set to `value`; `None` when the
 /// body is not one JSON object (it then goes on unchanged).

@@ -13,6 +13,7 @@
 //! [`super::super::normalize`]. So each rule of RFC 9112 lives in one
 //! place, and the pass-through never forwards what it did not understand.
 
+use std::io::Write;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
 
@@ -136,7 +137,13 @@ pub(crate) fn parse<'a>(buf: &[u8], cx: &Context<'a, '_>) -> Parse<'a> {
         head_method: method == "HEAD",
         with_body: !matches!(checked.framing, Framing::Empty | Framing::Length(0)),
         close: checked.close,
-        upstream: upstream_head(method, target, headers, &checked.named, checked.framing),
+        upstream: upstream_head(
+            method,
+            target,
+            headers,
+            &checked.named,
+            (len, checked.framing),
+        ),
         keys,
         log,
         standing,
@@ -227,13 +234,9 @@ fn upstream_head(
     target: &str,
     headers: &[Header<'_>],
     named: &[&str],
-    framing: Framing,
+    (len, framing): (usize, Framing),
 ) -> Vec<u8> {
-    let len: usize = headers
-        .iter()
-        .map(|h| h.name.len() + h.value.len() + 4)
-        .sum();
-    let mut out = Vec::with_capacity(method.len() + target.len() + len + 16);
+    let mut out = Vec::with_capacity(len + 16);
     out.extend_from_slice(method.as_bytes());
     out.push(b' ');
     out.extend_from_slice(target.as_bytes());
@@ -260,7 +263,8 @@ fn upstream_head(
 /// and the blank line.
 fn end_head(out: &mut Vec<u8>, framing: Framing) {
     if let Framing::Length(n) = framing {
-        out.extend_from_slice(format!("content-length: {n}\r\n").as_bytes());
+        // Writing to a Vec cannot fail.
+        let _ = write!(out, "content-length: {n}\r\n");
     }
     out.extend_from_slice(b"\r\n");
 }
@@ -350,8 +354,8 @@ mod tests {
         let head = "POST /v1/chat?x=1 HTTP/1.1\r\nHost: a\r\nX-Session-Id:  s1 \r\nConnection: x-private\r\nKeep-Alive: timeout=5\r\nX-Private: 1\r\nTE: trailers\r\nTransfer-Encoding: chunked\r\n\r\n";
         let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut request = httparse::Request::new(&mut headers);
-        request.parse(head.as_bytes()).unwrap().unwrap();
-        let framing = Framing::Chunked;
+        let len = request.parse(head.as_bytes()).unwrap().unwrap();
+        let framing = (len, Framing::Chunked);
         let out = upstream_head(
             "POST",
             "/v1/chat?x=1",
@@ -370,8 +374,8 @@ mod tests {
         let head = "POST / HTTP/1.1\r\ncontent-Length: 2\r\nHost: a\r\n\r\n";
         let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut request = httparse::Request::new(&mut headers);
-        request.parse(head.as_bytes()).unwrap().unwrap();
-        let mut out = upstream_head("POST", "/", request.headers, &[], Framing::Length(2));
+        let len = request.parse(head.as_bytes()).unwrap().unwrap();
+        let mut out = upstream_head("POST", "/", request.headers, &[], (len, Framing::Length(2)));
         let expected = "POST / HTTP/1.1\r\nHost: a\r\ncontent-length: 2\r\n\r\n";
         assert_eq!(String::from_utf8_lossy(&out), expected);
         let framing = replace_body(&mut out, Framing::Length(2), b"{\"priority\":1}");

@@ -110,10 +110,15 @@ impl Load {
     /// takes the class: that of its class and the higher ones, the
     /// fleet's counted; all of it for a request not counted by class.
     pub(crate) fn held_ahead(&self, class: Option<usize>) -> u64 {
-        let Some(class) = class.filter(|c| *c < MAX_CLASSES) else {
-            return self.held_tokens();
-        };
-        (self.by_class[..=class].iter())
+        match class.filter(|c| *c < MAX_CLASSES) {
+            Some(class) => self.with_fleet(&self.by_class[..=class]),
+            None => self.held_tokens(),
+        }
+    }
+
+    /// The work `counters` hold, and the fleet's.
+    fn with_fleet(&self, counters: &[AtomicU64]) -> u64 {
+        (counters.iter())
             .map(|w| w.load(Ordering::Relaxed))
             .fold(self.fleet_tokens(), u64::saturating_add)
     }
@@ -160,12 +165,7 @@ impl Load {
         let (counter, ahead) = match class.filter(|c| *c < MAX_CLASSES) {
             None => (&self.prefill_tokens, self.fleet_tokens()),
             // The higher classes' work, and the fleet's.
-            Some(c) => (
-                &self.by_class[c],
-                (self.by_class[..c].iter())
-                    .map(|w| w.load(Ordering::Relaxed))
-                    .fold(self.fleet_tokens(), u64::saturating_add),
-            ),
+            Some(c) => (&self.by_class[c], self.with_fleet(&self.by_class[..c])),
         };
         let added = counter
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |w| {

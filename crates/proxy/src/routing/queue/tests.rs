@@ -681,3 +681,18 @@ async fn where_engines_take_the_class_a_higher_class_goes_in_beside_a_lower_ones
     drop(batch);
     assert_eq!(interactive.await.unwrap().unwrap().how, Admit::Waited);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_new_conversation_weighs_the_answers_streaming_at_each_backend() {
+    let queue = Arc::new(Queue::default());
+    let targets = two_backends(&queue);
+    let q = config(8);
+    // b1 streams two answers (in flight, past their first byte); b2 none.
+    let _streaming = [
+        targets[0].live.try_reserve_work(8, 0, None, None),
+        targets[0].live.try_reserve_work(8, 0, None, None),
+    ];
+    let ask = opening(&targets, &q, 1000, 0);
+    let admitted = queue.admit(ask, std::future::pending()).await.unwrap();
+    assert_eq!(admitted.backend.name, "b2");
+}
