@@ -92,8 +92,9 @@ pub struct Gauges {
 /// When a backend is full for new keys, and how long a value counts.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LoadLimits {
-    /// More requests waiting than this: full for new keys.
-    pub max_waiting: u64,
+    /// More requests waiting than this: full for new keys (`None`: waiting
+    /// never makes it full; placement weighs the load magpie sends).
+    pub max_waiting: Option<u64>,
     /// A KV cache fuller than this (0 < x <= 1): full for new keys.
     pub max_kv_usage: f64,
     /// A value older than this is ignored.

@@ -75,7 +75,6 @@ pub const DEFAULT_PASSIVE_FAILURES: u32 = 3;
 pub const DEFAULT_LOAD_PATH: &str = "/metrics";
 pub const DEFAULT_LOAD_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_LOAD_TIMEOUT: Duration = Duration::from_millis(500);
-pub const DEFAULT_MAX_WAITING: u64 = 8;
 pub const DEFAULT_MAX_KV_USAGE: f64 = 0.95;
 /// `health.load.max_age` defaults to this many intervals: a value survives
 /// a few failed scrapes, not a dead engine.

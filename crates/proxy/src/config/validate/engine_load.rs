@@ -16,8 +16,8 @@ use super::Validator;
 use crate::config::raw::{HumanDuration, RawLoad};
 use crate::config::{
     DEFAULT_LOAD_INTERVAL, DEFAULT_LOAD_MAX_AGE_INTERVALS, DEFAULT_LOAD_PATH, DEFAULT_LOAD_TIMEOUT,
-    DEFAULT_MAX_KV_USAGE, DEFAULT_MAX_WAITING, Gauges, LoadConfig, LoadLimits, LoadPreset,
-    MAX_LOAD_INTERVAL, MAX_LOAD_MAX_AGE, MAX_MAX_WAITING, MIN_LOAD_INTERVAL,
+    DEFAULT_MAX_KV_USAGE, Gauges, LoadConfig, LoadLimits, LoadPreset, MAX_LOAD_INTERVAL,
+    MAX_LOAD_MAX_AGE, MAX_MAX_WAITING, MIN_LOAD_INTERVAL,
 };
 
 impl Validator<'_> {
@@ -46,12 +46,10 @@ impl Validator<'_> {
         let written = [raw.waiting, raw.running, raw.kv_usage, raw.kv_capacity];
         let gauges = self.gauges(preset, written, &at);
         let limits = LoadLimits {
-            max_waiting: self.count(
-                raw.max_waiting,
-                "health.load.max_waiting",
-                DEFAULT_MAX_WAITING,
-                0..=MAX_MAX_WAITING,
-            ),
+            max_waiting: (raw.max_waiting).map(|m| {
+                let (what, written) = ("health.load.max_waiting", m.value);
+                self.count(Some(m), what, written, 0..=MAX_MAX_WAITING)
+            }),
             max_kv_usage: self.kv_usage(raw.max_kv_usage),
             max_age: self.max_age(raw.max_age, interval),
         };
@@ -224,7 +222,9 @@ mod tests {
             load.gauges.waiting.as_deref(),
             Some("vllm:num_requests_waiting")
         );
-        assert_eq!(load.limits.max_waiting, 8);
+        // No bound on waiting unless one is written: a queue's length in
+        // requests is sized to an engine's batch, and placement weighs load.
+        assert_eq!(load.limits.max_waiting, None);
         assert_eq!(load.limits.max_kv_usage, 0.95);
         assert_eq!(load.limits.max_age, Duration::from_secs(5));
 
@@ -241,7 +241,7 @@ mod tests {
             Some("sglang:cache_hit_rate")
         );
         assert_eq!(load.limits.max_age, Duration::from_secs(10));
-        assert_eq!(load.limits.max_waiting, 0);
+        assert_eq!(load.limits.max_waiting, Some(0));
         assert_eq!(
             load.gauges.kv_capacity.as_deref(),
             Some("sglang:max_total_num_tokens")

@@ -17,6 +17,12 @@ fn the_report_shows_the_engine_load_settings() {
     let text = report("t.yaml", &s, Environment::default()).unwrap();
     let needle = "load:        GET /metrics every 1s (timeout 500ms, preset vllm); full for new keys above 4 waiting (vllm:num_requests_waiting) or 0.95 KV cache usage (vllm:kv_cache_usage_perc); running: vllm:num_requests_running; KV cache size: vllm:cache_config_info; values ignored after 5s";
     assert!(text.contains(needle), "{needle:?} not in:\n{text}");
+    let s = snapshot(
+        "mode: http\nlisten: 127.0.0.1:7000\nhealth: {load: {preset: vllm}}\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n",
+    );
+    let text = report("t.yaml", &s, Environment::default()).unwrap();
+    let needle = "full for new keys above 0.95 KV cache usage (vllm:kv_cache_usage_perc; waiting is no limit); running";
+    assert!(text.contains(needle), "{needle:?} not in:\n{text}");
     let s = snapshot("listen: 127.0.0.1:7000\nbackends:\n  - {name: a, addr: 127.0.0.1:8001}\n");
     let text = report("t.yaml", &s, Environment::default()).unwrap();
     assert!(text.contains("load:        off"), "{text}");

@@ -128,7 +128,7 @@ impl EngineLoad {
     /// cache fuller than `max_kv_usage`.
     pub(crate) fn full_for_new_keys(&self, limits: &LoadLimits, now: Instant) -> bool {
         self.fresh(now, limits.max_age).is_some_and(|s| {
-            s.waiting.is_some_and(|w| w > limits.max_waiting as f64)
+            (s.waiting.zip(limits.max_waiting)).is_some_and(|(w, max)| w > max as f64)
                 || s.kv_usage.is_some_and(|kv| kv > limits.max_kv_usage)
         })
     }
@@ -137,10 +137,12 @@ impl EngineLoad {
     /// fresh value with more than [`FAR_WAITING_FACTOR`] × `max_waiting`
     /// waiting, or a KV cache at least [`FAR_KV_USAGE`] full.
     pub(crate) fn far_over(&self, limits: &LoadLimits, now: Instant) -> bool {
-        let waiting = FAR_WAITING_FACTOR.saturating_mul(limits.max_waiting.max(1)) as f64;
+        let waiting =
+            (limits.max_waiting).map(|m| FAR_WAITING_FACTOR.saturating_mul(m.max(1)) as f64);
         let kv_usage = FAR_KV_USAGE.max(limits.max_kv_usage);
         self.fresh(now, limits.max_age).is_some_and(|s| {
-            s.waiting.is_some_and(|w| w > waiting) || s.kv_usage.is_some_and(|kv| kv >= kv_usage)
+            (s.waiting.zip(waiting)).is_some_and(|(w, far)| w > far)
+                || s.kv_usage.is_some_and(|kv| kv >= kv_usage)
         })
     }
 }
@@ -150,7 +152,7 @@ mod tests {
     use super::*;
 
     const LIMITS: LoadLimits = LoadLimits {
-        max_waiting: 8,
+        max_waiting: Some(8),
         max_kv_usage: 0.95,
         max_age: Duration::from_secs(5),
     };
@@ -245,12 +247,23 @@ mod tests {
         assert!(!load.full_for_new_keys(&LIMITS, now));
         // max_waiting 0: anything waiting is full, more than 4 far over.
         let zero = LoadLimits {
-            max_waiting: 0,
+            max_waiting: Some(0),
             ..LIMITS
         };
         load.record(sample(1.0, 0.0), now);
         assert!(load.full_for_new_keys(&zero, now) && !load.far_over(&zero, now));
         load.record(sample(5.0, 0.0), now);
         assert!(load.far_over(&zero, now));
+        // No max_waiting: however many wait, only the KV cache fills it.
+        let unbounded = LoadLimits {
+            max_waiting: None,
+            ..LIMITS
+        };
+        load.record(sample(1_000.0, 0.5), now);
+        assert!(!load.full_for_new_keys(&unbounded, now) && !load.far_over(&unbounded, now));
+        load.record(sample(1_000.0, 0.96), now);
+        assert!(load.full_for_new_keys(&unbounded, now) && !load.far_over(&unbounded, now));
+        load.record(sample(0.0, 0.99), now);
+        assert!(load.far_over(&unbounded, now));
     }
 }

@@ -317,7 +317,7 @@ mod tests {
             timeout: Duration::from_secs(2),
             gauges: LoadPreset::Vllm.gauges(),
             limits: crate::config::LoadLimits {
-                max_waiting: 8,
+                max_waiting: Some(8),
                 max_kv_usage: 0.95,
                 max_age: Duration::from_secs(5),
             },

@@ -25,7 +25,7 @@ fn backend(name: &str, port: u16, queue: &Arc<Queue>) -> Arc<Backend> {
 
 /// Engine load limits: full for new keys over 8 waiting.
 const LOAD_LIMITS: crate::config::LoadLimits = crate::config::LoadLimits {
-    max_waiting: 8,
+    max_waiting: Some(8),
     max_kv_usage: 0.95,
     max_age: Duration::from_secs(5),
 };
