@@ -1,6 +1,7 @@
 //! Engine load (`health.load`) through real sockets: fake vLLM engines
 //! whose `/metrics` the tests change, magpie in mode http in front of them.
-//! A full engine takes no new keys (the spill is counted as engine_full),
+//! A full engine takes no new keys (the spill is counted as engine_full;
+//! without `max_waiting` only its KV cache fills it),
 //! pinned keys stay unless it is far over, a scrape that hangs or answers
 //! garbage marks nothing down and delays no request, and a value older than
 //! `max_age` is ignored. Every wait polls magpie's own `/metrics` until the
@@ -145,6 +146,40 @@ async fn a_full_engine_takes_no_new_keys_and_pins_move_only_when_far_over() {
         assert_ne!(client.get_session(k).await, "a", "a is far over: {k} moves");
     }
     assert!(magpie.backend("a").is_up(), "load never marks down");
+    magpie.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_max_waiting_a_long_queue_keeps_new_keys_and_a_full_kv_cache_does_not() {
+    let engines = FakeEngines::start(&["a", "b"]).await;
+    let settings = format!(
+        "mode: http\n{SESSION_KEY}health:\n  load:\n    preset: vllm\n    interval: 100ms\n    timeout: 50ms\n"
+    );
+    let yaml = config_yaml_with_admin("127.0.0.1:0", &settings, &engines.pairs());
+    let magpie = Magpie::start(&yaml).await;
+    let admin = magpie.admin.expect("admin is on");
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    engines.get("a").report(1_000, 0.5);
+    until_waiting(admin, "a", 1_000.0).await;
+    for k in keys_of(&magpie, "a", "queued", 10) {
+        assert_eq!(
+            client.get_session(&k).await,
+            "a",
+            "{k}: a queue is no limit"
+        );
+    }
+    engines.get("a").report(1_000, 0.97);
+    until_metrics(admin, "a's KV cache at 0.97", |t| {
+        metric_sum(t, "magpie_backend_engine_kv_usage", &["backend=\"a\""]) == 0.97
+    })
+    .await;
+    for k in keys_of(&magpie, "a", "kv", 10) {
+        assert_eq!(
+            client.get_session(&k).await,
+            "b",
+            "{k}: a's KV cache is full"
+        );
+    }
     magpie.stop().await;
 }
 

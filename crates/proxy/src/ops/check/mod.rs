@@ -427,21 +427,18 @@ fn load_text(config: &Config) -> String {
         return "off".to_string();
     };
     let name = |g: &Option<String>| g.clone().unwrap_or_else(|| "-".to_string());
+    let (waiting, unbounded) = match l.limits.max_waiting {
+        Some(m) => (format!("{m} waiting ({}) or ", name(&l.gauges.waiting)), ""),
+        None => (String::new(), "; waiting is no limit"),
+    };
     format!(
-        "GET {} every {} (timeout {}, preset {}); full for new keys above {}{} KV cache usage ({}); running: {}; KV cache size: {}; values ignored after {}",
+        "GET {} every {} (timeout {}, preset {}); full for new keys above {waiting}{} KV cache usage ({}{unbounded}); running: {}; KV cache size: {}; values ignored after {}",
         l.path,
         humantime::format_duration(l.interval),
         humantime::format_duration(l.timeout),
         l.preset.as_str(),
-        match l.limits.max_waiting {
-            Some(m) => format!("{m} waiting ({}) or ", name(&l.gauges.waiting)),
-            None => String::new(),
-        },
         l.limits.max_kv_usage,
-        match l.limits.max_waiting {
-            Some(_) => name(&l.gauges.kv_usage),
-            None => format!("{}; waiting is no limit", name(&l.gauges.kv_usage)),
-        },
+        name(&l.gauges.kv_usage),
         name(&l.gauges.running),
         name(&l.gauges.kv_capacity),
         humantime::format_duration(l.limits.max_age),

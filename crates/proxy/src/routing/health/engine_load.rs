@@ -124,8 +124,8 @@ impl EngineLoad {
     }
 
     /// Whether the engine is too loaded to take a key it does not hold yet:
-    /// a fresh value with more than `max_waiting` requests waiting, or a KV
-    /// cache fuller than `max_kv_usage`.
+    /// a fresh value with more than `max_waiting` requests waiting (where
+    /// that is set), or a KV cache fuller than `max_kv_usage`.
     pub(crate) fn full_for_new_keys(&self, limits: &LoadLimits, now: Instant) -> bool {
         self.fresh(now, limits.max_age).is_some_and(|s| {
             (s.waiting.zip(limits.max_waiting)).is_some_and(|(w, max)| w > max as f64)
@@ -135,7 +135,8 @@ impl EngineLoad {
 
     /// Whether the engine is so loaded that even keys pinned to it move: a
     /// fresh value with more than [`FAR_WAITING_FACTOR`] × `max_waiting`
-    /// waiting, or a KV cache at least [`FAR_KV_USAGE`] full.
+    /// waiting (where that is set), or a KV cache at least [`FAR_KV_USAGE`]
+    /// full.
     pub(crate) fn far_over(&self, limits: &LoadLimits, now: Instant) -> bool {
         let waiting =
             (limits.max_waiting).map(|m| FAR_WAITING_FACTOR.saturating_mul(m.max(1)) as f64);
