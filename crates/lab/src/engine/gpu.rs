@@ -17,7 +17,7 @@
 //! holds the answer.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -45,6 +45,19 @@ pub struct Job {
     /// Where the sequence's progress goes. Unbounded, but a job sends at most
     /// `max_tokens` events, and `max_tokens` is bounded by the config.
     pub events: mpsc::UnboundedSender<Event>,
+    /// A prefill half's lease: once done, its blocks stay held under it
+    /// until pulled ([`Msg::Release`]) or `kv_lease` passes.
+    pub lease: Option<u64>,
+    /// A decode half's: the prompt's leading blocks pulled from a prefill
+    /// engine; those its cache lacks move first, then it prefills the rest.
+    pub imported_blocks: usize,
+}
+
+/// What the GPU's inbox carries.
+pub enum Msg {
+    Job(Job),
+    /// A decode engine pulled this lease's blocks: they are let go.
+    Release(u64),
 }
 
 /// A sequence's progress, as the GPU makes it.
@@ -74,6 +87,10 @@ pub struct Counters {
     pub evictions: AtomicU64,
     /// Time spent prefilling, in microseconds.
     pub prefill_busy_us: AtomicU64,
+    /// KV tokens moved in from prefill engines (decode halves).
+    pub kv_received_tokens: AtomicU64,
+    /// Prefill halves' leases held, not pulled yet.
+    pub leases: AtomicU64,
 }
 
 /// A job in the batch, or waiting for the GPU.
@@ -127,13 +144,17 @@ struct Gpu {
     prefill: Option<(Instant, Seq)>,
     decoding: Vec<Seq>,
     next_step: Instant,
+    /// Decode halves whose KV is moving in, each until its end.
+    moving: Vec<(Instant, Seq)>,
+    /// Prefill halves' blocks, held until pulled or until then.
+    leased: HashMap<u64, (Vec<u64>, Instant)>,
     counters: Arc<Counters>,
 }
 
 /// Runs the GPU until `stop` fires or every sender of `jobs` is gone.
 pub async fn run(
     config: EngineConfig,
-    mut jobs: mpsc::Receiver<Job>,
+    mut jobs: mpsc::Receiver<Msg>,
     counters: Arc<Counters>,
     stop: CancellationToken,
 ) {
@@ -145,19 +166,24 @@ pub async fn run(
         prefill: None,
         decoding: Vec::new(),
         next_step: Instant::now(),
+        moving: Vec::new(),
+        leased: HashMap::new(),
         counters,
     };
     loop {
         gpu.start_prefill();
         gpu.publish();
         let prefill_end = gpu.prefill.as_ref().map(|(at, _)| *at);
+        let timer = gpu.next_timer();
         tokio::select! {
             biased;
             () = stop.cancelled() => return,
-            job = jobs.recv() => match job {
-                Some(job) => gpu.enqueue(job),
+            msg = jobs.recv() => match msg {
+                Some(Msg::Job(job)) => gpu.enqueue(job),
+                Some(Msg::Release(lease)) => gpu.release_lease(lease),
                 None => return,
             },
+            () = sleep_until(timer.unwrap_or(gpu.next_step)), if timer.is_some() => gpu.timers(),
             () = sleep_until(prefill_end.unwrap_or(gpu.next_step)), if prefill_end.is_some() => {
                 gpu.end_chunk();
             }
@@ -187,7 +213,59 @@ impl Gpu {
                 emitted: 0,
             };
             self.arrivals += 1;
+            if seq.job.imported_blocks > 0 {
+                self.import(seq);
+            } else {
+                self.wait(seq);
+            }
+        }
+    }
+
+    /// A decode half: its prefill begins at once, counting the imported
+    /// blocks as cached; the blocks its cache lacked move in (off the
+    /// prefill lane) before it waits for the GPU.
+    fn import(&mut self, seq: Seq) {
+        let prompt = &seq.job.blocks[..seq.job.prompt_blocks];
+        let local = self.cache.matched(prompt);
+        let imported = seq.job.imported_blocks.min(seq.job.prompt_blocks);
+        let moved = imported.saturating_sub(local) * self.config.block_tokens;
+        self.counters
+            .kv_received_tokens
+            .fetch_add(moved as u64, Ordering::Relaxed);
+        let seq = self.begin(seq.job, seq.arrival);
+        let transfer = moved as f64 * self.config.kv_transfer_us_per_token / 1_000_000.0;
+        let until = Instant::now() + Duration::from_secs_f64(transfer);
+        self.moving.push((until, seq));
+    }
+
+    /// The earliest of the moves' ends and the leases' times.
+    fn next_timer(&self) -> Option<Instant> {
+        let moves = self.moving.iter().map(|(at, _)| *at);
+        moves.chain(self.leased.values().map(|(_, at)| *at)).min()
+    }
+
+    /// Moves that ended wait for the GPU; leases past their time let go.
+    fn timers(&mut self) {
+        let now = Instant::now();
+        let (done, moving) = std::mem::take(&mut self.moving)
+            .into_iter()
+            .partition(|(at, _)| *at <= now);
+        self.moving = moving;
+        for (_, seq) in done {
             self.wait(seq);
+        }
+        let expired: Vec<u64> = (self.leased.iter())
+            .filter(|(_, (_, at))| *at <= now)
+            .map(|(lease, _)| *lease)
+            .collect();
+        for lease in expired {
+            self.release_lease(lease);
+        }
+    }
+
+    fn release_lease(&mut self, lease: u64) {
+        if let Some((blocks, _)) = self.leased.remove(&lease) {
+            self.cache.release(&blocks);
         }
     }
 
@@ -239,7 +317,8 @@ impl Gpu {
         let prompt = &job.blocks[..job.prompt_blocks];
         // At least one token is computed, as in vLLM: a prompt cached
         // whole recomputes its last block.
-        let mut matched = self.cache.matched(prompt);
+        let imported = job.imported_blocks.min(job.prompt_blocks);
+        let mut matched = self.cache.matched(prompt).max(imported);
         if matched * self.config.block_tokens >= job.prompt_tokens {
             matched = matched.saturating_sub(1);
         }
@@ -347,12 +426,20 @@ impl Gpu {
 
     /// A finished sequence: its answer's blocks join the cache (when its
     /// prompt's chain is whole), then it lets go of everything.
+    /// A prefill half keeps holding its blocks under its lease.
     fn complete(&mut self, mut seq: Seq) {
         if seq.held == seq.job.prompt_blocks {
             seq.held += self.cache.acquire(&seq.job.blocks[seq.held..]);
         }
-        self.cache.release(&seq.job.blocks[..seq.held]);
         self.counters.finished.fetch_add(1, Ordering::Relaxed);
+        let Some(lease) = seq.job.lease else {
+            return self.cache.release(&seq.job.blocks[..seq.held]);
+        };
+        // A lease given again (a room reused) lets the first go.
+        self.release_lease(lease);
+        seq.job.blocks.truncate(seq.held);
+        let until = Instant::now() + self.config.kv_lease;
+        self.leased.insert(lease, (seq.job.blocks, until));
     }
 
     /// A sequence whose client went away: it stops, keeping what it computed.
@@ -372,5 +459,6 @@ impl Gpu {
         c.cache_blocks
             .store(self.cache.len() as u64, Ordering::Relaxed);
         c.evictions.store(self.cache.evictions(), Ordering::Relaxed);
+        c.leases.store(self.leased.len() as u64, Ordering::Relaxed);
     }
 }

@@ -9,8 +9,9 @@
 //! time per uncached token, one at a time, so a request that lands where its
 //! conversation's blocks are is served sooner and costs less; with
 //! `--priority`, a request's `priority` field orders the queue and
-//! interrupts a lower one's prefill between chunks. Every answer
-//! carries `x-engine: NAME`.
+//! interrupts a lower one's prefill between chunks; with `--role`, it
+//! serves either half of a disaggregated request, by vLLM's protocol or
+//! SGLang's ([`transfer`]). Every answer carries `x-engine: NAME`.
 //!
 //! | module | owns |
 //! |---|---|
@@ -19,6 +20,7 @@
 //! | [`gpu`] | the time model: queue, serial prefill, batched decode |
 //! | `server` | the HTTP/1.1 server: routes, request parsing, limits |
 //! | `reply` | response bodies: JSON, server-sent events, metrics, info |
+//! | [`transfer`] | disaggregated prefill and decode: which half a request asks for, leases, pulls |
 //! | `state` | what every connection of one engine shares: settings, the queue to its GPU, counters, its name |
 
 use crate::bounds::{OutOfRange, range};
@@ -38,6 +40,7 @@ mod server;
 mod state;
 #[cfg(test)]
 mod tests;
+pub mod transfer;
 
 /// The header every answer carries: the engine's name.
 pub const ENGINE_HEADER: &str = "x-engine";
@@ -73,6 +76,15 @@ pub struct EngineConfig {
     pub max_tokens_limit: usize,
     /// The largest request body; beyond, 413.
     pub max_body_bytes: usize,
+    /// Which half of a disaggregated request it serves (SGLang's protocol;
+    /// vLLM's says it in the body).
+    pub role: transfer::Role,
+    /// Time to move one token's KV in from a prefill engine, in
+    /// microseconds.
+    pub kv_transfer_us_per_token: f64,
+    /// How long a prefill half holds its blocks for a pull, and how long a
+    /// pull waits for them.
+    pub kv_lease: std::time::Duration,
 }
 
 impl Default for EngineConfig {
@@ -91,6 +103,9 @@ impl Default for EngineConfig {
             default_max_tokens: 64,
             max_tokens_limit: 8192,
             max_body_bytes: 8 << 20,
+            role: transfer::Role::Both,
+            kv_transfer_us_per_token: 10.0,
+            kv_lease: std::time::Duration::from_secs(30),
         }
     }
 }
@@ -145,6 +160,14 @@ impl EngineConfig {
             self.max_tokens_limit,
         )?;
         count("--max-body-bytes", self.max_body_bytes, 1024, 1 << 30)?;
+        range(
+            "--kv-transfer-us-per-token",
+            self.kv_transfer_us_per_token,
+            0.0,
+            100_000.0,
+        )?;
+        let lease_ms = self.kv_lease.as_millis().min(u128::from(u32::MAX)) as usize;
+        count("--kv-lease-ms", lease_ms, 1, 600_000)?;
         Ok(())
     }
 }
@@ -187,6 +210,8 @@ pub struct Counts {
     pub cache_held: u64,
     pub evictions: u64,
     pub prefill_busy_us: u64,
+    pub kv_received_tokens: u64,
+    pub leases: u64,
 }
 
 impl Engine {
@@ -211,6 +236,8 @@ impl Engine {
             cache_held: get(&c.cache_held),
             evictions: get(&c.evictions),
             prefill_busy_us: get(&c.prefill_busy_us),
+            kv_received_tokens: get(&c.kv_received_tokens),
+            leases: get(&c.leases),
         }
     }
 }
@@ -250,7 +277,7 @@ pub fn serve(
         Arc::clone(&counters),
         stop.clone(),
     ));
-    let state = Arc::new(state::State::new(config, jobs, Arc::clone(&counters)));
+    let state = Arc::new(state::State::new(config, addr, jobs, Arc::clone(&counters)));
     tokio::spawn(server::accept_loop(listener, state, stop));
     Ok(Engine { addr, counters })
 }
@@ -265,6 +292,7 @@ pub async fn main(args: &EngineArgs, stop: CancellationToken) -> Result<(), Engi
         prefill_us_per_token = config.prefill_us_per_token,
         decode_ms_per_token = config.decode_ms_per_token,
         cache_blocks = config.cache_blocks,
+        role = ?config.role,
         "simulated engine listening"
     );
     stop.cancelled().await;
@@ -315,6 +343,17 @@ pub struct EngineArgs {
     /// The largest max_tokens a request may ask for.
     #[arg(long, default_value_t = 8192)]
     pub max_tokens_limit: usize,
+    /// Which half of a disaggregated request with SGLang's bootstrap fields
+    /// it serves (vLLM's kv_transfer_params say it in the body).
+    #[arg(long, value_enum, default_value_t = transfer::Role::Both)]
+    pub role: transfer::Role,
+    /// Time to move one token's KV in from a prefill engine (µs).
+    #[arg(long, default_value_t = 10.0)]
+    pub kv_transfer_us_per_token: f64,
+    /// How long a prefill half holds its KV for a decode engine to pull
+    /// (ms); a pull waits as long for it.
+    #[arg(long, default_value_t = 30_000)]
+    pub kv_lease_ms: u64,
 }
 
 impl EngineArgs {
@@ -332,6 +371,9 @@ impl EngineArgs {
             prefill_chunk_tokens: self.prefill_chunk,
             default_max_tokens: self.max_tokens,
             max_tokens_limit: self.max_tokens_limit,
+            role: self.role,
+            kv_transfer_us_per_token: self.kv_transfer_us_per_token,
+            kv_lease: std::time::Duration::from_millis(self.kv_lease_ms),
             ..EngineConfig::default()
         }
     }

@@ -336,7 +336,7 @@ type Family = (
     fn(&State) -> String,
 );
 
-const FAMILIES: [Family; 8] = [
+const FAMILIES: [Family; 10] = [
     (
         "vllm:num_requests_running",
         "gauge",
@@ -387,6 +387,18 @@ const FAMILIES: [Family; 8] = [
         "counter",
         "Requests finished.",
         |s| read(&s.counters.finished),
+    ),
+    (
+        "magpie_engine:kv_received_tokens",
+        "counter",
+        "KV tokens moved in from prefill engines (decode halves).",
+        |s| read(&s.counters.kv_received_tokens),
+    ),
+    (
+        "magpie_engine:kv_leases",
+        "gauge",
+        "Prefill halves' KV held for a decode engine to pull.",
+        |s| read(&s.counters.leases),
     ),
 ];
 

@@ -24,10 +24,11 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use super::gpu::{Event, Job};
+use super::gpu::{Event, Job, Msg};
 use super::prompt;
 use super::reply::{self, ApiError, Kind, Reply, Shape, Usage};
 use super::state::State;
+use super::transfer::{self, Half};
 use super::{ENGINE_HEADER, EngineConfig};
 
 /// A client that never finishes its request head does not hold a task forever.
@@ -93,6 +94,7 @@ async fn route(req: Request<Incoming>, state: &State) -> Result<Response<Reply>,
         "/metrics" if get => Ok(reply::metrics(state)),
         "/v1/chat/completions" if post => complete(req, Kind::Chat, state).await,
         "/v1/completions" if post => complete(req, Kind::Text, state).await,
+        "/kv/pull" if post => pull(req, state).await,
         "/health"
         | "/v1/health"
         | "/v1/models"
@@ -102,7 +104,8 @@ async fn route(req: Request<Incoming>, state: &State) -> Result<Response<Reply>,
         | "/get_model_info"
         | "/metrics"
         | "/v1/chat/completions"
-        | "/v1/completions" => Err(ApiError::new(
+        | "/v1/completions"
+        | "/kv/pull" => Err(ApiError::new(
             StatusCode::METHOD_NOT_ALLOWED,
             format!("{} is not allowed here", req.method()),
         )),
@@ -122,6 +125,8 @@ struct Ask {
     model: String,
     /// The body's `priority` (0 when it gives none).
     priority: i64,
+    /// Which half of a disaggregated request it is, if one.
+    half: Half,
 }
 
 /// Runs one completion through the GPU. Answers when the first token is out:
@@ -132,50 +137,45 @@ async fn complete(
     state: &State,
 ) -> Result<Response<Reply>, ApiError> {
     let body = read_body(req, state.config.max_body_bytes).await?;
-    let ask = parse(kind, &body, &state.config)?;
+    let mut ask = parse(kind, &body, state)?;
+    let (lease, imported_blocks) = match &ask.half {
+        Half::Whole => (None, 0),
+        // A prefill half answers once its first token is out.
+        Half::Prefill { lease, .. } => (Some(*lease), 0),
+        Half::Decode { host, port, lease } => {
+            let wait = state.config.kv_lease;
+            (None, transfer::pull(host, *port, *lease, wait).await)
+        }
+    };
+    if lease.is_some() {
+        ask.max_tokens = 1;
+    }
     let answer = prompt::answer_text(
         magpie_core::hash::h64(ask.prompt.as_bytes()),
         ask.max_tokens,
     );
-    let block_bytes = state.config.block_tokens * prompt::BYTES_PER_TOKEN;
     let prompt_tokens = prompt::token_count(&ask.prompt);
     let (events, mut progress) = mpsc::unbounded_channel();
     let job = Job {
-        prompt_tokens,
-        // The prompt's whole blocks are the first of the prompt and answer's.
-        blocks: prompt::block_hashes(
-            &format!("{}{answer}", ask.prompt),
-            state.config.block_tokens,
-        ),
-        prompt_blocks: ask.prompt.len() / block_bytes,
-        max_tokens: ask.max_tokens,
-        priority: ask.priority,
-        events,
+        lease,
+        imported_blocks,
+        ..job(&ask, &answer, events, &state.config)
     };
-    if state.jobs.try_send(job).is_err() {
+    let prompt_blocks = job.prompt_blocks;
+    if state.jobs.try_send(Msg::Job(job)).is_err() {
         state.counters.rejected.fetch_add(1, Ordering::Relaxed);
         return Err(overloaded());
     }
     let Some(Event::First { cached_tokens }) = progress.recv().await else {
         return Err(overloaded());
     };
-    let shape = Shape {
-        kind,
-        id: format!(
-            "{}-{}-{}",
-            kind.id_prefix(),
-            state.config.name,
-            state.next_id.fetch_add(1, Ordering::Relaxed)
-        ),
-        model: ask.model,
-        created: state.started,
-    };
+    let shape = shape(kind, &ask, state);
     let usage = Usage {
         prompt_tokens,
         completion_tokens: ask.max_tokens,
         cached_tokens,
     };
-    if ask.stream {
+    if ask.stream && lease.is_none() {
         let usage = ask.include_usage.then_some(usage);
         return Ok(reply::stream(shape, answer, usage, progress));
     }
@@ -189,7 +189,73 @@ async fn complete(
             "the engine is shutting down".into(),
         ));
     }
-    Ok(reply::json(&reply::whole(&shape, &answer, &usage)))
+    let Half::Prefill { lease, vllm } = ask.half else {
+        return Ok(reply::json(&reply::whole(&shape, &answer, &usage)));
+    };
+    // The GPU holds the blocks under the lease: a decode engine may pull.
+    state.leases.ready(lease, prompt_blocks);
+    if ask.stream {
+        let usage = ask.include_usage.then_some(usage);
+        return Ok(reply::stream(shape, answer, usage, progress));
+    }
+    let mut whole = reply::whole(&shape, &answer, &usage);
+    if vllm {
+        let params = transfer::vllm_params(&state.config.name, state.addr, lease, prompt_blocks);
+        whole["kv_transfer_params"] = params;
+    }
+    Ok(reply::json(&whole))
+}
+
+/// What every chunk of `ask`'s answer repeats: a new id, its model.
+fn shape(kind: Kind, ask: &Ask, state: &State) -> Shape {
+    let n = state.next_id.fetch_add(1, Ordering::Relaxed);
+    Shape {
+        kind,
+        id: format!("{}-{}-{n}", kind.id_prefix(), state.config.name),
+        model: ask.model.clone(),
+        created: state.started,
+    }
+}
+
+/// `ask`'s job for the GPU, answering `answer`, its progress to `events`;
+/// a whole request's (no lease, nothing imported).
+fn job(
+    ask: &Ask,
+    answer: &str,
+    events: mpsc::UnboundedSender<Event>,
+    config: &EngineConfig,
+) -> Job {
+    let block_bytes = config.block_tokens * prompt::BYTES_PER_TOKEN;
+    Job {
+        prompt_tokens: prompt::token_count(&ask.prompt),
+        // The prompt's whole blocks are the first of the prompt and answer's.
+        blocks: prompt::block_hashes(&format!("{}{answer}", ask.prompt), config.block_tokens),
+        prompt_blocks: ask.prompt.len() / block_bytes,
+        max_tokens: ask.max_tokens,
+        priority: ask.priority,
+        events,
+        lease: None,
+        imported_blocks: 0,
+    }
+}
+
+/// A decode engine pulls a lease's KV (`{"lease": N}`): how many blocks it
+/// holds, once its prefill is done (waiting up to the lease's time); the
+/// blocks are then let go here.
+async fn pull(req: Request<Incoming>, state: &State) -> Result<Response<Reply>, ApiError> {
+    let body = read_body(req, 4096).await?;
+    let value: Option<Value> = serde_json::from_slice(&body).ok();
+    let lease = value.as_ref().and_then(|v| v.get("lease")?.as_u64());
+    let lease = lease.ok_or_else(|| bad("lease must be a non-negative integer"))?;
+    let Some(blocks) = state.leases.take(lease).await else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no KV under lease {lease}"),
+        ));
+    };
+    // The GPU is gone only when the engine stops.
+    let _ = state.jobs.send(Msg::Release(lease)).await;
+    Ok(reply::json(&serde_json::json!({ "blocks": blocks })))
 }
 
 fn overloaded() -> ApiError {
@@ -231,7 +297,8 @@ fn bad(message: impl Into<String>) -> ApiError {
 
 /// Reads a completion request: the prompt (rendered from `messages` for a
 /// chat), the answer's length and the streaming options.
-fn parse(kind: Kind, body: &[u8], config: &EngineConfig) -> Result<Ask, ApiError> {
+fn parse(kind: Kind, body: &[u8], state: &State) -> Result<Ask, ApiError> {
+    let config = &state.config;
     let value: Value =
         serde_json::from_slice(body).map_err(|e| bad(format!("the body is not JSON: {e}")))?;
     let Some(request) = value.as_object() else {
@@ -263,7 +330,9 @@ fn parse(kind: Kind, body: &[u8], config: &EngineConfig) -> Result<Ask, ApiError
             .ok_or_else(|| bad("priority must be an integer"))?,
     };
     let flag = |v: Option<&Value>| v.and_then(Value::as_bool).unwrap_or(false);
+    let next = || state.next_id.fetch_add(1, Ordering::Relaxed);
     Ok(Ask {
+        half: transfer::half(request, config.role, next).map_err(bad)?,
         priority,
         prompt,
         max_tokens,

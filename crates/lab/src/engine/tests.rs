@@ -316,6 +316,8 @@ fn job(tokens: usize, seed: u64, priority: i64) -> (gpu::Job, mpsc::UnboundedRec
         max_tokens: 1,
         priority,
         events,
+        lease: None,
+        imported_blocks: 0,
     };
     (job, progress)
 }
@@ -334,13 +336,13 @@ async fn short_goes_first(priority: bool) -> bool {
     tokio::spawn(gpu::run(config, rx, Arc::clone(&counters), stop.clone()));
     // 40,000 tokens: 200 ms of prefill, in chunks of 512 (2.56 ms).
     let (long, mut long_events) = job(40_000, 1 << 20, 10);
-    jobs.send(long).await.unwrap();
+    jobs.send(gpu::Msg::Job(long)).await.unwrap();
     // The long one is in prefill once the GPU counts it.
     while counters.prompt_tokens.load(Ordering::Relaxed) == 0 {
         tokio::task::yield_now().await;
     }
     let (short, mut short_events) = job(1_000, 1 << 40, 0);
-    jobs.send(short).await.unwrap();
+    jobs.send(gpu::Msg::Job(short)).await.unwrap();
     let short_first = tokio::select! {
         _ = short_events.recv() => true,
         _ = long_events.recv() => false,
@@ -354,4 +356,113 @@ async fn a_higher_priority_takes_the_gpu_between_chunks() {
     assert!(short_goes_first(true).await);
     // First in, first out without --priority, whatever the body says.
     assert!(!short_goes_first(false).await);
+}
+
+/// A chat body of a long shared system prompt and `user`'s question.
+fn pd_chat(user: &str) -> Value {
+    let system = "You route each conversation to its cache. ".repeat(40);
+    json!({"model": "m", "max_tokens": 4, "messages": [
+        {"role": "system", "content": system},
+        {"role": "user", "content": user},
+    ]})
+}
+
+async fn post(addr: SocketAddr, body: &Value) -> Value {
+    let bytes = Bytes::from(body.to_string());
+    let (status, _, body) = send(addr, "POST", "/v1/chat/completions", bytes).await;
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+#[tokio::test]
+async fn vllm_a_decode_engine_pulls_what_the_prefill_engine_computed() {
+    let (prefill, stop_p) = engine(quick("p")).await;
+    let (decode, stop_d) = engine(quick("d")).await;
+    let request = pd_chat("What is Maglev?");
+    let mut first = request.clone();
+    first["max_tokens"] = json!(1);
+    first["kv_transfer_params"] = json!({"do_remote_decode": true});
+    let answered = post(prefill.addr(), &first).await;
+    let params = answered["kv_transfer_params"].clone();
+    assert_eq!(params["do_remote_prefill"], true, "{answered}");
+    assert_eq!(params["remote_port"], prefill.addr().port());
+    assert_eq!(prefill.counts().leases, 1);
+    let prompt = answered["usage"]["prompt_tokens"].as_u64().unwrap();
+    let mut second = request.clone();
+    second["kv_transfer_params"] = params;
+    let answer = post(decode.addr(), &second).await;
+    assert_eq!(answer["usage"]["completion_tokens"], 4);
+    // Every whole block moved; the decode engine computed the last ones.
+    let (d, p) = (decode.counts(), prefill.counts());
+    assert_eq!(d.kv_received_tokens, prompt / 16 * 16);
+    assert_eq!(d.cached_tokens, prompt / 16 * 16);
+    assert_eq!(p.leases, 0, "the pull lets the blocks go");
+    // Again: the decode engine's cache holds the prompt, nothing moves.
+    let again = post(prefill.addr(), &first).await;
+    second["kv_transfer_params"] = again["kv_transfer_params"].clone();
+    post(decode.addr(), &second).await;
+    assert_eq!(decode.counts().kv_received_tokens, d.kv_received_tokens);
+    // The prefill engine gone: the decode engine prefills the prompt itself.
+    stop_p.cancel();
+    let before = decode.counts();
+    second["messages"][1]["content"] = json!("Another question?");
+    let answer = post(decode.addr(), &second).await;
+    assert_eq!(answer["usage"]["completion_tokens"], 4);
+    let after = decode.counts();
+    assert_eq!(after.kv_received_tokens, before.kv_received_tokens);
+    assert_eq!(after.finished, before.finished + 1);
+    stop_d.cancel();
+}
+
+#[tokio::test]
+async fn sglang_both_halves_meet_by_their_room_whichever_comes_first() {
+    let role = |name, role| EngineConfig {
+        role,
+        ..quick(name)
+    };
+    let (prefill, stop_p) = engine(role("p", transfer::Role::Prefill)).await;
+    let (decode, stop_d) = engine(role("d", transfer::Role::Decode)).await;
+    let mut request = pd_chat("What is a bootstrap room?");
+    request["bootstrap_host"] = json!("127.0.0.1");
+    request["bootstrap_port"] = json!(prefill.addr().port());
+    request["bootstrap_room"] = json!(u64::MAX >> 1);
+    // The decode half first: it waits for the prefill's blocks.
+    let decoding = tokio::spawn({
+        let (addr, request) = (decode.addr(), request.clone());
+        async move { post(addr, &request).await }
+    });
+    let prefilled = post(prefill.addr(), &request).await;
+    assert_eq!(prefilled["usage"]["completion_tokens"], 1);
+    let answer = decoding.await.unwrap();
+    assert_eq!(answer["usage"]["completion_tokens"], 4);
+    let prompt = answer["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(decode.counts().kv_received_tokens, prompt / 16 * 16);
+    assert_eq!(prefill.counts().leases, 0);
+    // An engine of neither role serves the whole request.
+    let (whole, stop_w) = engine(quick("w")).await;
+    assert_eq!(
+        post(whole.addr(), &request).await["usage"]["completion_tokens"],
+        4
+    );
+    stop_w.cancel();
+    stop_p.cancel();
+    stop_d.cancel();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_nobody_pulls_lets_its_blocks_go() {
+    let config = EngineConfig {
+        kv_lease: std::time::Duration::from_secs(2),
+        ..quick("p")
+    };
+    let (prefill, stop) = engine(config).await;
+    let mut first = pd_chat("Held for a pull?");
+    first["kv_transfer_params"] = json!({"do_remote_decode": true});
+    post(prefill.addr(), &first).await;
+    assert_eq!(prefill.counts().leases, 1);
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    // The GPU let go at the lease's time (its gauges publish on its next turn).
+    post(prefill.addr(), &pd_chat("Anything")).await;
+    assert_eq!(prefill.counts().leases, 0);
+    stop.cancel();
 }
