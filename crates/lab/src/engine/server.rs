@@ -154,14 +154,13 @@ async fn complete(
         magpie_core::hash::h64(ask.prompt.as_bytes()),
         ask.max_tokens,
     );
-    let prompt_tokens = prompt::token_count(&ask.prompt);
     let (events, mut progress) = mpsc::unbounded_channel();
     let job = Job {
         lease,
         imported_blocks,
         ..job(&ask, &answer, events, &state.config)
     };
-    let prompt_blocks = job.prompt_blocks;
+    let (prompt_tokens, prompt_blocks) = (job.prompt_tokens, job.prompt_blocks);
     if state.jobs.try_send(Msg::Job(job)).is_err() {
         state.counters.rejected.fetch_add(1, Ordering::Relaxed);
         return Err(overloaded());
