@@ -45,6 +45,11 @@ labels! {
         /// `spilled`, `placed`, or refused: `full`, `tenant_full`,
         /// `timeout`, `client_gone`.
         Queue => "queue",
+        /// How a disaggregated request was served (`disaggregation`):
+        /// `split`, `decode_holds`, `unsplittable`, `prefill_failed`.
+        Split => "split",
+        /// The backend that took a disaggregated request's prefill half.
+        PrefillBackend => "prefill_backend",
         DurationMs => "duration_ms",
         Method => "method",
         Path => "path",

@@ -23,6 +23,7 @@ use serde::Deserialize;
 use magpie_core::key::group::GroupBy;
 
 mod access_log;
+mod disaggregation;
 mod engine_load;
 mod error;
 pub mod file;
@@ -35,6 +36,7 @@ pub use access_log::{
     AccessLogConfig, DEFAULT_ACCESS_LOG_QUEUE, LogField, LogFormat, LogTarget, MAX_ACCESS_LOG_QUEUE,
 };
 pub mod tls;
+pub use disaggregation::*;
 pub use engine_load::{Gauges, LoadConfig, LoadLimits, LoadPreset};
 pub use error::{ConfigError, ConfigErrors, Place, Places};
 pub use key::{KeyConfig, KeyRead, KeySources};
@@ -207,6 +209,9 @@ pub struct Config {
     pub queue: Option<QueueConfig>,
     /// `mode: udp`: how flows end.
     pub udp: UdpConfig,
+    /// Prefill and decode on separate pools (mode http); `None`: every
+    /// backend serves whole requests.
+    pub disaggregation: Option<DisaggregationConfig>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -443,6 +448,12 @@ pub struct BackendConfig {
     /// `max_inflight` written for this backend (with `queue`), else
     /// `queue.max_inflight`.
     pub max_inflight: Option<u64>,
+    /// Which halves of a disaggregated request it takes (`both` without
+    /// `disaggregation`).
+    pub role: Role,
+    /// `disaggregation.protocol: sglang`: the port its engine's KV
+    /// bootstrap server listens on.
+    pub bootstrap_port: Option<u16>,
 }
 
 /// Backends found through DNS (`backends[].dns`, `backends[].srv`).

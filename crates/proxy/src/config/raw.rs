@@ -13,6 +13,7 @@ use serde::Deserialize;
 use serde_saphyr::Spanned;
 
 use super::access_log::RawAccessLog;
+use super::disaggregation::{RawDisaggregation, Role};
 use super::raw_listen::Listen;
 pub(super) use super::raw_udp::{RawDatagram, RawUdp};
 use super::{Algorithm, AllDown, ConfigError, CopyMode, LoadPreset, Mode, PerBackend, Reuse};
@@ -67,6 +68,8 @@ pub struct RawConfig {
     pub(super) queue: Option<Spanned<RawQueue>>,
     #[serde(default)]
     pub(super) udp: Option<Spanned<RawUdp>>,
+    #[serde(default)]
+    pub(super) disaggregation: Option<Spanned<RawDisaggregation>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -459,6 +462,12 @@ pub(super) struct RawBackend {
     /// With `queue`: this backend's own `queue.max_inflight`.
     #[serde(default)]
     pub(super) max_inflight: Option<Spanned<u64>>,
+    /// With `disaggregation`: which halves it takes.
+    #[serde(default)]
+    pub(super) role: Option<Spanned<Role>>,
+    /// With `disaggregation.protocol: sglang`: its KV bootstrap port.
+    #[serde(default)]
+    pub(super) bootstrap_port: Option<Spanned<u16>>,
 }
 
 /// `upstream_tls`: how TLS backends are checked.

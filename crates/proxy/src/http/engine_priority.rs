@@ -8,12 +8,7 @@
 //! The other fields pass as they came, byte for byte (the whitespace between
 //! them is dropped).
 
-use std::fmt;
-use std::io::Write;
-
-use serde::Deserialize;
-use serde::de::{Deserializer, MapAccess, Visitor};
-use serde_json::value::RawValue;
+use super::body_fields;
 
 /// The body field engines read a request's priority from.
 const FIELD: &str = "priority";
@@ -21,44 +16,7 @@ const FIELD: &str = "priority";
 /// `body` with its top-level `priority` set to `value`; `None` when the
 /// body is not one JSON object (it then goes on unchanged).
 pub(crate) fn with_priority(body: &[u8], value: i64) -> Option<Vec<u8>> {
-    let Fields(fields) = serde_json::from_slice(body).ok()?;
-    let mut out = Vec::with_capacity(body.len() + 24);
-    out.push(b'{');
-    for (name, raw) in fields.iter().filter(|(name, _)| name != FIELD) {
-        serde_json::to_writer(&mut out, name).ok()?;
-        out.push(b':');
-        out.extend_from_slice(raw.get().as_bytes());
-        out.push(b',');
-    }
-    write!(out, "\"{FIELD}\":{value}}}").ok()?;
-    Some(out)
-}
-
-/// A JSON object's fields in order, each value as it was written.
-struct Fields<'a>(Vec<(String, &'a RawValue)>);
-
-impl<'de> Deserialize<'de> for Fields<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_map(FieldsVisitor)
-    }
-}
-
-struct FieldsVisitor;
-
-impl<'de> Visitor<'de> for FieldsVisitor {
-    type Value = Fields<'de>;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Fields<'de>, A::Error> {
-        let mut fields = Vec::new();
-        while let Some(name) = map.next_key::<String>()? {
-            fields.push((name, map.next_value::<&'de RawValue>()?));
-        }
-        Ok(Fields(fields))
-    }
+    body_fields::edit(body, &[], &[(FIELD, &value.to_string())])
 }
 
 #[cfg(test)]

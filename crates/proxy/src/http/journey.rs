@@ -363,7 +363,7 @@ fn charge(backend: &Backend, failure: &Failure, config: &Config) {
 /// Counts an answer: its time to first byte and status class, and with
 /// `health.passive_status` a 502/503/504 towards passive health (any other
 /// answer ends the backend's failure streak).
-fn account(backend: &Backend, status: u16, sent: Instant, config: &Config) {
+pub(crate) fn account(backend: &Backend, status: u16, sent: Instant, config: &Config) {
     let traffic = &backend.live.traffic;
     traffic.time_to_first_byte.observe(sent.elapsed());
     traffic.count_request(CodeClass::of(status));

@@ -29,6 +29,8 @@
 //! | [`pool`] | keep-alive connections to backends (hyper's, and the pass-through's), lent to one request at a time |
 //! | [`upstream`] | a connection to a backend below HTTP: TCP, then TLS for a `tls: true` backend |
 //! | [`request_body`] | a request body: the bytes read for the key, then the rest |
+//! | [`body_fields`] | a JSON body's top-level fields, dropped, set or read, the rest passed on as written |
+//! | [`disaggregation`] | a disaggregated request's prefill half, sent to the prefill pool by vLLM's or SGLang's protocol, and the decode half's body |
 //! | [`engine_priority`] | a request's class written into its body for engines that schedule by priority (`queue.priority.engine`) |
 //! | [`response_body`] | a response body: counted, timed, its connection given back at the end |
 //! | [`request_log`] | a request's access-log line: begun on arrival, completed as it is routed and answered, written at its end |
@@ -41,7 +43,9 @@
 //! | [`backend_deadlines`] | a backend's deadlines: the response head (`504`), pauses in its body |
 
 pub(crate) mod backend_deadlines;
+pub(crate) mod body_fields;
 pub(crate) mod client_deadlines;
+pub(crate) mod disaggregation;
 pub(crate) mod engine_priority;
 pub(crate) mod failure;
 pub(crate) mod fields;
@@ -98,6 +102,8 @@ use crate::intake::listener::Accepted;
 use crate::intake::proxy_protocol::{self, Addresses};
 use crate::net::{Client, reset_on_close};
 use crate::routing::decision;
+use crate::routing::llm::disaggregation::Decision;
+use crate::routing::route::Route;
 use crate::routing::instance::Instance;
 use crate::routing::queue::Standing;
 use crate::telemetry::stats::{ClientFailure, Stats};
@@ -422,16 +428,22 @@ impl HttpPath {
                 return local(StatusCode::BAD_REQUEST, BODY_UNREADABLE);
             }
         };
-        let request = with_engine_priority(&config, standing, request);
+        let mut request = with_engine_priority(&config, standing, request);
         let held = request.body().held();
-        let length = hyper::body::Body::size_hint(request.body()).exact();
-        let prompt_bytes = length.unwrap_or(held);
+        let prompt_bytes = hyper::body::Body::size_hint(request.body())
+            .exact()
+            .unwrap_or(held);
         let asked = found.request(standing, prompt_bytes, &instance.stats);
         if let Some(log) = log.as_mut() {
             log.keyed(asked.keys.session);
         }
         let plan = decision::plan(instance, &snapshot, asked).await;
+        let split = (config.disaggregation).map(|_| plan.prefill_route(instance, &snapshot));
         drop(snapshot);
+        if let Some(route) = split {
+            request = halves(instance, &config, route, request, log).await;
+        }
+        let length = hyper::body::Body::size_hint(request.body()).exact();
         let mut journey = Journey {
             plan,
             claim,
@@ -468,6 +480,36 @@ fn with_engine_priority(
     };
     let (mut parts, mut body) = request.into_parts();
     if let Some(len) = body.rewrite(|b| engine_priority::with_priority(b, value))
+        && parts.headers.contains_key(hyper::header::CONTENT_LENGTH)
+    {
+        parts
+            .headers
+            .insert(hyper::header::CONTENT_LENGTH, len.into());
+    }
+    Request::from_parts(parts, body)
+}
+
+/// `request` as its decode half goes on, once its prefill half went by
+/// `route` ([`disaggregation`]): its body rewritten (its `Content-Length`,
+/// if it has one, restated) when the prefill half says so.
+async fn halves(
+    instance: &Instance,
+    config: &Config,
+    route: Result<Route, Decision>,
+    request: Request<RequestBody>,
+    log: &mut Option<RequestLog>,
+) -> Request<RequestBody> {
+    let (mut parts, mut body) = request.into_parts();
+    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let fields = (parts.headers.iter()).map(|(n, v)| (n.as_str(), v.as_bytes()));
+    let leg = disaggregation::Leg::new(target, fields);
+    let whole = body.whole();
+    let halves = disaggregation::prefill(instance, config, route, &leg, whole.as_deref()).await;
+    if let Some(log) = log.as_mut() {
+        log.split(halves.decision.as_str(), halves.prefill.as_deref());
+    }
+    if let Some(new) = halves.body
+        && let Some(len) = body.rewrite(|_| Some(new))
         && parts.headers.contains_key(hyper::header::CONTENT_LENGTH)
     {
         parts

@@ -384,7 +384,7 @@ impl<C> Drop for Pool<C> {
 /// The backends' addresses in `shared`'s published snapshot.
 fn addresses(instance: &Instance) -> HashSet<SocketAddr> {
     let snapshot = instance.snapshot.load();
-    snapshot.backends.iter().map(|b| b.addr).collect()
+    snapshot.every_backend().map(|b| b.addr).collect()
 }
 
 /// Closes a pool's idle connections when their time is up, and a removed

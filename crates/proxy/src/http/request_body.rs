@@ -56,14 +56,18 @@ impl RequestBody {
         self.head.iter().map(|b| b.len() as u64).sum()
     }
 
-    /// The body rewritten by `edit`, when it was read whole and `edit`
-    /// gives a new one (its length); else as it was.
-    pub(crate) fn rewrite(&mut self, edit: impl FnOnce(&[u8]) -> Option<Vec<u8>>) -> Option<u64> {
+    /// The body, when it was read whole (and is not empty).
+    pub(crate) fn whole(&self) -> Option<Vec<u8>> {
         if self.rest.is_some() || self.head.is_empty() {
             return None;
         }
-        let whole: Vec<u8> = self.head.iter().flat_map(|b| b.iter().copied()).collect();
-        let new = edit(&whole)?;
+        Some(self.head.iter().flat_map(|b| b.iter().copied()).collect())
+    }
+
+    /// The body rewritten by `edit`, when it was read whole and `edit`
+    /// gives a new one (its length); else as it was.
+    pub(crate) fn rewrite(&mut self, edit: impl FnOnce(&[u8]) -> Option<Vec<u8>>) -> Option<u64> {
+        let new = edit(&self.whole()?)?;
         let len = new.len() as u64;
         self.head = VecDeque::from([Bytes::from(new)]);
         Some(len)

@@ -117,7 +117,8 @@ pub(crate) struct KeyPlan<'a> {
     /// which weighs what engines' caches hold of it.
     pub(crate) system_head: bool,
     /// The body is read whole even when no key is in it: it goes on with
-    /// the engine's priority written in (`queue.priority.engine`).
+    /// the engine's priority written in (`queue.priority.engine`), or is
+    /// split into a prefill and a decode half (`disaggregation`).
     pub(crate) whole_body: bool,
 }
 
@@ -131,7 +132,8 @@ impl<'a> KeyPlan<'a> {
             budget,
             budget_max: config.limits.key_buffer_bytes,
             system_head: config.queue.is_some(),
-            whole_body: (config.queue.as_ref()).is_some_and(|q| q.priority.engine.is_some()),
+            whole_body: (config.queue.as_ref()).is_some_and(|q| q.priority.engine.is_some())
+                || config.disaggregation.is_some(),
         }
     }
 }

@@ -82,6 +82,7 @@ impl RequestLog {
             first_byte: None,
             queued: None,
             queue: None,
+            split: None,
             duration: Duration::ZERO,
             http: Some(http),
             tokens: None,
@@ -113,6 +114,12 @@ impl RequestLog {
             self.entry.queued = Some(waited);
         }
         self.entry.queue = Some(how);
+    }
+
+    /// Its prefill half (`disaggregation`) came to `decision`, at
+    /// `prefill`.
+    pub(crate) fn split(&mut self, decision: &'static str, prefill: Option<&Backend>) {
+        self.entry.split = Some((decision, prefill.map(|b| b.name.clone())));
     }
 
     /// The backend answered with a response head.

@@ -286,6 +286,8 @@ fn found(name: String, addr: SocketAddr, weight: u32, source: &SourceConfig) -> 
         zone: source.zone.clone(),
         discovered: true,
         tls: None,
+        role: crate::config::Role::Both,
+        bootstrap_port: None,
         max_inflight: source.max_inflight,
     }
 }

@@ -144,16 +144,16 @@ impl Instance {
         // Waiting requests leave the queue by the new table.
         self.queue.rebind(&next);
         self.resize_limit(old_limit, new_limit);
+        let stays = |b: &Backend| next.every_backend().any(|n| Arc::ptr_eq(&n.live, &b.live));
         let removed: Vec<Arc<Backend>> = old
-            .backends
-            .iter()
-            .filter(|b| !next.backends.iter().any(|n| Arc::ptr_eq(&n.live, &b.live)))
+            .every_backend()
+            .filter(|b| !stays(b))
             .cloned()
             .collect();
         let mut retired = lock(&self.retired);
         // A backend that came back is no longer retired, and its drain is off.
         retired.retain(|r| {
-            let back = next.backends.iter().any(|n| Arc::ptr_eq(&n.live, &r.live));
+            let back = stays(r);
             if back {
                 r.live.drain.put_back();
             }
@@ -212,7 +212,7 @@ impl health::Targets for Instance {
         let snapshot = self.snapshot.load();
         health::Round {
             health: snapshot.config.health.clone(),
-            targets: snapshot.backends.clone(),
+            targets: snapshot.every_backend().cloned().collect(),
         }
     }
 

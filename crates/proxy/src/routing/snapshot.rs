@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use blake2b_simd::Params;
 
-use crate::config::{Algorithm, Config, KeyConfig};
+use crate::config::{Algorithm, Config, KeyConfig, Role};
 use crate::routing::backend::{Backend, Live};
 use magpie_core::key::Fallback;
 use magpie_core::placement::maglev::Maglev;
@@ -96,6 +96,10 @@ pub struct Snapshot {
     pub config: Arc<Config>,
     /// How long building the table took.
     pub(crate) build_time: Duration,
+    /// With `disaggregation`: the pool that takes prefill halves (its own
+    /// backends, table and shares; a backend of role `both` is the same
+    /// `Arc<Backend>` in both). The snapshot itself is the decode pool.
+    pub prefill: Option<Arc<Snapshot>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -113,30 +117,48 @@ impl Snapshot {
     }
 
     /// Builds a snapshot from `config`. Backends whose name and address match
-    /// one in `carry` keep that live state; the others start fresh.
+    /// one in `carry` keep that live state; the others start fresh. With
+    /// `disaggregation` the table is the decode pool's, and the prefill
+    /// pool is built beside it; the fingerprint covers both.
     pub(crate) fn build(
         config: Arc<Config>,
         version: u64,
         carry: &HashMap<(String, SocketAddr), Arc<Live>>,
     ) -> Result<Snapshot, SnapshotError> {
+        let mut decode = Snapshot::pool(Arc::clone(&config), version, carry, Role::decodes)?;
+        if config.disaggregation.is_some() {
+            let mut carry = carry.clone();
+            carry.extend(decode.live_states());
+            let prefill = Snapshot::pool(config, version, &carry, Role::prefills)?;
+            let mut h = Params::new().hash_length(16).to_state();
+            h.update(decode.fingerprint.as_bytes());
+            h.update(b"\0prefill\0");
+            h.update(prefill.fingerprint.as_bytes());
+            decode.fingerprint = h.finalize().to_hex().to_string();
+            decode.prefill = Some(Arc::new(prefill));
+        }
+        Ok(decode)
+    }
+
+    /// The pool of `config`'s backends whose role `takes`: its table and
+    /// live states (carried as [`Snapshot::build`] says).
+    fn pool(
+        config: Arc<Config>,
+        version: u64,
+        carry: &HashMap<(String, SocketAddr), Arc<Live>>,
+        takes: fn(Role) -> bool,
+    ) -> Result<Snapshot, SnapshotError> {
         let started = Instant::now();
-        let nodes = NodeSet::new(
-            config
-                .backends
-                .iter()
-                .map(|b| Node::new(b.name.clone(), b.weight)),
-        )?;
+        let members = || config.backends.iter().filter(|b| takes(b.role));
+        let nodes = NodeSet::new(members().map(|b| Node::new(b.name.clone(), b.weight)))?;
         let table = match config.placement.algorithm {
             Algorithm::Maglev => Table::Maglev(Maglev::new(&nodes, config.placement.table_size)?),
             Algorithm::Ring => Table::Ring(Ring::new(&nodes, config.placement.points_per_weight)?),
         };
         // In the node set's order (by name); a map, since a scan per node
         // would be quadratic in the pool size.
-        let by_name: HashMap<&str, &crate::config::BackendConfig> = config
-            .backends
-            .iter()
-            .map(|b| (b.name.as_str(), b))
-            .collect();
+        let by_name: HashMap<&str, &crate::config::BackendConfig> =
+            members().map(|b| (b.name.as_str(), b)).collect();
         let backends: Vec<Arc<Backend>> = nodes
             .nodes()
             .iter()
@@ -160,19 +182,28 @@ impl Snapshot {
         Ok(Snapshot {
             version,
             fingerprint,
-            total_weight: config.total_weight(),
+            total_weight: members().map(|b| u64::from(b.weight)).sum(),
             backends,
             table,
             shares,
             config,
             build_time,
+            prefill: None,
         })
+    }
+
+    /// Every backend of either pool, each once: the decode pool's, then
+    /// those that only prefill.
+    pub fn every_backend(&self) -> impl Iterator<Item = &Arc<Backend>> + '_ {
+        let prefill_only = (self.prefill.iter())
+            .flat_map(|p| p.backends.iter())
+            .filter(|b| !b.role.decodes());
+        self.backends.iter().chain(prefill_only)
     }
 
     /// The live state of every backend, keyed by identity, for the next build.
     pub(crate) fn live_states(&self) -> HashMap<(String, SocketAddr), Arc<Live>> {
-        self.backends
-            .iter()
+        self.every_backend()
             .map(|b| ((b.name.clone(), b.addr), Arc::clone(&b.live)))
             .collect()
     }

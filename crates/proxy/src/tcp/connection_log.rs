@@ -80,6 +80,7 @@ impl Open {
             first_byte: None,
             queued: None,
             queue: None,
+            split: None,
             duration: Duration::ZERO,
             http: None,
             tokens: None,

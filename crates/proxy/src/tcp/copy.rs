@@ -169,6 +169,8 @@ mod tests {
             zone: None,
             discovered: false,
             tls: None,
+            role: crate::config::Role::Both,
+            bootstrap_port: None,
             max_inflight: None,
         };
         Backend::new(&config, Arc::new(Live::default()))

@@ -124,9 +124,27 @@ pub(crate) struct Stats {
     pub(crate) key_budget: std::sync::Arc<crate::telemetry::key_budget::KeyBudget>,
     /// Mode udp's flows and drops.
     pub(crate) datagrams: crate::telemetry::datagrams::DatagramStats,
+    /// Disaggregated requests, by how they were served (the index of the
+    /// routing's decision).
+    splits: [AtomicU64; SPLIT_DECISIONS],
 }
 
+/// How many ways a disaggregated request can be served.
+pub(crate) const SPLIT_DECISIONS: usize = 4;
+
 impl Stats {
+    /// A disaggregated request was served as decision `index` says.
+    pub(crate) fn count_split(&self, index: usize) {
+        if let Some(counter) = self.splits.get(index) {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Disaggregated requests served as decision `index` says.
+    pub(crate) fn splits(&self, index: usize) -> u64 {
+        self.splits.get(index).map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+
     pub(crate) fn count_tls_handshake(&self, result: Result<TlsVersion, Handshake>) {
         let counter = match result {
             Ok(version) => &self.tls_ok[version.index()],

@@ -325,6 +325,7 @@ impl Flow {
             first_byte: None,
             queued: None,
             queue: None,
+            split: None,
             duration: self.started.elapsed(),
             http: None,
             tokens: None,

@@ -12,7 +12,7 @@ use serde_saphyr::{Location, Spanned};
 use super::{Validator, reaches};
 use crate::config::raw::RawBackend;
 use crate::config::resolve;
-use crate::config::{BackendConfig, MAX_WEIGHT, SourceConfig};
+use crate::config::{BackendConfig, MAX_WEIGHT, Protocol, SourceConfig};
 
 /// The backends validated so far, with their names and addresses (an
 /// address maps to its index): checking each new one against a list would
@@ -26,12 +26,22 @@ struct Pool {
     addrs: std::collections::HashMap<SocketAddr, usize>,
 }
 
+/// Where a backend entry was written, and what it is checked against:
+/// magpie's own listen and admin addresses, and the disaggregation
+/// protocol (if any).
+struct Written<'a> {
+    at: &'a Location,
+    own: &'a [SocketAddr],
+    protocol: Option<Protocol>,
+}
+
 impl Validator<'_> {
     pub(super) fn backends(
         &mut self,
         raw: Spanned<Vec<Spanned<RawBackend>>>,
         listen: &[SocketAddr],
         admin: Option<SocketAddr>,
+        protocol: Option<Protocol>,
     ) -> (
         Vec<BackendConfig>,
         Vec<SourceConfig>,
@@ -53,11 +63,17 @@ impl Validator<'_> {
                 if let Some(tls) = b.tls.as_ref().filter(|t| t.value) {
                     self.err(&tls.referenced, "tls is not supported on a dns or srv entry yet: write its backends with addr");
                 }
+                self.no_role_on_source(&b);
                 sources.extend(self.source(b, &entry.referenced));
                 continue;
             }
             let tls = b.tls.as_ref().filter(|t| t.value).map(|t| t.referenced);
-            if let Some(backend) = self.backend(b, &entry.referenced, &mut pool, &own) {
+            let written = Written {
+                at: &entry.referenced,
+                own: &own,
+                protocol,
+            };
+            if let Some(backend) = self.backend(b, written, &mut pool) {
                 pool.tls.extend(tls.map(|at| (pool.backends.len(), at)));
                 pool.addrs.insert(backend.addr, pool.backends.len());
                 pool.backends.push(backend);
@@ -78,10 +94,10 @@ impl Validator<'_> {
     fn backend(
         &mut self,
         b: RawBackend,
-        at: &Location,
+        written: Written<'_>,
         pool: &mut Pool,
-        own: &[SocketAddr],
     ) -> Option<BackendConfig> {
+        let Written { at, own, protocol } = written;
         let (Some(b_name), Some(b_addr)) = (b.name, b.addr) else {
             self.err(
                 at,
@@ -110,6 +126,7 @@ impl Validator<'_> {
             Some(z) => Some(z.value.trim().to_string()),
             None => None,
         };
+        let (role, bootstrap_port) = self.backend_role((b.role, b.bootstrap_port), &name, protocol);
         let max_inflight = self.backend_max_inflight(b.max_inflight);
         Some(BackendConfig {
             name,
@@ -120,6 +137,8 @@ impl Validator<'_> {
             discovered: false,
             tls: None,
             max_inflight,
+            role,
+            bootstrap_port,
         })
     }
 

@@ -46,6 +46,7 @@ use magpie_core::placement::{bounded, maglev};
 
 mod access_log;
 mod backends;
+mod disaggregation;
 mod discovery;
 mod engine_load;
 mod key;
@@ -158,7 +159,11 @@ impl<'a> Validator<'a> {
         let mut places = Places::default();
         let (listen, tls) = self.listen(raw.listen, mode, &mut places);
         let admin = self.admin(raw.admin, &listen, &mut places);
-        let (mut backends, sources, upstream_tls) = self.backends(raw.backends, &listen, admin);
+        let split = self.disaggregation(raw.disaggregation, mode);
+        let protocol = split.as_ref().map(|(c, _)| c.protocol);
+        let (mut backends, sources, upstream_tls) =
+            self.backends(raw.backends, &listen, admin, protocol);
+        let disaggregation = self.pools(split, &backends, !sources.is_empty());
         self.upstream_tls(raw.upstream_tls, mode, &mut backends, upstream_tls);
         let discovery = self.discovery(raw.discovery, sources);
         let placement = self.placement(raw.placement, &backends);
@@ -223,6 +228,7 @@ impl<'a> Validator<'a> {
                 access_log,
                 queue,
                 udp,
+                disaggregation,
             })
         } else {
             self.errors.sort_by_key(|e| (e.line, e.column));

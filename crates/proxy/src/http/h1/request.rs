@@ -19,7 +19,9 @@ use super::relay::{self, Relayed};
 use super::send::{Outbound, READ_CHUNK, RawWire, Received};
 use super::{Client, Next};
 use crate::config::Config;
-use crate::http::engine_priority;
+use crate::http::{disaggregation, engine_priority};
+use crate::routing::llm::disaggregation::Decision;
+use crate::routing::route::Route;
 use crate::http::journey::{Answered, Failure, Forwarded, Journey, LocalAnswer};
 use crate::http::request_key::{HeadKeys, KeyPlan, RequestKey};
 use crate::http::request_log::RequestLog;
@@ -67,9 +69,15 @@ pub(crate) async fn serve<S: ClientIo>(
         log.keyed(asked.keys.session);
     }
     let plan = decision::plan(c.instance, &snapshot, asked).await;
+    let split = (config.disaggregation).map(|_| plan.prefill_route(c.instance, &snapshot));
     drop(snapshot);
     let mut walked = keyed.walked;
-    if let Some(body) = engine_body(&config, &head, &buf.unconsumed()[..walked]) {
+    let mut body = engine_body(&config, &head, &buf.unconsumed()[..walked]);
+    if let Some(route) = split {
+        let read = &buf.unconsumed()[..walked];
+        body = halves(c, &config, route, &mut head, body, read).await;
+    }
+    if let Some(body) = body {
         head.replace_body(&body);
         buf.consume(walked);
         walked = 0;
@@ -122,6 +130,33 @@ fn engine_body(config: &Config, head: &Head<'_>, read: &[u8]) -> Option<Vec<u8>>
         .engine_value(head.standing.class)?;
     let whole = head.framing == Framing::Length(read.len() as u64) && !read.is_empty();
     whole.then(|| engine_priority::with_priority(read, value))?
+}
+
+/// The body the decode half goes on with (`None`: as it came), once its
+/// prefill half went by `route` ([`crate::http::disaggregation`]): `read`
+/// is what was read of the body, `body` what it would go on as without
+/// the split.
+async fn halves(
+    c: &Client<'_>,
+    config: &Config,
+    route: Result<Route, Decision>,
+    head: &mut Head<'_>,
+    body: Option<Vec<u8>>,
+    read: &[u8],
+) -> Option<Vec<u8>> {
+    let whole = head.framing == Framing::Length(read.len() as u64) && !read.is_empty();
+    let leg = disaggregation::Leg::of_head(&head.upstream);
+    let original = match (&body, whole && leg.is_some()) {
+        (_, false) => None,
+        (Some(body), true) => Some(body.as_slice()),
+        (None, true) => Some(read),
+    };
+    let leg = leg.unwrap_or_else(|| disaggregation::Leg::new("/", []));
+    let halves = disaggregation::prefill(c.instance, config, route, &leg, original).await;
+    if let Some(log) = head.log.as_mut() {
+        log.split(halves.decision.as_str(), halves.prefill.as_deref());
+    }
+    halves.body.or(body)
 }
 
 /// Reads until `buf` starts with a whole head: the head, or what the

@@ -46,7 +46,26 @@ pub(crate) fn queue_json(snapshot: &Snapshot, instance: &Instance) -> serde_json
     })
 }
 
+/// `/table`: the table's version, fingerprint and backends; with
+/// `disaggregation` the prefill pool's backends too.
 pub(crate) fn table_json(snapshot: &Snapshot) -> serde_json::Value {
+    let mut answer = pool_json(snapshot);
+    answer["version"] = json!(snapshot.version);
+    answer["fingerprint"] = json!(snapshot.fingerprint);
+    answer["algorithm"] = json!(snapshot.table.algorithm().as_str());
+    answer["bounded_load"] = json!(snapshot.config.placement.bounded_load);
+    if let Some(split) = &snapshot.config.disaggregation {
+        answer["disaggregation"] = json!({
+            "protocol": split.protocol.as_str(),
+            "skip_below_tokens": split.skip_below_tokens,
+            "prefill": snapshot.prefill.as_deref().map(pool_json),
+        });
+    }
+    answer
+}
+
+/// One pool's backends, with their shares of its table.
+fn pool_json(snapshot: &Snapshot) -> serde_json::Value {
     let backends: Vec<_> = snapshot
         .backends
         .iter()
@@ -57,6 +76,7 @@ pub(crate) fn table_json(snapshot: &Snapshot) -> serde_json::Value {
                 "addr": b.addr.to_string(),
                 "weight": b.weight,
                 "zone": b.zone,
+                "role": b.role.as_str(),
                 "up": b.live.health.is_up(),
                 "active": b.live.load.active(),
                 "share": share,
@@ -65,13 +85,7 @@ pub(crate) fn table_json(snapshot: &Snapshot) -> serde_json::Value {
             })
         })
         .collect();
-    json!({
-        "version": snapshot.version,
-        "fingerprint": snapshot.fingerprint,
-        "algorithm": snapshot.table.algorithm().as_str(),
-        "bounded_load": snapshot.config.placement.bounded_load,
-        "backends": backends,
-    })
+    json!({ "backends": backends })
 }
 
 /// How far `backend` is in its slow-start ramp (0 to 1), if it is in one.

@@ -14,6 +14,13 @@ use MetricType::{COUNTER, GAUGE, HISTOGRAM};
 /// The families read once per backend.
 pub(crate) const BACKEND: &[Family] = &[
     Family {
+        name: "magpie_backend_role",
+        kind: GAUGE,
+        labels: &["backend", "addr", "role"],
+        help: "Always 1; role says which halves of a disaggregated request the backend takes (prefill, decode, both: every backend without disaggregation).",
+        read: Read::Backend(|b, s| s.value(&[b.backend.role.as_str()], 1.0)),
+    },
+    Family {
         name: "magpie_backend_inflight_limit",
         kind: GAUGE,
         labels: &["backend", "addr"],

@@ -14,6 +14,7 @@ use super::series::{Family, Read};
 use super::tls;
 use crate::routing::discovery::Lookup;
 use crate::routing::key_memory::MissCause;
+use crate::routing::llm::disaggregation::Decision;
 use crate::routing::route::How;
 use crate::routing::sessions::store::{OpResult, Store};
 use crate::telemetry::stats::{ClientFailure, Exhausted, FAST_BUCKETS, Histogram, QuietClose};
@@ -73,6 +74,17 @@ pub(crate) const GLOBAL: &[Family] = &[
         read: Read::Global(|g, s| {
             let snapshot = g.snapshot;
             s.value(&[], peak_ratio(&snapshot.backends, snapshot.total_weight));
+        }),
+    },
+    Family {
+        name: "magpie_disaggregation_requests_total",
+        kind: COUNTER,
+        labels: &["decision"],
+        help: "With disaggregation: requests by how they were served (split: prefill half on the prefill pool; decode_holds: its decode backend lacked fewer than skip_below_tokens of the prompt; unsplittable: its body was not one JSON object read whole; prefill_failed: no prefill backend answered, the decode backend prefilled it).",
+        read: Read::Global(|g, s| {
+            for d in Decision::ALL {
+                s.value(&[d.as_str()], g.stats.splits(d.index()) as f64);
+            }
         }),
     },
     Family {

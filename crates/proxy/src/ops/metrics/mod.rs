@@ -160,10 +160,11 @@ impl Collector for Exporter {
         };
         // The current backends with their shares, then the draining ones;
         // each with its address as text, for its labels.
-        let current = snapshot
-            .backends
-            .iter()
-            .zip(&snapshot.shares)
+        let prefill_only = (snapshot.prefill.iter())
+            .flat_map(|p| p.backends.iter().zip(&p.shares))
+            .filter(|(b, _)| !b.role.decodes());
+        let current = (snapshot.backends.iter().zip(&snapshot.shares))
+            .chain(prefill_only)
             .map(|(b, &share)| (Arc::clone(b), Some(share)));
         let draining = self.instance.retired().into_iter().map(|b| (b, None));
         let mut backends: Vec<Exported> = current

@@ -54,6 +54,10 @@ pub struct Backend {
     pub(crate) tls: Option<BackendTls>,
     /// Its own `max_inflight` (with `queue`), else the queue's.
     pub(crate) max_inflight: Option<u64>,
+    /// Which halves of a disaggregated request it takes.
+    pub role: crate::config::Role,
+    /// Its engine's KV bootstrap port (SGLang's protocol).
+    pub(crate) bootstrap_port: Option<u16>,
     /// Its live state: load, traffic, health, drain.
     pub(crate) live: Arc<Live>,
 }
@@ -67,6 +71,8 @@ impl Backend {
             zone: config.zone.clone(),
             tls: config.tls.clone(),
             max_inflight: config.max_inflight,
+            role: config.role,
+            bootstrap_port: config.bootstrap_port,
             live,
         }
     }

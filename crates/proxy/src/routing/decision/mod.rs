@@ -43,6 +43,7 @@ use crate::routing::backend::{ActiveGuard, Awaiting, AwaitingGuard, Backend, Spi
 use crate::routing::instance::Instance;
 use crate::routing::key_memory::{Decision, MissCause};
 use crate::routing::keys::{Keys, MemoryKey, SessionKey, TenantKey};
+use crate::routing::llm::disaggregation as split;
 use crate::routing::llm::groups::Grouped;
 use crate::routing::llm::note::Sent;
 use crate::routing::llm::openings;
@@ -282,6 +283,20 @@ impl Plan {
     /// Why the next target taken is that one.
     pub(crate) fn how(&self) -> How {
         self.how
+    }
+
+    /// With `disaggregation`: the prefill pool's route for its prefill
+    /// half, or why it is not split
+    /// ([`crate::routing::llm::disaggregation`]).
+    pub(crate) fn prefill_route(
+        &self,
+        instance: &Instance,
+        snapshot: &Snapshot,
+    ) -> Result<Route, split::Decision> {
+        let request = &self.request;
+        let memory = &instance.key_memory;
+        let decode = self.route.first();
+        split::prefill_route(snapshot, memory, request.keys, request.prompt_bytes, decode)
     }
 
     /// The targets as planned, in order.

@@ -17,7 +17,9 @@
 //! | [`work`] | a request's prefill work, told from its body and what its key's previous request left in a cache |
 //! | [`usage`] | an answer's usage: token counters, cache misses and their causes |
 //! | [`note`] | what the key memory keeps with each key for this policy |
+//! | [`disaggregation`] | prefill and decode on separate pools: where a request's prefill half goes, and when it is not split |
 
+pub(crate) mod disaggregation;
 pub(crate) mod groups;
 pub(crate) mod note;
 pub(crate) mod openings;

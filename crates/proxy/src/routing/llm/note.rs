@@ -28,11 +28,18 @@ pub(crate) struct Note {
     /// The backend and prompt tokens of its last request whose usage was
     /// read.
     pub(crate) served: Option<(Arc<str>, u64)>,
+    /// The completion tokens of that answer: its engine computed their KV
+    /// as it wrote them, so it holds them as the next request's prompt.
+    pub(crate) answered: u64,
 }
 
 impl Note {
     /// The note of a key whose first request sent `sent`.
     pub(crate) fn of(sent: Sent) -> Note {
-        Note { sent, served: None }
+        Note {
+            sent,
+            served: None,
+            answered: 0,
+        }
     }
 }

@@ -42,13 +42,9 @@ impl Tally {
     /// miss counted if it was one.
     pub(crate) fn served(&self, backend: &Backend, tokens: Tokens, completion: u64) {
         (backend.live.traffic).count_tokens(tokens.prompt, tokens.cached, completion);
-        served(
-            &self.instance.key_memory,
-            self.key,
-            &backend.name,
-            tokens,
-            self.moved,
-        );
+        let memory = &self.instance.key_memory;
+        served(memory, self.key, &backend.name, tokens, self.moved);
+        memory.note_mut(self.key, |note| note.answered = completion);
     }
 }
 

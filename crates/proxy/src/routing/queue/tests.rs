@@ -15,6 +15,8 @@ fn backend(name: &str, port: u16, queue: &Arc<Queue>) -> Arc<Backend> {
         zone: None,
         discovered: false,
         tls: None,
+        role: crate::config::Role::Both,
+        bootstrap_port: None,
         max_inflight: None,
     };
     let live = Arc::new(Live::default());

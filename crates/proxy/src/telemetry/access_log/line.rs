@@ -167,6 +167,8 @@ fn value(entry: &Entry, field: LogField) -> Option<Value<'_>> {
         LogField::FirstByteMs => Value::Millis(entry.first_byte?),
         LogField::QueueMs => Value::Millis(entry.queued?),
         LogField::Queue => Value::Word(entry.queue?),
+        LogField::Split => Value::Word(entry.split.as_ref()?.0),
+        LogField::PrefillBackend => Value::Text(entry.split.as_ref()?.1.as_deref()?),
         LogField::DurationMs => Value::Millis(entry.duration),
         LogField::Method => Value::Text(&http?.method),
         LogField::Path => Value::Text(&http?.path),
@@ -198,6 +200,7 @@ mod tests {
             first_byte: Some(Duration::from_micros(1500)),
             queued: Some(Duration::from_millis(20)),
             queue: Some("waited"),
+            split: Some(("split", Some("gpu-p".to_string()))),
             duration: Duration::from_millis(20),
             http: Some(HttpRequest {
                 method: "POST".into(),
@@ -253,6 +256,8 @@ mod tests {
         assert_eq!(v["status"], 200);
         assert_eq!(v["first_byte_ms"], 1.5);
         assert_eq!(v["cached_tokens"], 800);
+        assert_eq!(v["split"], "split");
+        assert_eq!(v["prefill_backend"], "gpu-p");
         assert_eq!(v.as_object().unwrap().len(), LogField::COUNT);
     }
 

@@ -68,6 +68,10 @@ pub(crate) struct Entry {
     /// `waited`, `spilled`, `placed`) or refused (`full`, `tenant_full`,
     /// `timeout`, `client_gone`).
     pub(crate) queue: Option<&'static str>,
+    /// How a disaggregated request was served (`disaggregation`): `split`,
+    /// `decode_holds`, `unsplittable`, `prefill_failed`; and the prefill
+    /// backend that took its prefill half.
+    pub(crate) split: Option<(&'static str, Option<String>)>,
     pub(crate) duration: Duration,
     /// Mode http only.
     pub(crate) http: Option<HttpRequest>,
