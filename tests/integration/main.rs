@@ -12,6 +12,7 @@ mod config_reference;
 mod conversation;
 mod demo;
 mod deploy;
+mod disaggregation;
 mod discovery;
 mod docs;
 mod engine_load;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
-use super::raw::HumanDuration;
+use super::duration::HumanDuration;
 
 /// What a backend does for a disaggregated request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]

@@ -24,6 +24,7 @@ use magpie_core::key::group::GroupBy;
 
 mod access_log;
 mod disaggregation;
+mod duration;
 mod engine_load;
 mod error;
 pub mod file;

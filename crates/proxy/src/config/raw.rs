@@ -7,13 +7,13 @@
 //! to validation, and `Spanned` fields let its errors point at their values.
 
 use std::path::Path;
-use std::time::Duration;
 
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
 use super::access_log::RawAccessLog;
 use super::disaggregation::{RawDisaggregation, Role};
+pub use super::duration::HumanDuration;
 use super::raw_listen::Listen;
 pub(super) use super::raw_udp::{RawDatagram, RawUdp};
 use super::{Algorithm, AllDown, ConfigError, CopyMode, LoadPreset, Mode, PerBackend, Reuse};
@@ -483,23 +483,6 @@ pub(super) struct RawUpstreamTls {
     /// `false`: take any certificate (HAProxy's `verify none`).
     #[serde(default)]
     pub(super) verify: Option<Spanned<bool>>,
-}
-
-/// A duration written the human way: `250ms`, `30s`, `1h`, `1h 30m`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HumanDuration(pub Duration);
-
-impl<'de> Deserialize<'de> for HumanDuration {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
-        humantime::parse_duration(&text)
-            .map(HumanDuration)
-            .map_err(|e| {
-                serde::de::Error::custom(format!(
-                    "invalid duration {text:?} ({e}); write e.g. 250ms, 30s or 1h"
-                ))
-            })
-    }
 }
 
 /// Parses `text` into a [`RawConfig`]; a syntax error, unknown field or

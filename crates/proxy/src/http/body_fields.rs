@@ -45,7 +45,11 @@ pub(crate) fn edit(body: &[u8], drop: &[&str], set: &[(&str, &str)]) -> Option<V
 /// object.
 pub(crate) fn field<'a>(body: &'a [u8], name: &str) -> Option<&'a RawValue> {
     let Fields(fields) = serde_json::from_slice(body).ok()?;
-    fields.into_iter().rev().find(|(n, _)| n == name).map(|(_, v)| v)
+    fields
+        .into_iter()
+        .rev()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v)
 }
 
 /// Whether the JSON object `body` has the top-level field `name`.
@@ -86,15 +90,23 @@ mod tests {
 
     #[test]
     fn fields_are_dropped_set_and_the_rest_kept_as_written() {
-        let body = br#"{"model":"m","stream":true,"messages":[{"content":"a \"b\" }"}],"max_tokens":90}"#;
-        let out = edit(body, &["stream"], &[("max_tokens", "1"), ("x", "{\"a\":null}")]);
+        let body =
+            br#"{"model":"m","stream":true,"messages":[{"content":"a \"b\" }"}],"max_tokens":90}"#;
+        let out = edit(
+            body,
+            &["stream"],
+            &[("max_tokens", "1"), ("x", "{\"a\":null}")],
+        );
         assert_eq!(
             String::from_utf8(out.unwrap()).unwrap(),
             r#"{"model":"m","messages":[{"content":"a \"b\" }"}],"max_tokens":1,"x":{"a":null}}"#
         );
         assert_eq!(edit(b"{}", &["a"], &[]).unwrap(), b"{}");
         assert_eq!(edit(b"{\"a\":1}", &["a"], &[]).unwrap(), b"{}");
-        assert_eq!(edit(b" {\"a\":1} ", &[], &[("b", "2")]).unwrap(), b"{\"a\":1,\"b\":2}");
+        assert_eq!(
+            edit(b" {\"a\":1} ", &[], &[("b", "2")]).unwrap(),
+            b"{\"a\":1,\"b\":2}"
+        );
     }
 
     #[test]
@@ -111,7 +123,14 @@ mod tests {
 
     #[test]
     fn a_body_that_is_not_one_object_is_left_alone() {
-        for body in ["[1,2]", "\"s\"", "{\"a\":1", "{\"a\":1} {}", "", "{\"a\":1,}"] {
+        for body in [
+            "[1,2]",
+            "\"s\"",
+            "{\"a\":1",
+            "{\"a\":1} {}",
+            "",
+            "{\"a\":1,}",
+        ] {
             assert_eq!(edit(body.as_bytes(), &[], &[("a", "1")]), None, "{body:?}");
         }
     }

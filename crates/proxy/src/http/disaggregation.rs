@@ -41,11 +41,10 @@ use super::fields::HOP_BY_HOP;
 use super::journey::account;
 use super::upstream;
 use crate::config::{Config, DisaggregationConfig, Protocol};
-use crate::routing::backend::{ActiveGuard, Backend, CodeClass, TimeoutKind};
+use crate::routing::backend::{ActiveGuard, Backend, CodeClass, TimeoutKind, WorkGuard};
 use crate::routing::health::passive;
 use crate::routing::instance::Instance;
-use crate::routing::llm::disaggregation::{Decision, PREFILL_TRIES};
-use crate::routing::route::Route;
+use crate::routing::llm::disaggregation::{Decision, PREFILL_TRIES, PrefillPlan};
 
 /// The most of a prefill backend's answer read (vLLM's answer carries its
 /// KV's block ids: a few bytes per block of 16 tokens).
@@ -120,7 +119,7 @@ impl Halves {
 pub(crate) async fn prefill(
     instance: &Instance,
     config: &Config,
-    route: Result<Route, Decision>,
+    route: Result<PrefillPlan, Decision>,
     leg: &Leg,
     body: Option<&[u8]>,
 ) -> Halves {
@@ -155,13 +154,13 @@ struct Prefill<'a> {
 impl Prefill<'_> {
     /// vLLM's protocol: the prefill half first; its answer's
     /// `kv_transfer_params` go with the decode half.
-    async fn vllm(&self, route: &Route, body: &[u8]) -> Halves {
+    async fn vllm(&self, route: &PrefillPlan, body: &[u8]) -> Halves {
         let Some(half) = vllm_prefill_body(body) else {
             return Halves::whole(Decision::Unsplittable);
         };
-        for (backend, slot) in slots(route) {
+        for (backend, (slot, work)) in slots(route) {
             let started = Instant::now();
-            let sent = self.send(&backend, &half);
+            let sent = self.send(&backend, &half, work);
             let answer = match timeout(self.split.prefill_timeout, sent).await {
                 Ok(Ok(answer)) => answer,
                 Ok(Err(failed)) => {
@@ -197,8 +196,8 @@ impl Prefill<'_> {
     /// SGLang's protocol: the prefill half goes once its connection is
     /// open, beside the decode half, both naming the prefill backend's
     /// bootstrap server and one room.
-    async fn sglang(&self, route: &Route, body: &[u8]) -> Halves {
-        for (backend, slot) in slots(route) {
+    async fn sglang(&self, route: &PrefillPlan, body: &[u8]) -> Halves {
+        for (backend, (slot, work)) in slots(route) {
             let Some(port) = backend.bootstrap_port else {
                 continue;
             };
@@ -226,6 +225,7 @@ impl Prefill<'_> {
                 deadline: self.split.prefill_timeout,
                 config: Arc::new(self.config.clone()),
                 slot,
+                work,
             };
             tokio::spawn(background.run(io, request));
             return Halves {
@@ -244,7 +244,13 @@ impl Prefill<'_> {
 
     /// Sends `body` to `backend` over a new connection and reads its
     /// answer, counted as the journey counts an answer.
-    async fn send(&self, backend: &Arc<Backend>, body: &[u8]) -> Result<Bytes, Failed> {
+    /// `work` is its prefill there, answered at its answer's head.
+    async fn send(
+        &self,
+        backend: &Arc<Backend>,
+        body: &[u8],
+        work: WorkGuard,
+    ) -> Result<Bytes, Failed> {
         let io = upstream::open(backend, self.config.connect.timeout)
             .await
             .map_err(Failed::Connect)?;
@@ -252,6 +258,7 @@ impl Prefill<'_> {
         let sent = Instant::now();
         let answer = exchange(io, request).await?;
         account(backend, answer.status().as_u16(), sent, self.config);
+        work.answered();
         read_answer(answer).await
     }
 
@@ -283,15 +290,18 @@ struct Background {
     deadline: Duration,
     config: Arc<Config>,
     slot: ActiveGuard,
+    work: WorkGuard,
 }
 
 impl Background {
     async fn run(self, io: upstream::UpstreamIo, request: Request<Full<Bytes>>) {
         let backend = &self.backend;
         let sent = Instant::now();
+        let work = self.work;
         let half = async {
             let answer = exchange(io, request).await?;
             account(backend, answer.status().as_u16(), sent, &self.config);
+            work.answered();
             read_answer(answer).await
         };
         let failure = match timeout(self.deadline, half).await {
@@ -319,11 +329,17 @@ enum Failed {
     Answer(String),
 }
 
-/// The prefill route's first [`PREFILL_TRIES`] targets, each with a slot
-/// under its cap (one at its cap is passed over).
-fn slots(route: &Route) -> impl Iterator<Item = (Arc<Backend>, ActiveGuard)> + '_ {
-    (route.targets.iter().take(PREFILL_TRIES))
-        .filter_map(|b| route.reserve(b).map(|slot| (Arc::clone(b), slot)))
+/// The prefill plan's first [`PREFILL_TRIES`] targets, each with a slot
+/// under its cap and its prefill work held there (one at its cap is passed
+/// over).
+fn slots(
+    plan: &PrefillPlan,
+) -> impl Iterator<Item = (Arc<Backend>, (ActiveGuard, WorkGuard))> + '_ {
+    (plan.targets.iter().take(PREFILL_TRIES)).filter_map(|(b, tokens)| {
+        plan.route
+            .reserve_work(b, *tokens)
+            .map(|room| (Arc::clone(b), room))
+    })
 }
 
 /// The prefill half of `leg` to `backend`, with `body`.

@@ -102,9 +102,8 @@ use crate::intake::listener::Accepted;
 use crate::intake::proxy_protocol::{self, Addresses};
 use crate::net::{Client, reset_on_close};
 use crate::routing::decision;
-use crate::routing::llm::disaggregation::Decision;
-use crate::routing::route::Route;
 use crate::routing::instance::Instance;
+use crate::routing::llm::disaggregation::{Decision, PrefillPlan};
 use crate::routing::queue::Standing;
 use crate::telemetry::stats::{ClientFailure, Stats};
 
@@ -495,7 +494,7 @@ fn with_engine_priority(
 async fn halves(
     instance: &Instance,
     config: &Config,
-    route: Result<Route, Decision>,
+    route: Result<PrefillPlan, Decision>,
     request: Request<RequestBody>,
     log: &mut Option<RequestLog>,
 ) -> Request<RequestBody> {

@@ -145,11 +145,8 @@ impl Instance {
         self.queue.rebind(&next);
         self.resize_limit(old_limit, new_limit);
         let stays = |b: &Backend| next.every_backend().any(|n| Arc::ptr_eq(&n.live, &b.live));
-        let removed: Vec<Arc<Backend>> = old
-            .every_backend()
-            .filter(|b| !stays(b))
-            .cloned()
-            .collect();
+        let removed: Vec<Arc<Backend>> =
+            old.every_backend().filter(|b| !stays(b)).cloned().collect();
         let mut retired = lock(&self.retired);
         // A backend that came back is no longer retired, and its drain is off.
         retired.retain(|r| {

@@ -142,7 +142,9 @@ impl Stats {
 
     /// Disaggregated requests served as decision `index` says.
     pub(crate) fn splits(&self, index: usize) -> u64 {
-        self.splits.get(index).map_or(0, |c| c.load(Ordering::Relaxed))
+        self.splits
+            .get(index)
+            .map_or(0, |c| c.load(Ordering::Relaxed))
     }
 
     pub(crate) fn count_tls_handshake(&self, result: Result<TlsVersion, Handshake>) {

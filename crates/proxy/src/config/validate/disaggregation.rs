@@ -74,7 +74,12 @@ impl Validator<'_> {
                     "bootstrap_port only applies with disaggregation.protocol: sglang",
                 );
             } else if !role.prefills() {
-                self.err(&p.referenced, format!("backend {name:?} has role: decode: a bootstrap_port is a prefill engine's"));
+                self.err(
+                    &p.referenced,
+                    format!(
+                        "backend {name:?} has role: decode: a bootstrap_port is a prefill engine's"
+                    ),
+                );
             } else if p.value == 0 {
                 self.err(&p.referenced, "bootstrap_port must be 1 to 65535");
             }
@@ -113,7 +118,8 @@ impl Validator<'_> {
         let (config, at) = section?;
         let prefills = backends.iter().any(|b| b.role.prefills());
         let decodes = backends.iter().any(|b| b.role.decodes());
-        if !discovered && !backends.is_empty() && !(prefills && decodes) {
+        let both_halves_taken = prefills && decodes;
+        if !(discovered || backends.is_empty() || both_halves_taken) {
             let half = if prefills { "decode" } else { "prefill" };
             self.err(
                 &at,
@@ -142,7 +148,8 @@ mod tests {
 
     use crate::config::{Config, Protocol, Role};
 
-    const HEAD: &str = "mode: http\nlisten: 127.0.0.1:7000\nkey:\n  from: header\n  header: x-session-id\n";
+    const HEAD: &str =
+        "mode: http\nlisten: 127.0.0.1:7000\nkey:\n  from: header\n  header: x-session-id\n";
 
     fn parse(text: &str) -> Result<Config, Vec<String>> {
         Config::parse(Path::new("test.yaml"), text)
@@ -165,18 +172,32 @@ mod tests {
         assert_eq!(split.protocol, Protocol::Sglang);
         assert_eq!(split.skip_below_tokens, 0);
         assert_eq!(split.prefill_timeout.as_secs(), 5);
-        let roles: Vec<_> = config.backends.iter().map(|b| (b.role, b.bootstrap_port)).collect();
+        let roles: Vec<_> = config
+            .backends
+            .iter()
+            .map(|b| (b.role, b.bootstrap_port))
+            .collect();
         assert_eq!(
             roles,
-            [(Role::Prefill, Some(8998)), (Role::Decode, None), (Role::Both, Some(8999))]
+            [
+                (Role::Prefill, Some(8998)),
+                (Role::Decode, None),
+                (Role::Both, Some(8999))
+            ]
         );
         let defaults = parse(&format!(
             "{HEAD}disaggregation: {{protocol: vllm}}\nbackends:\n  - {{name: a, addr: 127.0.0.1:8001}}\n"
         ))
         .expect("it parses");
         let split = defaults.disaggregation.expect("the section");
-        assert_eq!(split.skip_below_tokens, crate::config::DEFAULT_SKIP_BELOW_TOKENS);
-        assert_eq!(split.prefill_timeout, crate::config::DEFAULT_PREFILL_TIMEOUT);
+        assert_eq!(
+            split.skip_below_tokens,
+            crate::config::DEFAULT_SKIP_BELOW_TOKENS
+        );
+        assert_eq!(
+            split.prefill_timeout,
+            crate::config::DEFAULT_PREFILL_TIMEOUT
+        );
     }
 
     #[test]

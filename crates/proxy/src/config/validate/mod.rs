@@ -173,12 +173,7 @@ impl<'a> Validator<'a> {
         let connect = self.connect(raw.connect);
         let idle_written = raw.idle_timeout.is_some();
         let idle_timeout = self.idle_timeout(raw.idle_timeout, mode);
-        let max_connections = self.count(
-            raw.max_connections,
-            "max_connections",
-            DEFAULT_MAX_CONNECTIONS,
-            1..=MAX_MAX_CONNECTIONS,
-        );
+        let max_connections = self.max_connections(raw.max_connections);
         let shutdown_grace = self.shutdown_grace(raw.shutdown_grace);
         let drain_timeout = self.drain_timeout(raw.drain_timeout);
         self.send_needs_tcp(raw.proxy_protocol.as_ref(), mode);
@@ -234,6 +229,12 @@ impl<'a> Validator<'a> {
             self.errors.sort_by_key(|e| (e.line, e.column));
             Err(ConfigErrors(self.errors))
         }
+    }
+
+    /// `max_connections`.
+    fn max_connections(&mut self, raw: Option<Spanned<u64>>) -> u64 {
+        let range = 1..=MAX_MAX_CONNECTIONS;
+        self.count(raw, "max_connections", DEFAULT_MAX_CONNECTIONS, range)
     }
 
     /// `idle_timeout`, whose default depends on the mode (a UDP flow's is

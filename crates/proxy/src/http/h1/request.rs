@@ -19,13 +19,12 @@ use super::relay::{self, Relayed};
 use super::send::{Outbound, READ_CHUNK, RawWire, Received};
 use super::{Client, Next};
 use crate::config::Config;
-use crate::http::{disaggregation, engine_priority};
-use crate::routing::llm::disaggregation::Decision;
-use crate::routing::route::Route;
 use crate::http::journey::{Answered, Failure, Forwarded, Journey, LocalAnswer};
 use crate::http::request_key::{HeadKeys, KeyPlan, RequestKey};
 use crate::http::request_log::RequestLog;
+use crate::http::{disaggregation, engine_priority};
 use crate::routing::decision;
+use crate::routing::llm::disaggregation::{Decision, PrefillPlan};
 use crate::telemetry::key_budget::Held;
 use crate::telemetry::stats::ClientFailure;
 
@@ -71,17 +70,7 @@ pub(crate) async fn serve<S: ClientIo>(
     let plan = decision::plan(c.instance, &snapshot, asked).await;
     let split = (config.disaggregation).map(|_| plan.prefill_route(c.instance, &snapshot));
     drop(snapshot);
-    let mut walked = keyed.walked;
-    let mut body = engine_body(&config, &head, &buf.unconsumed()[..walked]);
-    if let Some(route) = split {
-        let read = &buf.unconsumed()[..walked];
-        body = halves(c, &config, route, &mut head, body, read).await;
-    }
-    if let Some(body) = body {
-        head.replace_body(&body);
-        buf.consume(walked);
-        walked = 0;
-    }
+    let mut walked = outgoing_body(c, &config, split, &mut head, buf, keyed.walked).await;
     if walked <= JOIN_BELOW {
         head.upstream.extend_from_slice(&buf.unconsumed()[..walked]);
         buf.consume(walked);
@@ -132,6 +121,30 @@ fn engine_body(config: &Config, head: &Head<'_>, read: &[u8]) -> Option<Vec<u8>>
     whole.then(|| engine_priority::with_priority(read, value))?
 }
 
+/// Writes the body the backend gets after `head` when it differs from the
+/// client's (the engine's priority, a disaggregated request's decode half);
+/// of the `walked` body bytes at the start of `buf`, those left to pass on.
+async fn outgoing_body(
+    c: &Client<'_>,
+    config: &Config,
+    split: Option<Result<PrefillPlan, Decision>>,
+    head: &mut Head<'_>,
+    buf: &mut ClientBuf,
+    walked: usize,
+) -> usize {
+    let mut body = engine_body(config, head, &buf.unconsumed()[..walked]);
+    if let Some(route) = split {
+        let read = &buf.unconsumed()[..walked];
+        body = halves(c, config, route, head, body, read).await;
+    }
+    let Some(body) = body else {
+        return walked;
+    };
+    head.replace_body(&body);
+    buf.consume(walked);
+    0
+}
+
 /// The body the decode half goes on with (`None`: as it came), once its
 /// prefill half went by `route` ([`crate::http::disaggregation`]): `read`
 /// is what was read of the body, `body` what it would go on as without
@@ -139,7 +152,7 @@ fn engine_body(config: &Config, head: &Head<'_>, read: &[u8]) -> Option<Vec<u8>>
 async fn halves(
     c: &Client<'_>,
     config: &Config,
-    route: Result<Route, Decision>,
+    route: Result<PrefillPlan, Decision>,
     head: &mut Head<'_>,
     body: Option<Vec<u8>>,
     read: &[u8],

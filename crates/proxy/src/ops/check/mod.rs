@@ -94,11 +94,41 @@ pub fn report(
     }
     writeln!(out, "algorithm:   {:?}", snapshot.table.algorithm())?;
     writeln!(out, "fingerprint: {}", snapshot.fingerprint)?;
-    writeln!(out, "backends:")?;
+    match (&config.disaggregation, &snapshot.prefill) {
+        (Some(split), Some(prefill)) => {
+            let skip = match split.skip_below_tokens {
+                0 => "every request split".to_string(),
+                n => format!("a turn whose decode backend lacks under {n} tokens goes there alone"),
+            };
+            writeln!(
+                out,
+                "split:       prefill and decode pools, {} protocol; {skip}; prefill timeout {}",
+                split.protocol.as_str(),
+                humantime::format_duration(split.prefill_timeout)
+            )?;
+            writeln!(out, "backends (decode pool: the table):")?;
+            pool_lines(&mut out, snapshot)?;
+            writeln!(out, "prefill pool ({}):", prefill.fingerprint)?;
+            pool_lines(&mut out, prefill)?;
+        }
+        _ => {
+            writeln!(out, "backends:")?;
+            pool_lines(&mut out, snapshot)?;
+        }
+    }
+    for w in warnings(snapshot, env) {
+        writeln!(out, "warning: {w}")?;
+    }
+    Ok(out)
+}
+
+/// One line per backend of a pool: its address, weight, share of the
+/// pool's table, zone, TLS and role (when not `both`).
+fn pool_lines(out: &mut String, snapshot: &Snapshot) -> std::fmt::Result {
     for (b, share) in snapshot.backends.iter().zip(&snapshot.shares) {
         writeln!(
             out,
-            "  {:<20} {:<22} weight {:>5}  share {:>6.2}%{}{}",
+            "  {:<20} {:<22} weight {:>5}  share {:>6.2}%{}{}{}",
             b.name,
             b.addr.to_string(),
             b.weight,
@@ -110,13 +140,14 @@ pub fn report(
             b.tls.as_ref().map_or(String::new(), |t| match t.verify {
                 true => format!("  tls (certificate for {})", t.name.to_str()),
                 false => "  tls (certificate not checked)".to_string(),
-            })
+            }),
+            match b.role {
+                crate::config::Role::Both => String::new(),
+                role => format!("  role {}", role.as_str()),
+            }
         )?;
     }
-    for w in warnings(snapshot, env) {
-        writeln!(out, "warning: {w}")?;
-    }
-    Ok(out)
+    Ok(())
 }
 
 /// Settings that often surprise.
@@ -299,7 +330,7 @@ fn access_log_text(config: &Config) -> String {
 /// `metrics.per_backend`: what `/metrics` writes for this pool.
 fn metrics_text(snapshot: &Snapshot) -> String {
     let setting = snapshot.config.metrics.per_backend;
-    let n = snapshot.backends.len();
+    let n = snapshot.every_backend().count();
     let now = if setting.applies(n) {
         "per backend"
     } else {

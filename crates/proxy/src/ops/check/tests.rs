@@ -219,3 +219,35 @@ fn the_report_shows_group_choices_and_warns_without_a_shared_store() {
     );
     assert!(!one.contains("warning: key.group_choices"), "{one}");
 }
+
+#[test]
+fn a_disaggregated_pool_shows_both_pools_and_their_roles() {
+    let text = "mode: http\nlisten: 127.0.0.1:7000\nkey: {from: header, header: x-s}\ndisaggregation: {protocol: sglang, skip_below_tokens: 0}\nbackends:\n  - {name: p, addr: 127.0.0.1:8001, role: prefill, bootstrap_port: 8998}\n  - {name: d, addr: 127.0.0.1:8002, role: decode}\n  - {name: b, addr: 127.0.0.1:8003, bootstrap_port: 8999}\n";
+    let config = Config::parse(std::path::Path::new("pd.yaml"), text).expect("it parses");
+    let snapshot = Snapshot::of(std::sync::Arc::new(config)).expect("it builds");
+    let out = report("pd.yaml", &snapshot, Environment::default()).expect("a report");
+    assert!(
+        out.contains("split:       prefill and decode pools, sglang protocol; every request split"),
+        "{out}"
+    );
+    let decode = out
+        .split("backends (decode pool: the table):")
+        .nth(1)
+        .expect("the decode pool");
+    let (decode, prefill) = decode
+        .split_once("prefill pool (")
+        .expect("the prefill pool");
+    assert!(
+        decode.contains("  b ") && decode.contains("  d ") && !decode.contains("  p "),
+        "{out}"
+    );
+    assert!(
+        prefill.contains("  b ") && prefill.contains("  p ") && !prefill.contains("  d "),
+        "{out}"
+    );
+    assert!(
+        out.contains("role prefill") && out.contains("role decode"),
+        "{out}"
+    );
+    assert!(out.contains("per backend for 3 backends"), "{out}");
+}

@@ -292,11 +292,15 @@ impl Plan {
         &self,
         instance: &Instance,
         snapshot: &Snapshot,
-    ) -> Result<Route, split::Decision> {
+    ) -> Result<split::PrefillPlan, split::Decision> {
         let request = &self.request;
-        let memory = &instance.key_memory;
+        let asked = split::Asked {
+            keys: request.keys,
+            bytes: request.prompt_bytes,
+            heads: request.heads,
+        };
         let decode = self.route.first();
-        split::prefill_route(snapshot, memory, request.keys, request.prompt_bytes, decode)
+        split::prefill_route(snapshot, &instance.key_memory, asked, decode)
     }
 
     /// The targets as planned, in order.

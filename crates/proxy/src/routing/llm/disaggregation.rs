@@ -6,20 +6,22 @@
 //! (its answers' included) on their decode backend. The prefill half goes
 //! to the prefill pool by the same conversation key, so a conversation's
 //! prompts meet their own earlier prefixes there too. And a request whose
-//! decode backend already holds all but a few of its prompt's tokens
-//! (fewer than `disaggregation.skip_below_tokens`) is not split: that
-//! backend prefills the rest itself, and no KV moves.
+//! decode backend lacks fewer than `disaggregation.skip_below_tokens` of its
+//! prompt's tokens is not split: that backend prefills them itself, and no
+//! KV moves (a conversation's next turn, or a short prompt whose long
+//! shared head the backend holds).
 //!
-//! What the decode backend holds is told from the key memory's note
-//! ([`super::note`]): the tokens of the conversation's previous prompt and
-//! answer there, the rest of this prompt being what it lacks.
+//! What the decode backend holds is told as the queue tells a request's
+//! work ([`super::work`]): from the key memory's note of the conversation's
+//! previous request there (its prompt, and its answer), and the heads the
+//! backend served lately.
 
 use std::sync::Arc;
 
 use crate::routing::backend::Backend;
 use crate::routing::key_memory::KeyMemory;
 use crate::routing::keys::Keys;
-use crate::routing::llm::work::work;
+use crate::routing::llm::work::{Heads, work};
 use crate::routing::route::Route;
 use crate::routing::snapshot::Snapshot;
 
@@ -66,37 +68,76 @@ impl Decision {
 /// own, then one retry on the next.
 pub(crate) const PREFILL_TRIES: usize = 2;
 
-/// Where a request keyed `keys`, with a body of `bytes`, whose decode half
-/// goes first to `decode`, has its prefill half: the prefill pool's route
-/// for its conversation, or `Err` with why it is not split.
+/// What a request brings, as its prefill half's route is told from it:
+/// its keys, its body's bytes and the heads it shares with others.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Asked {
+    pub(crate) keys: Keys,
+    pub(crate) bytes: u64,
+    pub(crate) heads: Heads,
+}
+
+/// Where a request's prefill half goes: its targets, the cheapest first,
+/// each with the prompt tokens it would compute there.
+#[derive(Debug)]
+pub(crate) struct PrefillPlan {
+    /// The prefill pool's route (its caps, for the slots taken).
+    pub(crate) route: Route,
+    pub(crate) targets: Vec<(Arc<Backend>, u64)>,
+}
+
+/// Where the request `asked`, whose decode half goes first to `decode`,
+/// has its prefill half, or `Err` with why it is not split.
+///
+/// The prefill pool's route for its conversation gives the candidates
+/// (healthy, under their caps, in its table's order: the conversation's
+/// own prefill backend first, where its earlier prompts were computed);
+/// each costs the prefill work magpie holds there plus the request's own
+/// (at its own backend less its previous prompt), and the cheapest goes
+/// first (ties in the table's order).
 pub(crate) fn prefill_route(
     snapshot: &Snapshot,
     memory: &KeyMemory,
-    keys: Keys,
-    bytes: u64,
+    asked: Asked,
     decode: Option<&Arc<Backend>>,
-) -> Result<Route, Decision> {
-    let (Some(config), Some(prefill)) = (&snapshot.config.disaggregation, &snapshot.prefill)
-    else {
+) -> Result<PrefillPlan, Decision> {
+    let (Some(config), Some(prefill)) = (&snapshot.config.disaggregation, &snapshot.prefill) else {
         return Err(Decision::Unsplittable);
     };
-    let lacking = decode.and_then(|d| lacking_at(memory, keys, bytes, d));
+    let lacking = decode.map(|d| lacking_at(memory, asked, d));
     if lacking.is_some_and(|tokens| tokens < config.skip_below_tokens) {
         return Err(Decision::DecodeHolds);
     }
-    Ok(Route::plan(prefill, keys.session.hash()))
+    let route = Route::plan(prefill, asked.keys.session.hash());
+    let work = work(memory, asked.keys.session.memory(), asked.bytes);
+    let own = work.warm_at.as_ref().map_or(work.tokens, |(_, t)| *t);
+    let mut costed: Vec<(u64, usize, Arc<Backend>, u64)> = (route.targets.iter().enumerate())
+        .map(|(i, b)| {
+            let tokens = if i == 0 { own } else { work.tokens };
+            let cost = b.live.load.held_tokens().saturating_add(tokens);
+            (cost, i, Arc::clone(b), tokens)
+        })
+        .collect();
+    costed.sort_by_key(|(cost, i, _, _)| (*cost, *i));
+    let targets = costed.into_iter().map(|(_, _, b, t)| (b, t)).collect();
+    Ok(PrefillPlan { route, targets })
 }
 
-/// The prompt tokens `backend` lacks of a request keyed `keys` with a body
-/// of `bytes`, when its conversation's previous request went there: what
-/// its body added since, less the previous answer (whose KV the backend
-/// computed as it decoded it). `None` when the conversation was not there.
-pub(crate) fn lacking_at(memory: &KeyMemory, keys: Keys, bytes: u64, backend: &Backend) -> Option<u64> {
-    let key = keys.session.memory();
-    let (at, tokens) = work(memory, key, bytes).warm_at?;
-    if at.name != backend.name {
-        return None;
-    }
-    let answered = memory.note(key).map_or(0, |(_, note)| note.answered);
-    Some(tokens.saturating_sub(answered))
+/// The prompt tokens `backend` lacks of the request `asked`: its prefill
+/// work there ([`super::work`]: its prompt less the prefix its
+/// conversation's previous request left there, or less a shared head the
+/// backend likely holds), less that previous request's answer when it was
+/// there (the backend computed its KV as it wrote it).
+pub(crate) fn lacking_at(memory: &KeyMemory, asked: Asked, backend: &Backend) -> u64 {
+    let key = asked.keys.session.memory();
+    let work = work(memory, key, asked.bytes).of_group(asked.keys.group, asked.heads);
+    let warm_here = work
+        .warm_at
+        .as_ref()
+        .is_some_and(|(b, _)| b.name == backend.name);
+    let answered = match warm_here {
+        true => memory.note(key).map_or(0, |(_, note)| note.answered),
+        false => 0,
+    };
+    work.at(backend).saturating_sub(answered)
 }

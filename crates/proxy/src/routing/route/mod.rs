@@ -35,7 +35,7 @@
 use std::sync::Arc;
 
 use crate::config::{AllDown, Config};
-use crate::routing::backend::{ActiveGuard, Backend, Spill};
+use crate::routing::backend::{ActiveGuard, Backend, Spill, WorkGuard};
 use crate::routing::snapshot::Snapshot;
 use magpie_core::labels;
 use std::time::Duration;
@@ -304,6 +304,27 @@ impl Route {
             backend.live.traffic.count_spill(Spill::AtCap);
         }
         guard
+    }
+}
+
+impl Route {
+    /// [`Route::reserve`], holding `tokens` of prefill work at `backend`
+    /// besides (counted in its prefill work until the guard drops, at its
+    /// answer's first byte).
+    pub(crate) fn reserve_work(
+        &self,
+        backend: &Arc<Backend>,
+        tokens: u64,
+    ) -> Option<(ActiveGuard, WorkGuard)> {
+        let cap = match self.caps {
+            None => u64::MAX,
+            Some(_) => Caps::of(backend, self.caps),
+        };
+        let room = backend.live.try_reserve_work(cap, tokens, None, None);
+        if room.is_none() {
+            backend.live.traffic.count_spill(Spill::AtCap);
+        }
+        room
     }
 }
 
