@@ -51,8 +51,9 @@ use crate::routing::llm::disaggregation::{Decision, PREFILL_TRIES, PrefillPlan};
 pub(crate) const MAX_PREFILL_ANSWER_BYTES: usize = 1 << 20;
 
 /// The client's request as its prefill half repeats it: its target and
-/// the header fields passed on (not hop-by-hop ones, nor its framing or
-/// `Host`, which are the prefill half's own).
+/// the header fields passed on (not hop-by-hop ones, nor its framing,
+/// `Host` or `Accept-Encoding`: the prefill half's answer is read here,
+/// uncompressed).
 pub(crate) struct Leg {
     target: String,
     headers: HeaderMap,
@@ -72,7 +73,8 @@ impl Leg {
             let skip = HOP_BY_HOP.contains(&name.as_str())
                 || name == header::HOST
                 || name == header::CONTENT_LENGTH
-                || name == header::EXPECT;
+                || name == header::EXPECT
+                || name == header::ACCEPT_ENCODING;
             if let (false, Ok(value)) = (skip, HeaderValue::from_bytes(value)) {
                 headers.append(name, value);
             }
@@ -118,7 +120,7 @@ impl Halves {
 /// read whole) by `route` (`Err`: not split, and why); counts the decision.
 pub(crate) async fn prefill(
     instance: &Instance,
-    config: &Config,
+    config: &Arc<Config>,
     route: Result<PrefillPlan, Decision>,
     leg: &Leg,
     body: Option<&[u8]>,
@@ -146,7 +148,7 @@ pub(crate) async fn prefill(
 /// What sending a prefill half needs.
 struct Prefill<'a> {
     instance: &'a Instance,
-    config: &'a Config,
+    config: &'a Arc<Config>,
     split: &'a DisaggregationConfig,
     leg: &'a Leg,
 }
@@ -223,7 +225,7 @@ impl Prefill<'_> {
             let background = Background {
                 backend: Arc::clone(&backend),
                 deadline: self.split.prefill_timeout,
-                config: Arc::new(self.config.clone()),
+                config: Arc::clone(self.config),
                 slot,
                 work,
             };
@@ -453,6 +455,8 @@ mod tests {
         assert!(leg.headers.get("host").is_none());
         assert!(leg.headers.get("content-length").is_none());
         assert!(leg.headers.get("connection").is_none());
+        let gzip = Leg::new("/", [("accept-encoding", &b"gzip"[..])]);
+        assert!(gzip.headers.is_empty());
     }
 
     #[test]

@@ -493,7 +493,7 @@ fn with_engine_priority(
 /// if it has one, restated) when the prefill half says so.
 async fn halves(
     instance: &Instance,
-    config: &Config,
+    config: &Arc<Config>,
     route: Result<PrefillPlan, Decision>,
     request: Request<RequestBody>,
     log: &mut Option<RequestLog>,

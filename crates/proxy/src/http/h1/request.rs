@@ -126,7 +126,7 @@ fn engine_body(config: &Config, head: &Head<'_>, read: &[u8]) -> Option<Vec<u8>>
 /// of the `walked` body bytes at the start of `buf`, those left to pass on.
 async fn outgoing_body(
     c: &Client<'_>,
-    config: &Config,
+    config: &Arc<Config>,
     split: Option<Result<PrefillPlan, Decision>>,
     head: &mut Head<'_>,
     buf: &mut ClientBuf,
@@ -151,7 +151,7 @@ async fn outgoing_body(
 /// the split.
 async fn halves(
     c: &Client<'_>,
-    config: &Config,
+    config: &Arc<Config>,
     route: Result<PrefillPlan, Decision>,
     head: &mut Head<'_>,
     body: Option<Vec<u8>>,

@@ -89,12 +89,12 @@ pub(crate) struct PrefillPlan {
 /// Where the request `asked`, whose decode half goes first to `decode`,
 /// has its prefill half, or `Err` with why it is not split.
 ///
-/// The prefill pool's route for its conversation gives the candidates
-/// (healthy, under their caps, in its table's order: the conversation's
-/// own prefill backend first, where its earlier prompts were computed);
-/// each costs the prefill work magpie holds there plus the request's own
-/// (at its own backend less its previous prompt), and the cheapest goes
-/// first (ties in the table's order).
+/// The candidates are the prefill pool's backends that are up, in its
+/// table's order for the conversation (its own prefill backend first,
+/// where its earlier prompts were computed); each costs the prefill work
+/// magpie holds there plus the request's own (at its own backend less its
+/// previous prompt), and the cheapest goes first (ties in the table's
+/// order). The route keeps the pool's bounded-load caps for the slots.
 pub(crate) fn prefill_route(
     snapshot: &Snapshot,
     memory: &KeyMemory,
@@ -108,10 +108,12 @@ pub(crate) fn prefill_route(
     if lacking.is_some_and(|tokens| tokens < config.skip_below_tokens) {
         return Err(Decision::DecodeHolds);
     }
-    let route = Route::plan(prefill, asked.keys.session.hash());
+    let key = asked.keys.session.hash();
+    let route = Route::preview(prefill, key);
     let work = work(memory, asked.keys.session.memory(), asked.bytes);
     let own = work.warm_at.as_ref().map_or(work.tokens, |(_, t)| *t);
-    let mut costed: Vec<(u64, usize, Arc<Backend>, u64)> = (route.targets.iter().enumerate())
+    let up = prefill.candidates(key).filter(|b| b.live.health.is_up());
+    let mut costed: Vec<(u64, usize, Arc<Backend>, u64)> = (up.enumerate())
         .map(|(i, b)| {
             let tokens = if i == 0 { own } else { work.tokens };
             let cost = b.live.load.held_tokens().saturating_add(tokens);
@@ -140,4 +142,124 @@ pub(crate) fn lacking_at(memory: &KeyMemory, asked: Asked, backend: &Backend) ->
         false => 0,
     };
     work.at(backend).saturating_sub(answered)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::routing::key_memory::Decision as Routed;
+    use crate::routing::keys::SessionKey;
+    use crate::routing::llm::note::Sent;
+    use crate::routing::llm::usage::{self, Tokens};
+    use crate::routing::route::How;
+
+    /// Two prefill backends and one decode backend, vLLM's protocol.
+    fn pools(skip: u64) -> Snapshot {
+        let text = format!(
+            "mode: http\nlisten: 127.0.0.1:7000\nkey: {{from: header, header: x-s}}\ndisaggregation: {{protocol: vllm, skip_below_tokens: {skip}}}\nbackends:\n  - {{name: p1, addr: 127.0.0.1:8001, role: prefill}}\n  - {{name: p2, addr: 127.0.0.1:8002, role: prefill}}\n  - {{name: d, addr: 127.0.0.1:8003, role: decode}}\n"
+        );
+        let config = Config::parse(std::path::Path::new("t.yaml"), &text).expect("it parses");
+        Snapshot::build(Arc::new(config), 1, &Default::default()).expect("it builds")
+    }
+
+    fn asked(key: u64, bytes: u64) -> Asked {
+        Asked {
+            keys: Keys::single(SessionKey::new(key)),
+            bytes,
+            heads: Heads::default(),
+        }
+    }
+
+    /// `key`'s request of `bytes` was served at `backend` with `prompt`
+    /// tokens and an answer of `answered`.
+    fn served(
+        memory: &KeyMemory,
+        key: u64,
+        backend: &Arc<Backend>,
+        bytes: u64,
+        prompt: u64,
+        answered: u64,
+    ) {
+        let sent = Sent {
+            group: None,
+            prompt_bytes: bytes,
+        };
+        let how = Routed {
+            how: How::Primary,
+            pin_lost: false,
+            sent,
+        };
+        memory.routed(SessionKey::new(key), backend, how);
+        let tokens = Tokens { prompt, cached: 0 };
+        usage::served(memory, SessionKey::new(key), &backend.name, tokens, None);
+        memory.note_mut(SessionKey::new(key), |n| n.answered = answered);
+    }
+
+    #[test]
+    fn the_decode_backend_prefills_what_it_lacks_little_of() {
+        let s = pools(256);
+        let d = s.backend("d").expect("the decode backend");
+        let memory = KeyMemory::new(100, Duration::from_secs(60));
+        // A short prompt, nowhere yet: 800 bytes, 200 tokens.
+        assert_eq!(lacking_at(&memory, asked(1, 800), d), 200);
+        assert!(matches!(
+            prefill_route(&s, &memory, asked(1, 800), Some(d)),
+            Err(Decision::DecodeHolds)
+        ));
+        // A long one is split.
+        assert!(prefill_route(&s, &memory, asked(2, 8_000), Some(d)).is_ok());
+        // Its next turn: 8,000 bytes were 2,000 tokens, and the answer's
+        // 150 tokens are held too; 1,200 bytes more are 300 tokens, 150 new.
+        served(&memory, 2, d, 8_000, 2_000, 150);
+        assert_eq!(lacking_at(&memory, asked(2, 9_200), d), 150);
+        assert!(matches!(
+            prefill_route(&s, &memory, asked(2, 9_200), Some(d)),
+            Err(Decision::DecodeHolds)
+        ));
+        // Elsewhere, the whole prompt is lacking.
+        let p1 = s
+            .prefill
+            .as_ref()
+            .and_then(|p| p.backend("p1"))
+            .expect("p1");
+        assert_eq!(lacking_at(&memory, asked(2, 9_200), p1), 2_300);
+        // With the skip off everything is split.
+        let off = pools(0);
+        let d = off.backend("d").expect("the decode backend");
+        assert!(prefill_route(&off, &memory, asked(1, 800), Some(d)).is_ok());
+    }
+
+    #[test]
+    fn a_prefill_half_goes_where_it_finishes_first() {
+        let s = pools(0);
+        let d = s.backend("d").expect("the decode backend");
+        let memory = KeyMemory::new(100, Duration::from_secs(60));
+        let plan = prefill_route(&s, &memory, asked(7, 4_000), Some(d)).expect("split");
+        let names = |plan: &PrefillPlan| -> Vec<String> {
+            plan.targets.iter().map(|(b, _)| b.name.clone()).collect()
+        };
+        let home = names(&plan)[0].clone();
+        assert_eq!(plan.targets[0].1, 1_000);
+        assert_eq!(names(&plan).len(), 2);
+        // Work held at its own prefill backend sends it to the other one.
+        let held = (plan.targets[0].0.live).try_reserve_work(u64::MAX, 5_000, None, None);
+        let moved = prefill_route(&s, &memory, asked(7, 4_000), Some(d)).expect("split");
+        assert_ne!(names(&moved)[0], home);
+        drop(held);
+        let back = prefill_route(&s, &memory, asked(7, 4_000), Some(d)).expect("split");
+        assert_eq!(names(&back)[0], home);
+        // A backend that is down is no candidate.
+        let p = s
+            .prefill
+            .as_ref()
+            .and_then(|p| p.backend(&home))
+            .expect("home");
+        p.live.health.set_up(false);
+        let without = prefill_route(&s, &memory, asked(7, 4_000), Some(d)).expect("split");
+        assert_eq!(names(&without).len(), 1);
+        assert_ne!(names(&without)[0], home);
+    }
 }
