@@ -310,3 +310,53 @@ async fn a_dead_decode_backend_after_the_prefill_is_a_clean_502() {
     magpie.stop().await;
     stop.cancel();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefill_backend_at_its_max_inflight_is_passed_over() {
+    let stop = CancellationToken::new();
+    let decode = engine("d1", EngineRole::Decode, &stop).await;
+    let silent = TcpListener::bind("127.0.0.1:0").await.expect("a port");
+    let silent_addr = silent.local_addr().expect("its address");
+    let _held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            open.push(socket);
+        }
+    });
+    let section =
+        "queue:\n  max_inflight: 1\ndisaggregation:\n  protocol: vllm\n  prefill_timeout: 3s\n";
+    let backends = [
+        ("p-silent", silent_addr, ", role: prefill".to_string()),
+        ("d1", decode, ", role: decode".to_string()),
+    ];
+    let magpie = Magpie::start(&yaml(section, &backends)).await;
+    let first = vec![user(&"Tell me about nutcrackers. ".repeat(60))];
+    // The first request's prefill half takes p-silent's one slot, and waits.
+    let addr = magpie.addr;
+    let request = chat("c1", &first, false);
+    let waiting = tokio::spawn(async move {
+        let mut client = KeepAlive::connect(addr).await;
+        client.start(request).await
+    });
+    let label = "backend=\"p-silent\"";
+    within("the prefill half to take its slot", async {
+        while metric_sum(
+            &magpie.probe.metrics(),
+            "magpie_backend_requests_in_flight",
+            &[label],
+        ) < 1.0
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    // The next finds it full: its decode engine prefills it, at once.
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    let (response, _) = client.send(chat("c2", &first, false)).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(decisions(&magpie, "prefill_failed"), 1.0);
+    assert!(!waiting.is_finished());
+    waiting.abort();
+    magpie.stop().await;
+    stop.cancel();
+}

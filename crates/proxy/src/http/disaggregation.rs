@@ -332,15 +332,14 @@ enum Failed {
 }
 
 /// The prefill plan's first [`PREFILL_TRIES`] targets, each with a slot
-/// under its cap and its prefill work held there (one at its cap is passed
-/// over).
+/// under its caps (bounded load, and with `queue` its `max_inflight`) and
+/// its prefill work held there (one at a cap is passed over).
 fn slots(
     plan: &PrefillPlan,
 ) -> impl Iterator<Item = (Arc<Backend>, (ActiveGuard, WorkGuard))> + '_ {
-    (plan.targets.iter().take(PREFILL_TRIES)).filter_map(|(b, tokens)| {
-        plan.route
-            .reserve_work(b, *tokens)
-            .map(|room| (Arc::clone(b), room))
+    (plan.targets.iter().take(PREFILL_TRIES)).filter_map(|(b, tokens, limit)| {
+        let room = plan.route.reserve_work(b, *tokens, *limit);
+        room.map(|room| (Arc::clone(b), room))
     })
 }
 

@@ -83,7 +83,9 @@ pub(crate) struct Asked {
 pub(crate) struct PrefillPlan {
     /// The prefill pool's route (its caps, for the slots taken).
     pub(crate) route: Route,
-    pub(crate) targets: Vec<(Arc<Backend>, u64)>,
+    /// The candidates, each with its work there and the most requests it
+    /// takes at once (with `queue`: its `max_inflight`).
+    pub(crate) targets: Vec<(Arc<Backend>, u64, Option<u64>)>,
 }
 
 /// Where the request `asked`, whose decode half goes first to `decode`,
@@ -121,7 +123,16 @@ pub(crate) fn prefill_route(
         })
         .collect();
     costed.sort_by_key(|(cost, i, _, _)| (*cost, *i));
-    let targets = costed.into_iter().map(|(_, _, b, t)| (b, t)).collect();
+    let limit = |b: &Backend| {
+        let queue = snapshot.config.queue.as_ref()?;
+        Some(b.max_inflight.unwrap_or(queue.max_inflight))
+    };
+    let targets = (costed.into_iter())
+        .map(|(_, _, b, t)| {
+            let limit = limit(&b);
+            (b, t, limit)
+        })
+        .collect();
     Ok(PrefillPlan { route, targets })
 }
 
@@ -239,7 +250,10 @@ mod tests {
         let memory = KeyMemory::new(100, Duration::from_secs(60));
         let plan = prefill_route(&s, &memory, asked(7, 4_000), Some(d)).expect("split");
         let names = |plan: &PrefillPlan| -> Vec<String> {
-            plan.targets.iter().map(|(b, _)| b.name.clone()).collect()
+            plan.targets
+                .iter()
+                .map(|(b, _, _)| b.name.clone())
+                .collect()
         };
         let home = names(&plan)[0].clone();
         assert_eq!(plan.targets[0].1, 1_000);
