@@ -312,7 +312,7 @@ async fn a_dead_decode_backend_after_the_prefill_is_a_clean_502() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_prefill_backend_at_its_max_inflight_is_passed_over() {
+async fn a_prefill_half_waits_in_the_queue_for_a_prefill_backends_room() {
     let stop = CancellationToken::new();
     let decode = engine("d1", EngineRole::Decode, &stop).await;
     let silent = TcpListener::bind("127.0.0.1:0").await.expect("a port");
@@ -323,8 +323,7 @@ async fn a_prefill_backend_at_its_max_inflight_is_passed_over() {
             open.push(socket);
         }
     });
-    let section =
-        "queue:\n  max_inflight: 1\ndisaggregation:\n  protocol: vllm\n  prefill_timeout: 3s\n";
+    let section = "queue:\n  max_inflight: 1\n  timeout: 300ms\ndisaggregation:\n  protocol: vllm\n  prefill_timeout: 5s\n";
     let backends = [
         ("p-silent", silent_addr, ", role: prefill".to_string()),
         ("d1", decode, ", role: decode".to_string()),
@@ -350,13 +349,66 @@ async fn a_prefill_backend_at_its_max_inflight_is_passed_over() {
         }
     })
     .await;
-    // The next finds it full: its decode engine prefills it, at once.
+    // The next one's prefill half waits in the queue for that slot; past
+    // queue.timeout its decode engine prefills it.
     let mut client = KeepAlive::connect(magpie.addr).await;
     let (response, _) = client.send(chat("c2", &first, false)).await;
     assert_eq!(response.status(), 200);
     assert_eq!(decisions(&magpie, "prefill_failed"), 1.0);
+    let text = magpie.probe.metrics();
+    let refused = metric_sum(&text, "magpie_queue_refused_total", &["reason=\"timeout\""]);
+    assert_eq!(refused, 1.0, "{text}");
     assert!(!waiting.is_finished());
     waiting.abort();
+    magpie.stop().await;
+    stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefill_halves_take_turns_at_a_prefill_backends_one_slot() {
+    let stop = CancellationToken::new();
+    let config = EngineConfig {
+        name: "p1".to_string(),
+        role: EngineRole::Prefill,
+        prefill_us_per_token: 200.0,
+        ..EngineConfig::default()
+    };
+    let any: SocketAddr = "127.0.0.1:0".parse().expect("an address");
+    let prefill = engine::start(config, any, stop.clone())
+        .await
+        .expect("it starts")
+        .addr();
+    let decode = engine("d1", EngineRole::Decode, &stop).await;
+    let section = "queue:\n  max_inflight: 1\n  timeout: 10s\ndisaggregation:\n  protocol: vllm\n";
+    let backends = [
+        (
+            "p1",
+            prefill,
+            ", role: prefill, max_inflight: 1".to_string(),
+        ),
+        ("d1", decode, ", role: decode, max_inflight: 8".to_string()),
+    ];
+    let magpie = Magpie::start(&yaml(section, &backends)).await;
+    let addr = magpie.addr;
+    let mut chats = Vec::new();
+    for n in 0..3 {
+        let first = vec![user(&format!("Tell me about jackdaw {n}. ").repeat(60))];
+        chats.push(tokio::spawn(async move {
+            let mut client = KeepAlive::connect(addr).await;
+            client
+                .send(chat(&format!("j{n}"), &first, false))
+                .await
+                .0
+                .status()
+        }));
+    }
+    for chat in chats {
+        assert_eq!(chat.await.expect("the chat"), 200);
+    }
+    assert_eq!(decisions(&magpie, "split"), 3.0);
+    let text = magpie.probe.metrics();
+    let waited = metric_sum(&text, "magpie_queue_admitted_total", &["how=\"waited\""]);
+    assert!(waited >= 1.0, "{text}");
     magpie.stop().await;
     stop.cancel();
 }

@@ -160,7 +160,13 @@ impl Prefill<'_> {
         let Some(half) = vllm_prefill_body(body) else {
             return Halves::whole(Decision::Unsplittable);
         };
-        for (backend, (slot, work)) in slots(route) {
+        let mut tried = Vec::new();
+        while tried.len() < PREFILL_TRIES {
+            let Some((backend, slot, work)) = route.room(self.instance, self.config, &tried).await
+            else {
+                break;
+            };
+            tried.push(Arc::clone(&backend));
             let started = Instant::now();
             let sent = self.send(&backend, &half, work);
             let answer = match timeout(self.split.prefill_timeout, sent).await {
@@ -199,7 +205,13 @@ impl Prefill<'_> {
     /// open, beside the decode half, both naming the prefill backend's
     /// bootstrap server and one room.
     async fn sglang(&self, route: &PrefillPlan, body: &[u8]) -> Halves {
-        for (backend, (slot, work)) in slots(route) {
+        let mut tried = Vec::new();
+        while tried.len() < PREFILL_TRIES {
+            let Some((backend, slot, work)) = route.room(self.instance, self.config, &tried).await
+            else {
+                break;
+            };
+            tried.push(Arc::clone(&backend));
             let Some(port) = backend.bootstrap_port else {
                 continue;
             };
@@ -329,18 +341,6 @@ enum Failed {
     Connect(io::Error),
     #[error("{0}")]
     Answer(String),
-}
-
-/// The prefill plan's first [`PREFILL_TRIES`] targets, each with a slot
-/// under its caps (bounded load, and with `queue` its `max_inflight`) and
-/// its prefill work held there (one at a cap is passed over).
-fn slots(
-    plan: &PrefillPlan,
-) -> impl Iterator<Item = (Arc<Backend>, (ActiveGuard, WorkGuard))> + '_ {
-    (plan.targets.iter().take(PREFILL_TRIES)).filter_map(|(b, tokens, limit)| {
-        let room = plan.route.reserve_work(b, *tokens, *limit);
-        room.map(|room| (Arc::clone(b), room))
-    })
 }
 
 /// The prefill half of `leg` to `backend`, with `body`.

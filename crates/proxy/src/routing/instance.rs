@@ -193,7 +193,7 @@ impl Instance {
 /// Tells `queue` whenever a backend of `snapshot` gives a slot back
 /// (a backend kept from an earlier snapshot tells it already).
 fn wait_on(snapshot: &Snapshot, queue: &Arc<Queue>) {
-    for b in &snapshot.backends {
+    for b in snapshot.every_backend() {
         b.live.waiters.get_or_init(|| {
             let hook: Arc<dyn SlotFreed> = Arc::clone(queue) as Arc<dyn SlotFreed>;
             hook

@@ -298,6 +298,7 @@ impl Plan {
             keys: request.keys,
             bytes: request.prompt_bytes,
             heads: request.heads,
+            standing: request.standing,
         };
         let decode = self.route.first();
         split::prefill_route(snapshot, &instance.key_memory, asked, decode)
@@ -360,6 +361,7 @@ impl Plan {
             key: keys.table(),
             queue,
             limits: SlotLimits::of(queue, config.load_limits()),
+            prefill: false,
         };
         let admitted = match instance.queue.admit(ask, gone).await {
             Ok(admitted) => admitted,

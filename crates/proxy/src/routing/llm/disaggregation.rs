@@ -18,10 +18,15 @@
 
 use std::sync::Arc;
 
+use crate::config::{Config, TenantBy};
 use crate::routing::backend::Backend;
+use crate::routing::backend::{ActiveGuard, WorkGuard};
+use crate::routing::instance::Instance;
 use crate::routing::key_memory::KeyMemory;
 use crate::routing::keys::Keys;
-use crate::routing::llm::work::{Heads, work};
+use crate::routing::keys::TenantKey;
+use crate::routing::llm::work::{Heads, Work, work};
+use crate::routing::queue::{Ask, SlotLimits, Standing};
 use crate::routing::route::Route;
 use crate::routing::snapshot::Snapshot;
 
@@ -75,6 +80,8 @@ pub(crate) struct Asked {
     pub(crate) keys: Keys,
     pub(crate) bytes: u64,
     pub(crate) heads: Heads,
+    /// Its class and tenant (`queue`).
+    pub(crate) standing: Standing,
 }
 
 /// Where a request's prefill half goes: its targets, the cheapest first,
@@ -86,6 +93,65 @@ pub(crate) struct PrefillPlan {
     /// The candidates, each with its work there and the most requests it
     /// takes at once (with `queue`: its `max_inflight`).
     pub(crate) targets: Vec<(Arc<Backend>, u64, Option<u64>)>,
+    /// Its work (at its own prefill backend, less its previous prompt),
+    /// what it is, and its key, as the queue weighs and binds it.
+    work: Work,
+    asked: Asked,
+    key: u64,
+}
+
+/// A prefill backend's room taken for a prefill half: the backend, its
+/// slot, and the half's work held there.
+pub(crate) type PrefillRoom = (Arc<Backend>, ActiveGuard, WorkGuard);
+
+impl PrefillPlan {
+    /// A room for the prefill half at one of its targets not in `tried`:
+    /// without `queue`, the first under its caps; with it, what the queue
+    /// gives (the first with room, in the plan's order, or the first to
+    /// have room, waiting up to `queue.timeout` in the half's class and
+    /// tenant). `None`: none.
+    pub(crate) async fn room(
+        &self,
+        instance: &Instance,
+        config: &Config,
+        tried: &[Arc<Backend>],
+    ) -> Option<PrefillRoom> {
+        let left =
+            || (self.targets.iter()).filter(|(b, _, _)| !tried.iter().any(|t| Arc::ptr_eq(t, b)));
+        let Some(queue) = &config.queue else {
+            return left().find_map(|(b, tokens, limit)| {
+                let (slot, work) = self.route.reserve_work(b, *tokens, *limit)?;
+                Some((Arc::clone(b), slot, work))
+            });
+        };
+        let targets: Vec<Arc<Backend>> = left().map(|(b, _, _)| Arc::clone(b)).collect();
+        if targets.is_empty() {
+            return None;
+        }
+        let ask = Ask {
+            targets: &targets,
+            sticky: false,
+            pinned: false,
+            places: false,
+            class: self.asked.standing.class,
+            tenant: match queue.tenant {
+                Some(TenantBy::Group) => TenantKey::of_group(self.asked.keys.group),
+                _ => self.asked.standing.tenant,
+            },
+            bytes: self.asked.bytes,
+            work: self.work.clone(),
+            key: self.key,
+            queue,
+            limits: SlotLimits::of(queue, config.load_limits()),
+            prefill: true,
+        };
+        let admitted = instance
+            .queue
+            .admit(ask, std::future::pending())
+            .await
+            .ok()?;
+        Some((admitted.backend, admitted.slot, admitted.work))
+    }
 }
 
 /// Where the request `asked`, whose decode half goes first to `decode`,
@@ -114,7 +180,14 @@ pub(crate) fn prefill_route(
     let route = Route::preview(prefill, key);
     let work = work(memory, asked.keys.session.memory(), asked.bytes);
     let own = work.warm_at.as_ref().map_or(work.tokens, |(_, t)| *t);
-    let up = prefill.candidates(key).filter(|b| b.live.health.is_up());
+    let mut up = prefill
+        .candidates(key)
+        .filter(|b| b.live.health.is_up())
+        .peekable();
+    let at_home = Work {
+        warm_at: up.peek().map(|home| (Arc::clone(home), own)),
+        ..Work::cold(work.tokens)
+    };
     let mut costed: Vec<(u64, usize, Arc<Backend>, u64)> = (up.enumerate())
         .map(|(i, b)| {
             let tokens = if i == 0 { own } else { work.tokens };
@@ -133,7 +206,13 @@ pub(crate) fn prefill_route(
             (b, t, limit)
         })
         .collect();
-    Ok(PrefillPlan { route, targets })
+    Ok(PrefillPlan {
+        route,
+        targets,
+        work: at_home,
+        asked,
+        key,
+    })
 }
 
 /// The prompt tokens `backend` lacks of the request `asked`: its prefill
@@ -181,6 +260,7 @@ mod tests {
             keys: Keys::single(SessionKey::new(key)),
             bytes,
             heads: Heads::default(),
+            standing: Standing::default(),
         }
     }
 

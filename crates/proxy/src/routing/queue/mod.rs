@@ -112,6 +112,9 @@ pub(crate) struct Ask<'a> {
     pub(crate) key: u64,
     pub(crate) queue: &'a QueueConfig,
     pub(crate) limits: SlotLimits,
+    /// A disaggregated request's prefill half: its targets are the prefill
+    /// pool's, and a reload binds it to that pool's table.
+    pub(crate) prefill: bool,
 }
 
 /// A request admitted: the backend it goes to and the slot it holds there.
@@ -139,6 +142,8 @@ struct Waiter {
     sticky: bool,
     pinned: bool,
     key: u64,
+    /// A prefill half: bound to the prefill pool.
+    prefill: bool,
     bytes: u64,
     work: Work,
     grant: oneshot::Sender<Grant>,
@@ -238,25 +243,35 @@ impl Queue {
                 state.waiting.set_across_classes(q.tenant_across_classes);
             }
         }
-        for b in &snapshot.backends {
+        for b in snapshot.every_backend() {
             self.hand_out(&b.live);
         }
     }
 
     /// Binds every waiting request to `snapshot` (a reload published it):
     /// its pin first if it had one and the backend is still there, then its
-    /// key's targets in the new table. Then hands out what has room.
+    /// key's targets in the new table (a prefill half's in the prefill
+    /// pool's; none when the pool is gone, and it waits out its time). Then
+    /// hands out what has room.
     pub(crate) fn rebind(&self, snapshot: &Snapshot) {
         {
             let mut state = self.lock();
             for w in state.waiting.waiters_mut() {
-                let route = Route::preview(snapshot, w.key);
+                let pool = match w.prefill {
+                    true => snapshot.prefill.as_deref(),
+                    false => Some(snapshot),
+                };
+                let Some(pool) = pool else {
+                    w.targets.clear();
+                    continue;
+                };
+                let route = Route::preview(pool, w.key);
                 let pin = (w.targets.first())
                     .filter(|_| w.pinned)
-                    .and_then(|home| snapshot.backend(&home.name))
+                    .and_then(|home| pool.backend(&home.name))
                     .cloned();
                 w.targets = match pin {
-                    Some(pin) => route.pin_first(snapshot, &pin).targets,
+                    Some(pin) => route.pin_first(pool, &pin).targets,
                     None => route.targets,
                 };
             }
@@ -309,6 +324,7 @@ impl Queue {
                 pinned: ask.pinned,
                 sticky: order.sticky(),
                 key: ask.key,
+                prefill: ask.prefill,
                 bytes: ask.bytes,
                 work: ask.work.clone(),
                 grant: tx,

@@ -73,6 +73,7 @@ fn ask<'a>(targets: &'a [Arc<Backend>], q: &'a QueueConfig, class: usize) -> Ask
         key: 1,
         queue: q,
         limits: SlotLimits::of(q, None),
+        prefill: false,
     }
 }
 
