@@ -412,3 +412,69 @@ async fn prefill_halves_take_turns_at_a_prefill_backends_one_slot() {
     magpie.stop().await;
     stop.cancel();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_binds_a_waiting_prefill_half_to_the_new_prefill_pool() {
+    let stop = CancellationToken::new();
+    let decode = engine("d1", EngineRole::Decode, &stop).await;
+    let fresh = engine("p-new", EngineRole::Prefill, &stop).await;
+    let silent = TcpListener::bind("127.0.0.1:0").await.expect("a port");
+    let silent_addr = silent.local_addr().expect("its address");
+    let _held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            open.push(socket);
+        }
+    });
+    let section = "reload:\n  watch: false\nqueue:\n  max_inflight: 1\n  timeout: 10s\ndisaggregation:\n  protocol: vllm\n  prefill_timeout: 8s\n";
+    let mut backends = vec![
+        ("p-silent", silent_addr, ", role: prefill".to_string()),
+        ("d1", decode, ", role: decode, max_inflight: 8".to_string()),
+    ];
+    let file = TempFile::new("magpie.yaml", &yaml(section, &backends));
+    let magpie = Magpie::start_file(&file.path).await;
+    let first = vec![user(&"Tell me about treecreepers. ".repeat(60))];
+    let addr = magpie.addr;
+    let mut asked = Vec::new();
+    for n in 0..2 {
+        let request = chat(&format!("t{n}"), &first, false);
+        asked.push(tokio::spawn(async move {
+            let mut client = KeepAlive::connect(addr).await;
+            client.send(request).await.0.status()
+        }));
+        // One holds p-silent's slot, the other waits in the queue for it.
+        within("the request to take its place", async {
+            while metric_sum(
+                &magpie.probe.metrics(),
+                "magpie_backend_requests_in_flight",
+                &["backend=\"p-silent\""],
+            ) < 1.0
+                || magpie.probe.queued() < n
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+    }
+    // p-new joins the prefill pool: the waiting half is bound to it (not to
+    // the decode pool), and prefills there.
+    backends.push(("p-new", fresh, ", role: prefill".to_string()));
+    std::fs::write(&file.path, yaml(section, &backends)).expect("written");
+    let mut reloader = magpie.probe.reloader(file.path.clone());
+    within("the reload", reloader.reload(true))
+        .await
+        .expect("the reload applies");
+    within("the waiting request to be split", async {
+        while decisions(&magpie, "split") < 1.0 {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(engine_metric(fresh, "vllm:prompt_tokens_total").await > 300.0);
+    assert_eq!(magpie.probe.queued(), 0);
+    for asked in asked {
+        asked.abort();
+    }
+    magpie.stop().await;
+    stop.cancel();
+}
