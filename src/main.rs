@@ -44,7 +44,9 @@ enum Command {
     Demo {
         /// http: one key per request (x-session-id, else the prompt_cache_key
         /// of a JSON body, else the conversation), in front of simulated
-        /// engines; tcp: one key per connection, in front of plain backends.
+        /// engines; disaggregated: the same in front of two simulated prefill
+        /// and two decode engines (config/disaggregated.yaml); tcp: one key
+        /// per connection, in front of plain backends.
         #[arg(long, value_enum, default_value_t = DemoMode::Http)]
         mode: DemoMode,
         /// Run a short multi-turn workload through magpie and through round
@@ -108,6 +110,8 @@ enum Command {
 enum DemoMode {
     Tcp,
     Http,
+    /// Two prefill and two decode engines, `config/disaggregated.yaml`.
+    Disaggregated,
 }
 
 /// jemalloc, with a background thread that gives freed memory back to the
@@ -144,6 +148,7 @@ fn main() -> ExitCode {
                 match (mode, load) {
                     (_, true) => demo_load().await,
                     (DemoMode::Http, false) => llm_demo(listen, admin).await,
+                    (DemoMode::Disaggregated, false) => pd_demo(listen, admin).await,
                     (DemoMode::Tcp, false) => {
                         demo(magpie_proxy::config::Mode::Tcp, listen, admin).await
                     }
@@ -442,6 +447,43 @@ async fn llm_demo(listen: SocketAddr, admin: SocketAddr) -> anyhow::Result<ExitC
         out,
         "magpie demo --load compares magpie with round robin on a short multi-turn workload."
     )?;
+    writeln!(out, "Press Ctrl-C to stop.")?;
+    emit(&out)?;
+    running.wait().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn pd_demo(listen: SocketAddr, admin: SocketAddr) -> anyhow::Result<ExitCode> {
+    use magpie_lab::demo::disaggregated;
+    let shutdown = shutdown_on_signals()?;
+    let engines = disaggregated::start_engines(&shutdown).await?;
+    let yaml = disaggregated::shipped_yaml(listen, admin, &engines);
+    let config =
+        Config::parse(std::path::Path::new("<demo>"), &yaml).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let running = magpie_proxy::app::start(config, shutdown)
+        .await
+        .context("cannot start magpie (a port taken? choose others with --listen and --admin)")?;
+    let (at, admin) = (running.listen[0], running.admin.unwrap_or(admin));
+    let mut out = String::new();
+    writeln!(
+        out,
+        "magpie demo: two simulated prefill engines and two decode engines behind magpie on {at}, config/disaggregated.yaml as it ships.\n"
+    )?;
+    writeln!(out, "The config it runs:\n\n{yaml}")?;
+    writeln!(
+        out,
+        "Try (the first turn is split: its prefill on a prefill engine, its KV pulled by the conversation's decode engine; a short next turn goes to that decode engine alone):\n"
+    )?;
+    let long = "Tell me about magpies. ".repeat(80);
+    writeln!(
+        out,
+        "  curl -s http://{at}/v1/chat/completions -H 'content-type: application/json' -H 'x-session-id: conv-1' -i \\\n    -d '{{\"model\": \"m\", \"messages\": [{{\"role\": \"user\", \"content\": \"{long}\"}}]}}'"
+    )?;
+    writeln!(
+        out,
+        "  curl -s http://{admin}/metrics | grep -E 'disaggregation_requests_total|backend_role'"
+    )?;
+    writeln!(out, "  curl -s http://{admin}/table    # both pools\n")?;
     writeln!(out, "Press Ctrl-C to stop.")?;
     emit(&out)?;
     running.wait().await;

@@ -403,7 +403,7 @@ impl Bound {
             config = %config.source.display(),
             listen = ?self.listen,
             admin = ?self.admin,
-            backends = snapshot.backends.len(),
+            backends = snapshot.every_backend().count(),
             algorithm = ?snapshot.table.algorithm(),
             fingerprint = %snapshot.fingerprint,
             key = ?config.key,

@@ -5,7 +5,9 @@
 //! |---|---|
 //! | [`llm`] | mode http (the default): three simulated inference engines, and `--load`'s comparison with round robin |
 //! | [`tcp`] | `--mode tcp`: three plain HTTP backends that say who answered |
+//! | [`disaggregated`] | `--mode disaggregated`: two prefill and two decode engines behind `config/disaggregated.yaml` |
 
+pub mod disaggregated;
 pub mod llm;
 pub mod tcp;
 

@@ -167,7 +167,7 @@ impl Reloader {
             info!(
                 version,
                 fingerprint = %snapshot.fingerprint,
-                backends = snapshot.backends.len(),
+                backends = snapshot.every_backend().count(),
                 removed = ?removed,
                 build_ms = snapshot.build_time.as_secs_f64() * 1000.0,
                 "{what}"
