@@ -478,3 +478,36 @@ async fn a_reload_binds_a_waiting_prefill_half_to_the_new_prefill_pool() {
     magpie.stop().await;
     stop.cancel();
 }
+
+/// `magpie demo --mode disaggregated`'s engines and config (the shipped
+/// file): a long first turn is split, its short next turn is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_runs_the_shipped_file_in_front_of_both_pools() {
+    use magpie_lab::demo::disaggregated;
+    let stop = CancellationToken::new();
+    let engines = disaggregated::start_engines(&stop)
+        .await
+        .expect("the engines start");
+    let any: SocketAddr = "127.0.0.1:0".parse().expect("an address");
+    let yaml = disaggregated::shipped_yaml(any, any, &engines);
+    let magpie = Magpie::start(&yaml).await;
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    let first = vec![user(&"Tell me about shrikes. ".repeat(60))];
+    let (response, body) = client.send(chat("demo", &first, false)).await;
+    assert_eq!(response.status(), 200);
+    let decode = response.headers()["x-magpie-backend"]
+        .to_str()
+        .expect("a name")
+        .to_string();
+    assert!(decode.starts_with("decode-"), "{decode}");
+    usage_read(&magpie, &decode, 1.0).await;
+    let mut next = first.clone();
+    next.push(json!({"role": "assistant", "content": answer_text(&body)}));
+    next.push(user("And wrens?"));
+    let (response, _) = client.send(chat("demo", &next, false)).await;
+    assert_eq!(response.headers()["x-magpie-backend"], decode.as_str());
+    assert_eq!(decisions(&magpie, "split"), 1.0);
+    assert_eq!(decisions(&magpie, "decode_holds"), 1.0);
+    magpie.stop().await;
+    stop.cancel();
+}
