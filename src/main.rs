@@ -407,11 +407,7 @@ async fn llm_demo(listen: SocketAddr, admin: SocketAddr) -> anyhow::Result<ExitC
     let shutdown = shutdown_on_signals()?;
     let engines = magpie_lab::demo::llm::start_engines(3, &shutdown).await?;
     let yaml = magpie_lab::demo::llm::config_yaml(listen, admin, &engines, true);
-    let config =
-        Config::parse(std::path::Path::new("<demo>"), &yaml).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let running = magpie_proxy::app::start(config, shutdown)
-        .await
-        .context("cannot start magpie (a port taken? choose others with --listen and --admin)")?;
+    let running = start_demo(&yaml, shutdown).await?;
     let (at, admin) = (running.listen[0], running.admin.unwrap_or(admin));
     let chat = |extra: &str, body_key: &str| {
         format!(
@@ -453,16 +449,24 @@ async fn llm_demo(listen: SocketAddr, admin: SocketAddr) -> anyhow::Result<ExitC
     Ok(ExitCode::SUCCESS)
 }
 
+/// magpie running a demo's `yaml` until `shutdown`.
+async fn start_demo(
+    yaml: &str,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<magpie_proxy::app::Running> {
+    let config =
+        Config::parse(std::path::Path::new("<demo>"), yaml).map_err(|e| anyhow::anyhow!("{e}"))?;
+    magpie_proxy::app::start(config, shutdown)
+        .await
+        .context("cannot start magpie (a port taken? choose others with --listen and --admin)")
+}
+
 async fn pd_demo(listen: SocketAddr, admin: SocketAddr) -> anyhow::Result<ExitCode> {
     use magpie_lab::demo::disaggregated;
     let shutdown = shutdown_on_signals()?;
     let engines = disaggregated::start_engines(&shutdown).await?;
     let yaml = disaggregated::shipped_yaml(listen, admin, &engines);
-    let config =
-        Config::parse(std::path::Path::new("<demo>"), &yaml).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let running = magpie_proxy::app::start(config, shutdown)
-        .await
-        .context("cannot start magpie (a port taken? choose others with --listen and --admin)")?;
+    let running = start_demo(&yaml, shutdown).await?;
     let (at, admin) = (running.listen[0], running.admin.unwrap_or(admin));
     let mut out = String::new();
     writeln!(

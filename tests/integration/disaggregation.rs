@@ -99,14 +99,9 @@ fn decisions(magpie: &Magpie, decision: &str) -> f64 {
 /// Waits until magpie has read the usage of `n` answers from `backend`.
 async fn usage_read(magpie: &Magpie, backend: &str, n: f64) {
     let label = format!("backend=\"{backend}\"");
-    let counted = || {
+    until("the answer's usage to be read", || {
         let text = magpie.probe.metrics();
         metric_sum(&text, "magpie_backend_completion_tokens_total", &[&label]) >= n * 4.0
-    };
-    within("the answer's usage to be read", async {
-        while !counted() {
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
     })
     .await;
 }
@@ -217,6 +212,40 @@ async fn sglangs_protocol_sends_both_halves_at_once_over_http2() {
     stop.cancel();
 }
 
+/// A backend that takes connections and never answers, and the task that
+/// holds them (they close when it is dropped).
+async fn silent() -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let silent = TcpListener::bind("127.0.0.1:0").await.expect("a port");
+    let addr = silent.local_addr().expect("its address");
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            open.push(socket);
+        }
+    });
+    (addr, held)
+}
+
+/// magpie's requests in flight at `backend`.
+fn in_flight(magpie: &Magpie, backend: &str) -> f64 {
+    let label = format!("backend=\"{backend}\"");
+    metric_sum(
+        &magpie.probe.metrics(),
+        "magpie_backend_requests_in_flight",
+        &[&label],
+    )
+}
+
+/// Waits until `done` holds, checking every few milliseconds.
+async fn until(what: &str, done: impl Fn() -> bool) {
+    within(what, async {
+        while !done() {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
 /// An address nothing listens on.
 async fn dead() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
@@ -258,14 +287,7 @@ async fn without_a_prefill_backend_the_decode_backend_prefills_alone() {
     let stop = CancellationToken::new();
     let decode = engine("d1", EngineRole::Decode, &stop).await;
     // One prefill backend refuses connections, the other never answers.
-    let silent = TcpListener::bind("127.0.0.1:0").await.expect("a port");
-    let silent_addr = silent.local_addr().expect("its address");
-    let _held = tokio::spawn(async move {
-        let mut open = Vec::new();
-        while let Ok((socket, _)) = silent.accept().await {
-            open.push(socket);
-        }
-    });
+    let (silent_addr, _held) = silent().await;
     let section = "disaggregation:\n  protocol: vllm\n  prefill_timeout: 300ms\n";
     let backends = [
         ("p-dead", dead().await, ", role: prefill".to_string()),
@@ -315,14 +337,7 @@ async fn a_dead_decode_backend_after_the_prefill_is_a_clean_502() {
 async fn a_prefill_half_waits_in_the_queue_for_a_prefill_backends_room() {
     let stop = CancellationToken::new();
     let decode = engine("d1", EngineRole::Decode, &stop).await;
-    let silent = TcpListener::bind("127.0.0.1:0").await.expect("a port");
-    let silent_addr = silent.local_addr().expect("its address");
-    let _held = tokio::spawn(async move {
-        let mut open = Vec::new();
-        while let Ok((socket, _)) = silent.accept().await {
-            open.push(socket);
-        }
-    });
+    let (silent_addr, _held) = silent().await;
     let section = "queue:\n  max_inflight: 1\n  timeout: 300ms\ndisaggregation:\n  protocol: vllm\n  prefill_timeout: 5s\n";
     let backends = [
         ("p-silent", silent_addr, ", role: prefill".to_string()),
@@ -337,16 +352,8 @@ async fn a_prefill_half_waits_in_the_queue_for_a_prefill_backends_room() {
         let mut client = KeepAlive::connect(addr).await;
         client.start(request).await
     });
-    let label = "backend=\"p-silent\"";
-    within("the prefill half to take its slot", async {
-        while metric_sum(
-            &magpie.probe.metrics(),
-            "magpie_backend_requests_in_flight",
-            &[label],
-        ) < 1.0
-        {
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+    until("the prefill half to take its slot", || {
+        in_flight(&magpie, "p-silent") >= 1.0
     })
     .await;
     // The next one's prefill half waits in the queue for that slot; past
@@ -418,14 +425,7 @@ async fn a_reload_binds_a_waiting_prefill_half_to_the_new_prefill_pool() {
     let stop = CancellationToken::new();
     let decode = engine("d1", EngineRole::Decode, &stop).await;
     let fresh = engine("p-new", EngineRole::Prefill, &stop).await;
-    let silent = TcpListener::bind("127.0.0.1:0").await.expect("a port");
-    let silent_addr = silent.local_addr().expect("its address");
-    let _held = tokio::spawn(async move {
-        let mut open = Vec::new();
-        while let Ok((socket, _)) = silent.accept().await {
-            open.push(socket);
-        }
-    });
+    let (silent_addr, _held) = silent().await;
     let section = "reload:\n  watch: false\nqueue:\n  max_inflight: 1\n  timeout: 10s\ndisaggregation:\n  protocol: vllm\n  prefill_timeout: 8s\n";
     let mut backends = vec![
         ("p-silent", silent_addr, ", role: prefill".to_string()),
@@ -443,16 +443,8 @@ async fn a_reload_binds_a_waiting_prefill_half_to_the_new_prefill_pool() {
             client.send(request).await.0.status()
         }));
         // One holds p-silent's slot, the other waits in the queue for it.
-        within("the request to take its place", async {
-            while metric_sum(
-                &magpie.probe.metrics(),
-                "magpie_backend_requests_in_flight",
-                &["backend=\"p-silent\""],
-            ) < 1.0
-                || magpie.probe.queued() < n
-            {
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            }
+        until("the request to take its place", || {
+            in_flight(&magpie, "p-silent") >= 1.0 && magpie.probe.queued() >= n
         })
         .await;
     }
@@ -464,10 +456,8 @@ async fn a_reload_binds_a_waiting_prefill_half_to_the_new_prefill_pool() {
     within("the reload", reloader.reload(true))
         .await
         .expect("the reload applies");
-    within("the waiting request to be split", async {
-        while decisions(&magpie, "split") < 1.0 {
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+    until("the waiting request to be split", || {
+        decisions(&magpie, "split") >= 1.0
     })
     .await;
     assert!(engine_metric(fresh, "vllm:prompt_tokens_total").await > 300.0);

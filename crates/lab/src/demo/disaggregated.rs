@@ -26,12 +26,8 @@ pub async fn start_engines(
         ("decode-2", Role::Decode),
     ] {
         let config = EngineConfig {
-            name: name.to_string(),
             role,
-            prefill_us_per_token: 40.0,
-            decode_ms_per_token: 2.0,
-            cache_blocks: 1500,
-            ..EngineConfig::default()
+            ..super::llm::engine_config(name)
         };
         let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
         let engine = engine::start(config, loopback, stop.clone()).await?;

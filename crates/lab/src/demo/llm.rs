@@ -45,18 +45,24 @@ pub async fn start_engines(
 ) -> Result<Vec<(String, SocketAddr)>, EngineError> {
     let mut engines = Vec::new();
     for i in 1..=n {
-        let config = EngineConfig {
-            name: format!("r{i}"),
-            prefill_us_per_token: 40.0,
-            decode_ms_per_token: 2.0,
-            cache_blocks: 1500,
-            ..EngineConfig::default()
-        };
+        let config = engine_config(&format!("r{i}"));
         let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
         let engine = engine::start(config, loopback, stop.clone()).await?;
         engines.push((format!("r{i}"), engine.addr()));
     }
     Ok(engines)
+}
+
+/// A demo engine named `name`: faster than `bench/llm`'s (a demo should
+/// take seconds), its cache small enough that routing shows.
+pub fn engine_config(name: &str) -> EngineConfig {
+    EngineConfig {
+        name: name.to_string(),
+        prefill_us_per_token: 40.0,
+        decode_ms_per_token: 2.0,
+        cache_blocks: 1500,
+        ..EngineConfig::default()
+    }
 }
 
 /// The demo's config: mode http, keyed by `x-session-id`, else the body's

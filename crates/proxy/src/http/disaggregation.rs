@@ -44,7 +44,7 @@ use crate::config::{Config, DisaggregationConfig, Protocol};
 use crate::routing::backend::{ActiveGuard, Backend, CodeClass, TimeoutKind, WorkGuard};
 use crate::routing::health::passive;
 use crate::routing::instance::Instance;
-use crate::routing::llm::disaggregation::{Decision, PREFILL_TRIES, PrefillPlan};
+use crate::routing::llm::disaggregation::{Decision, PREFILL_TRIES, PrefillPlan, PrefillRoom};
 
 /// The most of a prefill backend's answer read (vLLM's answer carries its
 /// KV's block ids: a few bytes per block of 16 tokens).
@@ -161,12 +161,7 @@ impl Prefill<'_> {
             return Halves::whole(Decision::Unsplittable);
         };
         let mut tried = Vec::new();
-        while tried.len() < PREFILL_TRIES {
-            let Some((backend, slot, work)) = route.room(self.instance, self.config, &tried).await
-            else {
-                break;
-            };
-            tried.push(Arc::clone(&backend));
+        while let Some((backend, slot, work)) = self.room(route, &mut tried).await {
             let started = Instant::now();
             let sent = self.send(&backend, &half, work);
             let answer = match timeout(self.split.prefill_timeout, sent).await {
@@ -206,12 +201,7 @@ impl Prefill<'_> {
     /// bootstrap server and one room.
     async fn sglang(&self, route: &PrefillPlan, body: &[u8]) -> Halves {
         let mut tried = Vec::new();
-        while tried.len() < PREFILL_TRIES {
-            let Some((backend, slot, work)) = route.room(self.instance, self.config, &tried).await
-            else {
-                break;
-            };
-            tried.push(Arc::clone(&backend));
+        while let Some((backend, slot, work)) = self.room(route, &mut tried).await {
             let Some(port) = backend.bootstrap_port else {
                 continue;
             };
@@ -249,6 +239,22 @@ impl Prefill<'_> {
             };
         }
         Halves::whole(Decision::PrefillFailed)
+    }
+
+    /// A room for the next try of a prefill half by `route`, at a backend
+    /// not `tried` (which it joins); `None` after [`PREFILL_TRIES`] tries,
+    /// or when no backend has room.
+    async fn room(
+        &self,
+        route: &PrefillPlan,
+        tried: &mut Vec<Arc<Backend>>,
+    ) -> Option<PrefillRoom> {
+        if tried.len() >= PREFILL_TRIES {
+            return None;
+        }
+        let room = route.room(self.instance, self.config, tried).await?;
+        tried.push(Arc::clone(&room.0));
+        Some(room)
     }
 
     /// The prefill half with `body`, as a request to `backend`.
