@@ -157,13 +157,13 @@ impl Prefill<'_> {
     /// vLLM's protocol: the prefill half first; its answer's
     /// `kv_transfer_params` go with the decode half.
     async fn vllm(&self, route: &PrefillPlan, body: &[u8]) -> Halves {
-        let Some(half) = vllm_prefill_body(body) else {
+        let Some(half) = vllm_prefill_body(body).map(Bytes::from) else {
             return Halves::whole(Decision::Unsplittable);
         };
         let mut tried = Vec::new();
         while let Some((backend, slot, work)) = self.room(route, &mut tried).await {
             let started = Instant::now();
-            let sent = self.send(&backend, &half, work);
+            let sent = self.send(&backend, half.clone(), work);
             let answer = match timeout(self.split.prefill_timeout, sent).await {
                 Ok(Ok(answer)) => answer,
                 Ok(Err(failed)) => {
@@ -223,7 +223,7 @@ impl Prefill<'_> {
                     continue;
                 }
             };
-            let request = self.request(&backend, Bytes::from(both.clone()));
+            let request = half_request(self.leg, &backend, Bytes::from(both.clone()));
             let background = Background {
                 backend: Arc::clone(&backend),
                 deadline: self.split.prefill_timeout,
@@ -257,24 +257,19 @@ impl Prefill<'_> {
         Some(room)
     }
 
-    /// The prefill half with `body`, as a request to `backend`.
-    fn request(&self, backend: &Backend, body: Bytes) -> Request<Full<Bytes>> {
-        half_request(self.leg, backend, body)
-    }
-
     /// Sends `body` to `backend` over a new connection and reads its
     /// answer, counted as the journey counts an answer.
     /// `work` is its prefill there, answered at its answer's head.
     async fn send(
         &self,
         backend: &Arc<Backend>,
-        body: &[u8],
+        body: Bytes,
         work: WorkGuard,
     ) -> Result<Bytes, Failed> {
         let io = upstream::open(backend, self.config.connect.timeout)
             .await
             .map_err(Failed::Connect)?;
-        let request = self.request(backend, Bytes::copy_from_slice(body));
+        let request = half_request(self.leg, backend, body);
         let sent = Instant::now();
         let answer = exchange(io, request).await?;
         account(backend, answer.status().as_u16(), sent, self.config);

@@ -90,9 +90,8 @@ pub(crate) struct Asked {
 pub(crate) struct PrefillPlan {
     /// The prefill pool's route (its caps, for the slots taken).
     pub(crate) route: Route,
-    /// The candidates, each with its work there and the most requests it
-    /// takes at once (with `queue`: its `max_inflight`).
-    pub(crate) targets: Vec<(Arc<Backend>, u64, Option<u64>)>,
+    /// The candidates, each with its work there.
+    pub(crate) targets: Vec<(Arc<Backend>, u64)>,
     /// Its work (at its own prefill backend, less its previous prompt),
     /// what it is, and its key, as the queue weighs and binds it.
     work: Work,
@@ -117,14 +116,14 @@ impl PrefillPlan {
         tried: &[Arc<Backend>],
     ) -> Option<PrefillRoom> {
         let left =
-            || (self.targets.iter()).filter(|(b, _, _)| !tried.iter().any(|t| Arc::ptr_eq(t, b)));
+            || (self.targets.iter()).filter(|(b, _)| !tried.iter().any(|t| Arc::ptr_eq(t, b)));
         let Some(queue) = &config.queue else {
-            return left().find_map(|(b, tokens, limit)| {
-                let (slot, work) = self.route.reserve_work(b, *tokens, *limit)?;
+            return left().find_map(|(b, tokens)| {
+                let (slot, work) = self.route.reserve_work(b, *tokens)?;
                 Some((Arc::clone(b), slot, work))
             });
         };
-        let targets: Vec<Arc<Backend>> = left().map(|(b, _, _)| Arc::clone(b)).collect();
+        let targets: Vec<Arc<Backend>> = left().map(|(b, _)| Arc::clone(b)).collect();
         if targets.is_empty() {
             return None;
         }
@@ -172,13 +171,13 @@ pub(crate) fn prefill_route(
     let (Some(config), Some(prefill)) = (&snapshot.config.disaggregation, &snapshot.prefill) else {
         return Err(Decision::Unsplittable);
     };
-    let lacking = decode.map(|d| lacking_at(memory, asked, d));
+    let work = work(memory, asked.keys.session.memory(), asked.bytes);
+    let lacking = decode.map(|d| lacking(memory, asked, &work, d));
     if lacking.is_some_and(|tokens| tokens < config.skip_below_tokens) {
         return Err(Decision::DecodeHolds);
     }
     let key = asked.keys.session.hash();
     let route = Route::preview(prefill, key);
-    let work = work(memory, asked.keys.session.memory(), asked.bytes);
     let own = work.warm_at.as_ref().map_or(work.tokens, |(_, t)| *t);
     let mut up = prefill
         .candidates(key)
@@ -196,16 +195,7 @@ pub(crate) fn prefill_route(
         })
         .collect();
     costed.sort_by_key(|(cost, i, _, _)| (*cost, *i));
-    let limit = |b: &Backend| {
-        let queue = snapshot.config.queue.as_ref()?;
-        Some(b.max_inflight.unwrap_or(queue.max_inflight))
-    };
-    let targets = (costed.into_iter())
-        .map(|(_, _, b, t)| {
-            let limit = limit(&b);
-            (b, t, limit)
-        })
-        .collect();
+    let targets = costed.into_iter().map(|(_, _, b, t)| (b, t)).collect();
     Ok(PrefillPlan {
         route,
         targets,
@@ -215,14 +205,22 @@ pub(crate) fn prefill_route(
     })
 }
 
-/// The prompt tokens `backend` lacks of the request `asked`: its prefill
-/// work there ([`super::work`]: its prompt less the prefix its
-/// conversation's previous request left there, or less a shared head the
-/// backend likely holds), less that previous request's answer when it was
-/// there (the backend computed its KV as it wrote it).
+/// The prompt tokens `backend` lacks of the request `asked`, its work
+/// told from the key memory here (what [`prefill_route`] does once).
+#[cfg(test)]
 pub(crate) fn lacking_at(memory: &KeyMemory, asked: Asked, backend: &Backend) -> u64 {
+    let work = work(memory, asked.keys.session.memory(), asked.bytes);
+    lacking(memory, asked, &work, backend)
+}
+
+/// The prompt tokens `backend` lacks of the request `asked` whose `work`
+/// ([`super::work`]) is told: its prompt less the prefix its
+/// conversation's previous request left there, or less a shared head the
+/// backend likely holds, and less that previous request's answer when it
+/// was there (the backend computed its KV as it wrote it).
+fn lacking(memory: &KeyMemory, asked: Asked, work: &Work, backend: &Backend) -> u64 {
     let key = asked.keys.session.memory();
-    let work = work(memory, key, asked.bytes).of_group(asked.keys.group, asked.heads);
+    let work = work.clone().of_group(asked.keys.group, asked.heads);
     let warm_here = work
         .warm_at
         .as_ref()
@@ -330,10 +328,7 @@ mod tests {
         let memory = KeyMemory::new(100, Duration::from_secs(60));
         let plan = prefill_route(&s, &memory, asked(7, 4_000), Some(d)).expect("split");
         let names = |plan: &PrefillPlan| -> Vec<String> {
-            plan.targets
-                .iter()
-                .map(|(b, _, _)| b.name.clone())
-                .collect()
+            plan.targets.iter().map(|(b, _)| b.name.clone()).collect()
         };
         let home = names(&plan)[0].clone();
         assert_eq!(plan.targets[0].1, 1_000);

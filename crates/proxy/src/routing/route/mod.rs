@@ -310,18 +310,16 @@ impl Route {
 impl Route {
     /// [`Route::reserve`], holding `tokens` of prefill work at `backend`
     /// besides (counted in its prefill work until the guard drops, at its
-    /// answer's first byte), and under `limit` requests in flight too.
+    /// answer's first byte).
     pub(crate) fn reserve_work(
         &self,
         backend: &Arc<Backend>,
         tokens: u64,
-        limit: Option<u64>,
     ) -> Option<(ActiveGuard, WorkGuard)> {
         let cap = match self.caps {
             None => u64::MAX,
             Some(_) => Caps::of(backend, self.caps),
         };
-        let cap = limit.map_or(cap, |l| cap.min(l));
         let room = backend.live.try_reserve_work(cap, tokens, None, None);
         if room.is_none() {
             backend.live.traffic.count_spill(Spill::AtCap);
