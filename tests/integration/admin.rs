@@ -35,6 +35,7 @@ async fn metrics_parse_and_every_family_is_there_and_documented() {
         "magpie_backend_engine_running",
         "magpie_backend_engine_kv_usage",
         "magpie_backend_engine_kv_capacity_tokens",
+        "magpie_backend_engine_slots",
     ];
     for family in families() {
         let name = family.name;

@@ -18,6 +18,7 @@ use crate::support::*;
 const METRICS: &str = include_str!("../fixtures/llamacpp/metrics.txt");
 const CHAT: &str = include_str!("../fixtures/llamacpp/chat.json");
 const STREAM: &str = include_str!("../fixtures/llamacpp/chat-stream.txt");
+const PROPS: &str = include_str!("../fixtures/llamacpp/props.json");
 
 /// llama-server's metrics with `deferred` requests waiting for a slot and
 /// `processing` in slots.
@@ -67,13 +68,19 @@ async fn the_preset_reads_its_queue_and_keeps_new_keys_off_a_full_engine() {
         "{text}"
     );
     assert!(!text.contains("magpie_backend_engine_kv_capacity_tokens{backend=\"a\""));
+    // Nothing deferred, no `/props` (404): its slots are not known, and
+    // its queue is read all the same.
+    assert!(!text.contains("magpie_backend_engine_slots{"), "{text}");
 
     // Ten requests deferred (over max_waiting: 8): new keys go elsewhere.
+    // Two processing while some wait: the engine runs two at once.
     engines.get("a").set(metrics(10, 2));
-    until_metrics(admin, "a's 10 deferred", |t| {
+    let text = until_metrics(admin, "a's 10 deferred", |t| {
         gauge(t, "magpie_backend_engine_waiting", "a") == 10.0
     })
     .await;
+    assert_eq!(gauge(&text, "magpie_backend_engine_slots", "a"), 2.0);
+    assert!(!text.contains("magpie_backend_engine_slots{backend=\"b\""));
     let mut client = KeepAlive::connect(magpie.addr).await;
     let new: Vec<String> = (0..)
         .map(|i| format!("new-{i}"))
@@ -136,5 +143,62 @@ async fn realized_hits_come_from_its_usage_and_from_a_streams_timings() {
     let count = |name: &str| gauge(&text, name, &home);
     assert_eq!(count("magpie_backend_prompt_tokens_total"), 562.0, "{text}");
     assert_eq!(count("magpie_backend_cached_prompt_tokens_total"), 280.0);
+    magpie.stop().await;
+}
+
+/// Waits until `n` requests are held at `engine`.
+async fn until_held(engine: &FakeEngine, n: u64) {
+    within("requests held at the engine", async {
+        while engine.held.load(std::sync::atomic::Ordering::SeqCst) < n {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_request_goes_where_the_engine_has_a_slot_free() {
+    let engines = FakeEngines::start(&["a", "b"]).await;
+    // a runs two requests at once (`total_slots` in its `/props`); b does
+    // not tell.
+    engines.get("a").set_props(PROPS);
+    for e in &engines.list {
+        e.set(metrics(0, 0));
+    }
+    let settings = format!(
+        "mode: http\n{SESSION_KEY}sessions:\n  ttl: 10m\nqueue:\n  max_inflight: 8\nhttp:\n  expose_backend: true\nhealth:\n  load:\n    preset: llamacpp\n    interval: 100ms\n    timeout: 50ms\n"
+    );
+    let yaml = config_yaml_with_admin("127.0.0.1:0", &settings, &engines.pairs());
+    let magpie = Magpie::start(&yaml).await;
+    let admin = magpie.admin.expect("admin is on");
+    until_metrics(admin, "a's slots learned", |t| {
+        gauge(t, "magpie_backend_engine_slots", "a") == 2.0
+    })
+    .await;
+    let keys: Vec<String> = (0..)
+        .map(|i| format!("conversation-{i}"))
+        .filter(|k| magpie.primary(text_key(k.as_bytes())) == "a")
+        .take(4)
+        .collect();
+    // The first two go to a, their table's first, and are held there.
+    let mut held = Vec::new();
+    for key in &keys[..2] {
+        let mut holder = KeepAlive::connect(magpie.addr).await;
+        let request = get("/held")
+            .header("x-session-id", key)
+            .body(Full::default())
+            .expect("a request");
+        held.push(tokio::spawn(async move { holder.served_by(request).await }));
+        until_held(engines.get("a"), held.len() as u64).await;
+    }
+    // a's two slots are taken: the next conversation goes where one is free.
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    assert_eq!(client.get_session(&keys[2]).await, "b");
+    engines.get("a").release(2);
+    for held in held {
+        assert_eq!(held.await.expect("a held request"), "a");
+    }
+    // Its slots free again, a takes the next.
+    assert_eq!(client.get_session(&keys[3]).await, "a");
     magpie.stop().await;
 }

@@ -2,7 +2,9 @@
 //! `127.0.0.1:0` whose `GET /metrics` serves vLLM-style Prometheus text with
 //! values the test sets (or hangs, or answers garbage), and which answer
 //! every other request with `backend: NAME`, or with the answer the test
-//! set for its kind (streamed or not).
+//! set for its kind (streamed or not); a request for `/held` is answered
+//! only once the test lets it go ([`FakeEngine::release`]), one for
+//! `/props` with what the test set ([`FakeEngine::set_props`]).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -15,6 +17,7 @@ use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 /// What `GET /metrics` does.
@@ -36,6 +39,12 @@ pub struct FakeEngine {
     answers: Mutex<Option<[EngineAnswer; 2]>>,
     /// `GET /metrics` requests seen.
     pub scrapes: AtomicU64,
+    /// What `GET /props` answers (404 while unset).
+    props: Mutex<Option<String>>,
+    /// `/held` requests wait for a permit here.
+    gate: Semaphore,
+    /// `/held` requests waiting for one now.
+    pub held: AtomicU64,
 }
 
 /// An answer's content type and body.
@@ -56,6 +65,16 @@ impl FakeEngine {
              vllm:kv_cache_usage_perc{{engine=\"0\",model_name=\"m\"}} {kv_usage}\n"
         );
         self.set(Metrics::Text(text));
+    }
+
+    /// Answers `GET /props` with `json`.
+    pub fn set_props(&self, json: &str) {
+        *self.props.lock().expect("the props lock") = Some(json.to_string());
+    }
+
+    /// Lets `n` waiting `/held` requests be answered.
+    pub fn release(&self, n: usize) {
+        self.gate.add_permits(n);
     }
 
     pub fn set(&self, metrics: Metrics) {
@@ -90,6 +109,9 @@ impl FakeEngines {
                 metrics: Mutex::new(Metrics::Garbage),
                 answers: Mutex::new(None),
                 scrapes: AtomicU64::new(0),
+                props: Mutex::new(None),
+                gate: Semaphore::new(0),
+                held: AtomicU64::new(0),
             });
             engine.report(0, 0.1);
             tokio::spawn(serve(listener, Arc::clone(&engine), stop.clone()));
@@ -155,6 +177,24 @@ async fn answer(
             Metrics::Garbage => "<html><body>502 Bad Gateway {{{\u{0}".to_string(),
         };
         return Ok(Response::new(Full::new(Bytes::from(text))));
+    }
+    if req.uri().path() == "/props" {
+        let props = engine.props.lock().expect("the props lock").clone();
+        let response = match props {
+            Some(json) => Response::new(Full::new(Bytes::from(json))),
+            None => Response::builder()
+                .status(404)
+                .body(Full::new(Bytes::from_static(b"not found")))
+                .expect("an answer"),
+        };
+        return Ok(response);
+    }
+    if req.uri().path() == "/held" {
+        engine.held.fetch_add(1, Ordering::SeqCst);
+        if let Ok(permit) = engine.gate.acquire().await {
+            permit.forget();
+        }
+        engine.held.fetch_sub(1, Ordering::SeqCst);
     }
     let mut body = req.into_body();
     let mut streams = false;

@@ -48,6 +48,8 @@ impl LoadPreset {
                     running: Some("llamacpp:requests_processing".to_string()),
                     kv_usage: None,
                     kv_capacity: None,
+                    waits_for_a_slot: true,
+                    slots_path: Some("/props".to_string()),
                 };
             }
             LoadPreset::Vllm => [
@@ -70,6 +72,8 @@ impl LoadPreset {
             running,
             kv_usage,
             kv_capacity,
+            waits_for_a_slot: false,
+            slots_path: None,
         }
     }
 }
@@ -87,6 +91,15 @@ pub struct Gauges {
     /// labels `num_gpu_blocks` × `block_size` where it has them (vLLM's
     /// `cache_config_info`), else its value. Shown; never a limit.
     pub kv_capacity: Option<String>,
+    /// Whether a request waits only while every one of the engine's slots
+    /// is taken (`llama-server`'s deferred requests): then the running
+    /// gauge of a scrape that found one waiting is its slot count. vLLM's
+    /// and SGLang's waiting requests are those their scheduler left for a
+    /// later step, which says nothing of their batch's size.
+    pub waits_for_a_slot: bool,
+    /// Where the engine tells its slots: a JSON object whose `total_slots`
+    /// they are (`llama-server`'s `GET /props`), asked while not known.
+    pub slots_path: Option<String>,
 }
 
 /// When a backend is full for new keys, and how long a value counts.

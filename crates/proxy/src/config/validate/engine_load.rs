@@ -120,6 +120,8 @@ impl Validator<'_> {
     ) -> Gauges {
         let mut gauges = preset.gauges();
         let [waiting, running, kv_usage, kv_capacity] = written;
+        // Another waiting gauge need not mean that every slot is taken.
+        gauges.waits_for_a_slot &= waiting.is_none();
         let slots = [
             ("waiting", waiting, &mut gauges.waiting),
             ("running", running, &mut gauges.running),
@@ -275,6 +277,14 @@ mod tests {
             (gauges.kv_usage.as_deref(), gauges.kv_capacity.as_deref()),
             (None, None)
         );
+        // Its requests wait only for a slot, so its slots can be learned;
+        // not from another waiting gauge, nor from vLLM's.
+        assert!(gauges.waits_for_a_slot);
+        assert_eq!(gauges.slots_path.as_deref(), Some("/props"));
+        let text = with_load("{preset: llamacpp, waiting: my_queue}");
+        let load = parse(&text).unwrap().health.unwrap().load.unwrap();
+        assert!(!load.gauges.waits_for_a_slot);
+        assert!(!LoadPreset::Vllm.gauges().waits_for_a_slot);
     }
 
     #[test]

@@ -303,6 +303,17 @@ pub(crate) const BACKEND: &[Family] = &[
         }),
     },
     Family {
+        name: "magpie_backend_engine_slots",
+        kind: GAUGE,
+        labels: &["backend", "addr"],
+        help: "The requests the backend's engine runs at once, learned from the engine (health.load preset llamacpp: total_slots of GET /props, or requests_processing at a scrape that found requests deferred); a first request goes where a slot is free while any target has one.",
+        read: Read::Backend(|b, s| {
+            if let Some(slots) = b.live().engine.slots() {
+                s.value(&[], slots as f64);
+            }
+        }),
+    },
+    Family {
         name: "magpie_engine_load_scrapes_total",
         kind: COUNTER,
         labels: &["backend", "addr", "result"],

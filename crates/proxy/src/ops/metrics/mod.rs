@@ -317,6 +317,7 @@ mod tests {
             running: Some(2.0),
             kv_usage: Some(0.5),
             kv_capacity: Some(64000.0),
+            slots: Some(2.0),
         };
         let a = instance.snapshot.load().backends[0].clone();
         a.live.engine.record(sample, tokio::time::Instant::now());
@@ -367,6 +368,7 @@ mod tests {
                 running: None,
                 kv_usage: Some(kv_usage),
                 kv_capacity: None,
+                slots: None,
             };
             backend.live.engine.record(sample, now);
         }

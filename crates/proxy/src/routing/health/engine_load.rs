@@ -53,6 +53,7 @@ pub(crate) struct EngineLoad {
     running: AtomicU64,
     kv_usage: AtomicU64,
     kv_capacity: AtomicU64,
+    slots: AtomicU64,
     /// Nanoseconds from `epoch` to the last good scrape, plus one; 0: never.
     updated: AtomicU64,
     scrapes: [AtomicU64; ScrapeResult::COUNT],
@@ -67,6 +68,7 @@ impl Default for EngineLoad {
             running: nothing(),
             kv_usage: nothing(),
             kv_capacity: nothing(),
+            slots: nothing(),
             updated: AtomicU64::new(0),
             scrapes: Default::default(),
         }
@@ -84,6 +86,10 @@ impl EngineLoad {
         if sample.kv_capacity.is_some() {
             // A cache's size outlives a scrape that did not say it.
             (self.kv_capacity).store(bits(sample.kv_capacity), Ordering::Relaxed);
+        }
+        if sample.slots.is_some() {
+            // Told only while some request waits; kept until told again.
+            (self.slots).store(bits(sample.slots), Ordering::Relaxed);
         }
         let since = now.saturating_duration_since(self.epoch).as_nanos();
         let since = u64::try_from(since).unwrap_or(u64::MAX - 1);
@@ -114,6 +120,7 @@ impl EngineLoad {
             running: read(&self.running),
             kv_usage: read(&self.kv_usage),
             kv_capacity: read(&self.kv_capacity),
+            slots: read(&self.slots),
         })
     }
 
@@ -121,6 +128,14 @@ impl EngineLoad {
     /// long ago: a cache does not shrink because a scrape failed.
     pub(crate) fn kv_capacity(&self) -> Option<f64> {
         Some(f64::from_bits(self.kv_capacity.load(Ordering::Relaxed))).filter(|v| !v.is_nan())
+    }
+
+    /// The engine's slots, as last learned (a scrape that found a request
+    /// waiting for one, [`crate::config::Gauges::waits_for_a_slot`]),
+    /// however long ago.
+    pub(crate) fn slots(&self) -> Option<u64> {
+        let slots = f64::from_bits(self.slots.load(Ordering::Relaxed));
+        (slots.is_finite() && slots >= 1.0).then_some(slots as u64)
     }
 
     /// Whether the engine is too loaded to take a key it does not hold yet:
@@ -164,6 +179,7 @@ mod tests {
             running: Some(1.0),
             kv_usage: Some(kv_usage),
             kv_capacity: None,
+            slots: None,
         }
     }
 

@@ -12,7 +12,9 @@
 //! nothing down and blocks no request: the data paths only read the last
 //! good value, which counts until `max_age` and is ignored after. Failures
 //! are counted by result on the backend and logged at most once every
-//! [`FAILURE_LOG_EVERY`].
+//! [`FAILURE_LOG_EVERY`]. Where the preset says where an engine tells its
+//! slots (`llama-server`'s `GET /props`, its `total_slots`), that is asked
+//! too, over the same connection, while they are not known.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -172,11 +174,41 @@ async fn exchange(
         }
         Err(_) => return (Err(ScrapeResult::Connect), None),
     };
-    let sample = exposition::read(&body, &load.gauges);
+    let mut sample = exposition::read(&body, &load.gauges);
     if sample.is_empty() {
         return (Err(ScrapeResult::Parse), Some(connection));
     }
+    let unknown = sample.slots.is_none() && target.engine().slots().is_none();
+    if let Some(path) = load.gauges.slots_path.as_deref().filter(|_| unknown) {
+        let (slots, kept) = ask_slots(connection, target, path).await;
+        sample.slots = slots;
+        return (Ok(sample), kept);
+    }
     (Ok(sample), Some(connection))
+}
+
+/// The slots `GET path` tells (a JSON object's `total_slots`, at least 1),
+/// and the connection if it can serve the next round. A failure tells
+/// nothing and fails no scrape: the slots are asked again next round.
+async fn ask_slots(
+    mut connection: Connection,
+    target: &impl Target,
+    path: &str,
+) -> (Option<f64>, Option<Connection>) {
+    let Some(response) = ask(&mut connection, target, path).await else {
+        return (None, None);
+    };
+    let ok = response.status() == hyper::StatusCode::OK;
+    let Ok(body) = (Limited::new(response.into_body(), MAX_SCRAPE_BYTES).collect()).await else {
+        return (None, None);
+    };
+    let slots = serde_json::from_slice::<serde_json::Value>(&body.to_bytes())
+        .ok()
+        .filter(|_| ok)
+        .and_then(|props| props.get("total_slots")?.as_u64())
+        .filter(|slots| *slots >= 1)
+        .map(|slots| slots as f64);
+    (slots, Some(connection))
 }
 
 /// A fresh HTTP/1.1 connection to `addr`, its driver spawned.

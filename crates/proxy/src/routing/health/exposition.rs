@@ -31,6 +31,9 @@ pub struct Sample {
     pub kv_usage: Option<f64>,
     /// The KV cache's size in tokens, summed over series.
     pub kv_capacity: Option<f64>,
+    /// The engine's slots: its running requests, when some wait and its
+    /// requests wait only for a slot ([`Gauges::waits_for_a_slot`]).
+    pub slots: Option<f64>,
 }
 
 impl Sample {
@@ -40,6 +43,13 @@ impl Sample {
             && self.running.is_none()
             && self.kv_usage.is_none()
             && self.kv_capacity.is_none()
+    }
+
+    /// The sample, with its slots where `gauges` tell them.
+    fn with_slots(self, gauges: &Gauges) -> Sample {
+        let waiting = self.waiting.is_some_and(|w| w > 0.0);
+        let slots = (self.running).filter(|r| gauges.waits_for_a_slot && waiting && *r > 0.0);
+        Sample { slots, ..self }
     }
 }
 
@@ -76,7 +86,7 @@ pub fn read(text: &[u8], gauges: &Gauges) -> Sample {
             }
         }
     }
-    sample
+    sample.with_slots(gauges)
 }
 
 /// The number a label of `labels` (`{a="1",b="2"}`) holds, if it has it.
@@ -219,6 +229,36 @@ sglang:max_total_num_tokens{model_name=\"qwen\",tp_rank=\"0\"} 412000.0\r\n";
         assert_eq!(s.kv_usage, Some(0.62));
         // Two engines of 27,051 blocks of 16 tokens each.
         assert_eq!(s.kv_capacity, Some(2.0 * 27051.0 * 16.0));
+        // vLLM's waiting requests say nothing of its batch's size.
+        assert_eq!(s.slots, None);
+    }
+
+    #[test]
+    fn llama_servers_slots_are_its_processing_while_one_is_deferred() {
+        let text = |deferred: u32| {
+            format!(
+                "# TYPE llamacpp:requests_processing gauge\n\
+                 llamacpp:requests_processing 4\n\
+                 # TYPE llamacpp:requests_deferred gauge\n\
+                 llamacpp:requests_deferred {deferred}\n"
+            )
+        };
+        let preset = LoadPreset::Llamacpp.gauges();
+        let s = read(text(2).as_bytes(), &preset);
+        assert_eq!(
+            (s.waiting, s.running, s.slots),
+            (Some(2.0), Some(4.0), Some(4.0))
+        );
+        assert_eq!(
+            read(text(0).as_bytes(), &preset).slots,
+            None,
+            "none deferred"
+        );
+        let other = Gauges {
+            waits_for_a_slot: false,
+            ..preset
+        };
+        assert_eq!(read(text(2).as_bytes(), &other).slots, None);
     }
 
     #[test]
@@ -231,6 +271,7 @@ sglang:max_total_num_tokens{model_name=\"qwen\",tp_rank=\"0\"} 412000.0\r\n";
                 running: Some(7.0),
                 kv_usage: Some(0.25),
                 kv_capacity: Some(412000.0),
+                slots: None,
             }
         );
         // The other engine's names find nothing.
@@ -244,6 +285,8 @@ sglang:max_total_num_tokens{model_name=\"qwen\",tp_rank=\"0\"} 412000.0\r\n";
             running: Some("r".into()),
             kv_usage: Some("kv".into()),
             kv_capacity: Some("cap".into()),
+            waits_for_a_slot: false,
+            slots_path: None,
         };
         let text = concat!(
             "w{a=\"x}y\",b=\"q\\\"}\\\\\"} 2 1700000000000\n",

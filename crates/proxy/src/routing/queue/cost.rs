@@ -12,6 +12,11 @@
 //! for each of them, so under load a cache counts more than a short queue.
 //! A hot group's home fills first, and then its own queue weighs against it
 //! (its requests' whole work, counted once for each request queued there).
+//!
+//! An engine that runs a fixed number of requests at once (`llama-server`'s
+//! slots, learned from the engine) makes one more wait for a running one
+//! to end, however long its answer: a first request goes where a slot is
+//! free while any target has one, cheapest among those.
 
 use std::sync::Arc;
 
@@ -23,8 +28,9 @@ use crate::routing::llm::work::Work;
 /// now.
 pub(super) struct Order {
     pub(super) targets: Vec<Arc<Backend>>,
-    /// Placing: what it would cost at each ([`cost`]).
-    costs: Vec<f64>,
+    /// Placing: what it would cost at each: whether every slot there is
+    /// taken ([`slots_taken`]), then [`cost`].
+    costs: Vec<(bool, f64)>,
     waits_for_home: bool,
     places: bool,
 }
@@ -84,6 +90,15 @@ pub(super) fn cost(backend: &Backend, work: &Work, unknown: f64) -> f64 {
     tokens / live.prefill_rate.per_second().unwrap_or(unknown)
 }
 
+/// Whether every slot of `backend`'s engine is taken by this magpie's
+/// requests in flight (its slots learned from the engine,
+/// [`crate::routing::health::EngineLoad::slots`]; never, where they are
+/// not known).
+fn slots_taken(backend: &Backend) -> bool {
+    let live = &backend.live;
+    (live.engine.slots()).is_some_and(|slots| live.load.active() >= slots)
+}
+
 /// The rate a backend whose rate is not learned yet counts at: the mean of
 /// those of `targets` that are (all alike while none is).
 pub(super) fn unlearned_rate(targets: &[Arc<Backend>]) -> f64 {
@@ -96,22 +111,23 @@ pub(super) fn unlearned_rate(targets: &[Arc<Backend>]) -> f64 {
     }
 }
 
-/// `targets` by what a request of `work` would cost there, cheapest first,
-/// and the cost ([`cost`]; infinite where `full` says the engine takes no
-/// new key; ties keep the table's order, the group's home first). A
-/// conversation's first request goes to the first.
+/// `targets` by what a request of `work` would cost there, those with a
+/// free slot first ([`slots_taken`]), cheapest first, and the cost
+/// ([`cost`]; infinite where `full` says the engine takes no new key; ties
+/// keep the table's order, the group's home first). A conversation's first
+/// request goes to the first.
 fn cheapest_first(
     targets: &[Arc<Backend>],
     work: &Work,
     full: impl Fn(&Backend) -> bool,
-) -> Vec<(Arc<Backend>, f64)> {
+) -> Vec<(Arc<Backend>, (bool, f64))> {
     let unknown = unlearned_rate(targets);
     let at = |b: &Backend| match full(b) {
-        true => f64::INFINITY,
-        false => cost(b, work, unknown),
+        true => (true, f64::INFINITY),
+        false => (slots_taken(b), cost(b, work, unknown)),
     };
-    let mut order: Vec<(Arc<Backend>, f64)> =
+    let mut order: Vec<(Arc<Backend>, (bool, f64))> =
         (targets.iter()).map(|b| (Arc::clone(b), at(b))).collect();
-    order.sort_by(|(_, x), (_, y)| x.total_cmp(y));
+    order.sort_by(|(_, (a, x)), (_, (b, y))| a.cmp(b).then(x.total_cmp(y)));
     order
 }

@@ -573,6 +573,7 @@ async fn a_pinned_request_enters_an_engine_full_for_new_keys_but_not_far_over() 
         running: Some(4.0),
         kv_usage: Some(0.5),
         kv_capacity: None,
+        slots: None,
     };
     targets[0]
         .live
@@ -698,4 +699,47 @@ async fn a_new_conversation_weighs_the_answers_streaming_at_each_backend() {
     let ask = opening(&targets, &q, 1000, 0);
     let admitted = queue.admit(ask, std::future::pending()).await.unwrap();
     assert_eq!(admitted.backend.name, "b2");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_first_request_goes_where_a_slot_is_free_while_any_target_has_one() {
+    let queue = Arc::new(Queue::default());
+    let targets = two_backends(&queue);
+    let q = config(8);
+    // b2 holds 2,000 tokens of work, b1 none: b1 is the cheaper.
+    let _ahead = targets[1]
+        .live
+        .try_reserve_work(8, 2000, None, None)
+        .unwrap();
+    let place = || {
+        let (queue, targets, q) = (Arc::clone(&queue), targets.clone(), q.clone());
+        async move {
+            let mut ask = opening(&targets, &q, 100, 0);
+            ask.work = Work::cold(100);
+            let admitted = queue.admit(ask, std::future::pending()).await.unwrap();
+            admitted.backend.name.clone()
+        }
+    };
+    let running = targets[0].live.reserve();
+    assert_eq!(place().await, "b1", "no slot count learned: cost alone");
+    // b1's engine said it runs 1 request at once (one running while one
+    // waited), and 1 is in flight there: its slot is taken.
+    let sample = crate::routing::health::exposition::Sample {
+        waiting: Some(1.0),
+        running: Some(1.0),
+        slots: Some(1.0),
+        ..Default::default()
+    };
+    let now = tokio::time::Instant::now();
+    targets[0].live.engine.record(sample, now);
+    assert_eq!(targets[0].live.engine.slots(), Some(1));
+    assert_eq!(place().await, "b2", "b2 has a free slot");
+    // A later scrape without anyone waiting tells nothing of the slots.
+    targets[0].live.engine.record(Default::default(), now);
+    assert_eq!(targets[0].live.engine.slots(), Some(1));
+    // Both engines' slots taken: the cheaper again.
+    targets[1].live.engine.record(sample, now);
+    assert_eq!(place().await, "b1", "no free slot anywhere: cost alone");
+    drop(running);
+    assert_eq!(place().await, "b1");
 }
