@@ -88,7 +88,8 @@ impl EngineLoad {
             (self.kv_capacity).store(bits(sample.kv_capacity), Ordering::Relaxed);
         }
         if sample.slots.is_some() {
-            // Told only while some request waits; kept until told again.
+            // Told by `/props`, or while some request waits; kept until
+            // told again.
             (self.slots).store(bits(sample.slots), Ordering::Relaxed);
         }
         let since = now.saturating_duration_since(self.epoch).as_nanos();
@@ -130,8 +131,9 @@ impl EngineLoad {
         Some(f64::from_bits(self.kv_capacity.load(Ordering::Relaxed))).filter(|v| !v.is_nan())
     }
 
-    /// The engine's slots, as last learned (a scrape that found a request
-    /// waiting for one, [`crate::config::Gauges::waits_for_a_slot`]),
+    /// The engine's slots, as last learned (its `/props`,
+    /// [`crate::config::Gauges::slots_path`], or a scrape that found a
+    /// request waiting for one, [`crate::config::Gauges::waits_for_a_slot`]),
     /// however long ago.
     pub(crate) fn slots(&self) -> Option<u64> {
         let slots = f64::from_bits(self.slots.load(Ordering::Relaxed));

@@ -32,7 +32,8 @@ pub struct Sample {
     /// The KV cache's size in tokens, summed over series.
     pub kv_capacity: Option<f64>,
     /// The engine's slots: its running requests, when some wait and its
-    /// requests wait only for a slot ([`Gauges::waits_for_a_slot`]).
+    /// requests wait only for a slot ([`Gauges::waits_for_a_slot`]); or
+    /// what its `/props` told ([`Gauges::slots_path`], set by the scrape).
     pub slots: Option<f64>,
 }
 
