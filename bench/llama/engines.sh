@@ -12,8 +12,10 @@ LLAMA_SLOTS=${LLAMA_SLOTS:-4}
 LLAMA_CTX=${LLAMA_CTX:-16384}
 LLAMA_CACHE_MIB=${LLAMA_CACHE_MIB:-32}
 # llama-chat: the multi-turn chat scenario at a rate one core of engines
-# serves about half busy; llama-trace: 120 s of the Mooncake trace from
-# minute 20, 2x faster, lengths divided by 64.
+# serves about half busy; llama-chat-rR-cM: the same at R conversations a
+# second, each engine with a prompt cache of M MiB (a cell of the grid);
+# llama-trace: 120 s of the Mooncake trace from minute 20, 2x faster,
+# lengths divided by 64.
 LLAMA_CHAT=(--conversations 80 --rate 1 --turns 4 --think-ms 500 --max-seconds 150
     --system-prompts 8 --system-tokens 500 --user-tokens 100 --max-tokens 16 --connections 64
     --timeout 60s)
@@ -27,12 +29,24 @@ llama_setup() {
     LLAMA_VERSION=$(cat "$(dirname "$LLAMA_SERVER")/../../VERSION")
 }
 
+# A chat cell's rate ($2 of 1) or prompt cache ($2 of 2), from its name $1.
+llama_cell() { sed -E "s/^llama-chat-r([0-9.]+)-c([0-9]+)$/\\$2/" <<<"$1"; }
+
+# The prompt cache of scenario $1's engines, in MiB.
+llama_cache_mib() {
+    case $1 in
+        llama-chat-r*-c*) llama_cell "$1" 2 ;;
+        *) echo "$LLAMA_CACHE_MIB" ;;
+    esac
+}
+
 llama_start_engines() {
-    local i
+    local i cache
+    cache=$(llama_cache_mib "$1")
     for i in 1 2 3; do
         start "$PIN_LOAD" "$LLAMA_SERVER" -m "$LLAMA_MODEL" --host 127.0.0.1 \
             --port "${ENGINE_PORTS[$((i - 1))]}" -t 1 -np "$LLAMA_SLOTS" -c "$LLAMA_CTX" \
-            --cache-ram "$LLAMA_CACHE_MIB" --metrics --chat-template chatml --no-webui \
+            --cache-ram "$cache" --metrics --chat-template chatml --no-webui \
             --log-disable >>"$work/engines.err" 2>&1
     done
     for i in 0 1 2; do wait_http "http://127.0.0.1:${ENGINE_PORTS[$i]}/health"; done
@@ -42,6 +56,7 @@ llama_start_engines() {
 llama_load() {
     case $1 in
         llama-chat) echo "${LLAMA_CHAT[*]}" ;;
+        llama-chat-r*-c*) echo "${LLAMA_CHAT[*]}" | sed -E "s/--rate [0-9.]+/--rate $(llama_cell "$1" 1)/" ;;
         llama-trace) echo "${LLAMA_TRACE[*]}" ;;
     esac
 }
