@@ -347,6 +347,15 @@ async fn past_its_affinity_wait_a_request_spills_only_where_it_pays() {
 
 /// A conversation's first request of `tokens`, of group 7 whose head is
 /// `head` tokens.
+/// Where a conversation's first request of 100 tokens, nothing of it
+/// cached anywhere, is placed.
+async fn placed(queue: &Arc<Queue>, targets: &[Arc<Backend>], q: &QueueConfig) -> String {
+    let mut ask = opening(targets, q, 100, 0);
+    ask.work = Work::cold(100);
+    let admitted = queue.admit(ask, std::future::pending()).await.unwrap();
+    admitted.backend.name.clone()
+}
+
 fn opening<'a>(targets: &'a [Arc<Backend>], q: &'a QueueConfig, tokens: u64, head: u64) -> Ask<'a> {
     let mut opening = ask(targets, q, 1);
     opening.sticky = false;
@@ -539,17 +548,8 @@ async fn work_ahead_is_weighed_by_each_backends_learned_prefill_rate() {
         .live
         .try_reserve_work(8, 2500, None, None)
         .unwrap();
-    let place = |queue: &Arc<Queue>| {
-        let (queue, targets, q) = (Arc::clone(queue), targets.clone(), q.clone());
-        async move {
-            let mut ask = opening(&targets, &q, 100, 0);
-            ask.work = Work::cold(100);
-            let admitted = queue.admit(ask, std::future::pending()).await.unwrap();
-            admitted.backend.name.clone()
-        }
-    };
     // Nothing learned: 2,600 tokens ahead at b2 against 4,100 at b1.
-    assert_eq!(place(&queue).await, "b2");
+    assert_eq!(placed(&queue, &targets, &q).await, "b2");
     // b1 prefills 2,000 tokens a second, b2 1,000 (ten answers each, one
     // at a time): 2.05 s at b1 against 2.6 s at b2.
     let t0 = tokio::time::Instant::now();
@@ -558,7 +558,7 @@ async fn work_ahead_is_weighed_by_each_backends_learned_prefill_rate() {
         targets[0].live.prefill_rate.answered(1000, at(0), at(500));
         targets[1].live.prefill_rate.answered(1000, at(0), at(1000));
     }
-    assert_eq!(place(&queue).await, "b1");
+    assert_eq!(placed(&queue, &targets, &q).await, "b1");
 }
 
 #[tokio::test(start_paused = true)]
@@ -711,17 +711,12 @@ async fn a_first_request_goes_where_a_slot_is_free_while_any_target_has_one() {
         .live
         .try_reserve_work(8, 2000, None, None)
         .unwrap();
-    let place = || {
-        let (queue, targets, q) = (Arc::clone(&queue), targets.clone(), q.clone());
-        async move {
-            let mut ask = opening(&targets, &q, 100, 0);
-            ask.work = Work::cold(100);
-            let admitted = queue.admit(ask, std::future::pending()).await.unwrap();
-            admitted.backend.name.clone()
-        }
-    };
     let running = targets[0].live.reserve();
-    assert_eq!(place().await, "b1", "no slot count learned: cost alone");
+    assert_eq!(
+        placed(&queue, &targets, &q).await,
+        "b1",
+        "no slot count learned: cost alone"
+    );
     // b1's engine said it runs 1 request at once (one running while one
     // waited), and 1 is in flight there: its slot is taken.
     let sample = crate::routing::health::exposition::Sample {
@@ -733,13 +728,21 @@ async fn a_first_request_goes_where_a_slot_is_free_while_any_target_has_one() {
     let now = tokio::time::Instant::now();
     targets[0].live.engine.record(sample, now);
     assert_eq!(targets[0].live.engine.slots(), Some(1));
-    assert_eq!(place().await, "b2", "b2 has a free slot");
+    assert_eq!(
+        placed(&queue, &targets, &q).await,
+        "b2",
+        "b2 has a free slot"
+    );
     // A later scrape without anyone waiting tells nothing of the slots.
     targets[0].live.engine.record(Default::default(), now);
     assert_eq!(targets[0].live.engine.slots(), Some(1));
     // Both engines' slots taken: the cheaper again.
     targets[1].live.engine.record(sample, now);
-    assert_eq!(place().await, "b1", "no free slot anywhere: cost alone");
+    assert_eq!(
+        placed(&queue, &targets, &q).await,
+        "b1",
+        "no free slot anywhere: cost alone"
+    );
     drop(running);
-    assert_eq!(place().await, "b1");
+    assert_eq!(placed(&queue, &targets, &q).await, "b1");
 }
