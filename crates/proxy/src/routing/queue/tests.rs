@@ -345,8 +345,6 @@ async fn past_its_affinity_wait_a_request_spills_only_where_it_pays() {
     assert_eq!((name.as_str(), how), ("home", Admit::Waited));
 }
 
-/// A conversation's first request of `tokens`, of group 7 whose head is
-/// `head` tokens.
 /// Where a conversation's first request of 100 tokens, nothing of it
 /// cached anywhere, is placed.
 async fn placed(queue: &Arc<Queue>, targets: &[Arc<Backend>], q: &QueueConfig) -> String {
@@ -356,6 +354,8 @@ async fn placed(queue: &Arc<Queue>, targets: &[Arc<Backend>], q: &QueueConfig) -
     admitted.backend.name.clone()
 }
 
+/// A conversation's first request of `tokens`, of group 7 whose head is
+/// `head` tokens.
 fn opening<'a>(targets: &'a [Arc<Backend>], q: &'a QueueConfig, tokens: u64, head: u64) -> Ask<'a> {
     let mut opening = ask(targets, q, 1);
     opening.sticky = false;
