@@ -16,6 +16,10 @@
 //! ahead at an engine twice as fast come as soon as 2,000 at the other. It
 //! is this magpie's view: work that other clients send an engine slows it
 //! here too, which is what a request sent there would meet.
+//!
+//! The same sums give the mean work of a request answered there lately
+//! ([`PrefillRate::mean_tokens`]): what each conversation in flight there
+//! will, on average, send again, ahead of a new one's next turn.
 
 use std::sync::Mutex;
 
@@ -38,6 +42,8 @@ struct State {
     last: Option<Instant>,
     tokens: f64,
     seconds: f64,
+    /// The decayed count of the answers `tokens` and `seconds` sum.
+    weight: f64,
     answers: u32,
 }
 
@@ -51,6 +57,7 @@ impl PrefillRate {
         state.last = Some(now.max(state.last.unwrap_or(now)));
         state.tokens = state.tokens * DECAY + tokens as f64;
         state.seconds = state.seconds * DECAY + busy;
+        state.weight = state.weight * DECAY + 1.0;
         state.answers = state.answers.saturating_add(1);
     }
 
@@ -60,6 +67,14 @@ impl PrefillRate {
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let learned = state.answers >= MIN_ANSWERS && state.seconds > 0.0 && state.tokens > 0.0;
         learned.then(|| state.tokens / state.seconds)
+    }
+
+    /// The mean work of a request answered here lately, in tokens, once
+    /// [`MIN_ANSWERS`] answers were counted.
+    pub(crate) fn mean_tokens(&self) -> Option<f64> {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let learned = state.answers >= MIN_ANSWERS && state.weight > 0.0;
+        learned.then(|| state.tokens / state.weight)
     }
 }
 
@@ -86,5 +101,7 @@ mod tests {
         }
         let per_second = rate.per_second().expect("learned");
         assert!((per_second - 10_000.0).abs() < 300.0, "{per_second}");
+        let mean = rate.mean_tokens().expect("learned");
+        assert!((mean - 1000.0).abs() < 1.0, "{mean}");
     }
 }

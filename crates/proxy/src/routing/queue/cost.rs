@@ -2,16 +2,21 @@
 //! own wait for its first token (the work each holds, this magpie's and,
 //! with a shared store, the fleet's, plus what it would still have to
 //! compute of the request, over the backend's learned prefill rate), plus
-//! the wait its prefill adds to the requests that will queue behind it
-//! there. A conversation's first request goes where it costs least; a
-//! waiting request spills where it costs no more.
+//! what the conversations in flight there will put ahead of its next turn,
+//! and the wait a cache elsewhere would have spared them. A conversation's
+//! first request goes where it costs least; a waiting request spills where
+//! it costs no more.
 //!
 //! Behind a request come, in a steady state, as many requests as it found
-//! ahead of it: at an idle engine none, and the cost is its own wait (the
-//! soonest first token); at a loaded one the work a cache saves is saved
-//! for each of them, so under load a cache counts more than a short queue.
-//! A hot group's home fills first, and then its own queue weighs against it
-//! (its requests' whole work, counted once for each request queued there).
+//! in flight: each such conversation's next turn. At an idle engine none,
+//! and the cost is its own wait (the soonest first token); at a loaded one
+//! each of those turns (the engine's mean request) comes ahead of this
+//! conversation's next, and the work a cache saves is saved for each of
+//! them, so under load a cache counts more than a short queue. Work no
+//! cache saves counts once: a long prompt that no target caches more of
+//! than another goes where its first token comes soonest, not where fewest
+//! answers stream. A hot group's home fills first, and then its own queue
+//! weighs against it.
 //!
 //! An engine that runs a fixed number of requests at once (`llama-server`'s
 //! slots, learned from the engine) makes one more wait for a running one
@@ -76,18 +81,50 @@ impl Order {
 
 /// What a request of `work` costs at `backend`, in seconds: its own wait
 /// for a first token (the work the backend holds plus what it would still
-/// have to compute of the request, [`Work::at`]) plus that computing once
-/// more for each request in flight there now (awaiting its first byte, or
-/// streaming its answer: a conversation whose next turn comes back there),
-/// as many as will come to queue behind it; over the prefill rate learned
-/// from its answers ([`crate::routing::backend::rate`]; `unknown` while it
-/// is not learned).
-pub(super) fn cost(backend: &Backend, work: &Work, unknown: f64) -> f64 {
+/// have to compute of the request, [`Work::at`]), plus, for each request in
+/// flight there now (awaiting its first byte, or streaming its answer: a
+/// conversation whose next turn comes back there), the work of one request
+/// of the backend's mean (that turn, ahead of this conversation's next) and
+/// what computing this one there costs beyond the least it costs at any
+/// target (what a cache elsewhere would have spared that turn); over the
+/// prefill rate learned from its answers ([`crate::routing::backend::rate`];
+/// `base`'s while it is not learned).
+pub(super) fn cost(backend: &Backend, work: &Work, base: &Base) -> f64 {
     let live = &backend.live;
-    let own = work.at(backend) as f64;
+    let rate = &live.prefill_rate;
+    let own = work.at(backend);
+    let turn = rate.mean_tokens().unwrap_or(base.mean_tokens);
+    let unsaved = own.saturating_sub(base.least) as f64;
     let behind = live.load.active() as f64;
-    let tokens = live.load.held_ahead(work.class) as f64 + own * (1.0 + behind);
-    tokens / live.prefill_rate.per_second().unwrap_or(unknown)
+    let tokens = live.load.held_ahead(work.class) as f64 + own as f64 + (turn + unsaved) * behind;
+    tokens / rate.per_second().unwrap_or(base.rate)
+}
+
+/// What a request's targets are weighed against.
+pub(super) struct Base {
+    /// The least work the request would be at any target (what the cache
+    /// that holds most of it leaves).
+    least: u64,
+    /// A backend not learned yet counts at the mean prefill rate and mean
+    /// request work of those of the targets that are (all alike while none
+    /// is).
+    rate: f64,
+    mean_tokens: f64,
+}
+
+impl Base {
+    pub(super) fn of(targets: &[Arc<Backend>], work: &Work) -> Base {
+        let mean = |learned: Vec<f64>, none: f64| match learned.len() {
+            0 => none,
+            n => learned.iter().sum::<f64>() / n as f64,
+        };
+        let rates = targets.iter().map(|b| &b.live.prefill_rate);
+        Base {
+            least: (targets.iter()).map(|b| work.at(b)).min().unwrap_or(0),
+            rate: mean(rates.clone().filter_map(|r| r.per_second()).collect(), 1.0),
+            mean_tokens: mean(rates.filter_map(|r| r.mean_tokens()).collect(), 0.0),
+        }
+    }
 }
 
 /// Whether every slot of `backend`'s engine is taken by this magpie's
@@ -99,35 +136,30 @@ fn slots_taken(backend: &Backend) -> bool {
     (live.engine.slots()).is_some_and(|slots| live.load.active() >= slots)
 }
 
-/// The rate a backend whose rate is not learned yet counts at: the mean of
-/// those of `targets` that are (all alike while none is).
-pub(super) fn unlearned_rate(targets: &[Arc<Backend>]) -> f64 {
-    let learned: Vec<f64> = (targets.iter())
-        .filter_map(|b| b.live.prefill_rate.per_second())
-        .collect();
-    match learned.len() {
-        0 => 1.0,
-        n => learned.iter().sum::<f64>() / n as f64,
-    }
-}
-
 /// `targets` by what a request of `work` would cost there, those with a
 /// free slot first ([`slots_taken`]), cheapest first, and the cost
-/// ([`cost`]; infinite where `full` says the engine takes no new key; ties
-/// keep the table's order, the group's home first). A conversation's first
+/// ([`cost`]; infinite where `full` says the engine takes no new key). Of
+/// two that cost alike, for a request with a prompt to prefill, the one
+/// with fewer requests in flight first (fewer turns come back there); then
+/// the table's order, the group's home first. A conversation's first
 /// request goes to the first.
 fn cheapest_first(
     targets: &[Arc<Backend>],
     work: &Work,
     full: impl Fn(&Backend) -> bool,
 ) -> Vec<(Arc<Backend>, (bool, f64))> {
-    let unknown = unlearned_rate(targets);
+    let base = Base::of(targets, work);
     let at = |b: &Backend| match full(b) {
         true => (true, f64::INFINITY),
-        false => (slots_taken(b), cost(b, work, unknown)),
+        false => (slots_taken(b), cost(b, work, &base)),
     };
     let mut order: Vec<(Arc<Backend>, (bool, f64))> =
         (targets.iter()).map(|b| (Arc::clone(b), at(b))).collect();
-    order.sort_by(|(_, (a, x)), (_, (b, y))| a.cmp(b).then(x.total_cmp(y)));
+    // Of two alike (before a mean request is learned), fewer in flight
+    // first; a request without a prompt keeps the table's order.
+    let in_flight = |b: &Backend| (work.tokens > 0).then(|| b.live.load.active());
+    order.sort_by(|(p, (a, x)), (q, (b, y))| {
+        (a.cmp(b).then(x.total_cmp(y))).then(in_flight(p).cmp(&in_flight(q)))
+    });
     order
 }

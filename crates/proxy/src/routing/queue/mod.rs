@@ -21,9 +21,10 @@
 //! no pin yet) goes where it costs least ([`cost`]): its own wait for a
 //! first token (the work each target holds plus what it would still have
 //! to prefill of this request, less what its cache likely holds of it: its
-//! group's head or its system head) plus, under load, what its prefill adds to the wait of the
-//! requests that will queue behind it; it takes that target at once if it
-//! has room, else waits for it, or for any other that comes to cost as
+//! group's head or its system head) plus, under load, the turns that the
+//! conversations in flight there will send ahead of its next, and what a
+//! cache elsewhere would have spared them; it takes that target at once if
+//! it has room, else waits for it, or for any other that comes to cost as
 //! little. A tiny shared head never outweighs load; a long agent prompt
 //! does, and more so the more requests wait. (One that opens like a
 //! conversation served lately comes sticky, its home where that one went,
@@ -56,7 +57,7 @@ use std::time::Duration;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
-use self::cost::{Order, cost, unlearned_rate};
+use self::cost::{Base, Order, cost};
 pub(crate) use self::order::Standing;
 use self::order::Waiting;
 pub(crate) use self::room::SlotLimits;
@@ -172,16 +173,17 @@ impl Waiter {
 
     /// Whether the request would cost no more at `to` than at its home
     /// ([`cost`]): the prefill `to` holds plus all of this request's,
-    /// against what its home holds plus only its uncached part there, each
-    /// counted again for the requests queued there (work that is all zero,
-    /// as in mode tcp, always pays). A request without a home (not sticky)
-    /// goes anywhere.
+    /// against what its home holds plus only its uncached part there; and
+    /// for each request in flight at each, a mean request's work (the turn
+    /// it will send) and, at `to`, what its home's cache would spare (work
+    /// that is all zero, as in mode tcp, always pays). A request without a
+    /// home (not sticky) goes anywhere.
     fn spill_pays(&self, to: &Backend) -> bool {
         let Some(home) = self.targets.first().filter(|_| self.sticky) else {
             return true;
         };
-        let unknown = unlearned_rate(&self.targets);
-        cost(to, &self.work, unknown) <= cost(home, &self.work, unknown)
+        let base = Base::of(&self.targets, &self.work);
+        cost(to, &self.work, &base) <= cost(home, &self.work, &base)
     }
 }
 

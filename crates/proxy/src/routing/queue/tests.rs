@@ -426,13 +426,76 @@ async fn under_load_a_cached_head_counts_for_the_requests_queued_behind() {
     // b1 holds the head and 6,000 tokens in 3 requests; b2 2,000 in 2. The
     // first token comes sooner at b2 (2,000 + 3,200 against 6,000 + 200),
     // but its 3,200 tokens there would delay the two requests that, at this
-    // load, come to queue behind it: 3,000 tokens of work more, counted
-    // for each, than at b1.
+    // load, come to queue behind it by the 3,000 that b1's cache saves,
+    // counted for each.
     let _b1 = queued(&targets[0], 3, 6000);
     let _b2 = queued(&targets[1], 2, 2000);
     let ask = opening(&targets, &q, 3200, 3000);
     let admitted = queue.admit(ask, std::future::pending()).await.unwrap();
     assert_eq!(admitted.backend.name, "b1");
+}
+
+#[tokio::test(start_paused = true)]
+async fn work_no_cache_saves_counts_once_not_once_per_answer_streaming() {
+    let queue = Arc::new(Queue::default());
+    let targets = two_backends(&queue);
+    let q = config(8);
+    // b1 holds 1,000 tokens of work and streams five answers besides; b2
+    // holds 3,000 and streams none. No cache holds any of the 4,000 tokens
+    // of the request: its first token comes at 5,000 tokens at b1 against
+    // 7,000 at b2, and wherever it goes it costs those behind it alike.
+    // (No answer came yet, so nothing says how much the conversations in
+    // flight will send again: the next test.)
+    let _streams: Vec<_> = (0..5).map(|_| targets[0].live.reserve()).collect();
+    let _b1 = targets[0]
+        .live
+        .try_reserve_work(8, 1000, None, None)
+        .unwrap();
+    let _b2 = targets[1]
+        .live
+        .try_reserve_work(8, 3000, None, None)
+        .unwrap();
+    let mut ask = opening(&targets, &q, 4000, 0);
+    ask.work = Work::cold(4000);
+    let admitted = queue.admit(ask, std::future::pending()).await.unwrap();
+    assert_eq!(admitted.backend.name, "b1");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_conversation_counts_the_turns_that_come_back_ahead_of_its_next() {
+    // As above: b1 holds 1,000 tokens of work and streams five answers,
+    // b2 holds 3,000; a request of 4,000 no cache holds. Both engines
+    // answered requests of `turn` tokens at 10,000 a second: the six
+    // conversations in flight at b1 will send turns of about that ahead of
+    // this one's next, the one at b2 one. Short turns: 1,000 + 4,000 + 600
+    // at b1 against 3,000 + 4,000 + 100 at b2 (counting the 4,000 again
+    // for each would send it to b2). Long ones: 1,000 + 4,000 + 6,000
+    // against 3,000 + 4,000 + 1,000.
+    for (turn, expected) in [(100, "b1"), (1000, "b2")] {
+        let queue = Arc::new(Queue::default());
+        let targets = two_backends(&queue);
+        let q = config(8);
+        let _streams: Vec<_> = (0..5).map(|_| targets[0].live.reserve()).collect();
+        let _b1 = targets[0]
+            .live
+            .try_reserve_work(8, 1000, None, None)
+            .unwrap();
+        let _b2 = targets[1]
+            .live
+            .try_reserve_work(8, 3000, None, None)
+            .unwrap();
+        let t0 = tokio::time::Instant::now();
+        for i in 0..10u64 {
+            let at = |ms: u64| t0 + Duration::from_millis(i * 1000 + ms);
+            for b in &targets {
+                b.live.prefill_rate.answered(turn, at(0), at(turn / 10));
+            }
+        }
+        let mut ask = opening(&targets, &q, 4000, 0);
+        ask.work = Work::cold(4000);
+        let admitted = queue.admit(ask, std::future::pending()).await.unwrap();
+        assert_eq!(admitted.backend.name, expected, "turns of {turn}");
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -692,6 +755,7 @@ async fn a_new_conversation_weighs_the_answers_streaming_at_each_backend() {
     let targets = two_backends(&queue);
     let q = config(8);
     // b1 streams two answers (in flight, past their first byte); b2 none.
+    // The request costs alike at both: the one with fewer in flight.
     let _streaming = [
         targets[0].live.try_reserve_work(8, 0, None, None),
         targets[0].live.try_reserve_work(8, 0, None, None),
