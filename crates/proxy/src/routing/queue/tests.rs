@@ -348,8 +348,18 @@ async fn past_its_affinity_wait_a_request_spills_only_where_it_pays() {
 /// Where a conversation's first request of 100 tokens, nothing of it
 /// cached anywhere, is placed.
 async fn placed(queue: &Arc<Queue>, targets: &[Arc<Backend>], q: &QueueConfig) -> String {
-    let mut ask = opening(targets, q, 100, 0);
-    ask.work = Work::cold(100);
+    placed_cold(queue, targets, q, 100).await
+}
+
+/// Where a conversation's first request of `tokens`, no head known, goes.
+async fn placed_cold(
+    queue: &Arc<Queue>,
+    targets: &[Arc<Backend>],
+    q: &QueueConfig,
+    tokens: u64,
+) -> String {
+    let mut ask = opening(targets, q, tokens, 0);
+    ask.work = Work::cold(tokens);
     let admitted = queue.admit(ask, std::future::pending()).await.unwrap();
     admitted.backend.name.clone()
 }
@@ -440,25 +450,26 @@ async fn work_no_cache_saves_counts_once_not_once_per_answer_streaming() {
     let queue = Arc::new(Queue::default());
     let targets = two_backends(&queue);
     let q = config(8);
-    // b1 holds 1,000 tokens of work and streams five answers besides; b2
-    // holds 3,000 and streams none. No cache holds any of the 4,000 tokens
-    // of the request: its first token comes at 5,000 tokens at b1 against
-    // 7,000 at b2, and wherever it goes it costs those behind it alike.
-    // (No answer came yet, so nothing says how much the conversations in
-    // flight will send again: the next test.)
-    let _streams: Vec<_> = (0..5).map(|_| targets[0].live.reserve()).collect();
-    let _b1 = targets[0]
-        .live
-        .try_reserve_work(8, 1000, None, None)
-        .unwrap();
-    let _b2 = targets[1]
-        .live
-        .try_reserve_work(8, 3000, None, None)
-        .unwrap();
-    let mut ask = opening(&targets, &q, 4000, 0);
-    ask.work = Work::cold(4000);
-    let admitted = queue.admit(ask, std::future::pending()).await.unwrap();
-    assert_eq!(admitted.backend.name, "b1");
+    // No cache holds any of the 4,000 tokens of the request: its first
+    // token comes at 5,000 tokens at b1 against 7,000 at b2, and wherever
+    // it goes it costs those behind it alike. (No answer came yet, so
+    // nothing says how much the conversations in flight will send again:
+    // the next test.)
+    let _held = streams_at_b1_work_at_b2(&targets);
+    assert_eq!(placed_cold(&queue, &targets, &q, 4000).await, "b1");
+}
+
+/// b1 holds 1,000 tokens of work and streams five answers besides; b2
+/// holds 3,000 and streams none (while the guards live).
+fn streams_at_b1_work_at_b2(targets: &[Arc<Backend>]) -> Vec<(ActiveGuard, Option<WorkGuard>)> {
+    let streams = (0..5).map(|_| (targets[0].live.reserve(), None));
+    let work = [(&targets[0], 1000), (&targets[1], 3000)]
+        .into_iter()
+        .map(|(b, tokens)| {
+            let (slot, work) = b.live.try_reserve_work(8, tokens, None, None).unwrap();
+            (slot, Some(work))
+        });
+    streams.chain(work).collect()
 }
 
 #[tokio::test(start_paused = true)]
@@ -475,15 +486,7 @@ async fn a_new_conversation_counts_the_turns_that_come_back_ahead_of_its_next() 
         let queue = Arc::new(Queue::default());
         let targets = two_backends(&queue);
         let q = config(8);
-        let _streams: Vec<_> = (0..5).map(|_| targets[0].live.reserve()).collect();
-        let _b1 = targets[0]
-            .live
-            .try_reserve_work(8, 1000, None, None)
-            .unwrap();
-        let _b2 = targets[1]
-            .live
-            .try_reserve_work(8, 3000, None, None)
-            .unwrap();
+        let _held = streams_at_b1_work_at_b2(&targets);
         let t0 = tokio::time::Instant::now();
         for i in 0..10u64 {
             let at = |ms: u64| t0 + Duration::from_millis(i * 1000 + ms);
@@ -491,10 +494,8 @@ async fn a_new_conversation_counts_the_turns_that_come_back_ahead_of_its_next() 
                 b.live.prefill_rate.answered(turn, at(0), at(turn / 10));
             }
         }
-        let mut ask = opening(&targets, &q, 4000, 0);
-        ask.work = Work::cold(4000);
-        let admitted = queue.admit(ask, std::future::pending()).await.unwrap();
-        assert_eq!(admitted.backend.name, expected, "turns of {turn}");
+        let placed = placed_cold(&queue, &targets, &q, 4000).await;
+        assert_eq!(placed, expected, "turns of {turn}");
     }
 }
 
