@@ -42,8 +42,6 @@ struct State {
     last: Option<Instant>,
     tokens: f64,
     seconds: f64,
-    /// The decayed count of the answers `tokens` and `seconds` sum.
-    weight: f64,
     answers: u32,
 }
 
@@ -57,7 +55,6 @@ impl PrefillRate {
         state.last = Some(now.max(state.last.unwrap_or(now)));
         state.tokens = state.tokens * DECAY + tokens as f64;
         state.seconds = state.seconds * DECAY + busy;
-        state.weight = state.weight * DECAY + 1.0;
         state.answers = state.answers.saturating_add(1);
     }
 
@@ -73,8 +70,10 @@ impl PrefillRate {
     /// [`MIN_ANSWERS`] answers were counted.
     pub(crate) fn mean_tokens(&self) -> Option<f64> {
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let learned = state.answers >= MIN_ANSWERS && state.weight > 0.0;
-        learned.then(|| state.tokens / state.weight)
+        // `tokens` sums the answers with these weights: 1, DECAY, DECAY², …
+        let answers = i32::try_from(state.answers).unwrap_or(i32::MAX);
+        let weight = (1.0 - DECAY.powi(answers)) / (1.0 - DECAY);
+        (state.answers >= MIN_ANSWERS).then(|| state.tokens / weight)
     }
 }
 

@@ -114,17 +114,19 @@ pub(super) struct Base {
 
 impl Base {
     pub(super) fn of(targets: &[Arc<Backend>], work: &Work) -> Base {
-        let mean = |learned: Vec<f64>, none: f64| match learned.len() {
-            0 => none,
-            n => learned.iter().sum::<f64>() / n as f64,
-        };
         let rates = targets.iter().map(|b| &b.live.prefill_rate);
         Base {
             least: (targets.iter()).map(|b| work.at(b)).min().unwrap_or(0),
-            rate: mean(rates.clone().filter_map(|r| r.per_second()).collect(), 1.0),
-            mean_tokens: mean(rates.filter_map(|r| r.mean_tokens()).collect(), 0.0),
+            rate: mean(rates.clone().filter_map(|r| r.per_second())).unwrap_or(1.0),
+            mean_tokens: mean(rates.filter_map(|r| r.mean_tokens())).unwrap_or(0.0),
         }
     }
+}
+
+/// The mean of `values`, if any.
+fn mean(values: impl Iterator<Item = f64>) -> Option<f64> {
+    let (sum, n) = values.fold((0.0, 0u32), |(sum, n), v| (sum + v, n + 1));
+    (n > 0).then(|| sum / f64::from(n))
 }
 
 /// Whether every slot of `backend`'s engine is taken by this magpie's
