@@ -1,7 +1,7 @@
 //! What the shared session store (`sessions.store: redis`, a real
 //! `redis-server`) may lose or hold that magpie must survive: every binding
 //! (an empty restart or a FLUSHALL after a scale-up, healed within `ttl/4`),
-//! a value far over 256 bytes, a key of the wrong type.
+//! a value far over 256 bytes, a key of the wrong type, one late answer.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -184,6 +184,87 @@ async fn a_wrong_type_key_is_absent_for_that_key_only() {
     assert_eq!(store_ops(&magpie, "error"), 0);
     assert_eq!(store_fallbacks(&magpie), 0);
     assert_eq!(bad_values(&magpie), 2);
+}
+
+/// The store stalls past the timeout (`DEBUG SLEEP`) under one lookup: that
+/// one goes by the table, counted as a timeout; nothing backs off, and the
+/// next lookup uses the store at once, over the same connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_late_answer_backs_nothing_off() {
+    let redis = Arc::new(RedisServer::start().await);
+    let backends = HyperBackends::start(&["a", "b", "c"]).await;
+    let magpie = one_magpie(&redis, &backends).await;
+    let (before, _) = decide(&magpie, "before").await;
+    assert_eq!(binding(&redis, "before").await, Some(before));
+    let connections = connections_received(&redis).await;
+    let stall = {
+        let redis = Arc::clone(&redis);
+        tokio::spawn(async move { redis.command(&[b"DEBUG", b"SLEEP", b"0.25"]).await })
+    };
+    // Lookups answer until the server sleeps; the first one then goes by
+    // the table.
+    within("a lookup to go by the table", async {
+        for n in 0.. {
+            decide(&magpie, &format!("during-{n}")).await;
+            if store_fallbacks(&magpie) > 0 {
+                break;
+            }
+        }
+    })
+    .await;
+    stall.await.expect("DEBUG SLEEP runs");
+    let (after, _) = decide(&magpie, "after").await;
+    assert_eq!(binding(&redis, "after").await, Some(after), "not looked up");
+    assert_eq!(store_ops(&magpie, "skipped"), 0, "the store backed off");
+    assert_eq!(
+        (store_ops(&magpie, "timeout"), store_ops(&magpie, "error")),
+        (1, 0)
+    );
+    assert_eq!(store_fallbacks(&magpie), 1);
+    // The stall's, the binding's read and this one's: magpie did not
+    // reconnect.
+    assert_eq!(connections_received(&redis).await, connections + 3);
+}
+
+/// The store stalls (`DEBUG SLEEP`) under three lookups in a row: each goes
+/// by the table after the timeout, and then the store is left alone (the
+/// next lookup, in the stall, does not ask it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_late_answers_in_a_row_back_off() {
+    let redis = Arc::new(RedisServer::start().await);
+    let backends = HyperBackends::start(&["a", "b", "c"]).await;
+    let magpie = one_magpie(&redis, &backends).await;
+    decide(&magpie, "before").await;
+    let stall = {
+        let redis = Arc::clone(&redis);
+        tokio::spawn(async move { redis.command(&[b"DEBUG", b"SLEEP", b"2"]).await })
+    };
+    within("three lookups to go by the table", async {
+        for n in 0.. {
+            decide(&magpie, &format!("during-{n}")).await;
+            if store_fallbacks(&magpie) == 3 {
+                break;
+            }
+        }
+    })
+    .await;
+    assert_eq!(store_ops(&magpie, "timeout"), 3);
+    decide(&magpie, "skipped").await;
+    assert_eq!(store_ops(&magpie, "skipped"), 1, "the store was asked");
+    stall.await.expect("DEBUG SLEEP runs");
+}
+
+/// The connections `redis` accepted so far (this one's included).
+async fn connections_received(redis: &RedisServer) -> u64 {
+    let info = match redis.command(&[b"INFO", b"stats"]).await {
+        redis::Value::BulkString(bytes) => String::from_utf8(bytes).expect("UTF-8"),
+        redis::Value::VerbatimString { text, .. } => text,
+        other => panic!("INFO answered {other:?}"),
+    };
+    (info.lines())
+        .find_map(|l| l.strip_prefix("total_connections_received:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no connection count in {info}"))
 }
 
 /// Lookups that went by the table because the store did not answer.

@@ -31,6 +31,8 @@ impl RedisServer {
         let process = Command::new("redis-server")
             .args(["--port", &self.addr.port().to_string()])
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            // `DEBUG SLEEP` stalls the server, as a busy host would.
+            .args(["--enable-debug-command", "local"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -60,8 +62,10 @@ impl RedisServer {
     pub async fn command(&self, args: &[&[u8]]) -> redis::Value {
         let client = redis::Client::open(format!("redis://{}/", self.addr)).expect("a redis url");
         within("a redis command", async {
+            // No response timeout but `within`'s: `DEBUG SLEEP` answers late.
+            let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
             let mut c = client
-                .get_multiplexed_async_connection()
+                .get_multiplexed_async_connection_with_config(&config)
                 .await
                 .expect("a connection to redis-server");
             let mut cmd = redis::cmd(std::str::from_utf8(args[0]).expect("a command name"));

@@ -25,9 +25,12 @@
 //! The store never costs a request more than `timeout` (every round trip of
 //! one lookup shares that deadline), and never fails one: past the timeout,
 //! or while the store is unreachable, the request is routed by the table,
-//! counted, and logged at most once a second; the store is then left alone
-//! for a back-off (100 ms, doubling to 5 s) while a background task
-//! reconnects. An error reply about one operation (the server refused that
+//! counted, and logged at most once a second. A broken connection, or
+//! [`TIMEOUTS_TO_BACK_OFF`] timeouts in a row, leave the store alone for a
+//! back-off (100 ms, doubling to 5 s) while a background task reconnects;
+//! one late answer (a busy host, a stalled server) costs only its own
+//! request, as a late reply on the multiplexed connection is dropped when it
+//! comes. An error reply about one operation (the server refused that
 //! command) is counted and logged but backs nothing off.
 
 use std::sync::Arc;
@@ -113,6 +116,8 @@ return {ARGV[3], bad}
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// Timeouts in a row (no answer in time between them) that back off.
+pub(crate) const TIMEOUTS_TO_BACK_OFF: u64 = 3;
 
 labels! {
     /// What a store operation did, for `magpie_session_store_operations_total`.
@@ -184,6 +189,8 @@ pub(crate) struct Store {
     /// Milliseconds since `epoch` before which the store is not asked.
     resume_at_ms: AtomicU64,
     backoff_ms: AtomicU64,
+    /// Operations that timed out since the last that was answered.
+    timeouts_in_row: AtomicU64,
     epoch: Instant,
     bind: redis::Script,
     replace: redis::Script,
@@ -214,6 +221,7 @@ impl Store {
             connecting: AtomicBool::new(false),
             resume_at_ms: AtomicU64::new(0),
             backoff_ms: AtomicU64::new(0),
+            timeouts_in_row: AtomicU64::new(0),
             epoch: Instant::now(),
             bind: redis::Script::new(BIND),
             replace: redis::Script::new(REPLACE),
@@ -382,8 +390,9 @@ impl Store {
     }
 
     /// One operation by `deadline`, counted. A store that failed (no
-    /// connection, no answer in time, a broken connection) backs off and
-    /// reconnects; an error reply about this operation alone does not.
+    /// connection, a broken connection, [`TIMEOUTS_TO_BACK_OFF`] late
+    /// answers in a row) backs off and reconnects; an error reply about this
+    /// operation alone, or one late answer, does not.
     pub(super) async fn run<T, F, Fut>(&self, deadline: Instant, op: F) -> Option<T>
     where
         F: FnOnce(MultiplexedConnection) -> Fut,
@@ -404,8 +413,12 @@ impl Store {
                 self.stats.latency.observe(started.elapsed());
                 self.count(OpResult::Ok);
                 self.backoff_ms.store(0, Ordering::Relaxed);
+                self.timeouts_in_row.store(0, Ordering::Relaxed);
                 return Some(value);
             }
+            // The client's own response timeout, or the deadline.
+            Ok(Err(e)) if e.is_timeout() => self.timed_out()?,
+            Err(_) => self.timed_out()?,
             Ok(Err(e)) if !store_wide(&e) => {
                 self.count(OpResult::Error);
                 if let Some(held_back) = LOG.allow() {
@@ -417,15 +430,30 @@ impl Store {
                 self.count(OpResult::Error);
                 e.to_string()
             }
-            Err(_) => {
-                self.count(OpResult::Timeout);
-                format!("no answer within {:?}", self.config.timeout)
-            }
         };
         if let Some(held_back) = LOG.allow() {
             warn!(addr = %self.config.addr, error = %failure, held_back, "session store failed; routing by the table and backing off");
         }
         self.back_off();
+        None
+    }
+
+    /// Counts a late answer; the failure to back off for, once
+    /// [`TIMEOUTS_TO_BACK_OFF`] came in a row, else `None` (logged).
+    fn timed_out(&self) -> Option<String> {
+        static LOG: Throttle = Throttle::new(Duration::from_secs(1));
+        self.count(OpResult::Timeout);
+        let in_row = self.timeouts_in_row.fetch_add(1, Ordering::Relaxed) + 1;
+        if in_row >= TIMEOUTS_TO_BACK_OFF {
+            self.timeouts_in_row.store(0, Ordering::Relaxed);
+            return Some(format!(
+                "no answer within {:?}, {in_row} times in a row",
+                self.config.timeout
+            ));
+        }
+        if let Some(held_back) = LOG.allow() {
+            warn!(addr = %self.config.addr, timeout = ?self.config.timeout, held_back, "session store answered late; routing that request by the table");
+        }
         None
     }
 
@@ -531,46 +559,4 @@ fn connection_info(config: &RedisConfig) -> Option<redis::ConnectionInfo> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use redis::{ErrorKind, RedisError, ServerErrorKind};
-
-    #[test]
-    fn only_a_failed_store_backs_off_not_a_refused_operation() {
-        let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
-        assert!(store_wide(&io));
-        let loading =
-            RedisError::from((ErrorKind::Server(ServerErrorKind::BusyLoading), "loading"));
-        assert!(store_wide(&loading));
-        let parse = RedisError::from((ErrorKind::Parse, "bad reply"));
-        assert!(store_wide(&parse));
-        for refused in [
-            ErrorKind::Server(ServerErrorKind::ResponseError),
-            ErrorKind::Extension,
-            ErrorKind::UnexpectedReturnType,
-        ] {
-            let e = RedisError::from((refused, "one operation"));
-            assert!(!store_wide(&e), "{e}");
-        }
-    }
-
-    #[tokio::test]
-    async fn a_name_over_the_bound_is_never_sent_to_the_store() {
-        let config = RedisConfig {
-            addr: "127.0.0.1:1".to_string(),
-            prefix: "magpie:".to_string(),
-            timeout: Duration::from_millis(20),
-            username: None,
-            password: None,
-        };
-        let store = Store::new(config, Duration::from_secs(60));
-        let long = "x".repeat(MAX_BINDING + 1);
-        assert_eq!(store.pin(1, &long, |_| true).await, None);
-        assert_eq!(store.stats.ops(OpResult::Skipped), 0, "the store was asked");
-        assert_eq!(store.stats.fallbacks(), 0);
-        // A name within the bound is asked for (and skipped: no connection).
-        let longest = "x".repeat(MAX_BINDING);
-        assert_eq!(store.pin(1, &longest, |_| true).await, None);
-        assert_eq!(store.stats.ops(OpResult::Skipped), 1);
-    }
-}
+mod tests;
