@@ -204,6 +204,7 @@ impl Live {
             tokens,
             class,
             sent: tokio::time::Instant::now(),
+            fleet_ahead: self.load.fleet_tokens(),
             system_head: None,
         };
         Some((slot, work))
@@ -260,6 +261,8 @@ pub(crate) struct WorkGuard {
     class: Option<usize>,
     /// When the request was admitted (and so sent).
     sent: tokio::time::Instant,
+    /// The other magpies' work there then (with a shared store).
+    fleet_ahead: u64,
     /// The hash of its system head, which its prefill leaves in the cache.
     system_head: Option<u64>,
 }
@@ -271,7 +274,7 @@ impl WorkGuard {
     pub(crate) fn answered(self) {
         let now = tokio::time::Instant::now();
         let live = &self.live;
-        live.prefill_rate.answered(self.tokens, self.sent, now);
+        (live.prefill_rate).answered(self.tokens, self.fleet_ahead, self.sent, now);
         live.load.count_computed(self.tokens);
         if let Some(hash) = self.system_head {
             live.system_heads.served(hash, live.load.computed());

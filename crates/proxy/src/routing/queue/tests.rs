@@ -491,7 +491,7 @@ async fn a_new_conversation_counts_the_turns_that_come_back_ahead_of_its_next() 
         for i in 0..10u64 {
             let at = |ms: u64| t0 + Duration::from_millis(i * 1000 + ms);
             for b in &targets {
-                b.live.prefill_rate.answered(turn, at(0), at(turn / 10));
+                b.live.prefill_rate.answered(turn, 0, at(0), at(turn / 10));
             }
         }
         let placed = placed_cold(&queue, &targets, &q, 4000).await;
@@ -619,8 +619,14 @@ async fn work_ahead_is_weighed_by_each_backends_learned_prefill_rate() {
     let t0 = tokio::time::Instant::now();
     for i in 0..10u64 {
         let at = |ms: u64| t0 + Duration::from_millis(i * 1000 + ms);
-        targets[0].live.prefill_rate.answered(1000, at(0), at(500));
-        targets[1].live.prefill_rate.answered(1000, at(0), at(1000));
+        targets[0]
+            .live
+            .prefill_rate
+            .answered(1000, 0, at(0), at(500));
+        targets[1]
+            .live
+            .prefill_rate
+            .answered(1000, 0, at(0), at(1000));
     }
     assert_eq!(placed(&queue, &targets, &q).await, "b1");
 }
