@@ -195,7 +195,7 @@ pub(crate) const BACKEND: &[Family] = &[
         name: "magpie_backend_prefill_rate_tokens_per_second",
         kind: GAUGE,
         labels: &["backend", "addr"],
-        help: "mode http with queue: the backend's prefill rate as learned from its answers (the work of its requests over the time it was busy with them until each one's first byte, about the last hundred answers); 0 until eight answers came. A new conversation's work ahead there is weighed by it.",
+        help: "mode http with queue: the backend's prefill rate as learned from its answers (the work of its requests over the time it was busy with them until each one's first byte, with sessions.store redis the other magpies' work ahead of them too, about the last hundred answers); 0 until eight answers came. A new conversation's work ahead there is weighed by it.",
         read: Read::Backend(|b, s| {
             let rate = b.live().prefill_rate.per_second().unwrap_or(0.0);
             s.value(&[], rate)
