@@ -140,16 +140,25 @@ async fn bound(redis: &RedisServer, session: &str) -> String {
     .await
 }
 
+/// A queue for two magpies sharing a store.
+const QUEUE: &str = "queue:\n  max_inflight: 8\n  timeout: 30s\n";
+
+/// Two magpies sharing a store, under `queue`, in front of backends a and b.
+async fn pair(queue: &str) -> (RedisServer, HyperBackends, Fleet) {
+    let redis = RedisServer::start().await;
+    let backends = HyperBackends::start(&["a", "b"]).await;
+    let fleet = Fleet::start(&store_settings(redis.addr, queue), &backends.pairs()).await;
+    (redis, backends, fleet)
+}
+
 /// Two magpies sharing a store, under a queue: a conversation's pin is
 /// bound where its first request went (where its first token came soonest,
 /// not the table's first), so its next turn through the other magpie goes
 /// there too; a turn that spills off its pin moves the pin for both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_magpies_bind_a_conversation_where_it_was_placed_and_moved() {
-    let redis = RedisServer::start().await;
-    let backends = HyperBackends::start(&["a", "b"]).await;
     let queue = "queue:\n  max_inflight: 8\n  max_prefill_tokens: 2000\n  affinity_wait: 0s\n  timeout: 30s\n";
-    let fleet = Fleet::start(&store_settings(redis.addr, queue), &backends.pairs()).await;
+    let (redis, backends, fleet) = pair(queue).await;
     let [one, two] = &fleet.magpies;
     let session = "conversation";
     let order = one.candidates(text_key(session.as_bytes()));
@@ -206,10 +215,7 @@ async fn a_backends_prefill_rate_is_learned_from_its_answers() {
 /// the work stops counting once its first byte came.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_magpies_count_each_others_work() {
-    let redis = RedisServer::start().await;
-    let backends = HyperBackends::start(&["a", "b"]).await;
-    let queue = "queue:\n  max_inflight: 8\n  timeout: 30s\n";
-    let fleet = Fleet::start(&store_settings(redis.addr, queue), &backends.pairs()).await;
+    let (_redis, backends, fleet) = pair(QUEUE).await;
     let [one, two] = &fleet.magpies;
     let session = "fresh";
     let order = two.candidates(text_key(session.as_bytes()));
@@ -228,10 +234,7 @@ async fn two_magpies_count_each_others_work() {
 /// come back there, so a new conversation through the other goes past it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_magpies_count_each_others_requests_in_flight() {
-    let redis = RedisServer::start().await;
-    let backends = HyperBackends::start(&["a", "b"]).await;
-    let queue = "queue:\n  max_inflight: 8\n  timeout: 30s\n";
-    let fleet = Fleet::start(&store_settings(redis.addr, queue), &backends.pairs()).await;
+    let (_redis, backends, fleet) = pair(QUEUE).await;
     let [one, two] = &fleet.magpies;
     let session = "fresh";
     let order = two.candidates(text_key(session.as_bytes()));

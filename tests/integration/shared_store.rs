@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use magpie_core::key::text_key;
+use tokio::task::JoinHandle;
 
 use crate::support::*;
 
@@ -197,21 +198,10 @@ async fn one_late_answer_backs_nothing_off() {
     let (before, _) = decide(&magpie, "before").await;
     assert_eq!(binding(&redis, "before").await, Some(before));
     let connections = connections_received(&redis).await;
-    let stall = {
-        let redis = Arc::clone(&redis);
-        tokio::spawn(async move { redis.command(&[b"DEBUG", b"SLEEP", b"0.25"]).await })
-    };
+    let stall = stall(&redis, "0.25");
     // Lookups answer until the server sleeps; the first one then goes by
     // the table.
-    within("a lookup to go by the table", async {
-        for n in 0.. {
-            decide(&magpie, &format!("during-{n}")).await;
-            if store_fallbacks(&magpie) > 0 {
-                break;
-            }
-        }
-    })
-    .await;
+    until_fallbacks(&magpie, 1).await;
     stall.await.expect("DEBUG SLEEP runs");
     let (after, _) = decide(&magpie, "after").await;
     assert_eq!(binding(&redis, "after").await, Some(after), "not looked up");
@@ -235,23 +225,35 @@ async fn three_late_answers_in_a_row_back_off() {
     let backends = HyperBackends::start(&["a", "b", "c"]).await;
     let magpie = one_magpie(&redis, &backends).await;
     decide(&magpie, "before").await;
-    let stall = {
-        let redis = Arc::clone(&redis);
-        tokio::spawn(async move { redis.command(&[b"DEBUG", b"SLEEP", b"2"]).await })
-    };
-    within("three lookups to go by the table", async {
-        for n in 0.. {
-            decide(&magpie, &format!("during-{n}")).await;
-            if store_fallbacks(&magpie) == 3 {
+    let stall = stall(&redis, "2");
+    until_fallbacks(&magpie, 3).await;
+    assert_eq!(store_ops(&magpie, "timeout"), 3);
+    decide(&magpie, "skipped").await;
+    assert_eq!(store_ops(&magpie, "skipped"), 1, "the store was asked");
+    stall.await.expect("DEBUG SLEEP runs");
+}
+
+/// Stalls `redis` for `seconds` (`DEBUG SLEEP`), as a busy host would.
+fn stall(redis: &Arc<RedisServer>, seconds: &'static str) -> JoinHandle<redis::Value> {
+    let redis = Arc::clone(redis);
+    tokio::spawn(async move {
+        redis
+            .command(&[b"DEBUG", b"SLEEP", seconds.as_bytes()])
+            .await
+    })
+}
+
+/// Looks up new keys until `n` went by the table.
+async fn until_fallbacks(magpie: &Magpie, n: u64) {
+    within("lookups to go by the table", async {
+        for k in 0.. {
+            decide(magpie, &format!("during-{k}")).await;
+            if store_fallbacks(magpie) >= n {
                 break;
             }
         }
     })
     .await;
-    assert_eq!(store_ops(&magpie, "timeout"), 3);
-    decide(&magpie, "skipped").await;
-    assert_eq!(store_ops(&magpie, "skipped"), 1, "the store was asked");
-    stall.await.expect("DEBUG SLEEP runs");
 }
 
 /// The connections `redis` accepted so far (this one's included).
