@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper::Response;
 use hyper::body::Incoming;
 use magpie_core::key::group::{GroupBy, body_group_key};
@@ -227,58 +227,6 @@ async fn two_magpies_count_each_others_work() {
     drop(held);
     backends.release(1);
     counted(fleet_work, &order[0], 0).await;
-}
-
-/// Two magpies sharing a store, under a queue, count each other's requests
-/// in flight: answers streaming at an engine through one are turns that
-/// come back there, so a new conversation through the other goes past it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_magpies_count_each_others_requests_in_flight() {
-    let (_redis, backends, fleet) = pair(QUEUE).await;
-    let [one, two] = &fleet.magpies;
-    let session = "fresh";
-    let order = two.candidates(text_key(session.as_bytes()));
-    // Two answers stream at the table's first through the first magpie
-    // (their first byte came: they hold no prefill work).
-    let mut streams = Vec::new();
-    for i in 0..2 {
-        streams.push(hold_stream(one, &order[0], i).await);
-    }
-    let in_flight = |b: &str| two.backend_metric("magpie_backend_fleet_requests_in_flight", b, &[]);
-    counted(in_flight, &order[0], 2).await;
-    let prompt = "p".repeat(400);
-    let mut client = KeepAlive::connect(two.addr).await;
-    assert_eq!(
-        client.post_json(&chat("s", &prompt), Some(session)).await,
-        order[1]
-    );
-    drop(streams);
-    backends.release(2);
-    counted(in_flight, &order[0], 0).await;
-}
-
-/// An answer streaming at `backend` through `magpie`: its first chunk read,
-/// the rest held (`/slow`), of the `n`th session whose primary is `backend`
-/// (an empty body, so it goes there).
-async fn hold_stream(magpie: &Magpie, backend: &str, n: usize) -> (KeepAlive, Response<Incoming>) {
-    let session = (0..10_000)
-        .map(|i| format!("stream-{i}"))
-        .filter(|s| magpie.primary(text_key(s.as_bytes())) == backend)
-        .nth(n)
-        .expect("a session of that backend");
-    let request = hyper::Request::post("/slow")
-        .header("host", "magpie")
-        .header("x-session-id", session)
-        .body(Full::new(Bytes::new()))
-        .expect("a request");
-    let mut client = KeepAlive::connect(magpie.addr).await;
-    let mut response = client.start(request).await;
-    assert_eq!(response.status(), 200);
-    let first = within("the first chunk", response.body_mut().frame()).await;
-    let first = first.expect("a frame").expect("a chunk");
-    let text = String::from_utf8_lossy(first.data_ref().expect("data"));
-    assert_eq!(text, format!("first from {backend}\n"));
-    (client, response)
 }
 
 /// Waits until `fleet_work(b)` reads `tokens`.

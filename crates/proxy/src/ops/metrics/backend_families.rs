@@ -185,13 +185,6 @@ pub(crate) const BACKEND: &[Family] = &[
         read: Read::Backend(|b, s| s.value(&[], b.live().load.fleet_tokens() as f64)),
     },
     Family {
-        name: "magpie_backend_fleet_requests_in_flight",
-        kind: GAUGE,
-        labels: &["backend", "addr"],
-        help: "mode http with queue and sessions.store redis: the requests in flight (as in magpie_backend_requests_in_flight) the other magpies sharing the store hold at the backend, as last read (every 100 ms); the queue weighs the turns they bring back with this magpie's own.",
-        read: Read::Backend(|b, s| s.value(&[], b.live().load.fleet_active() as f64)),
-    },
-    Family {
         name: "magpie_backend_prefill_rate_tokens_per_second",
         kind: GAUGE,
         labels: &["backend", "addr"],

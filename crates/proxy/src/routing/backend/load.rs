@@ -17,11 +17,9 @@
 //! previous request left in that backend's cache
 //! ([`crate::routing::llm::work`]), reserved with the slot at
 //! admission and given back at the answer's first byte. `fleet_tokens` is
-//! the work the other magpies sharing a store hold there, and
-//! `fleet_active` their requests in flight
+//! the work the other magpies sharing a store hold there
 //! ([`crate::routing::sessions::fleet`]); the queue weighs and bounds
-//! this magpie's and theirs together ([`Load::held_tokens`],
-//! [`Load::active_with_fleet`]). Where engines take the class
+//! both together ([`Load::held_tokens`]). Where engines take the class
 //! (`queue.priority.engine`), the work is counted by class too
 //! (`by_class`), since a request waits inside the engine only behind its
 //! own class and the higher ones ([`Load::held_ahead`]). `computed` counts the work whose
@@ -44,7 +42,6 @@ pub(crate) struct Load {
     awaiting_cold: AtomicU64,
     prefill_tokens: AtomicU64,
     fleet_tokens: AtomicU64,
-    fleet_active: AtomicU64,
     computed: AtomicU64,
     /// Of `prefill_tokens`, the work of each class, for requests counted
     /// by class.
@@ -99,21 +96,8 @@ impl Load {
         self.fleet_tokens.load(Ordering::Relaxed)
     }
 
-    /// The requests in flight the other magpies sharing a store hold
-    /// here, as last read.
-    pub(crate) fn fleet_active(&self) -> u64 {
-        self.fleet_active.load(Ordering::Relaxed)
-    }
-
-    /// The requests in flight here: this magpie's and the others'.
-    pub(crate) fn active_with_fleet(&self) -> u64 {
-        self.active().saturating_add(self.fleet_active())
-    }
-
-    /// Sets the other magpies' work and requests in flight here; returns
-    /// the work it was.
-    pub(crate) fn set_fleet(&self, tokens: u64, active: u64) -> u64 {
-        self.fleet_active.store(active, Ordering::Relaxed);
+    /// Sets the other magpies' work here; returns what it was.
+    pub(crate) fn set_fleet_work(&self, tokens: u64) -> u64 {
         self.fleet_tokens.swap(tokens, Ordering::Relaxed)
     }
 

@@ -83,8 +83,7 @@ impl Order {
 /// for a first token (the work the backend holds plus what it would still
 /// have to compute of the request, [`Work::at`]), plus, for each request in
 /// flight there now (awaiting its first byte, or streaming its answer: a
-/// conversation whose next turn comes back there; with a shared store, the
-/// fleet's too), the work of one request
+/// conversation whose next turn comes back there), the work of one request
 /// of the backend's mean (that turn, ahead of this conversation's next) and
 /// what computing this one there costs beyond the least it costs at any
 /// target (what a cache elsewhere would have spared that turn); over the
@@ -96,7 +95,7 @@ pub(super) fn cost(backend: &Backend, work: &Work, base: &Base) -> f64 {
     let own = work.at(backend);
     let turn = rate.mean_tokens().unwrap_or(base.mean_tokens);
     let unsaved = own.saturating_sub(base.least) as f64;
-    let behind = live.load.active_with_fleet() as f64;
+    let behind = live.load.active() as f64;
     let tokens = live.load.held_ahead(work.class) as f64 + own as f64 + (turn + unsaved) * behind;
     tokens / rate.per_second().unwrap_or(base.rate)
 }
@@ -130,13 +129,13 @@ fn mean(values: impl Iterator<Item = f64>) -> Option<f64> {
     (n > 0).then(|| sum / f64::from(n))
 }
 
-/// Whether every slot of `backend`'s engine is taken by the requests in
-/// flight there, this magpie's and the fleet's (its slots learned from the engine,
+/// Whether every slot of `backend`'s engine is taken by this magpie's
+/// requests in flight (its slots learned from the engine,
 /// [`crate::routing::health::EngineLoad::slots`]; never, where they are
 /// not known).
 fn slots_taken(backend: &Backend) -> bool {
     let live = &backend.live;
-    (live.engine.slots()).is_some_and(|slots| live.load.active_with_fleet() >= slots)
+    (live.engine.slots()).is_some_and(|slots| live.load.active() >= slots)
 }
 
 /// `targets` by what a request of `work` would cost there, those with a
@@ -160,7 +159,7 @@ fn cheapest_first(
         (targets.iter()).map(|b| (Arc::clone(b), at(b))).collect();
     // Of two alike (before a mean request is learned), fewer in flight
     // first; a request without a prompt keeps the table's order.
-    let in_flight = |b: &Backend| (work.tokens > 0).then(|| b.live.load.active_with_fleet());
+    let in_flight = |b: &Backend| (work.tokens > 0).then(|| b.live.load.active());
     order.sort_by(|(p, (a, x)), (q, (b, y))| {
         (a.cmp(b).then(x.total_cmp(y))).then(in_flight(p).cmp(&in_flight(q)))
     });

@@ -1,27 +1,23 @@
 //! The fleet's work (`queue` with `sessions.store: redis`): every magpie
-//! sharing a store counts the prefill work and the requests in flight all
-//! of them hold at each backend, so they place and wait as one.
+//! sharing a store counts the prefill work all of them hold at each
+//! backend, so they place and wait as one.
 //!
 //! One magpie sees only the requests it sent itself: behind a load balancer
 //! that alternates between two, each would see an engine half as busy as it
 //! is, and send it a new conversation the other just filled it with. So
-//! every [`PERIOD`] each magpie writes its own work and requests in flight
-//! per backend (the `magpie_backend_prefill_tokens` and
-//! `magpie_backend_requests_in_flight` it holds) under a key of its own,
+//! every [`PERIOD`] each magpie writes its own work per backend (the
+//! `magpie_backend_prefill_tokens` it holds) under a key of its own,
 //! `{prefix}work:{id}`, that expires after [`LIFETIME`], and notes its id in
 //! a sorted set, `{prefix}fleet`, scored by the store's clock; the same
-//! script returns every other live magpie's. Each backend's sums are its
-//! fleet work and fleet requests ([`crate::routing::backend::load`]): the
-//! queue adds them to the backend's own when it weighs where a first request
-//! costs least (the work ahead of it, and the turns that come back ahead of
-//! its next) and whether a spill pays, and the work when it asks whether
-//! work has room. A magpie that stops writing (it
+//! script returns every other live magpie's work. Each backend's sum is its
+//! fleet work ([`crate::routing::backend::load`]): the queue adds it to the
+//! backend's own when it weighs where a first request costs least, whether a
+//! spill pays, and whether work has room. A magpie that stops writing (it
 //! died, or lost the store) stops counting after [`LIFETIME`]; while this
 //! one gets no answer, it counts the others' work as none.
 //!
-//! The work is written as lines of `name` TAB `tokens` TAB `requests` (a
-//! line without the requests counts none, as an older magpie writes it); at
-//! most [`MAX_VALUE`] bytes of each value are read, and a line that does not
+//! The work is written as lines of `name` TAB `tokens`; at most
+//! [`MAX_VALUE`] bytes of each value are read, and a line that does not
 //! parse, or names no backend of this table, counts nothing.
 
 use std::collections::HashMap;
@@ -104,22 +100,15 @@ pub(crate) async fn run(instance: Arc<Instance>, shutdown: CancellationToken) {
     }
 }
 
-/// What the other magpies hold at one backend.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct Held {
-    tokens: u64,
-    active: u64,
-}
-
 /// Writes this magpie's work, and returns the others' summed by backend
 /// name; `None` without an answer.
-async fn share(instance: &Instance, store: &Arc<Store>, id: &str) -> Option<HashMap<String, Held>> {
+async fn share(instance: &Instance, store: &Arc<Store>, id: &str) -> Option<HashMap<String, u64>> {
     let snapshot = instance.snapshot.load();
     let mut own = String::new();
     for b in &snapshot.backends {
-        let (tokens, active) = (b.live.load.prefill_tokens(), b.live.load.active());
-        if tokens > 0 || active > 0 {
-            own.push_str(&format!("{}\t{tokens}\t{active}\n", b.name));
+        let tokens = b.live.load.prefill_tokens();
+        if tokens > 0 {
+            own.push_str(&format!("{}\t{tokens}\n", b.name));
         }
     }
     let mut invocation = SCRIPT.key(store.prefixed("fleet"));
@@ -138,43 +127,31 @@ async fn share(instance: &Instance, store: &Arc<Store>, id: &str) -> Option<Hash
     Some(sum(&reply))
 }
 
-/// What `values` hold (lines of name TAB tokens TAB requests), summed by
-/// backend name.
-fn sum(values: &[Vec<u8>]) -> HashMap<String, Held> {
-    let mut by_name: HashMap<String, Held> = HashMap::new();
+/// The work in `values` (lines of name TAB tokens), by backend name.
+fn sum(values: &[Vec<u8>]) -> HashMap<String, u64> {
+    let mut by_name: HashMap<String, u64> = HashMap::new();
     for value in values {
         let text = String::from_utf8_lossy(&value[..value.len().min(MAX_VALUE)]);
-        for (name, line) in text.lines().filter_map(parse) {
-            let held = by_name.entry(name.to_owned()).or_default();
-            held.tokens = held.tokens.saturating_add(line.tokens);
-            held.active = held.active.saturating_add(line.active);
+        for line in text.lines() {
+            let Some((name, tokens)) = line.split_once('\t') else {
+                continue;
+            };
+            if let Ok(tokens) = tokens.parse::<u64>() {
+                let held = by_name.entry(name.to_owned()).or_default();
+                *held = held.saturating_add(tokens);
+            }
         }
     }
     by_name
 }
 
-/// One line: a backend's name, its work and (if written) its requests.
-fn parse(line: &str) -> Option<(&str, Held)> {
-    let mut fields = line.split('\t');
-    let name = fields.next()?;
-    let tokens = fields.next()?.parse().ok()?;
-    let active = match fields.next() {
-        Some(requests) => requests.parse().ok()?,
-        None => 0,
-    };
-    fields
-        .next()
-        .is_none()
-        .then_some((name, Held { tokens, active }))
-}
-
-/// Sets each backend's fleet work and requests; a backend whose fleet work
-/// fell tells the requests waiting for it.
-fn apply(instance: &Instance, others: &HashMap<String, Held>) {
+/// Sets each backend's fleet work; a backend whose fleet work fell tells
+/// the requests waiting for it.
+fn apply(instance: &Instance, others: &HashMap<String, u64>) {
     for b in &instance.snapshot.load().backends {
-        let held = others.get(&b.name).copied().unwrap_or_default();
-        let before = b.live.load.set_fleet(held.tokens, held.active);
-        if held.tokens < before
+        let tokens = others.get(&b.name).copied().unwrap_or(0);
+        let before = b.live.load.set_fleet_work(tokens);
+        if tokens < before
             && let Some(waiters) = b.live.waiters.get()
         {
             waiters.slot_freed(&b.live);
@@ -189,17 +166,13 @@ mod tests {
     #[test]
     fn work_is_summed_by_name_and_bad_lines_count_nothing() {
         let values = vec![
-            b"a\t100\t2\nb\t5\t1\n".to_vec(),
-            b"a\t50\t3\nnot a line\nb\tmany\t1\nb\t9\tx\nb\t1\t2\t3\n\t7\t0\n".to_vec(),
-            // An older magpie's lines: work, no requests.
-            b"a\t10\nc\t4\n".to_vec(),
+            b"a\t100\nb\t5\n".to_vec(),
+            b"a\t50\nnot a line\nb\tmany\n\t7\n".to_vec(),
         ];
         let sum = sum(&values);
-        let held = |tokens, active| Some(Held { tokens, active });
-        assert_eq!(sum.get("a").copied(), held(160, 5));
-        assert_eq!(sum.get("b").copied(), held(5, 1));
-        assert_eq!(sum.get("c").copied(), held(4, 0));
-        assert_eq!(sum.get("").copied(), held(7, 0));
-        assert_eq!(sum.len(), 4);
+        assert_eq!(sum.get("a"), Some(&150));
+        assert_eq!(sum.get("b"), Some(&5));
+        assert_eq!(sum.get(""), Some(&7));
+        assert_eq!(sum.len(), 3);
     }
 }
