@@ -117,7 +117,7 @@ return {ARGV[3], bad}
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// Timeouts in a row (no answer in time between them) that back off.
-pub(crate) const TIMEOUTS_TO_BACK_OFF: u64 = 3;
+const TIMEOUTS_TO_BACK_OFF: u64 = 3;
 
 labels! {
     /// What a store operation did, for `magpie_session_store_operations_total`.
