@@ -100,6 +100,11 @@ pub struct Summary {
     pub engines: BTreeMap<String, usize>,
     /// The busiest engine's requests over the mean of the engines that answered.
     pub share_max_over_mean: f64,
+    /// Prompt tokens each engine computed (its prompts less what its cache
+    /// held), and the busiest's over the mean: the load in work, where a
+    /// count of requests weighs a short prompt as much as a long one.
+    pub engines_prefill: BTreeMap<String, u64>,
+    pub prefill_share_max_over_mean: f64,
     pub scale_up: Option<ScaleUp>,
     /// The replayed trace's window (`--trace`): its own figures, the ideal
     /// hit ratio among them, to check `ideal_hit_ratio` against.
@@ -202,7 +207,8 @@ impl Summary {
         let mut ttft: Vec<f64> = ok.iter().map(|r| r.ttft_ms).collect();
         let mut total: Vec<f64> = ok.iter().map(|r| r.total_ms).collect();
         let (multi_turn_conversations, split_conversations) = splits(&ok);
-        let engines = per_engine(&ok);
+        let engines = per_engine(&ok, |_| 1);
+        let engines_prefill = per_engine(&ok, |r| r.prompt_tokens.saturating_sub(r.cached_tokens));
         let scale_up = outcome.scale_up.clone().map(|s| moved(s, &ok));
         Self {
             key: args.key,
@@ -228,8 +234,10 @@ impl Summary {
             total_p99_ms: percentile(&mut total, 0.99),
             multi_turn_conversations,
             split_conversations,
-            share_max_over_mean: share(&engines),
+            share_max_over_mean: share(engines.values().map(|&n| n as f64)),
             engines,
+            prefill_share_max_over_mean: share(engines_prefill.values().map(|&n| n as f64)),
+            engines_prefill,
             scale_up,
             trace: outcome.trace.clone(),
             slo_ms: args.slo_ms,
@@ -270,23 +278,26 @@ fn splits(ok: &[&Record]) -> (usize, usize) {
     (multi.count(), split)
 }
 
-fn per_engine(ok: &[&Record]) -> BTreeMap<String, usize> {
+/// What `of` each answered request sums to, per engine.
+fn per_engine<T: Default + std::ops::AddAssign>(
+    ok: &[&Record],
+    of: impl Fn(&Record) -> T,
+) -> BTreeMap<String, T> {
     let mut engines = BTreeMap::new();
     for r in ok {
         let name = r.engine.clone().unwrap_or_else(|| "?".into());
-        *engines.entry(name).or_insert(0) += 1;
+        *engines.entry(name).or_default() += of(r);
     }
     engines
 }
 
-fn share(engines: &BTreeMap<String, usize>) -> f64 {
-    let total: usize = engines.values().sum();
-    let max = engines.values().copied().max().unwrap_or(0);
-    if total == 0 {
-        0.0
-    } else {
-        max as f64 * engines.len() as f64 / total as f64
-    }
+/// The largest of the engines' `loads` over their mean (0 when they sum
+/// to 0).
+fn share(loads: impl Iterator<Item = f64>) -> f64 {
+    let (total, max, n) = loads.fold((0.0, 0.0, 0.0), |(t, m, n), v: f64| {
+        (t + v, v.max(m), n + 1.0)
+    });
+    if total == 0.0 { 0.0 } else { max * n / total }
 }
 
 /// Fills in the live conversations at the scale-up and how many moved.
@@ -334,6 +345,34 @@ impl Summary {
             )?;
         }
         Ok(())
+    }
+}
+
+impl Summary {
+    /// Each engine's requests and prefill, and the busiest's over the mean.
+    fn fmt_engines(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let list = |per: Vec<String>| per.join(", ");
+        writeln!(
+            f,
+            "share max / mean      {:.2} ({})",
+            self.share_max_over_mean,
+            list(
+                self.engines
+                    .iter()
+                    .map(|(e, n)| format!("{e} {n}"))
+                    .collect()
+            )
+        )?;
+        writeln!(
+            f,
+            "prefill max / mean    {:.2} ({})",
+            self.prefill_share_max_over_mean,
+            list(
+                (self.engines_prefill.iter())
+                    .map(|(e, n)| format!("{e} {n}"))
+                    .collect()
+            )
+        )
     }
 }
 
@@ -397,17 +436,7 @@ impl fmt::Display for Summary {
             "split conversations   {} of {}",
             self.split_conversations, self.multi_turn_conversations
         )?;
-        let per: Vec<String> = self
-            .engines
-            .iter()
-            .map(|(e, n)| format!("{e} {n}"))
-            .collect();
-        writeln!(
-            f,
-            "share max / mean      {:.2} ({})",
-            self.share_max_over_mean,
-            per.join(", ")
-        )?;
+        self.fmt_engines(f)?;
         self.fmt_slices(f)?;
         if let Some(s) = &self.scale_up {
             writeln!(
@@ -454,9 +483,9 @@ mod tests {
         ];
         let ok: Vec<&Record> = records.iter().collect();
         assert_eq!(splits(&ok), (2, 1));
-        let engines = per_engine(&ok);
+        let engines = per_engine(&ok, |_| 1usize);
         assert_eq!(engines["b"], 3);
-        assert!((share(&engines) - 1.5).abs() < 1e-9);
+        assert!((share(engines.values().map(|&n| n as f64)) - 1.5).abs() < 1e-9);
         let s = ScaleUp {
             at: 4.0,
             finished_at: 5.0,

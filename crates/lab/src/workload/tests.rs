@@ -75,6 +75,8 @@ async fn one_engine_one_connection_is_the_ideal() {
     );
     assert_eq!(summary.split_conversations, 0);
     assert_eq!(summary.engines["r0"], 18);
+    assert_eq!(summary.engines_prefill["r0"], summary.uncached_tokens);
+    assert_eq!(summary.prefill_share_max_over_mean, 1.0);
     stop.cancel();
 }
 
@@ -125,6 +127,11 @@ async fn alternating_urls_split_conversations_and_cost_prefill() {
     assert_eq!(summary.split_conversations, 1, "{summary}");
     assert_eq!(summary.engines.len(), 2);
     assert!(summary.prefill_vs_ideal > 1.0, "{summary}");
+    // Each engine's prefill is its prompts less its cache's hits: together
+    // the run's, the busier above the mean.
+    let computed: u64 = summary.engines_prefill.values().sum();
+    assert_eq!(computed, summary.uncached_tokens, "{summary}");
+    assert!(summary.prefill_share_max_over_mean > 1.0, "{summary}");
     stop.cancel();
 }
 
