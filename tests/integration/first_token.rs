@@ -229,36 +229,6 @@ async fn two_magpies_count_each_others_work() {
     counted(fleet_work, &order[0], 0).await;
 }
 
-/// A magpie shares its work when it changes, not only every period: work
-/// held, and its answer, are each shared as a change, and the other magpie
-/// counts it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_change_of_work_is_shared_as_it_happens() {
-    let (_redis, backends, fleet) = pair(QUEUE).await;
-    let [one, two] = &fleet.magpies;
-    let changes = || one.metric("magpie_fleet_shares_total", &["reason=\"changed\""]);
-    let fleet_work = |b: &str| two.backend_metric("magpie_backend_fleet_prefill_tokens", b, &[]);
-    let before = changes();
-    let held = hold_work(one, "a", 1000).await;
-    counted(fleet_work, "a", 1000).await;
-    within("a share for the work held", async {
-        while changes() == before {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
-    let after_held = changes();
-    drop(held);
-    backends.release(1);
-    counted(fleet_work, "a", 0).await;
-    within("a share for the answer", async {
-        while changes() == after_held {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
-}
-
 /// Waits until `fleet_work(b)` reads `tokens`.
 async fn counted(fleet_work: impl Fn(&str) -> u64, b: &str, tokens: u64) {
     within("the fleet's work", async {

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
-use tokio::sync::{Notify, Semaphore, watch};
+use tokio::sync::{Semaphore, watch};
 
 use crate::config::Config;
 use crate::routing::backend::{Backend, Live, SlotFreed};
@@ -58,9 +58,6 @@ pub(crate) struct Instance {
     pub(crate) access_log: AccessLog,
     /// `queue`: the requests (or connections) waiting for a backend's room.
     pub(crate) queue: Arc<Queue>,
-    /// Told whenever a backend's work changes: the fleet shares it
-    /// ([`crate::routing::sessions::fleet`]).
-    pub(crate) work_changed: Arc<Notify>,
 }
 
 impl Instance {
@@ -79,8 +76,7 @@ impl Instance {
         let key_memory = KeyMemory::new(max, ttl);
         let access_log = AccessLog::new(snapshot.config.access_log.as_ref());
         let queue = Arc::new(Queue::default());
-        let work_changed = Arc::new(Notify::new());
-        wait_on(&snapshot, &queue, &work_changed);
+        wait_on(&snapshot, &queue);
         Instance {
             snapshot: ArcSwap::from_pointee(snapshot),
             stats: Stats::default(),
@@ -93,7 +89,6 @@ impl Instance {
             draining: std::sync::atomic::AtomicBool::new(false),
             access_log,
             queue,
-            work_changed,
         }
     }
 
@@ -143,7 +138,7 @@ impl Instance {
         if next.config.access_log != self.snapshot.load().config.access_log {
             self.access_log.configure(next.config.access_log.as_ref());
         }
-        wait_on(&next, &self.queue, &self.work_changed);
+        wait_on(&next, &self.queue);
         let next = Arc::new(next);
         let old = self.snapshot.swap(Arc::clone(&next));
         // Waiting requests leave the queue by the new table.
@@ -195,12 +190,10 @@ impl Instance {
     }
 }
 
-/// Tells `queue` whenever a backend of `snapshot` gives a slot back, and
-/// `work_changed` whenever its work changes (a backend kept from an
-/// earlier snapshot tells them already).
-fn wait_on(snapshot: &Snapshot, queue: &Arc<Queue>, work_changed: &Arc<Notify>) {
+/// Tells `queue` whenever a backend of `snapshot` gives a slot back
+/// (a backend kept from an earlier snapshot tells it already).
+fn wait_on(snapshot: &Snapshot, queue: &Arc<Queue>) {
     for b in snapshot.every_backend() {
-        b.live.work_changed.get_or_init(|| Arc::clone(work_changed));
         b.live.waiters.get_or_init(|| {
             let hook: Arc<dyn SlotFreed> = Arc::clone(queue) as Arc<dyn SlotFreed>;
             hook

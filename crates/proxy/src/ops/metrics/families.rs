@@ -16,7 +16,7 @@ use crate::routing::discovery::Lookup;
 use crate::routing::key_memory::MissCause;
 use crate::routing::llm::disaggregation::Decision;
 use crate::routing::route::How;
-use crate::routing::sessions::store::{OpResult, ShareReason, Store};
+use crate::routing::sessions::store::{OpResult, Store};
 use crate::telemetry::stats::{ClientFailure, Exhausted, FAST_BUCKETS, Histogram, QuietClose};
 use crate::telemetry::supervise;
 use magpie_core::key::FallbackReason;
@@ -221,15 +221,6 @@ pub(crate) const GLOBAL: &[Family] = &[
         help: "Requests routed by the table because the session store did not answer within its timeout (or was backing off).",
         read: Read::Global(|g, s| {
             s.value(&[], g.store().map_or(0, |st| st.stats.fallbacks()) as f64)
-        }),
-    },
-    Family {
-        name: "magpie_fleet_shares_total",
-        kind: COUNTER,
-        labels: &["reason"],
-        help: "Times this magpie wrote its work to the shared store and read the other magpies' (queue with sessions.store: redis), by reason: its work changed (at most every 10 ms), or 100 ms passed without a change.",
-        read: Read::Global(|g, s| {
-            s.by(|why: ShareReason| g.store().map_or(0, |st| st.stats.shares(why)))
         }),
     },
     Family {

@@ -120,10 +120,6 @@ pub(crate) struct Live {
     /// Told whenever a slot is given back, so a request waiting for this
     /// backend can take it (`queue`); set once by the instance.
     pub(crate) waiters: OnceLock<Arc<dyn SlotFreed>>,
-    /// Told whenever the work it holds changes (a request's work admitted,
-    /// grown or answered), so that the fleet shares it at once
-    /// ([`crate::routing::sessions::fleet`]); set once by the instance.
-    pub(crate) work_changed: OnceLock<Arc<tokio::sync::Notify>>,
 }
 
 /// Whoever waits for a backend's slots: told each time one is given back.
@@ -132,13 +128,6 @@ pub(crate) trait SlotFreed: Send + Sync + std::fmt::Debug {
 }
 
 impl Live {
-    /// Its work changed: tells whoever shares it.
-    fn tell_work_changed(&self) {
-        if let Some(changed) = self.work_changed.get() {
-            changed.notify_one();
-        }
-    }
-
     /// A request of `group` was served here.
     pub(crate) fn served_group(&self, group: GroupKey) {
         self.groups.served(group, self.load.computed());
@@ -218,9 +207,6 @@ impl Live {
             fleet_ahead: self.load.fleet_tokens(),
             system_head: None,
         };
-        if tokens > 0 {
-            self.tell_work_changed();
-        }
         Some((slot, work))
     }
 
@@ -309,9 +295,6 @@ impl WorkGuard {
         }
         self.live.load.add_work(tokens, self.class);
         self.tokens = self.tokens.saturating_add(tokens);
-        if tokens > 0 {
-            self.live.tell_work_changed();
-        }
     }
 }
 
@@ -321,7 +304,6 @@ impl Drop for WorkGuard {
             return;
         }
         self.live.load.remove_work(self.tokens, self.class);
-        self.live.tell_work_changed();
         if let Some(waiters) = self.live.waiters.get() {
             waiters.slot_freed(&self.live);
         }

@@ -5,9 +5,7 @@
 //! One magpie sees only the requests it sent itself: behind a load balancer
 //! that alternates between two, each would see an engine half as busy as it
 //! is, and send it a new conversation the other just filled it with. So
-//! whenever its work changes (a request's work admitted or answered; at
-//! most every [`MIN_GAP`]), and every [`PERIOD`] whatever the traffic,
-//! each magpie writes its own work per backend (the
+//! every [`PERIOD`] each magpie writes its own work per backend (the
 //! `magpie_backend_prefill_tokens` it holds) under a key of its own,
 //! `{prefix}work:{id}`, that expires after [`LIFETIME`], and notes its id in
 //! a sorted set, `{prefix}fleet`, scored by the store's clock; the same
@@ -29,15 +27,11 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::store::{ShareReason, Store};
+use super::store::Store;
 use crate::routing::instance::Instance;
 
-/// How often each magpie writes its work and reads the others', whatever
-/// the traffic.
+/// How often each magpie writes its work and reads the others'.
 pub(crate) const PERIOD: Duration = Duration::from_millis(100);
-/// The least time between two shares: work that changes sooner is shared
-/// this long after the last.
-pub(crate) const MIN_GAP: Duration = Duration::from_millis(10);
 /// How long a magpie's work counts after it last wrote it.
 pub(crate) const LIFETIME: Duration = Duration::from_secs(2);
 /// The most bytes of one magpie's work read.
@@ -84,36 +78,21 @@ fn new_id() -> String {
     format!("{id:016x}")
 }
 
-/// Shares the work while `instance` has a queue and a shared store, until
-/// `shutdown`: whenever it changed, at most every [`MIN_GAP`], and every
-/// [`PERIOD`] whatever the traffic.
+/// Shares the work every [`PERIOD`] while `instance` has a queue and a
+/// shared store, until `shutdown`.
 pub(crate) async fn run(instance: Arc<Instance>, shutdown: CancellationToken) {
     let id = new_id();
     let mut tick = tokio::time::interval(PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last = tokio::time::Instant::now();
     loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
         let store = instance.sessions().and_then(|s| s.store.clone());
         let queued = instance.snapshot.load().config.queue.is_some();
-        let sharing = store.filter(|_| queued);
-        let changed = instance.work_changed.notified();
-        let why = tokio::select! {
-            () = shutdown.cancelled() => return,
-            _ = tick.tick() => ShareReason::Period,
-            () = changed, if sharing.is_some() => {
-                tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    () = tokio::time::sleep_until(last + MIN_GAP) => ShareReason::Changed,
-                }
-            }
-        };
-        last = tokio::time::Instant::now();
-        tick.reset();
-        let others = match sharing {
-            Some(store) => {
-                store.stats.shared(why);
-                share(&instance, &store, &id).await
-            }
+        let others = match store.filter(|_| queued) {
+            Some(store) => share(&instance, &store, &id).await,
             None => Some(HashMap::new()),
         };
         // No answer: the others' work counts as none until one comes.

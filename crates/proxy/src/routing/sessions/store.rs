@@ -130,23 +130,10 @@ labels! {
     }
 }
 
-labels! {
-    /// Why this magpie shared its work with the fleet, for
-    /// `magpie_fleet_shares_total` ([`super::fleet`]).
-    pub(crate) enum ShareReason {
-        /// Its work at a backend changed.
-        Changed => "changed",
-        /// The period passed without a change.
-        Period => "period",
-    }
-}
-
 /// The store's counters.
 #[derive(Debug)]
 pub(crate) struct StoreStats {
     ops: [AtomicU64; OpResult::COUNT],
-    /// Shares of this magpie's work with the fleet, by why.
-    shares: [AtomicU64; ShareReason::COUNT],
     /// Round trips that answered, in seconds.
     pub(crate) latency: Histogram,
     /// Requests routed by the table because the store did not answer in time.
@@ -164,7 +151,6 @@ impl Default for StoreStats {
     fn default() -> Self {
         StoreStats {
             ops: Default::default(),
-            shares: Default::default(),
             latency: Histogram::with_bounds(&FAST_BUCKETS),
             fallbacks: AtomicU64::new(0),
             replaced: AtomicU64::new(0),
@@ -177,12 +163,6 @@ impl Default for StoreStats {
 impl StoreStats {
     pub(crate) fn ops(&self, result: OpResult) -> u64 {
         self.ops[result.index()].load(Ordering::Relaxed)
-    }
-    pub(crate) fn shares(&self, why: ShareReason) -> u64 {
-        self.shares[why.index()].load(Ordering::Relaxed)
-    }
-    pub(crate) fn shared(&self, why: ShareReason) {
-        self.shares[why.index()].fetch_add(1, Ordering::Relaxed);
     }
     pub(crate) fn fallbacks(&self) -> u64 {
         self.fallbacks.load(Ordering::Relaxed)
