@@ -346,9 +346,7 @@ impl Summary {
         }
         Ok(())
     }
-}
 
-impl Summary {
     /// Each engine's requests and prefill, and the busiest's over the mean.
     fn fmt_engines(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let list = |per: Vec<String>| per.join(", ");
