@@ -349,27 +349,26 @@ impl Summary {
 
     /// Each engine's requests and prefill, and the busiest's over the mean.
     fn fmt_engines(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let list = |per: Vec<String>| per.join(", ");
-        writeln!(
+        fn line<T: fmt::Display>(
+            f: &mut fmt::Formatter<'_>,
+            label: &str,
+            share: f64,
+            per: &BTreeMap<String, T>,
+        ) -> fmt::Result {
+            let per: Vec<String> = per.iter().map(|(e, n)| format!("{e} {n}")).collect();
+            writeln!(f, "{label:<22}{share:.2} ({})", per.join(", "))
+        }
+        line(
             f,
-            "share max / mean      {:.2} ({})",
+            "share max / mean",
             self.share_max_over_mean,
-            list(
-                self.engines
-                    .iter()
-                    .map(|(e, n)| format!("{e} {n}"))
-                    .collect()
-            )
+            &self.engines,
         )?;
-        writeln!(
+        line(
             f,
-            "prefill max / mean    {:.2} ({})",
+            "prefill max / mean",
             self.prefill_share_max_over_mean,
-            list(
-                (self.engines_prefill.iter())
-                    .map(|(e, n)| format!("{e} {n}"))
-                    .collect()
-            )
+            &self.engines_prefill,
         )
     }
 }
