@@ -158,6 +158,11 @@ pub struct WorkloadArgs {
     /// Replay this many times faster than the trace's clock.
     #[arg(long, default_value_t = 1.0, requires = "trace")]
     pub speedup: f64,
+    /// Spread the requests that share a timestamp evenly over the time to
+    /// the trace's next one (a trace stamped by a coarse clock); without
+    /// it they are sent at once.
+    #[arg(long, requires = "trace")]
+    pub trace_spread: bool,
     /// Divide the trace's lengths by this: a power of two from 1 to 512.
     #[arg(long, default_value_t = 1, requires = "trace")]
     pub token_scale: usize,

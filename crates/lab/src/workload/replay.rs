@@ -35,7 +35,10 @@ impl Replay {
             scale: scale(args)?,
             engine_block_tokens: args.block_tokens,
         };
-        let requests = trace::load(path, setup.window)?;
+        let mut requests = trace::load(path, setup.window)?;
+        if args.trace_spread {
+            trace::spread(&mut requests);
+        }
         let threads = trace::threads(requests);
         let facts = trace::facts(&threads, &setup);
         Ok(Some(Replay { threads, facts }))

@@ -136,6 +136,27 @@ pub fn load(path: &Path, window: Window) -> Result<Vec<TraceRequest>, TraceError
     Ok(out)
 }
 
+/// Spreads the requests (in arrival order) that share a timestamp evenly
+/// over the time to the next timestamp, keeping their order: a trace
+/// written by a coarse clock (Mooncake's conversation trace stamps its
+/// requests every 3 s) says in which tick a request came, not that a tick's
+/// requests came at once. The last tick spreads over the gap before it.
+pub fn spread(requests: &mut [TraceRequest]) {
+    let (mut start, mut gap) = (0, Duration::ZERO);
+    while let Some(first) = requests.get(start) {
+        let at = first.at;
+        let end = start + requests[start..].iter().take_while(|r| r.at == at).count();
+        gap = requests
+            .get(end)
+            .map_or(gap, |next| next.at.saturating_sub(at));
+        let n = (end - start) as f64;
+        for (i, request) in requests[start..end].iter_mut().enumerate() {
+            request.at = at + gap.mul_f64(i as f64 / n);
+        }
+        start = end;
+    }
+}
+
 /// One rebuilt conversation: its turns in order.
 #[derive(Debug, Clone)]
 pub struct Thread {
@@ -324,6 +345,26 @@ pub struct FactsSetup {
 mod tests {
     use super::*;
     use crate::engine::prompt::token_count;
+
+    #[test]
+    fn requests_of_one_tick_spread_evenly_to_the_next() {
+        let mut requests: Vec<_> = [0, 0, 0, 3000, 3000, 3001]
+            .iter()
+            .map(|&ms| request(ms, 600, &[ms]))
+            .collect();
+        spread(&mut requests);
+        let at: Vec<u128> = requests.iter().map(|r| r.at.as_millis()).collect();
+        assert_eq!(at, [0, 1000, 2000, 3000, 3000, 3001]);
+        // Equal ticks: the last spreads over the gap before it.
+        let mut requests: Vec<_> = [0, 0, 3000, 3000]
+            .iter()
+            .map(|&ms| request(ms, 600, &[ms]))
+            .collect();
+        spread(&mut requests);
+        let at: Vec<u128> = requests.iter().map(|r| r.at.as_millis()).collect();
+        assert_eq!(at, [0, 1500, 3000, 4500]);
+        assert_eq!(requests[1].ids, [0], "order kept");
+    }
 
     fn request(at_ms: u64, input: usize, ids: &[u64]) -> TraceRequest {
         TraceRequest {
