@@ -25,6 +25,14 @@ fn chat(system: &str, user: &str) -> String {
     )
 }
 
+/// The session [`hold_work`] holds work at `backend` with.
+fn busy_session(magpie: &Magpie, backend: &str) -> String {
+    (0..10_000)
+        .map(|i| format!("busy-{i}"))
+        .find(|s| magpie.primary(text_key(s.as_bytes())) == backend)
+        .expect("a session of that backend")
+}
+
 /// Holds `tokens` of prefill work at `backend`: a request whose answer's
 /// head has come but no byte of its body (`/quiet`), of a session whose
 /// primary is `backend` (pinned there by its first request, which went
@@ -34,10 +42,7 @@ async fn hold_work(
     backend: &str,
     tokens: usize,
 ) -> (KeepAlive, Response<Incoming>) {
-    let session = (0..10_000)
-        .map(|i| format!("busy-{i}"))
-        .find(|s| magpie.primary(text_key(s.as_bytes())) == backend)
-        .expect("a session of that backend");
+    let session = busy_session(magpie, backend);
     let request = hyper::Request::post("/quiet")
         .header("host", "magpie")
         .header("x-session-id", session)
@@ -227,6 +232,25 @@ async fn two_magpies_count_each_others_work() {
     drop(held);
     backends.release(1);
     counted(fleet_work, &order[0], 0).await;
+}
+
+/// A conversation that opens through one magpie right after the other
+/// placed one counts that work at once, read with its own lookup, not a
+/// period later: the binding that placed it wrote its magpie's work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_request_reads_the_work_the_other_magpie_just_placed() {
+    let (redis, backends, fleet) = pair(QUEUE).await;
+    let [one, two] = &fleet.magpies;
+    let session = "fresh";
+    let order = two.candidates(text_key(session.as_bytes()));
+    let held = hold_work(one, &order[0], 1000).await;
+    bound(&redis, &busy_session(one, &order[0])).await;
+    let mut client = KeepAlive::connect(two.addr).await;
+    assert_eq!(client.post_json("{}", Some(session)).await, order[1]);
+    let fleet_work = two.backend_metric("magpie_backend_fleet_prefill_tokens", &order[0], &[]);
+    assert_eq!(fleet_work, 1000);
+    drop(held);
+    backends.release(1);
 }
 
 /// Waits until `fleet_work(b)` reads `tokens`.

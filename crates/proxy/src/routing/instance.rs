@@ -28,7 +28,7 @@ use crate::routing::discovery::Discovery;
 use crate::routing::health;
 use crate::routing::key_memory::{self, KeyMemory};
 use crate::routing::queue::Queue;
-use crate::routing::sessions::Sessions;
+use crate::routing::sessions::{Member, Sessions};
 use crate::routing::snapshot::Snapshot;
 use crate::telemetry::access_log::AccessLog;
 use crate::telemetry::stats::Stats;
@@ -58,6 +58,8 @@ pub(crate) struct Instance {
     pub(crate) access_log: AccessLog,
     /// `queue`: the requests (or connections) waiting for a backend's room.
     pub(crate) queue: Arc<Queue>,
+    /// This magpie in a fleet sharing a store, the same across reloads.
+    fleet: Member,
 }
 
 impl Instance {
@@ -71,7 +73,8 @@ impl Instance {
     pub(crate) fn with_discovery(snapshot: Snapshot, discovery: Arc<Discovery>) -> Self {
         let limit = Arc::new(Semaphore::new(snapshot.config.max_connections));
         let (version, _) = watch::channel(snapshot.version);
-        let sessions = ArcSwapOption::from(sessions_for(&snapshot.config));
+        let fleet = Member::default();
+        let sessions = ArcSwapOption::from(sessions_for(&snapshot.config, &fleet));
         let (max, ttl) = recent_size(&snapshot.config);
         let key_memory = KeyMemory::new(max, ttl);
         let access_log = AccessLog::new(snapshot.config.access_log.as_ref());
@@ -89,6 +92,7 @@ impl Instance {
             draining: std::sync::atomic::AtomicBool::new(false),
             access_log,
             queue,
+            fleet,
         }
     }
 
@@ -131,7 +135,7 @@ impl Instance {
         let old_limit = self.snapshot.load().config.max_connections;
         let new_limit = next.config.max_connections;
         if next.config.sessions != self.snapshot.load().config.sessions {
-            self.sessions.store(sessions_for(&next.config));
+            self.sessions.store(sessions_for(&next.config, &self.fleet));
             let (max, ttl) = recent_size(&next.config);
             self.key_memory.configure(max, ttl);
         }
@@ -219,8 +223,8 @@ impl health::Targets for Instance {
 }
 
 /// Fresh session pins for `config`'s `sessions`, if any.
-fn sessions_for(config: &Config) -> Option<Arc<Sessions>> {
-    config.sessions.as_ref().map(|s| Arc::new(Sessions::new(s)))
+fn sessions_for(config: &Config, fleet: &Member) -> Option<Arc<Sessions>> {
+    (config.sessions.as_ref()).map(|s| Arc::new(Sessions::new(s, fleet.clone())))
 }
 
 /// How many keys [`KeyMemory`] remembers and how long a spill lasts: as

@@ -448,7 +448,7 @@ impl Plan {
             openings::opened(memory, opening, backend, prompt_bytes);
         }
         if let Some(pinned) = &self.pinned {
-            pinned.served(keys, backend);
+            pinned.served(keys, backend, &instance.snapshot.load().backends);
         }
         Committed {
             how: self.how,

@@ -38,9 +38,9 @@ use crate::routing::keys::Keys;
 use crate::routing::llm::groups::{self, Grouped};
 use crate::routing::llm::openings::Opening;
 use crate::routing::route::{How, Route};
-use crate::routing::sessions::Sessions;
 use crate::routing::sessions::placed::SharedPin;
 use crate::routing::sessions::store::Store;
+use crate::routing::sessions::{Sessions, fleet};
 use crate::routing::snapshot::Snapshot;
 
 /// What serving a request routed under `sessions` does to the key's pin.
@@ -65,13 +65,16 @@ pub(crate) struct Pinned {
 impl Pinned {
     /// The request was served by `backend`: with `store: local`, it becomes
     /// the key's pin (or the pin is renewed); with a shared store, the pin
-    /// bound while routing is used again. Its group is counted first.
-    pub(crate) fn served(&self, keys: Keys, backend: &Backend) {
+    /// bound while routing is used again (`backends` are the snapshot's,
+    /// whose work a new binding shares with the fleet). Its group is
+    /// counted first.
+    pub(crate) fn served(&self, keys: Keys, backend: &Backend, backends: &[Arc<Backend>]) {
         if let Some(grouped) = &self.grouped {
             grouped.served(backend, &self.sessions);
         }
         if let Some(shared) = &self.shared {
-            (self.sessions).bind_shared(keys.session.hash(), &backend.name, shared);
+            let key = keys.session.hash();
+            (self.sessions).bind_shared(key, &backend.name, shared, backends);
         } else if self.bind_served {
             self.sessions.pins.bind(keys.session.hash(), &backend.name);
         } else {
@@ -183,7 +186,7 @@ async fn placed_then_bound(
     keys: Keys,
 ) -> (Route, Bound) {
     let session = keys.session.hash();
-    let Some(held) = store.lookup(session).await else {
+    let Some(found) = store.lookup(session, &sessions.fleet).await else {
         let table = Route::plan(snapshot, keys.table());
         let cached = sessions.cached(session);
         return match cached.and_then(|(name, _)| usable(snapshot, &name).cloned()) {
@@ -191,6 +194,10 @@ async fn placed_then_bound(
             None => (table, Bound::default()),
         };
     };
+    if let Some(others) = &found.fleet {
+        fleet::apply(&snapshot.backends, others);
+    }
+    let held = found.held;
     let pin = held.as_deref().and_then(|name| usable(snapshot, name));
     sessions.pins.count(pin.is_some());
     if let Some(pin) = pin {

@@ -19,15 +19,26 @@
 //! The work is written as lines of `name` TAB `tokens`; at most
 //! [`MAX_VALUE`] bytes of each value are read, and a line that does not
 //! parse, or names no backend of this table, counts nothing.
+//!
+//! Every [`PERIOD`] is too slow for a burst: conversations that open
+//! within a few milliseconds of each other through two magpies would each
+//! be placed on the other's work as it was up to two periods ago, and land
+//! together. So the round trips a conversation's first request already
+//! makes carry the fleet's work too, with no round trip of their own
+//! ([`crate::routing::sessions::placed`]): the lookup that finds no binding
+//! returns the others' work as they last wrote it, fresh at placement, and
+//! the binding written once a backend took the request writes this
+//! magpie's work with it, its new request counted.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::Member;
 use super::store::Store;
+use crate::routing::backend::Backend;
 use crate::routing::instance::Instance;
 
 /// How often each magpie writes its work and reads the others'.
@@ -37,51 +48,83 @@ pub(crate) const LIFETIME: Duration = Duration::from_secs(2);
 /// The most bytes of one magpie's work read.
 pub(crate) const MAX_VALUE: usize = 64 * 1024;
 
-/// KEYS[1] is the set of live magpies, KEYS[2] this one's work; ARGV: this
-/// magpie's work, its id, the lifetime in ms, the prefix of work keys, and
-/// [`MAX_VALUE`]. Returns every other live magpie's work.
-const SHARE: &str = r"
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-local life = tonumber(ARGV[3])
-redis.call('SET', KEYS[2], ARGV[1], 'PX', life)
-redis.call('ZADD', KEYS[1], now, ARGV[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - life)
-redis.call('PEXPIRE', KEYS[1], life)
-local out = {}
-for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-  if id ~= ARGV[2] then
-    local key = ARGV[4] .. id
-    if redis.call('TYPE', key)['ok'] == 'string' and redis.call('STRLEN', key) <= tonumber(ARGV[5]) then
-      table.insert(out, redis.call('GET', key))
+/// Lua functions on the fleet's keys and arguments, found from KEYS[k] and
+/// ARGV[a] on ([`Member::add`]): the set of live magpies and this one's
+/// work key; this magpie's id, the lifetime in ms, the prefix of work
+/// keys, [`MAX_VALUE`] and (to write) this magpie's work. `write` keeps
+/// this magpie's work and notes its id at the store's clock; `others`
+/// returns every other live magpie's work.
+pub(super) const FUNCTIONS: &str = r"
+local function fleet(k, a)
+  return {set = KEYS[k], key = KEYS[k + 1], id = ARGV[a], life = tonumber(ARGV[a + 1]),
+    prefix = ARGV[a + 2], max = tonumber(ARGV[a + 3]), work = ARGV[a + 4]}
+end
+local function write(f)
+  local clock = redis.call('TIME')
+  local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+  redis.call('SET', f.key, f.work, 'PX', f.life)
+  redis.call('ZADD', f.set, now, f.id)
+  redis.call('ZREMRANGEBYSCORE', f.set, '-inf', now - f.life)
+  redis.call('PEXPIRE', f.set, f.life)
+end
+local function others(f)
+  local out = {}
+  for _, id in ipairs(redis.call('ZRANGE', f.set, 0, -1)) do
+    if id ~= f.id then
+      local key = f.prefix .. id
+      if redis.call('TYPE', key)['ok'] == 'string' and redis.call('STRLEN', key) <= f.max then
+        table.insert(out, redis.call('GET', key))
+      end
     end
   end
+  return out
 end
-return out
 ";
 
-static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(SHARE));
+/// Writes this magpie's work and returns every other live magpie's.
+const SHARE: &str = "local f = fleet(1, 1)\nwrite(f)\nreturn others(f)\n";
 
-/// A new id in the fleet: unique to this process and call (each run of the
-/// task, each instance in one process).
-fn new_id() -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let id = magpie_core::hash::h64_parts(&[
-        &now.to_le_bytes(),
-        &std::process::id().to_le_bytes(),
-        &n.to_le_bytes(),
-    ]);
-    format!("{id:016x}")
+static SCRIPT: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(&format!("{FUNCTIONS}{SHARE}")));
+
+impl Member {
+    /// Adds the fleet's keys and arguments to `invocation`, after those it
+    /// has: with `work`, this magpie's work to write.
+    pub(super) fn add(
+        &self,
+        invocation: &mut redis::ScriptInvocation<'_>,
+        store: &Store,
+        work: Option<String>,
+    ) {
+        invocation
+            .key(store.prefixed("fleet"))
+            .key(store.prefixed(&format!("work:{}", self.id)))
+            .arg(&*self.id)
+            .arg(LIFETIME.as_millis() as u64)
+            .arg(store.prefixed("work:"))
+            .arg(MAX_VALUE);
+        if let Some(work) = work {
+            invocation.arg(work);
+        }
+    }
+}
+
+/// This magpie's work at `backends`, as it is written: a line of name TAB
+/// tokens for each backend where it holds any.
+pub(crate) fn own_work(backends: &[Arc<Backend>]) -> String {
+    let mut own = String::new();
+    for b in backends {
+        let tokens = b.live.load.prefill_tokens();
+        if tokens > 0 {
+            own.push_str(&format!("{}\t{tokens}\n", b.name));
+        }
+    }
+    own
 }
 
 /// Shares the work every [`PERIOD`] while `instance` has a queue and a
 /// shared store, until `shutdown`.
 pub(crate) async fn run(instance: Arc<Instance>, shutdown: CancellationToken) {
-    let id = new_id();
     let mut tick = tokio::time::interval(PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -89,36 +132,33 @@ pub(crate) async fn run(instance: Arc<Instance>, shutdown: CancellationToken) {
             () = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let store = instance.sessions().and_then(|s| s.store.clone());
+        let sessions = instance.sessions();
+        let shared = sessions
+            .as_ref()
+            .and_then(|s| Some((s.store.as_ref()?, &s.fleet)));
         let queued = instance.snapshot.load().config.queue.is_some();
-        let others = match store.filter(|_| queued) {
-            Some(store) => share(&instance, &store, &id).await,
+        let others = match shared.filter(|_| queued) {
+            Some((store, member)) => share(&instance, store, member).await,
             None => Some(HashMap::new()),
         };
         // No answer: the others' work counts as none until one comes.
-        apply(&instance, &others.unwrap_or_default());
+        apply(
+            &instance.snapshot.load().backends,
+            &others.unwrap_or_default(),
+        );
     }
 }
 
 /// Writes this magpie's work, and returns the others' summed by backend
 /// name; `None` without an answer.
-async fn share(instance: &Instance, store: &Arc<Store>, id: &str) -> Option<HashMap<String, u64>> {
-    let snapshot = instance.snapshot.load();
-    let mut own = String::new();
-    for b in &snapshot.backends {
-        let tokens = b.live.load.prefill_tokens();
-        if tokens > 0 {
-            own.push_str(&format!("{}\t{tokens}\n", b.name));
-        }
-    }
-    let mut invocation = SCRIPT.key(store.prefixed("fleet"));
-    invocation
-        .key(store.prefixed(&format!("work:{id}")))
-        .arg(own)
-        .arg(id)
-        .arg(LIFETIME.as_millis() as u64)
-        .arg(store.prefixed("work:"))
-        .arg(MAX_VALUE);
+async fn share(
+    instance: &Instance,
+    store: &Arc<Store>,
+    member: &Member,
+) -> Option<HashMap<String, u64>> {
+    let own = own_work(&instance.snapshot.load().backends);
+    let mut invocation = SCRIPT.prepare_invoke();
+    member.add(&mut invocation, store, Some(own));
     let reply: Vec<Vec<u8>> = store
         .run(store.deadline(), |mut c| async move {
             invocation.invoke_async(&mut c).await
@@ -128,7 +168,7 @@ async fn share(instance: &Instance, store: &Arc<Store>, id: &str) -> Option<Hash
 }
 
 /// The work in `values` (lines of name TAB tokens), by backend name.
-fn sum(values: &[Vec<u8>]) -> HashMap<String, u64> {
+pub(crate) fn sum(values: &[Vec<u8>]) -> HashMap<String, u64> {
     let mut by_name: HashMap<String, u64> = HashMap::new();
     for value in values {
         let text = String::from_utf8_lossy(&value[..value.len().min(MAX_VALUE)]);
@@ -145,10 +185,10 @@ fn sum(values: &[Vec<u8>]) -> HashMap<String, u64> {
     by_name
 }
 
-/// Sets each backend's fleet work; a backend whose fleet work fell tells
-/// the requests waiting for it.
-fn apply(instance: &Instance, others: &HashMap<String, u64>) {
-    for b in &instance.snapshot.load().backends {
+/// Sets each of `backends`' fleet work; a backend whose fleet work fell
+/// tells the requests waiting for it.
+pub(crate) fn apply(backends: &[Arc<Backend>], others: &HashMap<String, u64>) {
+    for b in backends {
         let tokens = others.get(&b.name).copied().unwrap_or(0);
         let before = b.live.load.set_fleet_work(tokens);
         if tokens < before

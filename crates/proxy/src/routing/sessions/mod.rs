@@ -274,6 +274,33 @@ pub(crate) fn group_pin(group: GroupKey) -> u64 {
     group.hash() ^ 0x6772_6f75_702d_7069 // "group-pi"
 }
 
+/// This magpie in the fleet sharing a store ([`fleet`]): its id, unique
+/// to this process and instance, kept across reloads and restarts of the
+/// sharing task (so its work is never counted twice, as its own and as
+/// another's).
+#[derive(Debug, Clone)]
+pub(crate) struct Member {
+    pub(super) id: Arc<str>,
+}
+
+impl Default for Member {
+    fn default() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let id = magpie_core::hash::h64_parts(&[
+            &now.to_le_bytes(),
+            &std::process::id().to_le_bytes(),
+            &n.to_le_bytes(),
+        ]);
+        Member {
+            id: Arc::from(format!("{id:016x}")),
+        }
+    }
+}
+
 /// The session pins of one process, and the shared store behind them.
 #[derive(Debug)]
 pub(crate) struct Sessions {
@@ -281,11 +308,14 @@ pub(crate) struct Sessions {
     /// `store: redis`; `None` keeps pins in this process only.
     pub(crate) store: Option<Arc<store::Store>>,
     pub(crate) ttl: Duration,
+    /// This magpie in the fleet sharing the store ([`fleet`]).
+    pub(crate) fleet: Member,
 }
 
 impl Sessions {
-    /// Pins for `config`; a shared store starts connecting in the background.
-    pub(crate) fn new(config: &crate::config::SessionsConfig) -> Sessions {
+    /// Pins for `config`, for `fleet`; a shared store starts connecting in
+    /// the background.
+    pub(crate) fn new(config: &crate::config::SessionsConfig, fleet: Member) -> Sessions {
         let store = config.redis.clone().map(|redis| {
             let store = Arc::new(store::Store::new(redis, config.ttl));
             store.start();
@@ -295,6 +325,7 @@ impl Sessions {
             pins: Pins::new(config.max, config.ttl),
             store,
             ttl: config.ttl,
+            fleet,
         }
     }
 

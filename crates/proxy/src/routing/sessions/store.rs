@@ -279,11 +279,7 @@ impl Store {
         choice: &str,
         usable: impl Fn(&str) -> bool,
     ) -> Option<String> {
-        if choice.len() > MAX_BINDING {
-            static LOG: Throttle = Throttle::new(Duration::from_secs(60));
-            if let Some(held_back) = LOG.allow() {
-                warn!(backend = %choice, held_back, "a backend name longer than {MAX_BINDING} bytes is never bound in the session store; its keys go by the table");
-            }
+        if !bindable(choice) {
             return None;
         }
         let deadline = Instant::now() + self.config.timeout;
@@ -537,6 +533,19 @@ fn store_wide(e: &redis::RedisError) -> bool {
     e.is_io_error()
         || e.is_unrecoverable_error()
         || matches!(e.retry_method(), redis::RetryMethod::WaitAndRetry)
+}
+
+/// Whether `backend`'s name can be a binding (at most [`MAX_BINDING`]
+/// bytes); a longer one is logged.
+pub(super) fn bindable(backend: &str) -> bool {
+    if backend.len() <= MAX_BINDING {
+        return true;
+    }
+    static LOG: Throttle = Throttle::new(Duration::from_secs(60));
+    if let Some(held_back) = LOG.allow() {
+        warn!(%backend, held_back, "a backend name longer than {MAX_BINDING} bytes is never bound in the session store; its keys go by the table");
+    }
+    false
 }
 
 fn connection_info(config: &RedisConfig) -> Option<redis::ConnectionInfo> {
