@@ -28,7 +28,9 @@
 //! ([`crate::routing::sessions::placed`]): the lookup that finds no binding
 //! returns the others' work as they last wrote it, fresh at placement, and
 //! the binding written once a backend took the request writes this
-//! magpie's work with it, its new request counted.
+//! magpie's work with it, its new request counted. Requests that come at
+//! one instant through two magpies still cannot see each other: each places
+//! on what the store held when it asked.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
