@@ -46,11 +46,10 @@ return {'', bad, others(fleet(2, 3))}
 /// holds now, 1 if a bad value was replaced}.
 const PLACE: &str = "write(fleet(2, 4))\nreturn {held, bad}\n";
 
-static SCRIPTS: LazyLock<(redis::Script, redis::Script)> = LazyLock::new(|| {
-    let lookup = format!("{READ_BINDING}{FUNCTIONS}{LOOKUP}");
-    let place = format!("{READ_BINDING}{BIND_STEP}{FUNCTIONS}{PLACE}");
-    (redis::Script::new(&lookup), redis::Script::new(&place))
-});
+static LOOKUP_SCRIPT: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(&format!("{READ_BINDING}{FUNCTIONS}{LOOKUP}")));
+static PLACE_SCRIPT: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(&format!("{READ_BINDING}{BIND_STEP}{FUNCTIONS}{PLACE}")));
 
 /// What the store holds for a request's key.
 #[derive(Debug)]
@@ -79,7 +78,7 @@ impl Store {
     /// table).
     pub(crate) async fn lookup(&self, key: u64, member: &Member) -> Option<Found> {
         let deadline = self.deadline();
-        let mut invocation = SCRIPTS.0.key(self.key(key));
+        let mut invocation = LOOKUP_SCRIPT.key(self.key(key));
         invocation.arg(MAX_BINDING).arg(self.ttl_ms());
         member.add(&mut invocation, self, None);
         let reply: Option<(Vec<u8>, u8, Vec<Vec<u8>>)> = self
@@ -87,13 +86,11 @@ impl Store {
                 invocation.invoke_async(&mut c).await
             })
             .await;
-        let Some((held, others)) =
-            reply.map(|(held, bad, others)| (self.held(Some((held, bad))), others))
-        else {
+        let Some((held, bad, others)) = reply else {
             self.fell_back();
             return None;
         };
-        let held = held
+        let held = (self.held(Some((held, bad))))
             .and_then(|h| String::from_utf8(h).ok())
             .filter(|name| !name.is_empty());
         let fleet = held.is_none().then(|| fleet::sum(&others));
@@ -114,7 +111,7 @@ impl Store {
         if !bindable(backend) {
             return None;
         }
-        let mut invocation = SCRIPTS.1.key(self.key(key));
+        let mut invocation = PLACE_SCRIPT.key(self.key(key));
         invocation.arg(MAX_BINDING).arg(backend).arg(self.ttl_ms());
         member.add(&mut invocation, self, Some(work));
         let reply = self
