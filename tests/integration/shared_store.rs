@@ -1,11 +1,13 @@
 //! What the shared session store (`sessions.store: redis`, a real
 //! `redis-server`) may lose or hold that magpie must survive: every binding
 //! (an empty restart or a FLUSHALL after a scale-up, healed within `ttl/4`),
-//! a value far over 256 bytes, a key of the wrong type, one late answer.
+//! a value far over 256 bytes, a key of the wrong type, one late answer
+//! (which a later turn of a conversation waits out).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use magpie_core::key::group::{GroupBy, body_group_key};
 use magpie_core::key::text_key;
 use tokio::task::JoinHandle;
 
@@ -231,6 +233,55 @@ async fn three_late_answers_in_a_row_back_off() {
     decide(&magpie, "skipped").await;
     assert_eq!(store_ops(&magpie, "skipped"), 1, "the store was asked");
     stall.await.expect("DEBUG SLEEP runs");
+}
+
+/// The store pauses for 120 ms (`CLIENT PAUSE`), past the 50 ms timeout,
+/// under a queue and with conversation groups. A later turn of a
+/// conversation that an earlier turn bound off the table's choice (through
+/// another magpie) waits for that binding and goes there; a conversation's
+/// first request, bound off the table's choice the same way, does not wait
+/// and goes by the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_turn_waits_out_a_late_answer_for_its_binding() {
+    let redis = RedisServer::start().await;
+    let backends = HyperBackends::start(&["a", "b", "c"]).await;
+    let queue = "queue:\n  max_inflight: 8\n  timeout: 30s\n";
+    let settings = store_settings(redis.addr, queue).replace(
+        "header: x-session-id\n",
+        "header: x-session-id\n  group: conversation\n",
+    );
+    let yaml = config_yaml("127.0.0.1:0", &settings, &backends.pairs());
+    let magpie = Magpie::start(&yaml).await;
+    magpie.store_connected().await;
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    let turns = |user: &str, more: &str| {
+        format!(
+            r#"{{"model":"m","messages":[{{"role":"system","content":"s"}},{{"role":"user","content":"{user}"}}{more}]}}"#
+        )
+    };
+    let answered = r#",{"role":"assistant","content":"hi"},{"role":"user","content":"more"}"#;
+    for (session, later) in [("later", true), ("first", false)] {
+        let body = turns(session, if later { answered } else { "" });
+        let opening = turns(session, "");
+        let group = body_group_key(opening.as_bytes(), &GroupBy::Conversation).expect("a group");
+        let order = magpie.candidates(group);
+        let elsewhere = order[1].as_bytes();
+        redis
+            .command(&[b"SET", &store_key(session), elsewhere])
+            .await;
+        redis.command(&[b"CLIENT", b"PAUSE", b"120", b"ALL"]).await;
+        let goes = if later { &order[1] } else { &order[0] };
+        assert_eq!(
+            &client.post_json(&body, Some(session)).await,
+            goes,
+            "{session}"
+        );
+    }
+    assert_eq!(
+        store_fallbacks(&magpie),
+        1,
+        "the first request went by the table"
+    );
 }
 
 /// Stalls `redis` for `seconds` (`DEBUG SLEEP`), as a busy host would.

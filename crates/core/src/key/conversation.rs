@@ -57,11 +57,12 @@ struct Message {
 }
 
 /// The instructions and the first user message of a message list; the
-/// messages after it are skipped.
+/// messages after it are skipped, only whether there are any is kept.
 #[derive(Default)]
 struct Head {
     instructions: Vec<String>,
     first_user: Option<String>,
+    later_turn: bool,
 }
 
 impl<'de> Deserialize<'de> for Head {
@@ -85,6 +86,7 @@ impl<'de> Deserialize<'de> for Head {
                         _ => {}
                     }
                 }
+                head.later_turn = seq.next_element::<IgnoredAny>()?.is_some();
                 while seq.next_element::<IgnoredAny>()?.is_some() {}
                 Ok(head)
             }
@@ -147,6 +149,10 @@ pub struct ChatHead {
     pub first_user: Option<String>,
     /// The top-level `tools` definitions, as parsed.
     pub tools: Option<Value>,
+    /// Messages follow the first user message (an answer, a tool's result,
+    /// the next question): the body is a later turn of its conversation,
+    /// which an earlier turn may have bound somewhere.
+    pub later_turn: bool,
 }
 
 /// Parses a JSON chat body's head once; the messages after the first user
@@ -162,6 +168,7 @@ pub fn read_head(body: &[u8]) -> Result<ChatHead, FallbackReason> {
         Some(Input::Items(items)) if head.first_user.is_none() => {
             instructions.extend(items.instructions);
             head.first_user = items.first_user;
+            head.later_turn = items.later_turn;
         }
         _ => {}
     }
@@ -175,6 +182,7 @@ pub fn read_head(body: &[u8]) -> Result<ChatHead, FallbackReason> {
         instructions,
         first_user: head.first_user,
         tools: body.tools.filter(|t| !t.is_null()),
+        later_turn: head.later_turn,
     })
 }
 
@@ -261,6 +269,19 @@ mod tests {
                 "turn {i}"
             );
         }
+    }
+
+    #[test]
+    fn a_body_with_messages_after_the_first_user_message_is_a_later_turn() {
+        let later = |body: &str| read_head(body.as_bytes()).map(|h| h.later_turn);
+        let mut turns = vec![("system", "s"), ("user", "one")];
+        assert_eq!(later(&chat(&turns)), Ok(false));
+        turns.push(("assistant", "sure"));
+        assert_eq!(later(&chat(&turns)), Ok(true));
+        let items = r#"{"model":"m1","input":[{"role":"user","content":"one"},{"role":"assistant","content":"x"}]}"#;
+        assert_eq!(later(items), Ok(true));
+        assert_eq!(later(r#"{"model":"m1","input":"one"}"#), Ok(false));
+        assert_eq!(later(&chat(&[("system", "s")])), Ok(false));
     }
 
     #[test]

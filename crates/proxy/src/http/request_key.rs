@@ -55,6 +55,9 @@ pub(crate) struct RequestKey {
     /// parsed for a key: where conversations that open alike meet under a
     /// `queue`. None when the session key is the conversation key.
     pub(crate) opening: Option<OpeningKey>,
+    /// Its chat body is a later turn of its conversation (messages follow
+    /// the first user message), when the body was parsed for a key.
+    pub(crate) later_turn: bool,
     /// What of its body other requests share: its group's head, its
     /// system head ([`Heads`]).
     pub(crate) heads: Heads,
@@ -86,6 +89,7 @@ impl RequestKey {
                 session: self.key,
                 group,
                 opening: self.opening,
+                later_turn: self.later_turn,
             },
             fallback: self.fallback.is_some(),
             standing,
@@ -200,6 +204,7 @@ pub(crate) fn head_keys<'a, 'h>(
             fallback: None,
             group: None,
             opening: None,
+            later_turn: false,
             heads: Heads::default(),
         });
     };
@@ -244,6 +249,7 @@ pub(crate) fn head_keys<'a, 'h>(
             session: session.ok_or(why),
             group,
             opening: None,
+            later_turn: false,
             heads: Heads::default(),
         };
         return HeadKeys::Known(wants.found(found));
@@ -267,6 +273,7 @@ impl BodyWants<'_> {
                 session: *found,
                 group: None,
                 opening: None,
+                later_turn: false,
                 heads: Heads::default(),
             },
             Read::TooLarge => unread(FallbackReason::TooLarge, self.group_reads_body),
@@ -294,6 +301,7 @@ impl BodyWants<'_> {
             fallback,
             group: group.map(|g| g.map(GroupKey::new)),
             opening: found.opening.map(OpeningKey::new),
+            later_turn: found.later_turn,
             heads: found.heads,
         }
     }
@@ -324,6 +332,7 @@ struct BodyKeys {
     session: Result<u64, FallbackReason>,
     group: Option<Result<u64, GroupMiss>>,
     opening: Option<u64>,
+    later_turn: bool,
     /// What of it other requests share.
     heads: Heads,
 }
@@ -334,6 +343,7 @@ fn unread(why: FallbackReason, group_reads_body: bool) -> BodyKeys {
         session: Err(why),
         group: group_reads_body.then_some(Err(GroupMiss::of_body(why))),
         opening: None,
+        later_turn: false,
         heads: Heads::default(),
     }
 }
@@ -380,10 +390,12 @@ fn body_keys(sources: &KeySources<'_>, wants: Wants<'_>, bytes: &[u8]) -> BodyKe
         (Some(Ok(head)), _) => head.conversation_key().ok(),
         _ => None,
     };
+    let later_turn = matches!(&head, Some(Ok(head)) if head.later_turn);
     BodyKeys {
         session,
         group,
         opening,
+        later_turn,
         heads,
     }
 }

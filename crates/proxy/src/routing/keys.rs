@@ -110,15 +110,20 @@ pub(crate) struct Keys {
     /// How its conversation opens, when its body was read for a key (mode
     /// http).
     pub(crate) opening: Option<OpeningKey>,
+    /// Its chat body is a later turn of its conversation: a binding made by
+    /// an earlier turn is worth waiting longer for
+    /// ([`crate::routing::sessions::store::Store::deadline_for`]).
+    pub(crate) later_turn: bool,
 }
 
 impl Keys {
-    /// A session key alone (no group, no opening).
+    /// A session key alone (no group, no opening, not a later turn).
     pub(crate) fn single(session: SessionKey) -> Keys {
         Keys {
             session,
             group: None,
             opening: None,
+            later_turn: false,
         }
     }
 

@@ -10,8 +10,9 @@
 //! whatever binding holds); a miss, or a cached pin whose backend is down or
 //! gone, asks the store, where the first binding of a key wins for every
 //! instance and a stale binding is replaced by compare-and-set. When the
-//! store does not answer within its timeout the request goes by the table,
-//! which every instance agrees on, and nothing is pinned.
+//! store does not answer within its timeout (longer for a later turn:
+//! [`Store::deadline_for`]) the request goes by the table, which every
+//! instance agrees on, and nothing is pinned.
 //!
 //! A key that spilled off a loaded backend stays where it spilled: with
 //! `store: local` its pin says so; without `sessions` the key's
@@ -186,7 +187,8 @@ async fn placed_then_bound(
     keys: Keys,
 ) -> (Route, Bound) {
     let session = keys.session.hash();
-    let Some(found) = store.lookup(session, &sessions.fleet).await else {
+    let deadline = store.deadline_for(keys.later_turn);
+    let Some(found) = store.lookup(session, &sessions.fleet, deadline).await else {
         let table = Route::plan(snapshot, keys.table());
         let cached = sessions.cached(session);
         return match cached.and_then(|(name, _)| usable(snapshot, &name).cloned()) {
@@ -252,9 +254,10 @@ async fn by_shared_pin(
     };
     let session = keys.session.hash();
     let takes = |name: &str| usable(snapshot, name).is_some();
+    let deadline = store.deadline_for(keys.later_turn);
     let pinned = match marks {
-        true => store.pin_opening(session, &choice, takes).await,
-        false => (store.pin(session, &choice, takes).await).map(|held| (held, None)),
+        true => store.pin_opening(session, &choice, takes, deadline).await,
+        false => (store.pin(session, &choice, takes, deadline).await).map(|held| (held, None)),
     };
     let Some((pin, mark)) = pinned.and_then(|(held, mark)| Some((usable(snapshot, &held)?, mark)))
     else {

@@ -125,7 +125,8 @@ pub(crate) async fn home_shared(
             let Some(choice) = least.map(|b| b.name.clone()) else {
                 return (route, None);
             };
-            let held = store.pin(at, &choice, |name| snapshot.backend(name).is_some());
+            let takes = |name: &str| snapshot.backend(name).is_some();
+            let held = store.pin(at, &choice, takes, store.deadline());
             match held.await.and_then(|name| snapshot.backend(&name).cloned()) {
                 Some(home) => home,
                 None => return (route, None),

@@ -34,6 +34,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::store::{BIND_STEP, MAX_BINDING, READ_BINDING, Store};
 
 /// How long a new group's mark counts at most.
@@ -230,17 +232,18 @@ impl Store {
     /// mark among the first requests awaiting at `choice`, removed when
     /// dropped (at the answer's first byte). A binding that `usable`
     /// refuses is replaced by `choice`, unmarked. `None`: route by the
-    /// table (the store did not answer in time, or refused).
+    /// table (the store did not answer by `deadline`, or refused).
     pub(crate) async fn pin_opening(
         self: &Arc<Self>,
         key: u64,
         choice: &str,
         usable: impl Fn(&str) -> bool,
+        deadline: Instant,
     ) -> Option<(String, Option<AwaitingMark>)> {
         if choice.len() > MAX_BINDING {
-            return self.pin(key, choice, usable).await.map(|p| (p, None));
+            let pinned = self.pin(key, choice, usable, deadline).await;
+            return pinned.map(|p| (p, None));
         }
-        let deadline = self.deadline();
         let member = next_member();
         let set = self.prefixed(&format!("first:{choice}"));
         let mut invocation = OPEN_SCRIPT.key(self.key(key));

@@ -23,6 +23,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
 
+use tokio::time::Instant;
+
 use super::fleet::{self, FUNCTIONS};
 use super::store::{BIND_STEP, MAX_BINDING, READ_BINDING, Store, bindable};
 use super::{Member, Sessions};
@@ -74,10 +76,14 @@ pub(crate) enum SharedPin {
 impl Store {
     /// The binding of `key`, extended by the TTL, and without one the
     /// fleet's work as `member`'s others last wrote it; `None` when the
-    /// store did not answer in time (counted: the request goes by the
-    /// table).
-    pub(crate) async fn lookup(&self, key: u64, member: &Member) -> Option<Found> {
-        let deadline = self.deadline();
+    /// store did not answer by `deadline` (counted: the request goes by
+    /// the table).
+    pub(crate) async fn lookup(
+        &self,
+        key: u64,
+        member: &Member,
+        deadline: Instant,
+    ) -> Option<Found> {
         let mut invocation = LOOKUP_SCRIPT.key(self.key(key));
         invocation.arg(MAX_BINDING).arg(self.ttl_ms());
         member.add(&mut invocation, self, None);

@@ -23,7 +23,8 @@
 //! the store.
 //!
 //! The store never costs a request more than `timeout` (every round trip of
-//! one lookup shares that deadline), and never fails one: past the timeout,
+//! one lookup shares that deadline; a later turn of a conversation waits
+//! [`LATER_TURN_WAITS`] times as long), and never fails one: past it,
 //! or while the store is unreachable, the request is routed by the table,
 //! counted, and logged at most once a second. A broken connection, or
 //! [`TIMEOUTS_TO_BACK_OFF`] timeouts in a row, leave the store alone for a
@@ -46,6 +47,14 @@ use crate::config::RedisConfig;
 use crate::telemetry::stats::{FAST_BUCKETS, Histogram};
 use crate::telemetry::throttle::Throttle;
 use magpie_core::labels;
+
+/// How many times `timeout` a later turn of a conversation waits for the
+/// store (100 ms by default) before it goes by the table: its binding was
+/// likely made by an earlier turn, and the table may send it away from the
+/// backend that holds its cache, where its whole prompt would be computed
+/// again. A conversation's first request has nothing to lose and waits
+/// `timeout`.
+pub(crate) const LATER_TURN_WAITS: u32 = 5;
 
 /// The most bytes a binding (a backend's name) may hold in the store; a
 /// longer value is treated as absent. A backend whose name is longer is
@@ -255,8 +264,17 @@ impl Store {
     }
 
     /// A deadline for one lookup from now.
-    pub(super) fn deadline(&self) -> Instant {
+    pub(crate) fn deadline(&self) -> Instant {
         Instant::now() + self.config.timeout
+    }
+
+    /// The deadline for a request's lookup from now: `timeout`, or for a
+    /// later turn of a conversation [`LATER_TURN_WAITS`] times that.
+    pub(crate) fn deadline_for(&self, later_turn: bool) -> Instant {
+        match later_turn {
+            true => Instant::now() + self.config.timeout.saturating_mul(LATER_TURN_WAITS),
+            false => self.deadline(),
+        }
     }
 
     pub(super) fn ttl_ms(&self) -> u64 {
@@ -271,18 +289,18 @@ impl Store {
     /// The binding of `key` a request uses: the store's, or `choice` if the
     /// store had none (or a bad value); a binding that `usable` refuses (a
     /// backend down or gone) is replaced by `choice` once for all. Both
-    /// round trips share one `timeout`. `None`: route by the table (the
+    /// round trips share one `deadline`. `None`: route by the table (the
     /// store did not answer in time, or refused).
     pub(crate) async fn pin(
         &self,
         key: u64,
         choice: &str,
         usable: impl Fn(&str) -> bool,
+        deadline: Instant,
     ) -> Option<String> {
         if !bindable(choice) {
             return None;
         }
-        let deadline = Instant::now() + self.config.timeout;
         let answered = self.pin_by(key, choice, usable, deadline).await;
         if answered.is_none() {
             self.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
@@ -492,7 +510,9 @@ impl Store {
                     .set_connection_timeout(Some(
                         store.config.timeout.max(Duration::from_millis(100)),
                     ))
-                    .set_response_timeout(Some(store.config.timeout));
+                    .set_response_timeout(Some(
+                        store.config.timeout.saturating_mul(LATER_TURN_WAITS),
+                    ));
                 match client
                     .get_multiplexed_async_connection_with_config(&config)
                     .await

@@ -32,11 +32,14 @@ async fn a_name_over_the_bound_is_never_sent_to_the_store() {
     };
     let store = Store::new(config, Duration::from_secs(60));
     let long = "x".repeat(MAX_BINDING + 1);
-    assert_eq!(store.pin(1, &long, |_| true).await, None);
+    assert_eq!(store.pin(1, &long, |_| true, store.deadline()).await, None);
     assert_eq!(store.stats.ops(OpResult::Skipped), 0, "the store was asked");
     assert_eq!(store.stats.fallbacks(), 0);
     // A name within the bound is asked for (and skipped: no connection).
     let longest = "x".repeat(MAX_BINDING);
-    assert_eq!(store.pin(1, &longest, |_| true).await, None);
+    assert_eq!(
+        store.pin(1, &longest, |_| true, store.deadline()).await,
+        None
+    );
     assert_eq!(store.stats.ops(OpResult::Skipped), 1);
 }
