@@ -262,3 +262,39 @@ async fn counted(fleet_work: impl Fn(&str) -> u64, b: &str, tokens: u64) {
     })
     .await;
 }
+
+/// A conversation that opens like one the other magpie placed lately (the
+/// same model, instructions and first user message) goes where that one
+/// went, though this magpie never served it: the script that bound the
+/// first conversation kept where it went by how it opens, and the second
+/// one's lookup read that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_goes_where_one_that_opens_alike_went_through_the_other_magpie() {
+    let redis = RedisServer::start().await;
+    let backends = HyperBackends::start(&["a", "b"]).await;
+    let settings = store_settings(redis.addr, QUEUE).replace(
+        "header: x-session-id\n",
+        "header: x-session-id\n  group: conversation\n",
+    );
+    let fleet = Fleet::start(&settings, &backends.pairs()).await;
+    let [one, two] = &fleet.magpies;
+    let body = chat("s", "the same question");
+    let group = body_group_key(body.as_bytes(), &GroupBy::Conversation).expect("a group");
+    let order = one.candidates(group);
+    // Work held through the second magpie sends the first conversation
+    // off the table's first.
+    let held = hold_work(two, &order[0], 1000).await;
+    let fleet_work = |b: &str| one.backend_metric("magpie_backend_fleet_prefill_tokens", b, &[]);
+    counted(fleet_work, &order[0], 1000).await;
+    let mut via_one = KeepAlive::connect(one.addr).await;
+    assert_eq!(via_one.post_json(&body, Some("first")).await, order[1]);
+    assert_eq!(bound(&redis, "first").await, order[1]);
+    drop(held);
+    backends.release(1);
+    let own_work = |b: &str| two.backend_metric("magpie_backend_prefill_tokens", b, &[]);
+    counted(own_work, &order[0], 0).await;
+    let mut via_two = KeepAlive::connect(two.addr).await;
+    assert_eq!(via_two.post_json(&body, Some("second")).await, order[1]);
+    let moved = two.metric("magpie_requests_routed_total", &["how=\"opening\""]);
+    assert_eq!(moved, 1, "not routed by how it opens");
+}

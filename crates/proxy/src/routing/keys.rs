@@ -69,6 +69,11 @@ impl OpeningKey {
         OpeningKey(hash)
     }
 
+    /// The hash it stands for.
+    pub(crate) const fn hash(self) -> u64 {
+        self.0
+    }
+
     /// Where its record is kept in the key memory, apart from any session
     /// key's.
     pub(crate) const fn memory(self) -> MemoryKey {

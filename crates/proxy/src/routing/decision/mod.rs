@@ -266,10 +266,18 @@ impl Plan {
             attempts_left: snapshot.config.connect.attempts as usize,
         };
         // A conversation's first request that opens like one served lately
-        // waits where that one went, its work there told by its record.
+        // (through any magpie of a fleet) waits where that one went, its
+        // work there told by its record.
         let alike = keys.opening.filter(|_| queued && pin_lost);
+        let memory = &instance.key_memory;
         if let Some(opening) = alike
-            && let Some(moved) = openings::alike(&instance.key_memory, opening, &mut plan.rest)
+            && let Some(opened) = plan.pinned.as_ref().and_then(|p| p.opened.as_ref())
+            && let Some(at) = snapshot.backend(&opened.at)
+        {
+            openings::opened(memory, opening, at, opened.prompt_bytes);
+        }
+        if let Some(opening) = alike
+            && let Some(moved) = openings::alike(memory, opening, &mut plan.rest)
         {
             plan.sticky = true;
             plan.work_key = opening.memory();
@@ -448,7 +456,12 @@ impl Plan {
             openings::opened(memory, opening, backend, prompt_bytes);
         }
         if let Some(pinned) = &self.pinned {
-            pinned.served(keys, backend, &instance.snapshot.load().backends);
+            pinned.served(
+                keys,
+                prompt_bytes,
+                backend,
+                &instance.snapshot.load().backends,
+            );
         }
         Committed {
             how: self.how,

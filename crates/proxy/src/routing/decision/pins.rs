@@ -39,7 +39,7 @@ use crate::routing::keys::Keys;
 use crate::routing::llm::groups::{self, Grouped};
 use crate::routing::llm::openings::Opening;
 use crate::routing::route::{How, Route};
-use crate::routing::sessions::placed::SharedPin;
+use crate::routing::sessions::placed::{Beside, Opened, SharedPin};
 use crate::routing::sessions::store::Store;
 use crate::routing::sessions::{Sessions, fleet};
 use crate::routing::snapshot::Snapshot;
@@ -61,21 +61,32 @@ pub(crate) struct Pinned {
     /// Under a queue with a shared store: what serving it does to the
     /// binding there.
     shared: Option<SharedPin>,
+    /// Without a binding, under a queue with a shared store: where the
+    /// fleet's latest conversation that opens alike went.
+    pub(crate) opened: Option<Opened>,
 }
 
 impl Pinned {
     /// The request was served by `backend`: with `store: local`, it becomes
     /// the key's pin (or the pin is renewed); with a shared store, the pin
-    /// bound while routing is used again (`backends` are the snapshot's,
-    /// whose work a new binding shares with the fleet). Its group is
-    /// counted first.
-    pub(crate) fn served(&self, keys: Keys, backend: &Backend, backends: &[Arc<Backend>]) {
+    /// bound while routing is used again (a new binding shares this
+    /// magpie's work at the snapshot's `backends` and how the conversation
+    /// opened, its body `prompt_bytes` long). Its group is counted first.
+    pub(crate) fn served(
+        &self,
+        keys: Keys,
+        prompt_bytes: u64,
+        backend: &Backend,
+        backends: &[Arc<Backend>],
+    ) {
         if let Some(grouped) = &self.grouped {
             grouped.served(backend, &self.sessions);
         }
         if let Some(shared) = &self.shared {
             let key = keys.session.hash();
-            (self.sessions).bind_shared(key, &backend.name, shared, backends);
+            let opening = keys.opening.map(|o| (o, prompt_bytes));
+            let beside = Beside { backends, opening };
+            (self.sessions).bind_shared(key, &backend.name, shared, beside);
         } else if self.bind_served {
             self.sessions.pins.bind(keys.session.hash(), &backend.name);
         } else {
@@ -102,6 +113,7 @@ pub(crate) async fn route(
         opening: bound.opening,
         grouped: None,
         shared: bound.shared,
+        opened: bound.opened,
     };
     (route, pinned)
 }
@@ -117,6 +129,8 @@ struct Bound {
     opening: Option<Opening>,
     /// Under a queue with a shared store: what serving it does there.
     shared: Option<SharedPin>,
+    /// The fleet's record of how conversations that open alike went.
+    opened: Option<Opened>,
 }
 
 /// The route for `keys` under `sessions`, and what it does to the pin.
@@ -149,6 +163,7 @@ async fn by_pin(
                 placed,
                 opening,
                 shared: None,
+                opened: None,
             },
         );
     };
@@ -188,7 +203,8 @@ async fn placed_then_bound(
 ) -> (Route, Bound) {
     let session = keys.session.hash();
     let deadline = store.deadline_for(keys.later_turn);
-    let Some(found) = store.lookup(session, &sessions.fleet, deadline).await else {
+    let found = store.lookup(session, keys.opening, &sessions.fleet, deadline);
+    let Some(found) = found.await else {
         let table = Route::plan(snapshot, keys.table());
         let cached = sessions.cached(session);
         return match cached.and_then(|(name, _)| usable(snapshot, &name).cloned()) {
@@ -222,6 +238,7 @@ async fn placed_then_bound(
         placed: true,
         opening,
         shared: Some(SharedPin::Place { stale: held }),
+        opened: found.opened,
         ..Bound::default()
     };
     (table, bound)
@@ -269,7 +286,7 @@ async fn by_shared_pin(
         bind_served: false,
         placed: pin.name == choice,
         opening,
-        shared: None,
+        ..Bound::default()
     };
     (table.pin_first(snapshot, pin), placed)
 }

@@ -9,7 +9,9 @@
 //! lately (same model, instructions and first user message: its
 //! [`OpeningKey`]) goes where the latest such request went and waits there
 //! for the cache they share ([`alike`]); the key memory keeps one record
-//! per opening for it ([`opened`]).
+//! per opening for it ([`opened`]), and with a shared store the fleet's
+//! record, read with the pin lookup, is kept there first
+//! ([`crate::routing::sessions::placed::Opened`]).
 
 use std::sync::Arc;
 

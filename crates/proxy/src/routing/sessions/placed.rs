@@ -19,6 +19,12 @@
 //! conversation's next turn: that comes after this one's answer. While the
 //! store does not answer, the local pin (else the table) routes, as without
 //! a queue.
+//!
+//! The same two scripts carry where the fleet's conversations opened
+//! ([`Opened`]): a new binding keeps, by how its conversation opens, where
+//! it went, and a lookup without a binding reads that, so a conversation
+//! that opens like one another magpie placed lately goes there too
+//! ([`crate::routing::llm::openings`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
@@ -29,24 +35,41 @@ use super::fleet::{self, FUNCTIONS};
 use super::store::{BIND_STEP, MAX_BINDING, READ_BINDING, Store, bindable};
 use super::{Member, Sessions};
 use crate::routing::backend::Backend;
+use crate::routing::keys::OpeningKey;
 
 /// Reads KEYS[1]'s binding (ARGV[1] is [`MAX_BINDING`]) and extends it by
 /// ARGV[2] ms: {the binding, or an empty string for none, 1 if a bad value
 /// was removed, and without a binding the other magpies' work (the fleet's
-/// keys and arguments from KEYS[2] and ARGV[3])}.
+/// keys and arguments from KEYS[2] and ARGV[3]) and KEYS[4]'s record of how
+/// the latest conversation that opens alike went (an [`Opened`], or an
+/// empty string)}.
 const LOOKUP: &str = r"
 local held, bad = read(tonumber(ARGV[1]))
 if held then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {held, bad, {}}
+  return {held, bad, {}, ''}
 end
-return {'', bad, others(fleet(2, 3))}
+local opened = ''
+if KEYS[4] and redis.call('TYPE', KEYS[4])['ok'] == 'string'
+    and redis.call('STRLEN', KEYS[4]) <= tonumber(ARGV[1]) + 21 then
+  opened = redis.call('GET', KEYS[4])
+end
+return {'', bad, others(fleet(2, 3)), opened}
 ";
 
 /// Binds KEYS[1] as [`BIND_STEP`] does and writes this magpie's work (the
-/// fleet's keys and arguments from KEYS[2] and ARGV[4]): {the binding that
-/// holds now, 1 if a bad value was replaced}.
-const PLACE: &str = "write(fleet(2, 4))\nreturn {held, bad}\n";
+/// fleet's keys and arguments from KEYS[2] and ARGV[4]), and with KEYS[4]
+/// the record of how its conversation opened, ARGV[9], for ARGV[3] ms:
+/// {the binding that holds now, 1 if a bad value was replaced}.
+const PLACE: &str = r"
+write(fleet(2, 4))
+if KEYS[4] then redis.call('SET', KEYS[4], ARGV[9], 'PX', ARGV[3]) end
+return {held, bad}
+";
+
+/// [`LOOKUP`]'s reply: the binding, whether a bad value was removed, the
+/// others' work and the opening's record.
+type LookupReply = (Vec<u8>, u8, Vec<Vec<u8>>, Vec<u8>);
 
 static LOOKUP_SCRIPT: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(&format!("{READ_BINDING}{FUNCTIONS}{LOOKUP}")));
@@ -61,6 +84,33 @@ pub(crate) struct Found {
     /// Without a binding (a conversation's first request): the other
     /// magpies' work, by backend name.
     pub(crate) fleet: Option<HashMap<String, u64>>,
+    /// Without a binding: where the latest conversation that opens alike
+    /// went, through any magpie.
+    pub(crate) opened: Option<Opened>,
+}
+
+/// Where a conversation's first request went and its body's bytes, kept
+/// in the store by how it opens ([`OpeningKey`]) for the fleet's next
+/// conversation that opens alike ([`crate::routing::llm::openings`]):
+/// `bytes:backend`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Opened {
+    pub(crate) at: String,
+    pub(crate) prompt_bytes: u64,
+}
+
+impl Opened {
+    fn read(value: &[u8]) -> Option<Opened> {
+        let (bytes, at) = std::str::from_utf8(value).ok()?.split_once(':')?;
+        let prompt_bytes = bytes.parse().ok()?;
+        let at = at.to_owned();
+        let named = (1..=MAX_BINDING).contains(&at.len());
+        named.then_some(Opened { at, prompt_bytes })
+    }
+
+    fn value(&self) -> String {
+        format!("{}:{}", self.prompt_bytes, self.at)
+    }
 }
 
 /// What serving a request does to its binding in the shared store.
@@ -75,24 +125,28 @@ pub(crate) enum SharedPin {
 
 impl Store {
     /// The binding of `key`, extended by the TTL, and without one the
-    /// fleet's work as `member`'s others last wrote it; `None` when the
-    /// store did not answer by `deadline` (counted: the request goes by
-    /// the table).
+    /// fleet's work as `member`'s others last wrote it and the record of
+    /// `opening`; `None` when the store did not answer by `deadline`
+    /// (counted: the request goes by the table).
     pub(crate) async fn lookup(
         &self,
         key: u64,
+        opening: Option<OpeningKey>,
         member: &Member,
         deadline: Instant,
     ) -> Option<Found> {
         let mut invocation = LOOKUP_SCRIPT.key(self.key(key));
         invocation.arg(MAX_BINDING).arg(self.ttl_ms());
         member.add(&mut invocation, self, None);
-        let reply: Option<(Vec<u8>, u8, Vec<Vec<u8>>)> = self
+        if let Some(opening) = opening {
+            invocation.key(self.opening_key(opening));
+        }
+        let reply: Option<LookupReply> = self
             .run(deadline, |mut c| async move {
                 invocation.invoke_async(&mut c).await
             })
             .await;
-        let Some((held, bad, others)) = reply else {
+        let Some((held, bad, others, opened)) = reply else {
             self.fell_back();
             return None;
         };
@@ -100,19 +154,30 @@ impl Store {
             .and_then(|h| String::from_utf8(h).ok())
             .filter(|name| !name.is_empty());
         let fleet = held.is_none().then(|| fleet::sum(&others));
-        Some(Found { held, fleet })
+        let opened = Opened::read(&opened);
+        Some(Found {
+            held,
+            fleet,
+            opened,
+        })
+    }
+
+    /// Where the record of conversations that open as `opening` is kept.
+    fn opening_key(&self, opening: OpeningKey) -> String {
+        self.prefixed(&format!("opened:{:016x}", opening.hash()))
     }
 
     /// Binds `key` to `backend` unless it is bound (as [`Store::pin`]
-    /// does, a backend down or gone aside) and writes `member`'s `work` in
-    /// the same round trip: the binding that holds; `None` without an
-    /// answer in time (counted).
+    /// does, a backend down or gone aside) and writes `member`'s `work` and
+    /// the record of how the conversation opened in the same round trip:
+    /// the binding that holds; `None` without an answer in time (counted).
     async fn place(
         &self,
         key: u64,
         backend: &str,
         member: &Member,
         work: String,
+        opened: Option<(OpeningKey, Opened)>,
     ) -> Option<Vec<u8>> {
         if !bindable(backend) {
             return None;
@@ -120,6 +185,11 @@ impl Store {
         let mut invocation = PLACE_SCRIPT.key(self.key(key));
         invocation.arg(MAX_BINDING).arg(backend).arg(self.ttl_ms());
         member.add(&mut invocation, self, Some(work));
+        if let Some((opening, opened)) = opened {
+            invocation
+                .key(self.opening_key(opening))
+                .arg(opened.value());
+        }
         let reply = self
             .run(self.deadline(), |mut c| async move {
                 invocation.invoke_async(&mut c).await
@@ -133,19 +203,40 @@ impl Store {
     }
 }
 
+/// What serving a request writes to the store.
+enum Write {
+    /// A binding to a backend down or gone, or one a turn spilled off, is
+    /// replaced.
+    Replace { stale: String },
+    /// A new binding, and beside it this magpie's work and, if known, the
+    /// record of how its conversation opened.
+    Place {
+        work: String,
+        opened: Option<(OpeningKey, Opened)>,
+    },
+}
+
+/// What a new binding writes beside it.
+pub(crate) struct Beside<'a> {
+    /// The snapshot's backends, where this magpie's work is read.
+    pub(crate) backends: &'a [Arc<Backend>],
+    /// How its conversation opens, and its body's bytes.
+    pub(crate) opening: Option<(OpeningKey, u64)>,
+}
+
 impl Sessions {
-    /// `key`'s request was served at `backend`, one of `backends`; `pin`
-    /// says what that does to its binding. The local pin is bound at once,
-    /// the store's in the background (bound if the key has none, with this
-    /// magpie's work at `backends` written in the same round trip, or
-    /// `stale` replaced by compare-and-set), and the local pin follows the
-    /// binding that holds.
+    /// `key`'s request was served at `backend`; `pin` says what that does
+    /// to its binding. The local pin is bound at once, the store's in the
+    /// background (bound if the key has none, with this magpie's work and
+    /// the record of how its conversation opened, `beside`, written in the
+    /// same round trip, or `stale` replaced by compare-and-set), and the
+    /// local pin follows the binding that holds.
     pub(crate) fn bind_shared(
         self: &Arc<Self>,
         key: u64,
         backend: &str,
         pin: &SharedPin,
-        backends: &[Arc<Backend>],
+        beside: Beside<'_>,
     ) {
         let replacing = match pin {
             SharedPin::Move { was } if was == backend => return,
@@ -157,18 +248,26 @@ impl Sessions {
             return;
         };
         let (sessions, backend) = (Arc::clone(self), backend.to_owned());
-        let work = replacing.is_none().then(|| fleet::own_work(backends));
+        let write = match replacing {
+            Some(stale) => Write::Replace { stale },
+            None => {
+                let opened = (beside.opening).map(|(opening, prompt_bytes)| {
+                    let at = backend.clone();
+                    (opening, Opened { at, prompt_bytes })
+                });
+                let work = fleet::own_work(beside.backends);
+                Write::Place { work, opened }
+            }
+        };
         tokio::spawn(async move {
-            let held = match &replacing {
-                Some(stale) => {
+            let held = match write {
+                Write::Replace { stale } => {
                     let deadline = store.deadline();
-                    store
-                        .replace(key, stale.as_bytes(), &backend, deadline)
-                        .await
+                    (store.replace(key, stale.as_bytes(), &backend, deadline)).await
                 }
-                None => {
-                    let work = work.unwrap_or_default();
-                    store.place(key, &backend, &sessions.fleet, work).await
+                Write::Place { work, opened } => {
+                    let member = &sessions.fleet;
+                    store.place(key, &backend, member, work, opened).await
                 }
             };
             if let Some(held) = held.filter(|held| held != backend.as_bytes()) {
@@ -176,5 +275,24 @@ impl Sessions {
                 sessions.pins.follow(key, &backend, now);
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_opening_record_reads_back_and_a_bad_one_is_none() {
+        let opened = Opened {
+            at: "gpu-1".to_string(),
+            prompt_bytes: 4096,
+        };
+        assert_eq!(Opened::read(opened.value().as_bytes()), Some(opened));
+        for bad in ["", "gpu-1", "x:gpu-1", "12:", "-1:gpu-1", "\u{ff}"] {
+            assert_eq!(Opened::read(bad.as_bytes()), None, "{bad:?}");
+        }
+        let long = format!("1:{}", "x".repeat(MAX_BINDING + 1));
+        assert_eq!(Opened::read(long.as_bytes()), None);
     }
 }
