@@ -272,11 +272,7 @@ async fn counted(fleet_work: impl Fn(&str) -> u64, b: &str, tokens: u64) {
 async fn a_conversation_goes_where_one_that_opens_alike_went_through_the_other_magpie() {
     let redis = RedisServer::start().await;
     let backends = HyperBackends::start(&["a", "b"]).await;
-    let settings = store_settings(redis.addr, QUEUE).replace(
-        "header: x-session-id\n",
-        "header: x-session-id\n  group: conversation\n",
-    );
-    let fleet = Fleet::start(&settings, &backends.pairs()).await;
+    let fleet = Fleet::start(&store_settings_by_opening(redis.addr), &backends.pairs()).await;
     let [one, two] = &fleet.magpies;
     let body = chat("s", "the same question");
     let group = body_group_key(body.as_bytes(), &GroupBy::Conversation).expect("a group");

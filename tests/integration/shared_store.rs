@@ -245,11 +245,7 @@ async fn three_late_answers_in_a_row_back_off() {
 async fn a_later_turn_waits_out_a_late_answer_for_its_binding() {
     let redis = RedisServer::start().await;
     let backends = HyperBackends::start(&["a", "b", "c"]).await;
-    let queue = "queue:\n  max_inflight: 8\n  timeout: 30s\n";
-    let settings = store_settings(redis.addr, queue).replace(
-        "header: x-session-id\n",
-        "header: x-session-id\n  group: conversation\n",
-    );
+    let settings = store_settings_by_opening(redis.addr);
     let yaml = config_yaml("127.0.0.1:0", &settings, &backends.pairs());
     let magpie = Magpie::start(&yaml).await;
     magpie.store_connected().await;

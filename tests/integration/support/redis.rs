@@ -105,6 +105,17 @@ pub fn store_settings(redis: SocketAddr, extra: &str) -> String {
     store_settings_ttl(redis, "10m", extra)
 }
 
+/// [`store_settings`] under a queue (8 requests in flight a backend), with
+/// conversations grouped by how they open (`key.group: conversation`): a
+/// chat body is read for its opening and whether it is a later turn.
+pub fn store_settings_by_opening(redis: SocketAddr) -> String {
+    let queue = "queue:\n  max_inflight: 8\n  timeout: 30s\n";
+    store_settings(redis, queue).replace(
+        "header: x-session-id\n",
+        "header: x-session-id\n  group: conversation\n",
+    )
+}
+
 /// The key magpie binds `session` under in the store (default prefix).
 pub fn store_key(session: &str) -> Vec<u8> {
     format!(
