@@ -210,7 +210,11 @@ async fn readyz_is_503_while_draining_and_healthz_stays_200() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_accepted_before_the_drain_gets_its_first_request_answered() {
     let backends = HttpBackends::start(&["a"]).await;
-    let magpie = Magpie::start(&config_yaml("127.0.0.1:0", "mode: http\n", &backends.list)).await;
+    // An address of its own: once magpie frees its port, another test's
+    // `127.0.0.1:0` listener may take it at once, and connects that it
+    // answers would hold this test past the grace.
+    let listen = "127.0.0.9:0";
+    let magpie = Magpie::start(&config_yaml(listen, "mode: http\n", &backends.list)).await;
     let accepted = magpie.metric("magpie_connections_accepted_total", &[]);
     let stream = connect(magpie.addr).await;
     within("magpie to accept the connection", async {
