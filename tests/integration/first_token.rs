@@ -253,6 +253,32 @@ async fn a_first_request_reads_the_work_the_other_magpie_just_placed() {
     backends.release(1);
 }
 
+/// Every pin lookup writes the work its magpie holds, not only a binding
+/// or the share every period: a later turn through one magpie (whose
+/// answer binds nothing) carries the work held there to the store, and a
+/// new conversation through the other counts it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_turns_lookup_writes_the_work_its_magpie_holds() {
+    let (redis, backends, fleet) = pair(QUEUE).await;
+    let [one, two] = &fleet.magpies;
+    let order = two.candidates(text_key(b"fresh"));
+    let busy = busy_session(one, &order[0]);
+    let mut via_one = KeepAlive::connect(one.addr).await;
+    // Bound first, so that the turn that holds the work binds nothing.
+    assert_eq!(via_one.post_json("{}", Some(&busy)).await, order[0]);
+    bound(&redis, &busy).await;
+    let held = hold_work(one, &order[0], 1000).await;
+    assert_eq!(via_one.post_json("{}", Some(&busy)).await, order[0]);
+    let mut via_two = KeepAlive::connect(two.addr).await;
+    assert_eq!(via_two.post_json("{}", Some("fresh")).await, order[1]);
+    // The work held (the turn's prompt less what its previous one left).
+    let own = one.backend_metric("magpie_backend_prefill_tokens", &order[0], &[]);
+    let fleet_work = two.backend_metric("magpie_backend_fleet_prefill_tokens", &order[0], &[]);
+    assert!(own > 900 && fleet_work == own, "{fleet_work} of {own}");
+    drop(held);
+    backends.release(1);
+}
+
 /// Waits until `fleet_work(b)` reads `tokens`.
 async fn counted(fleet_work: impl Fn(&str) -> u64, b: &str, tokens: u64) {
     within("the fleet's work", async {

@@ -203,7 +203,8 @@ async fn placed_then_bound(
 ) -> (Route, Bound) {
     let session = keys.session.hash();
     let deadline = store.deadline_for(keys.later_turn);
-    let found = store.lookup(session, keys.opening, &sessions.fleet, deadline);
+    let work = fleet::own_work(&snapshot.backends);
+    let found = store.lookup(session, keys.opening, (&sessions.fleet, work), deadline);
     let Some(found) = found.await else {
         let table = Route::plan(snapshot, keys.table());
         let cached = sessions.cached(session);

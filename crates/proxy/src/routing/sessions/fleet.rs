@@ -23,14 +23,16 @@
 //! Every [`PERIOD`] is too slow for a burst: conversations that open
 //! within a few milliseconds of each other through two magpies would each
 //! be placed on the other's work as it was up to two periods ago, and land
-//! together. So the round trips a conversation's first request already
-//! makes carry the fleet's work too, with no round trip of their own
-//! ([`crate::routing::sessions::placed`]): the lookup that finds no binding
-//! returns the others' work as they last wrote it, fresh at placement, and
-//! the binding written once a backend took the request writes this
-//! magpie's work with it, its new request counted. Requests that come at
-//! one instant through two magpies still cannot see each other: each places
-//! on what the store held when it asked.
+//! together. So the round trips requests make anyway carry the fleet's
+//! work too, with no round trip of their own
+//! ([`crate::routing::sessions::placed`]): every request's pin lookup
+//! writes this magpie's work (every request it sent before counted), the
+//! lookup that finds no binding returns the others' work as they last
+//! wrote it, fresh at placement, and the binding written once a backend
+//! took the request writes this magpie's work again, its new request
+//! counted. Requests that come at one instant through two magpies still
+//! cannot see each other: each places on what the store held when it
+//! asked.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};

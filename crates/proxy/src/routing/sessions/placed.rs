@@ -7,10 +7,11 @@
 //! queue placed the request would pin the conversation where its cache is
 //! not, and its next turn, through any magpie, would go there. So every
 //! request reads its key's binding from the store ([`Store::lookup`], one
-//! round trip, which also extends the binding's TTL); one without a binding
-//! gets the other magpies' work with it ([`super::fleet`]) and is placed by
-//! the queue as on one magpie, and once a backend took it the binding is
-//! written there, with this magpie's work ([`Sessions::bind_shared`]): the
+//! round trip, which also extends the binding's TTL and writes this
+//! magpie's work); one without a binding gets the other magpies' work with
+//! it ([`super::fleet`]) and is placed by the queue as on one magpie, and
+//! once a backend took it the binding is written there, with this magpie's
+//! work again ([`Sessions::bind_shared`]): the
 //! first binding of a key still wins for every instance, and the local pin
 //! follows what holds. A turn that spilled off its pin (its home was far
 //! busier) moves the binding to where it went, as its cache did, unless
@@ -37,13 +38,14 @@ use super::{Member, Sessions};
 use crate::routing::backend::Backend;
 use crate::routing::keys::OpeningKey;
 
-/// Reads KEYS[1]'s binding (ARGV[1] is [`MAX_BINDING`]) and extends it by
-/// ARGV[2] ms: {the binding, or an empty string for none, 1 if a bad value
-/// was removed, and without a binding the other magpies' work (the fleet's
-/// keys and arguments from KEYS[2] and ARGV[3]) and KEYS[4]'s record of how
-/// the latest conversation that opens alike went (an [`Opened`], or an
-/// empty string)}.
+/// Writes this magpie's work (the fleet's keys and arguments from KEYS[2]
+/// and ARGV[3]), reads KEYS[1]'s binding (ARGV[1] is [`MAX_BINDING`]) and
+/// extends it by ARGV[2] ms: {the binding, or an empty string for none, 1
+/// if a bad value was removed, and without a binding the other magpies'
+/// work and KEYS[4]'s record of how the latest conversation that opens
+/// alike went (an [`Opened`], or an empty string)}.
 const LOOKUP: &str = r"
+write(fleet(2, 3))
 local held, bad = read(tonumber(ARGV[1]))
 if held then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -126,18 +128,19 @@ pub(crate) enum SharedPin {
 impl Store {
     /// The binding of `key`, extended by the TTL, and without one the
     /// fleet's work as `member`'s others last wrote it and the record of
-    /// `opening`; `None` when the store did not answer by `deadline`
-    /// (counted: the request goes by the table).
+    /// `opening`; `member`'s `work` is written in the same round trip.
+    /// `None` when the store did not answer by `deadline` (counted: the
+    /// request goes by the table).
     pub(crate) async fn lookup(
         &self,
         key: u64,
         opening: Option<OpeningKey>,
-        member: &Member,
+        (member, work): (&Member, String),
         deadline: Instant,
     ) -> Option<Found> {
         let mut invocation = LOOKUP_SCRIPT.key(self.key(key));
         invocation.arg(MAX_BINDING).arg(self.ttl_ms());
-        member.add(&mut invocation, self, None);
+        member.add(&mut invocation, self, Some(work));
         if let Some(opening) = opening {
             invocation.key(self.opening_key(opening));
         }
