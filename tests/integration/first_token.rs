@@ -42,11 +42,20 @@ async fn hold_work(
     backend: &str,
     tokens: usize,
 ) -> (KeepAlive, Response<Incoming>) {
-    let session = busy_session(magpie, backend);
+    hold_turn(magpie, &busy_session(magpie, backend), tokens * 4).await
+}
+
+/// A turn of `session` with a body of `bytes` whose answer's head has come
+/// but no byte of its body (`/quiet`): its work stays held.
+async fn hold_turn(
+    magpie: &Magpie,
+    session: &str,
+    bytes: usize,
+) -> (KeepAlive, Response<Incoming>) {
     let request = hyper::Request::post("/quiet")
         .header("host", "magpie")
         .header("x-session-id", session)
-        .body(Full::new(Bytes::from(vec![b'x'; tokens * 4])))
+        .body(Full::new(Bytes::from(vec![b'x'; bytes])))
         .expect("a request");
     let mut client = KeepAlive::connect(magpie.addr).await;
     let response = client.start(request).await;
@@ -275,6 +284,29 @@ async fn a_later_turns_lookup_writes_the_work_its_magpie_holds() {
     let own = one.backend_metric("magpie_backend_prefill_tokens", &order[0], &[]);
     let fleet_work = two.backend_metric("magpie_backend_fleet_prefill_tokens", &order[0], &[]);
     assert!(own > 900 && fleet_work == own, "{fleet_work} of {own}");
+    drop(held);
+    backends.release(1);
+}
+
+/// A turn through the other magpie than its previous one's counts as work
+/// only what it adds to the prompt: its lookup brings the bytes the
+/// previous turn sent, as a magpie alone knows from its own note.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_through_the_other_magpie_counts_only_what_it_adds() {
+    let (redis, backends, fleet) = pair(QUEUE).await;
+    let [one, two] = &fleet.magpies;
+    let session = "conversation";
+    let first = "x".repeat(4000);
+    let mut via_one = KeepAlive::connect(one.addr).await;
+    let at = via_one.post_json(&first, Some(session)).await;
+    assert_eq!(bound(&redis, session).await, at);
+    // 400 bytes more, at four a token: 100 tokens, not the 1,100 of the
+    // whole prompt.
+    let held = hold_turn(two, session, 4400).await;
+    assert_eq!(
+        two.backend_metric("magpie_backend_prefill_tokens", &at, &[]),
+        100
+    );
     drop(held);
     backends.release(1);
 }

@@ -199,6 +199,36 @@ impl KeyMemory {
         moved
     }
 
+    /// `key`'s latest request went to `backend` having sent `sent`, as the
+    /// fleet's shared store says (through another magpie, maybe): noted
+    /// unless this memory's own note is as recent (it sent as many bytes
+    /// or more). Its bytes-to-tokens ratio, if known, is kept. Nothing is
+    /// counted.
+    pub(crate) fn sent_elsewhere(&self, key: SessionKey, backend: &Arc<Backend>, sent: Sent) {
+        let key = key.memory().hash();
+        let mut shard = self.shard(key);
+        let ratio = match shard.peek(&key) {
+            Some(r) if r.note.sent.prompt_bytes >= sent.prompt_bytes => return,
+            Some(r) if r.note.sent.prompt_bytes > 0 => {
+                (r.note.served.clone()).map(|served| (served, r.note.sent.prompt_bytes))
+            }
+            _ => None,
+        };
+        let mut note = Note::of(sent);
+        note.served = ratio.map(|((name, tokens), bytes)| {
+            let scaled = u128::from(tokens) * u128::from(sent.prompt_bytes) / u128::from(bytes);
+            (name, u64::try_from(scaled).unwrap_or(u64::MAX))
+        });
+        let record = Record {
+            backend: Arc::clone(backend),
+            how: How::Pinned,
+            at: Instant::now(),
+            spilled: false,
+            note,
+        };
+        shard.put(key, record);
+    }
+
     /// Keeps a record under `key` (not a session key's: see [`MemoryKey`])
     /// that says a request went to `backend` having sent `sent`, in place
     /// of any before it. Nothing is counted.

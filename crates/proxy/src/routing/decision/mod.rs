@@ -41,7 +41,7 @@ use self::pins::Pinned;
 use crate::config::{Config, TenantBy};
 use crate::routing::backend::{ActiveGuard, Awaiting, AwaitingGuard, Backend, Spill, WorkGuard};
 use crate::routing::instance::Instance;
-use crate::routing::key_memory::{Decision, MissCause};
+use crate::routing::key_memory::{Decision, KeyMemory, MissCause};
 use crate::routing::keys::{Keys, MemoryKey, SessionKey, TenantKey};
 use crate::routing::llm::disaggregation as split;
 use crate::routing::llm::groups::Grouped;
@@ -212,7 +212,8 @@ pub(crate) async fn plan(instance: &Instance, snapshot: &Snapshot, request: Requ
     };
     let spilled_to = spilled_to(instance, snapshot, request.keys.session);
     let keys = request.keys;
-    let (route, pinned) = pins::route(sessions, snapshot, keys, spilled_to.as_deref()).await;
+    let asked = (keys, request.prompt_bytes);
+    let (route, pinned) = pins::route(sessions, snapshot, asked, spilled_to.as_deref()).await;
     Plan::new(instance, snapshot, request, route, Some(pinned))
 }
 
@@ -270,6 +271,7 @@ impl Plan {
         // work there told by its record.
         let alike = keys.opening.filter(|_| queued && pin_lost);
         let memory = &instance.key_memory;
+        plan.note_sent_elsewhere(memory);
         if let Some(opening) = alike
             && let Some(opened) = plan.pinned.as_ref().and_then(|p| p.opened.as_ref())
             && let Some(at) = snapshot.backend(&opened.at)
@@ -286,6 +288,23 @@ impl Plan {
             }
         }
         plan
+    }
+
+    /// A pinned turn whose previous request another magpie may have
+    /// served: its work is told from the bytes the store says that one
+    /// sent.
+    fn note_sent_elsewhere(&self, memory: &KeyMemory) {
+        if let Some(bytes) = self.pinned.as_ref().and_then(|p| p.sent)
+            && self.how == How::Pinned
+            && let Some(at) = self.route.first()
+        {
+            let keys = self.request.keys;
+            let sent = Sent {
+                group: keys.group,
+                prompt_bytes: bytes,
+            };
+            memory.sent_elsewhere(keys.session, at, sent);
+        }
     }
 
     /// Why the next target taken is that one.

@@ -39,7 +39,7 @@ use crate::routing::keys::Keys;
 use crate::routing::llm::groups::{self, Grouped};
 use crate::routing::llm::openings::Opening;
 use crate::routing::route::{How, Route};
-use crate::routing::sessions::placed::{Beside, Opened, SharedPin};
+use crate::routing::sessions::placed::{Asked, Beside, Opened, SharedPin};
 use crate::routing::sessions::store::Store;
 use crate::routing::sessions::{Sessions, fleet};
 use crate::routing::snapshot::Snapshot;
@@ -64,6 +64,9 @@ pub(crate) struct Pinned {
     /// Without a binding, under a queue with a shared store: where the
     /// fleet's latest conversation that opens alike went.
     pub(crate) opened: Option<Opened>,
+    /// Pinned, under a queue with a shared store: the bytes the key's
+    /// latest request sent, through any magpie.
+    pub(crate) sent: Option<u64>,
 }
 
 impl Pinned {
@@ -98,14 +101,15 @@ impl Pinned {
 /// The route for `keys` under `sessions`: by the session key's pin, the
 /// table looked up by the group when there is one; and what serving it
 /// will do to the pin. `spilled_to` is where the key spilled, from the key
-/// memory.
+/// memory; `prompt_bytes` the request's body's bytes.
 pub(crate) async fn route(
     sessions: Arc<Sessions>,
     snapshot: &Snapshot,
-    keys: Keys,
+    (keys, prompt_bytes): (Keys, u64),
     spilled_to: Option<&str>,
 ) -> (Route, Pinned) {
-    let (route, bound) = by_pin(&sessions, snapshot, keys, spilled_to).await;
+    let asked = (keys, prompt_bytes);
+    let (route, bound) = by_pin(&sessions, snapshot, asked, spilled_to).await;
     let pinned = Pinned {
         sessions,
         bind_served: bound.bind_served,
@@ -114,6 +118,7 @@ pub(crate) async fn route(
         grouped: None,
         shared: bound.shared,
         opened: bound.opened,
+        sent: bound.sent,
     };
     (route, pinned)
 }
@@ -131,13 +136,15 @@ struct Bound {
     shared: Option<SharedPin>,
     /// The fleet's record of how conversations that open alike went.
     opened: Option<Opened>,
+    /// The bytes the key's latest request sent, through any magpie.
+    sent: Option<u64>,
 }
 
 /// The route for `keys` under `sessions`, and what it does to the pin.
 async fn by_pin(
     sessions: &Arc<Sessions>,
     snapshot: &Snapshot,
-    keys: Keys,
+    (keys, prompt_bytes): (Keys, u64),
     spilled_to: Option<&str>,
 ) -> (Route, Bound) {
     let (session, table_key) = (keys.session.hash(), keys.table());
@@ -164,6 +171,7 @@ async fn by_pin(
                 opening,
                 shared: None,
                 opened: None,
+                sent: None,
             },
         );
     };
@@ -171,7 +179,8 @@ async fn by_pin(
     // moved the pin.
     let queued = snapshot.config.queue.is_some();
     if queued && store.is_usable() {
-        return placed_then_bound(sessions, store, snapshot, keys).await;
+        let asked = (keys, prompt_bytes);
+        return placed_then_bound(sessions, store, snapshot, asked).await;
     }
     // Instance pins: the local map first.
     if let Some((name, due)) = sessions.cached(session)
@@ -199,12 +208,16 @@ async fn placed_then_bound(
     sessions: &Arc<Sessions>,
     store: &Arc<Store>,
     snapshot: &Snapshot,
-    keys: Keys,
+    (keys, prompt_bytes): (Keys, u64),
 ) -> (Route, Bound) {
     let session = keys.session.hash();
     let deadline = store.deadline_for(keys.later_turn);
     let work = fleet::own_work(&snapshot.backends);
-    let found = store.lookup(session, keys.opening, (&sessions.fleet, work), deadline);
+    let asked = Asked {
+        opening: keys.opening,
+        prompt_bytes,
+    };
+    let found = store.lookup(session, asked, (&sessions.fleet, work), deadline);
     let Some(found) = found.await else {
         let table = Route::plan(snapshot, keys.table());
         let cached = sessions.cached(session);
@@ -225,6 +238,7 @@ async fn placed_then_bound(
             shared: Some(SharedPin::Move {
                 was: pin.name.clone(),
             }),
+            sent: found.sent,
             ..Bound::default()
         };
         return (Route::plan_pinned(snapshot, keys.table(), pin), bound);

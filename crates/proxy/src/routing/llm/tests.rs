@@ -120,3 +120,28 @@ fn an_opening_remembers_where_its_latest_request_went_apart_from_its_key() {
         "an opening is not counted"
     );
 }
+
+#[test]
+fn work_is_told_from_what_the_fleet_says_the_previous_request_sent() {
+    let s = snapshot();
+    let (a, b) = (s.backend("a").unwrap(), s.backend("b").unwrap());
+    let memory = KeyMemory::new(100, Duration::from_secs(60));
+    let sent = |prompt_bytes| Sent {
+        group: None,
+        prompt_bytes,
+    };
+    // Another magpie served the previous turn, 3000 bytes, at a.
+    memory.sent_elsewhere(k(1), a, sent(3000));
+    let work = work::work(&memory, k(1).memory(), 4000);
+    assert_eq!((work.at(a), work.at(b)), (250, 1000));
+    assert_eq!(memory.routed_total(How::Pinned), 0, "nothing is counted");
+    // This magpie's own note is as recent: kept.
+    memory.sent_elsewhere(k(1), b, sent(2000));
+    assert_eq!(work::work(&memory, k(1).memory(), 4000).at(a), 250);
+    // Its usage said three bytes a token; a later turn through the other
+    // magpie keeps the ratio.
+    usage::served(&memory, k(1), "a", tokens(1000, 0), None);
+    memory.sent_elsewhere(k(1), a, sent(3600));
+    let work = work::work(&memory, k(1).memory(), 4200);
+    assert_eq!((work.at(a), work.at(b)), (200, 1400));
+}

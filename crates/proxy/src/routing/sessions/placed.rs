@@ -21,6 +21,12 @@
 //! store does not answer, the local pin (else the table) routes, as without
 //! a queue.
 //!
+//! The lookup also swaps the body's bytes of the key's latest request,
+//! kept under `{prefix}sent:{key}`, for this one's: a turn whose previous
+//! one went through another magpie counts as work only what it adds
+//! ([`crate::routing::key_memory::KeyMemory::sent_elsewhere`]), not its
+//! whole prompt.
+//!
 //! The same two scripts carry where the fleet's conversations opened
 //! ([`Opened`]): a new binding keeps, by how its conversation opens, where
 //! it went, and a lookup without a binding reads that, so a conversation
@@ -39,24 +45,32 @@ use crate::routing::backend::Backend;
 use crate::routing::keys::OpeningKey;
 
 /// Writes this magpie's work (the fleet's keys and arguments from KEYS[2]
-/// and ARGV[3]), reads KEYS[1]'s binding (ARGV[1] is [`MAX_BINDING`]) and
-/// extends it by ARGV[2] ms: {the binding, or an empty string for none, 1
-/// if a bad value was removed, and without a binding the other magpies'
-/// work and KEYS[4]'s record of how the latest conversation that opens
-/// alike went (an [`Opened`], or an empty string)}.
+/// and ARGV[3]), swaps KEYS[4]'s bytes the key's latest request sent for
+/// this one's, ARGV[8], for ARGV[2] ms, reads KEYS[1]'s binding (ARGV[1]
+/// is [`MAX_BINDING`]) and extends it by ARGV[2] ms: {the binding, or an
+/// empty string for none, 1 if a bad value was removed, the bytes the
+/// latest request before sent (or an empty string), and without a binding
+/// the other magpies' work and KEYS[5]'s record of how the latest
+/// conversation that opens alike went (an [`Opened`], or an empty
+/// string)}.
 const LOOKUP: &str = r"
 write(fleet(2, 3))
+local sent = ''
+if redis.call('TYPE', KEYS[4])['ok'] == 'string' and redis.call('STRLEN', KEYS[4]) <= 20 then
+  sent = redis.call('GET', KEYS[4])
+end
+redis.call('SET', KEYS[4], ARGV[8], 'PX', ARGV[2])
 local held, bad = read(tonumber(ARGV[1]))
 if held then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {held, bad, {}, ''}
+  return {held, bad, sent, {}, ''}
 end
 local opened = ''
-if KEYS[4] and redis.call('TYPE', KEYS[4])['ok'] == 'string'
-    and redis.call('STRLEN', KEYS[4]) <= tonumber(ARGV[1]) + 21 then
-  opened = redis.call('GET', KEYS[4])
+if KEYS[5] and redis.call('TYPE', KEYS[5])['ok'] == 'string'
+    and redis.call('STRLEN', KEYS[5]) <= tonumber(ARGV[1]) + 21 then
+  opened = redis.call('GET', KEYS[5])
 end
-return {'', bad, others(fleet(2, 3)), opened}
+return {'', bad, sent, others(fleet(2, 3)), opened}
 ";
 
 /// Binds KEYS[1] as [`BIND_STEP`] does and writes this magpie's work (the
@@ -70,8 +84,9 @@ return {held, bad}
 ";
 
 /// [`LOOKUP`]'s reply: the binding, whether a bad value was removed, the
-/// others' work and the opening's record.
-type LookupReply = (Vec<u8>, u8, Vec<Vec<u8>>, Vec<u8>);
+/// bytes the latest request sent, the others' work and the opening's
+/// record.
+type LookupReply = (Vec<u8>, u8, Vec<u8>, Vec<Vec<u8>>, Vec<u8>);
 
 static LOOKUP_SCRIPT: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(&format!("{READ_BINDING}{FUNCTIONS}{LOOKUP}")));
@@ -83,6 +98,9 @@ static PLACE_SCRIPT: LazyLock<redis::Script> =
 pub(crate) struct Found {
     /// Its binding.
     pub(crate) held: Option<String>,
+    /// The body's bytes of the key's latest request before this one,
+    /// through any magpie.
+    pub(crate) sent: Option<u64>,
     /// Without a binding (a conversation's first request): the other
     /// magpies' work, by backend name.
     pub(crate) fleet: Option<HashMap<String, u64>>,
@@ -115,6 +133,14 @@ impl Opened {
     }
 }
 
+/// What a lookup tells the store of its request: how its conversation
+/// opens, and its body's bytes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Asked {
+    pub(crate) opening: Option<OpeningKey>,
+    pub(crate) prompt_bytes: u64,
+}
+
 /// What serving a request does to its binding in the shared store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum SharedPin {
@@ -126,22 +152,26 @@ pub(crate) enum SharedPin {
 }
 
 impl Store {
-    /// The binding of `key`, extended by the TTL, and without one the
-    /// fleet's work as `member`'s others last wrote it and the record of
-    /// `opening`; `member`'s `work` is written in the same round trip.
-    /// `None` when the store did not answer by `deadline` (counted: the
-    /// request goes by the table).
+    /// The binding of `key`, extended by the TTL, the bytes its latest
+    /// request sent, and without a binding the fleet's work as `member`'s
+    /// others last wrote it and the record of `asked`'s opening; `member`'s
+    /// `work` and the bytes `asked` sends are written in the same round
+    /// trip. `None` when the store did not answer by `deadline` (counted:
+    /// the request goes by the table).
     pub(crate) async fn lookup(
         &self,
         key: u64,
-        opening: Option<OpeningKey>,
+        asked: Asked,
         (member, work): (&Member, String),
         deadline: Instant,
     ) -> Option<Found> {
         let mut invocation = LOOKUP_SCRIPT.key(self.key(key));
         invocation.arg(MAX_BINDING).arg(self.ttl_ms());
         member.add(&mut invocation, self, Some(work));
-        if let Some(opening) = opening {
+        invocation
+            .key(self.prefixed(&format!("sent:{key:016x}")))
+            .arg(asked.prompt_bytes);
+        if let Some(opening) = asked.opening {
             invocation.key(self.opening_key(opening));
         }
         let reply: Option<LookupReply> = self
@@ -149,7 +179,7 @@ impl Store {
                 invocation.invoke_async(&mut c).await
             })
             .await;
-        let Some((held, bad, others, opened)) = reply else {
+        let Some((held, bad, sent, others, opened)) = reply else {
             self.fell_back();
             return None;
         };
@@ -157,9 +187,12 @@ impl Store {
             .and_then(|h| String::from_utf8(h).ok())
             .filter(|name| !name.is_empty());
         let fleet = held.is_none().then(|| fleet::sum(&others));
+        let sent = std::str::from_utf8(&sent).ok().and_then(|s| s.parse().ok());
+        let sent = sent.filter(|&bytes: &u64| bytes > 0);
         let opened = Opened::read(&opened);
         Some(Found {
             held,
+            sent,
             fleet,
             opened,
         })
