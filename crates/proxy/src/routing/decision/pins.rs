@@ -39,7 +39,7 @@ use crate::routing::keys::Keys;
 use crate::routing::llm::groups::{self, Grouped};
 use crate::routing::llm::openings::Opening;
 use crate::routing::route::{How, Route};
-use crate::routing::sessions::placed::{Asked, Beside, Opened, SharedPin};
+use crate::routing::sessions::placed::{Beside, Opened, SharedPin, Told};
 use crate::routing::sessions::store::Store;
 use crate::routing::sessions::{Sessions, fleet};
 use crate::routing::snapshot::Snapshot;
@@ -105,10 +105,9 @@ impl Pinned {
 pub(crate) async fn route(
     sessions: Arc<Sessions>,
     snapshot: &Snapshot,
-    (keys, prompt_bytes): (Keys, u64),
+    asked: (Keys, u64),
     spilled_to: Option<&str>,
 ) -> (Route, Pinned) {
-    let asked = (keys, prompt_bytes);
     let (route, bound) = by_pin(&sessions, snapshot, asked, spilled_to).await;
     let pinned = Pinned {
         sessions,
@@ -144,9 +143,10 @@ struct Bound {
 async fn by_pin(
     sessions: &Arc<Sessions>,
     snapshot: &Snapshot,
-    (keys, prompt_bytes): (Keys, u64),
+    asked: (Keys, u64),
     spilled_to: Option<&str>,
 ) -> (Route, Bound) {
+    let keys = asked.0;
     let (session, table_key) = (keys.session.hash(), keys.table());
     let Some(store) = &sessions.store else {
         let pin = sessions.pins.get(session);
@@ -179,7 +179,6 @@ async fn by_pin(
     // moved the pin.
     let queued = snapshot.config.queue.is_some();
     if queued && store.is_usable() {
-        let asked = (keys, prompt_bytes);
         return placed_then_bound(sessions, store, snapshot, asked).await;
     }
     // Instance pins: the local map first.
@@ -213,11 +212,11 @@ async fn placed_then_bound(
     let session = keys.session.hash();
     let deadline = store.deadline_for(keys.later_turn);
     let work = fleet::own_work(&snapshot.backends);
-    let asked = Asked {
+    let told = Told {
         opening: keys.opening,
         prompt_bytes,
     };
-    let found = store.lookup(session, asked, (&sessions.fleet, work), deadline);
+    let found = store.lookup(session, told, (&sessions.fleet, work), deadline);
     let Some(found) = found.await else {
         let table = Route::plan(snapshot, keys.table());
         let cached = sessions.cached(session);

@@ -136,7 +136,7 @@ impl Opened {
 /// What a lookup tells the store of its request: how its conversation
 /// opens, and its body's bytes.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Asked {
+pub(crate) struct Told {
     pub(crate) opening: Option<OpeningKey>,
     pub(crate) prompt_bytes: u64,
 }
@@ -154,14 +154,14 @@ pub(crate) enum SharedPin {
 impl Store {
     /// The binding of `key`, extended by the TTL, the bytes its latest
     /// request sent, and without a binding the fleet's work as `member`'s
-    /// others last wrote it and the record of `asked`'s opening; `member`'s
-    /// `work` and the bytes `asked` sends are written in the same round
+    /// others last wrote it and the record of `told`'s opening; `member`'s
+    /// `work` and the bytes `told` sends are written in the same round
     /// trip. `None` when the store did not answer by `deadline` (counted:
     /// the request goes by the table).
     pub(crate) async fn lookup(
         &self,
         key: u64,
-        asked: Asked,
+        told: Told,
         (member, work): (&Member, String),
         deadline: Instant,
     ) -> Option<Found> {
@@ -170,8 +170,8 @@ impl Store {
         member.add(&mut invocation, self, Some(work));
         invocation
             .key(self.prefixed(&format!("sent:{key:016x}")))
-            .arg(asked.prompt_bytes);
-        if let Some(opening) = asked.opening {
+            .arg(told.prompt_bytes);
+        if let Some(opening) = told.opening {
             invocation.key(self.opening_key(opening));
         }
         let reply: Option<LookupReply> = self
