@@ -13,6 +13,8 @@ use hyper::Response;
 use hyper::body::Incoming;
 use magpie_core::key::group::{GroupBy, body_group_key};
 use magpie_core::key::text_key;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 use crate::support::*;
 
@@ -351,4 +353,90 @@ async fn a_conversation_goes_where_one_that_opens_alike_went_through_the_other_m
     assert_eq!(via_two.post_json(&body, Some("second")).await, order[1]);
     let moved = two.metric("magpie_requests_routed_total", &["how=\"opening\""]);
     assert_eq!(moved, 1, "not routed by how it opens");
+}
+
+/// Two conversations that open at one instant through two magpies do not
+/// land together. The store stalls while they come, so both lookups wait
+/// there and both magpies place on the same idle view: the table's first.
+/// The round trip each makes once placed runs after the other's in the
+/// store, and the later one finds the earlier's work there and is placed
+/// again, at the other backend (counted as moved); or, where the store read the
+/// later lookup only after the earlier's round trip, that lookup already
+/// sees the work. Before, both went to the table's first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_conversations_placed_at_one_instant_through_two_magpies_go_apart() {
+    let redis = RedisServer::start().await;
+    let backends = HyperBackends::start(&["a", "b"]).await;
+    // A store slower than the stall below still answers in time.
+    let settings = store_settings(redis.addr, QUEUE).replace("timeout: 50ms", "timeout: 5s");
+    let fleet = Fleet::start(&settings, &backends.pairs()).await;
+    let [one, two] = &fleet.magpies;
+    let first = one.candidates(text_key(b"busy-0"))[0].clone();
+    let [s1, s2] = [1, 2].map(|n| {
+        (0..1000)
+            .map(|i| format!("fresh-{n}-{i}"))
+            .find(|s| one.candidates(text_key(s.as_bytes()))[0] == first)
+            .expect("a session whose table's first is the same")
+    });
+    // Each magpie counts the other as live once it shared its work.
+    within("both magpies in the fleet", async {
+        while redis.command(&[b"ZCARD", b"magpie:fleet"]).await != redis::Value::Int(2) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    let stall = stall(&redis).await;
+    let (held_one, held_two) = tokio::join!(hold_turn(one, &s1, 4000), hold_turn(two, &s2, 4000));
+    stall.await.expect("DEBUG SLEEP runs");
+    let work = |b: &str| {
+        let own = |m: &Magpie| m.backend_metric("magpie_backend_prefill_tokens", b, &[]);
+        own(one) + own(two)
+    };
+    let other = backends
+        .pairs()
+        .into_iter()
+        .map(|(name, _)| name)
+        .find(|n| *n != first);
+    let other = other.expect("two backends");
+    assert_eq!((work(&first), work(&other)), (1000, 1000), "one at each");
+    let moved = |m: &Magpie| m.metric("magpie_fleet_moved_placements_total", &[]);
+    assert!(moved(one) + moved(two) <= 1, "moved once at most");
+    drop((held_one, held_two));
+    backends.release(2);
+}
+
+/// Stalls `redis` for half a second (`DEBUG SLEEP`) and returns once it
+/// is stalled (a PING on a fresh connection goes unanswered for 20 ms):
+/// what comes in meanwhile is read at once when it wakes, before any
+/// answer goes out. The task ends with the stall.
+async fn stall(redis: &RedisServer) -> tokio::task::JoinHandle<()> {
+    let addr = redis.addr;
+    let stall = tokio::spawn(async move {
+        let client = redis::Client::open(format!("redis://{addr}/")).expect("a redis url");
+        let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+        let mut c = (client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await)
+            .expect("a connection to redis-server");
+        let mut sleep = redis::cmd("DEBUG");
+        sleep.arg("SLEEP").arg("0.5");
+        let slept: redis::RedisResult<()> = sleep.query_async(&mut c).await;
+        slept.expect("DEBUG SLEEP answers");
+    });
+    within("redis-server to stall", async move {
+        loop {
+            let mut ping = TcpStream::connect(addr).await.expect("a connection");
+            ping.write_all(b"PING\r\n").await.expect("PING sent");
+            let mut pong = [0u8; 7];
+            let answer = ping.read_exact(&mut pong);
+            if tokio::time::timeout(Duration::from_millis(20), answer)
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    })
+    .await;
+    stall
 }

@@ -233,6 +233,18 @@ pub(crate) const GLOBAL: &[Family] = &[
         }),
     },
     Family {
+        name: "magpie_fleet_moved_placements_total",
+        kind: COUNTER,
+        labels: &[],
+        help: "Conversations' first requests placed again at another backend because, once placed, another magpie sharing the store had placed work at theirs since their lookup.",
+        read: Read::Global(|g, s| {
+            s.value(
+                &[],
+                g.store().map_or(0, |st| st.stats.moved_off_crowded()) as f64,
+            )
+        }),
+    },
+    Family {
         name: "magpie_session_bindings_replaced_total",
         kind: COUNTER,
         labels: &[],

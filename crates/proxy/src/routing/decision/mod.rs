@@ -38,7 +38,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use self::pins::Pinned;
-use crate::config::{Config, TenantBy};
+use crate::config::{Config, QueueConfig, TenantBy};
 use crate::routing::backend::{ActiveGuard, Awaiting, AwaitingGuard, Backend, Spill, WorkGuard};
 use crate::routing::instance::Instance;
 use crate::routing::key_memory::{Decision, KeyMemory, MissCause};
@@ -49,7 +49,7 @@ use crate::routing::llm::note::Sent;
 use crate::routing::llm::openings;
 use crate::routing::llm::usage::Tally;
 use crate::routing::llm::work::{Heads, work};
-use crate::routing::queue::{Admit, Ask, Refusal, SlotLimits, Standing};
+use crate::routing::queue::{Admit, Admitted, Ask, Refusal, SlotLimits, Standing};
 use crate::routing::route::{How, Route};
 use crate::routing::sessions::homes::AwaitingMark;
 use crate::routing::snapshot::Snapshot;
@@ -341,7 +341,10 @@ impl Plan {
     /// ([`Plan::take_now`]); with it, the one the queue gives (the first,
     /// or after `queue.affinity_wait` the next with room where a spill
     /// pays), waiting if need be while it holds `held` bytes of its body;
-    /// `gone` resolves if its client goes away meanwhile.
+    /// `gone` resolves if its client goes away meanwhile. A conversation's
+    /// first request placed while other magpies share the store is placed
+    /// again if one of them placed work at its backend at the same instant
+    /// ([`Pinned::crowded`]).
     pub(crate) async fn take(
         &mut self,
         instance: &Instance,
@@ -358,41 +361,22 @@ impl Plan {
         if self.rest.is_empty() || self.attempts_left == 0 {
             return Taken::None;
         }
-        let keys = self.request.keys;
-        let ask = Ask {
-            targets: &self.rest,
-            sticky: self.sticky,
-            pinned: self.route.how == How::Pinned,
-            // A header's group, whose head's size is not known, keeps its
-            // home first while it has room.
-            places: self.pin_lost && (keys.group.is_none() || self.request.heads.group_bytes > 0),
-            class: self.request.standing.class,
-            tenant: match queue.tenant {
-                Some(TenantBy::Group) => TenantKey::of_group(keys.group),
-                _ => self.request.standing.tenant,
-            },
-            bytes: held,
-            work: work(
-                &instance.key_memory,
-                self.work_key,
-                self.request.prompt_bytes,
-            )
-            .of_group(keys.group, self.request.heads)
-            .in_class(
-                queue
-                    .priority
-                    .engine
-                    .is_some()
-                    .then_some(self.request.standing.class),
-            ),
-            key: keys.table(),
-            queue,
-            limits: SlotLimits::of(queue, config.load_limits()),
-            prefill: false,
-        };
-        let admitted = match instance.queue.admit(ask, gone).await {
+        let mut gone = std::pin::pin!(gone);
+        let limits = SlotLimits::of(queue, config.load_limits());
+        let ask = self.ask(instance, (queue, limits), held, false);
+        let admitted = match instance.queue.admit(ask, gone.as_mut()).await {
             Ok(admitted) => admitted,
             Err(why) => return Taken::Refused(why),
+        };
+        let admitted = match self.crowded(instance, &admitted).await {
+            false => admitted,
+            true => {
+                let ask = self.ask(instance, (queue, limits), held, true);
+                match self.place_again(instance, ask, admitted, gone).await {
+                    Ok(admitted) => admitted,
+                    Err(why) => return Taken::Refused(why),
+                }
+            }
         };
         if admitted.how == Admit::Spilled {
             self.how = self.how.passed_over(Spill::AtCap);
@@ -401,6 +385,86 @@ impl Plan {
         let queued = Some((admitted.waited, admitted.how));
         let slot = self.slot(admitted.backend, admitted.slot, Some(admitted.work));
         Taken::Slot(Slot { queued, ..slot })
+    }
+
+    /// Whether it was placed by cost at once at `admitted`'s backend (not
+    /// waiting for a home, nor in the queue) while other magpies share the
+    /// store, and one of them placed work there since ([`Pinned::crowded`]).
+    async fn crowded(&self, instance: &Instance, admitted: &Admitted) -> bool {
+        let by_cost = self.places() && !self.sticky && !admitted.queued;
+        match self.pinned.as_ref().filter(|_| by_cost) {
+            Some(pinned) => {
+                let snapshot = instance.snapshot.load_full();
+                pinned.crowded(&snapshot.backends, &admitted.backend).await
+            }
+            None => false,
+        }
+    }
+
+    /// `admitted` given back and `ask` admitted in its place, on the fresh
+    /// view of the fleet's work; counted if it went elsewhere.
+    async fn place_again(
+        &self,
+        instance: &Instance,
+        ask: Ask<'_>,
+        admitted: Admitted,
+        gone: impl Future<Output = ()>,
+    ) -> Result<Admitted, Refusal> {
+        let was = Arc::clone(&admitted.backend);
+        drop(admitted);
+        let again = instance.queue.admit(ask, gone).await?;
+        if let Some(pinned) = &self.pinned
+            && !Arc::ptr_eq(&was, &again.backend)
+        {
+            pinned.moved_off_crowded();
+        }
+        Ok(again)
+    }
+
+    /// Whether it is a conversation's first request, placed where it
+    /// costs least (a header's group, whose head's size is not known,
+    /// keeps its home first while it has room).
+    fn places(&self) -> bool {
+        let keys = self.request.keys;
+        self.pin_lost && (keys.group.is_none() || self.request.heads.group_bytes > 0)
+    }
+
+    /// What it asks `queue` for, under its slot `limits`, holding `held`
+    /// bytes of its body; `again` once it was admitted and is placed again.
+    fn ask<'a>(
+        &'a self,
+        instance: &Instance,
+        (queue, limits): (&'a QueueConfig, SlotLimits),
+        held: u64,
+        again: bool,
+    ) -> Ask<'a> {
+        let keys = self.request.keys;
+        let class = (queue.priority.engine.is_some()).then_some(self.request.standing.class);
+        let work = work(
+            &instance.key_memory,
+            self.work_key,
+            self.request.prompt_bytes,
+        );
+        Ask {
+            targets: &self.rest,
+            sticky: self.sticky,
+            pinned: self.route.how == How::Pinned,
+            places: self.places(),
+            class: self.request.standing.class,
+            tenant: match queue.tenant {
+                Some(TenantBy::Group) => TenantKey::of_group(keys.group),
+                _ => self.request.standing.tenant,
+            },
+            bytes: held,
+            work: work
+                .of_group(keys.group, self.request.heads)
+                .in_class(class),
+            key: keys.table(),
+            queue,
+            limits,
+            prefill: false,
+            again,
+        }
     }
 
     /// A slot at the next target under its bounded-load cap, without

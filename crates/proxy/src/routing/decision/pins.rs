@@ -67,9 +67,31 @@ pub(crate) struct Pinned {
     /// Pinned, under a queue with a shared store: the bytes the key's
     /// latest request sent, through any magpie.
     pub(crate) sent: Option<u64>,
+    /// Without a binding, under a queue with a shared store: other magpies
+    /// share it, so where the request is placed is checked against theirs
+    /// ([`Pinned::crowded`]).
+    in_fleet: bool,
 }
 
 impl Pinned {
+    /// A conversation's first request placed at `at` while other magpies
+    /// share the store: whether one of them placed work there since its
+    /// lookup read theirs, so it is placed again
+    /// ([`fleet::crowded`]: one round trip); never for a magpie alone.
+    pub(crate) async fn crowded(&self, backends: &[Arc<Backend>], at: &Backend) -> bool {
+        let Some(store) = self.sessions.store.as_ref().filter(|_| self.in_fleet) else {
+            return false;
+        };
+        fleet::crowded(store, &self.sessions.fleet, backends, at).await
+    }
+
+    /// Placed again after [`Pinned::crowded`], it went to another backend.
+    pub(crate) fn moved_off_crowded(&self) {
+        if let Some(store) = &self.sessions.store {
+            store.stats.count_moved_off_crowded();
+        }
+    }
+
     /// The request was served by `backend`: with `store: local`, it becomes
     /// the key's pin (or the pin is renewed); with a shared store, the pin
     /// bound while routing is used again (a new binding shares this
@@ -118,6 +140,7 @@ pub(crate) async fn route(
         shared: bound.shared,
         opened: bound.opened,
         sent: bound.sent,
+        in_fleet: bound.in_fleet,
     };
     (route, pinned)
 }
@@ -137,6 +160,8 @@ struct Bound {
     opened: Option<Opened>,
     /// The bytes the key's latest request sent, through any magpie.
     sent: Option<u64>,
+    /// Other magpies share the store: where it is placed is checked.
+    in_fleet: bool,
 }
 
 /// The route for `keys` under `sessions`, and what it does to the pin.
@@ -172,6 +197,7 @@ async fn by_pin(
                 shared: None,
                 opened: None,
                 sent: None,
+                in_fleet: false,
             },
         );
     };
@@ -253,6 +279,7 @@ async fn placed_then_bound(
         opening,
         shared: Some(SharedPin::Place { stale: held }),
         opened: found.opened,
+        in_fleet: found.others_live,
         ..Bound::default()
     };
     (table, bound)

@@ -143,6 +143,7 @@ impl PrefillPlan {
             queue,
             limits: SlotLimits::of(queue, config.load_limits()),
             prefill: true,
+            again: false,
         };
         let admitted = instance
             .queue

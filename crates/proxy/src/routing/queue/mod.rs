@@ -116,6 +116,8 @@ pub(crate) struct Ask<'a> {
     /// A disaggregated request's prefill half: its targets are the prefill
     /// pool's, and a reload binds it to that pool's table.
     pub(crate) prefill: bool,
+    /// Admitted once already and placed again: not counted again.
+    pub(crate) again: bool,
 }
 
 /// A request admitted: the backend it goes to and the slot it holds there.
@@ -127,6 +129,8 @@ pub(crate) struct Admitted {
     pub(crate) work: WorkGuard,
     pub(crate) how: Admit,
     pub(crate) waited: Duration,
+    /// It found no room at once and waited in the queue.
+    pub(crate) queued: bool,
 }
 
 /// Room handed to a waiting request: at which of its targets.
@@ -355,9 +359,8 @@ impl Queue {
             home_until: started + home_wait,
             deadline: started + q.timeout,
         };
-        let outcome = ticket.wait(rx, &ask, gone).await;
-        match outcome {
-            Ok((backend, room, how)) => Ok(self.admitted(&ask, &backend, room, how, started)),
+        match ticket.wait(rx, &ask, gone).await {
+            Ok((b, room, how)) => Ok(self.admitted(&ask, &b, room, (how, true), started)),
             Err(why) => {
                 self.stats.refused(ask.class, why);
                 Err(why)
@@ -381,7 +384,7 @@ impl Queue {
             () if ask.places && !ask.sticky => Admit::Placed,
             () => Admit::Spilled,
         };
-        self.admitted(ask, backend, room, how, started)
+        self.admitted(ask, backend, room, (how, false), started)
     }
 
     fn admitted(
@@ -389,17 +392,20 @@ impl Queue {
         ask: &Ask<'_>,
         backend: &Arc<Backend>,
         (slot, work): Room,
-        how: Admit,
+        (how, queued): (Admit, bool),
         started: Instant,
     ) -> Admitted {
         let waited = started.elapsed();
-        self.stats.admitted(ask.class, how, waited);
+        if !ask.again {
+            self.stats.admitted(ask.class, how, waited);
+        }
         Admitted {
             backend: Arc::clone(backend),
             slot,
             work,
             how,
             waited,
+            queued,
         }
     }
 

@@ -74,6 +74,7 @@ fn ask<'a>(targets: &'a [Arc<Backend>], q: &'a QueueConfig, class: usize) -> Ask
         queue: q,
         limits: SlotLimits::of(q, None),
         prefill: false,
+        again: false,
     }
 }
 

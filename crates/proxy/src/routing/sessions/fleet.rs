@@ -30,9 +30,19 @@
 //! lookup that finds no binding returns the others' work as they last
 //! wrote it, fresh at placement, and the binding written once a backend
 //! took the request writes this magpie's work again, its new request
-//! counted. Requests that come at one instant through two magpies still
-//! cannot see each other: each places on what the store held when it
-//! asked.
+//! counted.
+//!
+//! Requests that come at one instant through two magpies cannot see each
+//! other that way: every lookup of a burst is answered before either magpie
+//! placed anything, so both place on the view from before it and fill the
+//! same engine. So a conversation's first request, once placed while other
+//! magpies are live, writes this magpie's work with it counted and reads
+//! the others' again in one more round trip ([`crowded`]); the store runs
+//! these one after another, so of two placed at one instant the later
+//! sees the earlier, and if the others' work at its backend grew since its
+//! lookup it is placed again on the fresh view
+//! ([`crate::routing::decision`]). Later turns, which go to their pin, and
+//! a magpie alone make no such round trip.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
@@ -142,7 +152,7 @@ pub(crate) async fn run(instance: Arc<Instance>, shutdown: CancellationToken) {
             .and_then(|s| Some((s.store.as_ref()?, &s.fleet)));
         let queued = instance.snapshot.load().config.queue.is_some();
         let others = match shared.filter(|_| queued) {
-            Some((store, member)) => share(&instance, store, member).await,
+            Some((store, member)) => share(store, member, &instance.snapshot.load().backends).await,
             None => Some(HashMap::new()),
         };
         // No answer: the others' work counts as none until one comes.
@@ -153,14 +163,14 @@ pub(crate) async fn run(instance: Arc<Instance>, shutdown: CancellationToken) {
     }
 }
 
-/// Writes this magpie's work, and returns the others' summed by backend
-/// name; `None` without an answer.
+/// Writes this magpie's work at `backends`, and returns the others'
+/// summed by backend name; `None` without an answer.
 async fn share(
-    instance: &Instance,
     store: &Arc<Store>,
     member: &Member,
+    backends: &[Arc<Backend>],
 ) -> Option<HashMap<String, u64>> {
-    let own = own_work(&instance.snapshot.load().backends);
+    let own = own_work(backends);
     let mut invocation = SCRIPT.prepare_invoke();
     member.add(&mut invocation, store, Some(own));
     let reply: Vec<Vec<u8>> = store
@@ -169,6 +179,26 @@ async fn share(
         })
         .await?;
     Some(sum(&reply))
+}
+
+/// A conversation's first request was placed at `at` on the others' work
+/// as its lookup read it: writes this magpie's work at `backends` (the
+/// request counted) and reads the others' again. Whether their work at `at`
+/// grew meanwhile (another magpie placed a request there since, maybe at
+/// the same instant: this one is placed again on the fresh view); `false`
+/// without an answer within the store's timeout.
+pub(crate) async fn crowded(
+    store: &Arc<Store>,
+    member: &Member,
+    backends: &[Arc<Backend>],
+    at: &Backend,
+) -> bool {
+    let before = at.live.load.fleet_tokens();
+    let Some(others) = share(store, member, backends).await else {
+        return false;
+    };
+    apply(backends, &others);
+    at.live.load.fleet_tokens() > before
 }
 
 /// The work in `values` (lines of name TAB tokens), by backend name.

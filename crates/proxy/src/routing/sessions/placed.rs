@@ -104,6 +104,9 @@ pub(crate) struct Found {
     /// Without a binding (a conversation's first request): the other
     /// magpies' work, by backend name.
     pub(crate) fleet: Option<HashMap<String, u64>>,
+    /// Without a binding: whether another magpie shares the store (it
+    /// wrote its work within the fleet's lifetime, any or none).
+    pub(crate) others_live: bool,
     /// Without a binding: where the latest conversation that opens alike
     /// went, through any magpie.
     pub(crate) opened: Option<Opened>,
@@ -186,6 +189,7 @@ impl Store {
         let held = (self.held(Some((held, bad))))
             .and_then(|h| String::from_utf8(h).ok())
             .filter(|name| !name.is_empty());
+        let others_live = held.is_none() && !others.is_empty();
         let fleet = held.is_none().then(|| fleet::sum(&others));
         let sent = std::str::from_utf8(&sent).ok().and_then(|s| s.parse().ok());
         let sent = sent.filter(|&bytes: &u64| bytes > 0);
@@ -194,6 +198,7 @@ impl Store {
             held,
             sent,
             fleet,
+            others_live,
             opened,
         })
     }
