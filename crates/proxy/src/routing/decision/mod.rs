@@ -343,8 +343,8 @@ impl Plan {
     /// pays), waiting if need be while it holds `held` bytes of its body;
     /// `gone` resolves if its client goes away meanwhile. A conversation's
     /// first request placed while other magpies share the store is placed
-    /// again if one of them placed work at its backend at the same instant
-    /// ([`Pinned::crowded`]).
+    /// again if one of them placed work at its backend since its lookup
+    /// (at the same instant, in a burst; [`Pinned::crowded`]).
     pub(crate) async fn take(
         &mut self,
         instance: &Instance,

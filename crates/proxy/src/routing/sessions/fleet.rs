@@ -150,9 +150,9 @@ pub(crate) async fn run(instance: Arc<Instance>, shutdown: CancellationToken) {
         let shared = sessions
             .as_ref()
             .and_then(|s| Some((s.store.as_ref()?, &s.fleet)));
-        let queued = instance.snapshot.load().config.queue.is_some();
-        let others = match shared.filter(|_| queued) {
-            Some((store, member)) => share(store, member, &instance.snapshot.load().backends).await,
+        let snapshot = instance.snapshot.load_full();
+        let others = match shared.filter(|_| snapshot.config.queue.is_some()) {
+            Some((store, member)) => share(store, member, &snapshot.backends).await,
             None => Some(HashMap::new()),
         };
         // No answer: the others' work counts as none until one comes.
