@@ -240,7 +240,7 @@ pub(crate) const GLOBAL: &[Family] = &[
         read: Read::Global(|g, s| {
             s.value(
                 &[],
-                g.store().map_or(0, |st| st.stats.moved_off_crowded()) as f64,
+                g.store().map_or(0, |st| st.stats.moved_placements()) as f64,
             )
         }),
     },

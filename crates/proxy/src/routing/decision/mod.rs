@@ -416,7 +416,7 @@ impl Plan {
         if let Some(pinned) = &self.pinned
             && !Arc::ptr_eq(&was, &again.backend)
         {
-            pinned.moved_off_crowded();
+            pinned.count_moved_placement();
         }
         Ok(again)
     }

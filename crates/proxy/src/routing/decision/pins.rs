@@ -85,10 +85,11 @@ impl Pinned {
         fleet::crowded(store, &self.sessions.fleet, backends, at).await
     }
 
-    /// Placed again after [`Pinned::crowded`], it went to another backend.
-    pub(crate) fn moved_off_crowded(&self) {
+    /// Placed again after [`Pinned::crowded`], it went to another backend
+    /// (`magpie_fleet_moved_placements_total`).
+    pub(crate) fn count_moved_placement(&self) {
         if let Some(store) = &self.sessions.store {
-            store.stats.count_moved_off_crowded();
+            store.stats.count_moved_placement();
         }
     }
 

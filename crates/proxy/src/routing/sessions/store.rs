@@ -154,8 +154,8 @@ pub(crate) struct StoreStats {
     /// Values under a key that were not a binding (wrong type, or longer
     /// than [`MAX_BINDING`]), treated as absent and bound over.
     bad_values: AtomicU64,
-    /// First requests moved off a backend another magpie placed work at.
-    moved_off_crowded: AtomicU64,
+    /// First requests placed again elsewhere (`fleet::crowded`).
+    moved_placements: AtomicU64,
 }
 
 impl Default for StoreStats {
@@ -167,7 +167,7 @@ impl Default for StoreStats {
             replaced: AtomicU64::new(0),
             refreshes: AtomicU64::new(0),
             bad_values: AtomicU64::new(0),
-            moved_off_crowded: AtomicU64::new(0),
+            moved_placements: AtomicU64::new(0),
         }
     }
 }
@@ -188,11 +188,11 @@ impl StoreStats {
     pub(crate) fn bad_values(&self) -> u64 {
         self.bad_values.load(Ordering::Relaxed)
     }
-    pub(crate) fn moved_off_crowded(&self) -> u64 {
-        self.moved_off_crowded.load(Ordering::Relaxed)
+    pub(crate) fn moved_placements(&self) -> u64 {
+        self.moved_placements.load(Ordering::Relaxed)
     }
-    pub(crate) fn count_moved_off_crowded(&self) {
-        self.moved_off_crowded.fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn count_moved_placement(&self) {
+        self.moved_placements.fetch_add(1, Ordering::Relaxed);
     }
 }
 
