@@ -23,7 +23,7 @@ async fn metrics(admin: std::net::SocketAddr) -> String {
 /// healthy backend, and `when_all_down: refuse` would make it an outage).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_fds_on_connect_blames_no_backend() {
-    let backends = RawBackends::start(&["a", "b", "c"], Behaviour::GreetEcho).await;
+    let mut backends = RawBackends::start(&["a", "b", "c"], Behaviour::GreetEcho).await;
     let settings = "key:\n  from: source_addr\nreload:\n  watch: false\nhealth:\n  interval: 1h\n  passive_failures: 1\n  when_all_down: refuse\n";
     let file = TempFile::new(
         "magpie.yaml",
@@ -33,6 +33,13 @@ async fn out_of_fds_on_connect_blames_no_backend() {
     let mut child = Child::spawn_with_fd_limit(FD_LIMIT, &["run", "--config", path]);
     let listen = child.listen_addr().await;
     let admin = child.admin_addr().await;
+    // The first round of health checks opens a connection to each backend
+    // at start: once all three closed, no fd comes free but the test's own
+    // (one coming free while a client waits in the backlog would let it
+    // through and leave the next one there for good).
+    for _ in 0..3 {
+        backends.next_report().await;
+    }
 
     // A proxied connection costs magpie two fds. An idle admin connection
     // costs one: closing it when a client is stuck in the backlog (magpie

@@ -147,6 +147,8 @@ pub struct Received {
 /// * `/chunked`: a chunked answer with an extension and a trailer;
 /// * `/until-close`: a body without length, ended by closing;
 /// * `/early`: `413` as soon as the head is in, the body unread, then close;
+/// * `POST /refused`: `413` once the body is read, then a close it does not
+///   announce;
 /// * anything else (`HEAD` too): `content-length: 100` of `x`, or none
 ///   for `HEAD`; the connection's number in `x-conn`.
 pub type ScriptedBackend = Reporting<Received>;
@@ -200,6 +202,13 @@ async fn serve_scripted(mut stream: TcpStream, conn: u64, tx: mpsc::UnboundedSen
             conn,
             bytes: String::from_utf8_lossy(&request).into_owned(),
         });
+        if head.starts_with("post /refused") {
+            // An error answer to a body it read, then a close it did not
+            // announce, as some servers do after a `413`.
+            let answer = "HTTP/1.1 413 Content Too Large\r\ncontent-length: 9\r\n\r\ntoo large";
+            let _ = stream.write_all(answer.as_bytes()).await;
+            return;
+        }
         let answer = if head.starts_with("get /chunked") {
             "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3;x=y\r\nabc\r\n0\r\nx-trailer: t\r\n\r\n".to_string()
         } else if head.starts_with("get /until-close") {

@@ -186,9 +186,15 @@ impl<C: Pooled> InFlight<C> {
         }
         if self.reusable {
             self.lease.give_back();
-        } else if self.lease.conn.fit().is_ok() {
-            // Fit but for what its backend may still read as a request.
-            discarded(&self.lease.conn, Discard::ErrorAfterBody);
+            return;
+        }
+        // Counted once, by what is seen of it first: closed or sent bytes
+        // past its answer, else fit but for what its backend may still read
+        // as a request. One spent on the way was counted then.
+        match self.lease.conn.fit() {
+            Ok(()) => discarded(&self.lease.conn, Discard::ErrorAfterBody),
+            Err(Some(why)) => discarded(&self.lease.conn, why),
+            Err(None) => {}
         }
     }
 }
