@@ -191,11 +191,12 @@ impl<C: Pooled> InFlight<C> {
         // Counted once, by what is seen of it first: closed or sent bytes
         // past its answer, else fit but for what its backend may still read
         // as a request. One spent on the way was counted then.
-        match self.lease.conn.fit() {
-            Ok(()) => discarded(&self.lease.conn, Discard::ErrorAfterBody),
-            Err(Some(why)) => discarded(&self.lease.conn, why),
-            Err(None) => {}
-        }
+        let why = match self.lease.conn.fit() {
+            Ok(()) => Discard::ErrorAfterBody,
+            Err(Some(why)) => why,
+            Err(None) => return,
+        };
+        discarded(&self.lease.conn, why);
     }
 }
 

@@ -70,7 +70,7 @@ pub(crate) struct Pinned {
     /// Without a binding, under a queue with a shared store: other magpies
     /// share it, so where the request is placed is checked against theirs
     /// ([`Pinned::crowded`]).
-    in_fleet: bool,
+    others_live: bool,
 }
 
 impl Pinned {
@@ -79,7 +79,7 @@ impl Pinned {
     /// lookup read theirs, so it is placed again
     /// ([`fleet::crowded`]: one round trip); never for a magpie alone.
     pub(crate) async fn crowded(&self, backends: &[Arc<Backend>], at: &Backend) -> bool {
-        let Some(store) = self.sessions.store.as_ref().filter(|_| self.in_fleet) else {
+        let Some(store) = self.sessions.store.as_ref().filter(|_| self.others_live) else {
             return false;
         };
         fleet::crowded(store, &self.sessions.fleet, backends, at).await
@@ -141,7 +141,7 @@ pub(crate) async fn route(
         shared: bound.shared,
         opened: bound.opened,
         sent: bound.sent,
-        in_fleet: bound.in_fleet,
+        others_live: bound.others_live,
     };
     (route, pinned)
 }
@@ -162,7 +162,7 @@ struct Bound {
     /// The bytes the key's latest request sent, through any magpie.
     sent: Option<u64>,
     /// Other magpies share the store: where it is placed is checked.
-    in_fleet: bool,
+    others_live: bool,
 }
 
 /// The route for `keys` under `sessions`, and what it does to the pin.
@@ -198,7 +198,7 @@ async fn by_pin(
                 shared: None,
                 opened: None,
                 sent: None,
-                in_fleet: false,
+                others_live: false,
             },
         );
     };
@@ -280,7 +280,7 @@ async fn placed_then_bound(
         opening,
         shared: Some(SharedPin::Place { stale: held }),
         opened: found.opened,
-        in_fleet: found.others_live,
+        others_live: found.others_live,
         ..Bound::default()
     };
     (table, bound)
