@@ -8,6 +8,7 @@ use http_body_util::Full;
 use hyper::Request;
 use magpie_core::key;
 use std::sync::atomic::Ordering;
+use tokio::io::AsyncWriteExt;
 
 use crate::support::*;
 
@@ -117,4 +118,125 @@ async fn token_counts_match_the_engines_and_misses_have_causes() {
     let (_, route) = admin_get(admin, "/route?key=s1").await;
     assert!(route.contains("\"prompt_tokens\": 5000"), "{route}");
     magpie.stop().await;
+}
+
+/// A chat turn of `session` through magpie at `to` whose answer streams
+/// for long, from a raw client that leaves by closing the returned stream;
+/// its answer's head names `at`.
+async fn long_answer(to: std::net::SocketAddr, session: &str, at: &str) -> tokio::net::TcpStream {
+    let body = r#"{"model":"m","stream":true,"max_tokens":8000,"messages":[{"role":"user","content":"go"}]}"#;
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: magpie\r\nx-session-id: {session}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut stream = connect(to).await;
+    stream.write_all(head.as_bytes()).await.expect("send");
+    let mut got = Vec::new();
+    let ended = |b: &[u8]| find(b, b"\r\n\r\n");
+    within(
+        "the long answer's head",
+        read_until(&mut stream, &mut got, ended),
+    )
+    .await;
+    let text = String::from_utf8_lossy(&got).to_lowercase();
+    assert!(text.contains(&format!("x-magpie-backend: {at}")), "{text}");
+    stream
+}
+
+/// Under a `queue` with sessions, in front of two real `magpie engine`s
+/// whose caches hold 1,024 tokens each: a later turn whose engine computed
+/// that much since its conversation's last answer is placed as a first
+/// request is (here away from a busy engine), counted as `evicted`, and its
+/// pin follows; before that, the same turn stays at its busy engine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_whose_engine_evicted_its_conversation_is_placed_anew_and_its_pin_follows() {
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut engines = Vec::new();
+    for name in ["a", "b"] {
+        let config = magpie_lab::engine::EngineConfig {
+            name: name.to_string(),
+            cache_blocks: 64,
+            prefill_us_per_token: 1.0,
+            decode_ms_per_token: 5.0,
+            default_max_tokens: 4,
+            ..magpie_lab::engine::EngineConfig::default()
+        };
+        let any = "127.0.0.1:0".parse().expect("an address");
+        let engine = magpie_lab::engine::start(config, any, stop.clone())
+            .await
+            .expect("the engine starts");
+        engines.push((name.to_string(), engine.addr()));
+    }
+    let settings = format!(
+        "mode: http\n{SESSION_KEY}sessions:\n  ttl: 10m\nqueue:\n  max_inflight: 8\n  timeout: 30s\n\
+         health:\n  load:\n    preset: vllm\n    interval: 100ms\n    timeout: 80ms\n\
+         http:\n  expose_backend: true\n"
+    );
+    let magpie = Magpie::start(&config_yaml_with_admin("127.0.0.1:0", &settings, &engines)).await;
+    let admin = magpie.admin.expect("admin is on");
+    until_metrics(admin, "both caches' sizes", |t| {
+        metric_sum(t, "magpie_backend_engine_kv_capacity_tokens", &[]) == 2048.0
+    })
+    .await;
+    let mut client = KeepAlive::connect(magpie.addr).await;
+    let chat = |session: &str, text: &str| {
+        let body = format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{text}"}}]}}"#);
+        Request::post("/v1/chat/completions")
+            .header("host", "magpie")
+            .header("content-type", "application/json")
+            .header("x-session-id", session)
+            .body(Full::new(Bytes::from(body)))
+            .expect("a request")
+    };
+    let served = |response: &hyper::Response<()>| {
+        let name = response.headers().get("x-magpie-backend");
+        name.and_then(|v| v.to_str().ok())
+            .expect("named")
+            .to_string()
+    };
+    let (response, _) = client.send(chat("s1", &"q".repeat(800))).await;
+    let home = served(&response);
+    let of_home = |prefix: &str| {
+        (0..10_000)
+            .map(|i| format!("{prefix}-{i}"))
+            .find(|s| magpie.primary(key::text_key(s.as_bytes())) == home)
+            .expect("a session of that backend")
+    };
+    // A long answer streams at the home: it is busier than the other.
+    let held = long_answer(magpie.addr, &of_home("busy"), &home).await;
+    // Its cache holds the conversation: the turn stays.
+    let (response, _) = client.send(chat("s1", &"q".repeat(1000))).await;
+    assert_eq!(served(&response), home);
+    drop(held);
+    within("the long answer's end at its backend", async {
+        while magpie.backend_metric("magpie_backend_requests_in_flight", &home, &[]) > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    // Two others' first requests, 1,400 tokens, computed there since.
+    for session in ["fill-a", "fill-b"].map(of_home) {
+        let (response, _) = client.send(chat(&session, &"f".repeat(2800))).await;
+        assert_eq!(served(&response), home);
+    }
+    let held = long_answer(magpie.addr, &of_home("busier"), &home).await;
+    let (response, _) = client.send(chat("s1", &"q".repeat(1200))).await;
+    let away = served(&response);
+    assert_ne!(away, home, "its cache is gone: placed where it costs least");
+    assert_eq!(
+        magpie.metric("magpie_requests_routed_total", &["how=\"evicted\""]),
+        1
+    );
+    let misses = |cause: &str| {
+        let cause = format!("cause=\"{cause}\"");
+        magpie.metric("magpie_cache_misses_total", &[&cause])
+    };
+    assert_eq!((misses("evicted"), misses("pin_expired")), (1, 0));
+    // The pin followed: the next turn stays where its cache now is.
+    let (response, _) = client.send(chat("s1", &"q".repeat(1400))).await;
+    assert_eq!(served(&response), away);
+    drop(held);
+    magpie.stop().await;
+    stop.cancel();
 }

@@ -30,24 +30,6 @@ async fn start(engines: &FakeEngines, extra: &str) -> (Magpie, SocketAddr) {
     (magpie, admin)
 }
 
-/// Polls the admin `/metrics` until `done` holds; returns that text.
-pub(crate) async fn until_metrics(
-    admin: SocketAddr,
-    what: &str,
-    done: impl Fn(&str) -> bool,
-) -> String {
-    within(what, async {
-        loop {
-            let (_, text) = admin_get(admin, "/metrics").await;
-            if done(&text) {
-                return text;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-}
-
 fn waiting_of(text: &str, backend: &str) -> Option<f64> {
     let series = format!("magpie_backend_engine_waiting{{backend=\"{backend}\"");
     text.contains(&series).then(|| {

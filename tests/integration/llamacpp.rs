@@ -12,7 +12,7 @@ use http_body_util::Full;
 use hyper::Request;
 use magpie_core::key::text_key;
 
-use crate::engine_load::{promtool_accepts, until_metrics};
+use crate::engine_load::promtool_accepts;
 use crate::support::*;
 
 const METRICS: &str = include_str!("../fixtures/llamacpp/metrics.txt");

@@ -1,6 +1,7 @@
 //! The admin endpoint: raw requests and their status and body.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -76,4 +77,18 @@ pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
                 .flatten()
         })
         .sum()
+}
+
+/// Polls the admin `/metrics` until `done` holds; returns that text.
+pub async fn until_metrics(admin: SocketAddr, what: &str, done: impl Fn(&str) -> bool) -> String {
+    within(what, async {
+        loop {
+            let (_, text) = admin_get(admin, "/metrics").await;
+            if done(&text) {
+                return text;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
 }

@@ -53,7 +53,8 @@ labels! {
         TableChanged => "table_changed",
         /// The key's session pin had expired or been evicted.
         PinExpired => "pin_expired",
-        /// Same backend: the engine evicted the cache on its own.
+        /// The engine evicted the cache on its own (the key stayed, or
+        /// left it for that: `how="evicted"`).
         Evicted => "evicted",
     }
 }
@@ -310,6 +311,8 @@ fn moved_cause(previous: &Record, decision: Decision) -> MissCause {
         MissCause::BackendDown
     } else if decision.how.is_load_spill() || previous.spilled {
         MissCause::Spill
+    } else if decision.how == How::Evicted {
+        MissCause::Evicted
     } else if decision.pin_lost {
         MissCause::PinExpired
     } else {

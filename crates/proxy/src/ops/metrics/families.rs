@@ -150,7 +150,7 @@ pub(crate) const GLOBAL: &[Family] = &[
         name: "magpie_requests_routed_total",
         kind: COUNTER,
         labels: &["how"],
-        help: "Requests (mode tcp: connections) that reached a backend, by why it was that backend: primary, pinned, spilled_at_cap, spilled_down, spilled_engine_full, fallback_key.",
+        help: "Requests (mode tcp: connections) that reached a backend, by why it was that backend: primary, pinned, group_home, opening, evicted, spilled_at_cap, spilled_down, spilled_engine_full, slow_start, fallback_key.",
         read: Read::Global(|g, s| s.by(|how: How| g.key_memory.routed_total(how))),
     },
     Family {

@@ -148,7 +148,8 @@ impl Live {
         (self.system_heads).holds(hash, self.load.computed(), self.kv_capacity())
     }
 
-    fn kv_capacity(&self) -> Option<u64> {
+    /// The size of its engine's KV cache in tokens, once its metrics said.
+    pub(crate) fn kv_capacity(&self) -> Option<u64> {
         self.engine.kv_capacity().map(|c| c as u64)
     }
 

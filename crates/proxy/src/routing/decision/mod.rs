@@ -48,7 +48,7 @@ use crate::routing::llm::groups::Grouped;
 use crate::routing::llm::note::Sent;
 use crate::routing::llm::openings;
 use crate::routing::llm::usage::Tally;
-use crate::routing::llm::work::{Heads, work};
+use crate::routing::llm::work::{self, Heads};
 use crate::routing::queue::{Admit, Admitted, Ask, Refusal, SlotLimits, Standing};
 use crate::routing::route::{How, Route};
 use crate::routing::sessions::homes::AwaitingMark;
@@ -127,6 +127,10 @@ pub(crate) struct Plan {
     pinned: Option<Box<Pinned>>,
     /// Sessions are on and the key was not routed by its pin.
     pin_lost: bool,
+    /// Under a `queue`, a later turn whose pin's engine has likely evicted
+    /// its conversation ([`crate::routing::llm::work::evicted`]): it is
+    /// placed as a first request is, its pin following.
+    evicted: bool,
     /// It waits for its first target (its cache is there) before it spills.
     sticky: bool,
     /// Whose record tells its work (`queue`).
@@ -254,15 +258,21 @@ impl Plan {
         }
         let opening = pinned.as_ref().is_some_and(|p| p.opening.is_some());
         let queued = snapshot.config.queue.is_some();
+        let memory = &instance.key_memory;
+        let evicted = queued
+            && pinned.is_some()
+            && route.how == How::Pinned
+            && (route.first()).is_some_and(|pin| work::evicted(memory, keys.session.memory(), pin));
         let mut plan = Plan {
             rest: route.targets.clone(),
             how: route.how,
-            sticky: !pin_lost && !opening,
+            sticky: !pin_lost && !opening && !evicted,
             work_key: keys.session.memory(),
             route,
             request,
             pinned: pinned.map(Box::new),
             pin_lost,
+            evicted,
             queued,
             attempts_left: snapshot.config.connect.attempts as usize,
         };
@@ -270,7 +280,6 @@ impl Plan {
         // (through any magpie of a fleet) waits where that one went, its
         // work there told by its record.
         let alike = keys.opening.filter(|_| queued && pin_lost);
-        let memory = &instance.key_memory;
         plan.note_sent_elsewhere(memory);
         if let Some(opening) = alike
             && let Some(opened) = plan.pinned.as_ref().and_then(|p| p.opened.as_ref())
@@ -380,6 +389,13 @@ impl Plan {
         };
         if admitted.how == Admit::Spilled {
             self.how = self.how.passed_over(Spill::AtCap);
+        } else if self.evicted
+            && self
+                .route
+                .first()
+                .is_some_and(|pin| pin.name != admitted.backend.name)
+        {
+            self.how = How::Evicted;
         }
         self.rest.retain(|b| !Arc::ptr_eq(b, &admitted.backend));
         let queued = Some((admitted.waited, admitted.how));
@@ -421,12 +437,14 @@ impl Plan {
         Ok(again)
     }
 
-    /// Whether it is a conversation's first request, placed where it
-    /// costs least (a header's group, whose head's size is not known,
-    /// keeps its home first while it has room).
+    /// Whether it is a conversation's first request, or a later turn whose
+    /// cache was likely evicted, placed where it costs least (a header's
+    /// group, whose head's size is not known, keeps its home first while
+    /// it has room).
     fn places(&self) -> bool {
         let keys = self.request.keys;
-        self.pin_lost && (keys.group.is_none() || self.request.heads.group_bytes > 0)
+        let known_head = keys.group.is_none() || self.request.heads.group_bytes > 0;
+        (self.pin_lost && known_head) || self.evicted
     }
 
     /// What it asks `queue` for, under its slot `limits`, holding `held`
@@ -440,7 +458,7 @@ impl Plan {
     ) -> Ask<'a> {
         let keys = self.request.keys;
         let class = (queue.priority.engine.is_some()).then_some(self.request.standing.class);
-        let work = work(
+        let work = work::work(
             &instance.key_memory,
             self.work_key,
             self.request.prompt_bytes,
@@ -448,7 +466,7 @@ impl Plan {
         Ask {
             targets: &self.rest,
             sticky: self.sticky,
-            pinned: self.route.how == How::Pinned,
+            pinned: self.route.how == How::Pinned && !self.evicted,
             places: self.places(),
             class: self.request.standing.class,
             tenant: match queue.tenant {

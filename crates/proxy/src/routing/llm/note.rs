@@ -1,7 +1,8 @@
 //! What the key memory keeps with each key for the LLM policy: what the
 //! key's last request sent (its group, its body's bytes) and what its
 //! engine last reported (the backend and the prompt tokens of the last
-//! answer whose usage was read).
+//! answer whose usage was read, and how much that backend had computed
+//! then).
 //!
 //! The key memory stores a [`Note`] beside each decision without reading
 //! it; the prefill work ([`super::work`]) and cache misses
@@ -31,6 +32,10 @@ pub(crate) struct Note {
     /// The completion tokens of that answer: its engine computed their KV
     /// as it wrote them, so it holds them as the next request's prompt.
     pub(crate) answered: u64,
+    /// The tokens this magpie had that backend compute, all told, when
+    /// the answer was read: what it computed since pushes the
+    /// conversation's cache out ([`super::work::evicted`]).
+    pub(crate) computed_at: Option<u64>,
 }
 
 impl Note {
@@ -40,6 +45,7 @@ impl Note {
             sent,
             served: None,
             answered: 0,
+            computed_at: None,
         }
     }
 }

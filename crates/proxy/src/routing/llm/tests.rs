@@ -9,6 +9,7 @@ use super::openings;
 use super::usage::{self, MISS_SLACK_TOKENS, Tokens};
 use super::work;
 use crate::routing::backend::Backend;
+use crate::routing::instance::Instance;
 use crate::routing::key_memory::tests::{decision, k, snapshot};
 use crate::routing::key_memory::{Decision, KeyMemory, MissCause};
 use crate::routing::keys::OpeningKey;
@@ -144,4 +145,53 @@ fn work_is_told_from_what_the_fleet_says_the_previous_request_sent() {
     memory.sent_elsewhere(k(1), a, sent(3600));
     let work = work::work(&memory, k(1).memory(), 4200);
     assert_eq!((work.at(a), work.at(b)), (200, 1400));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_turn_whose_engine_computed_a_cache_full_since_its_answer_is_all_work_there() {
+    let instance = Arc::new(Instance::new(snapshot()));
+    let s = instance.snapshot.load_full();
+    let (a, b) = (s.backend("a").unwrap(), s.backend("b").unwrap());
+    let memory = &instance.key_memory;
+    let compute = |at: &Backend, tokens| {
+        let (_slot, work) = at.live.try_reserve_work(8, tokens, None, None).unwrap();
+        work.answered();
+    };
+    let turn = Decision {
+        sent: Sent {
+            group: None,
+            prompt_bytes: 4000,
+        },
+        ..decision(How::Pinned)
+    };
+    memory.routed(k(1), a, turn);
+    compute(a, 500);
+    // Its answer read at a: 1000 prompt tokens (four bytes a token).
+    let tally = usage::Tally {
+        instance: Arc::clone(&instance),
+        key: k(1),
+        moved: None,
+    };
+    tally.served(a, tokens(1000, 0), 20);
+    // Nothing is judged evicted while the engine has not said its size.
+    compute(a, 9_000);
+    assert!(!work::evicted(memory, k(1).memory(), a));
+    let sample = crate::parsers::Sample {
+        kv_capacity: Some(10_000.0),
+        ..Default::default()
+    };
+    a.live.engine.record(sample, tokio::time::Instant::now());
+    b.live.engine.record(sample, tokio::time::Instant::now());
+    // 9,000 computed at a since: less than its cache, the turn is warm.
+    assert!(!work::evicted(memory, k(1).memory(), a));
+    assert_eq!(work::work(memory, k(1).memory(), 4400).at(a), 100);
+    // 1,000 more fill it: gone from a, all its work there as anywhere.
+    compute(a, 1_000);
+    assert!(work::evicted(memory, k(1).memory(), a));
+    assert!(!work::evicted(memory, k(1).memory(), b), "not served at b");
+    let work = work::work(memory, k(1).memory(), 4400);
+    assert_eq!((work.at(a), work.at(b)), (1100, 1100));
+    // Answered again at a: warm there again.
+    tally.served(a, tokens(1100, 0), 20);
+    assert!(!work::evicted(memory, k(1).memory(), a));
 }

@@ -44,7 +44,11 @@ impl Tally {
         (backend.live.traffic).count_tokens(tokens.prompt, tokens.cached, completion);
         let memory = &self.instance.key_memory;
         served(memory, self.key, &backend.name, tokens, self.moved);
-        memory.note_mut(self.key, |note| note.answered = completion);
+        let computed = backend.live.load.computed();
+        memory.note_mut(self.key, |note| {
+            note.answered = completion;
+            note.computed_at = Some(computed);
+        });
     }
 }
 

@@ -7,13 +7,16 @@
 //! ([`super::note`]): the previous request's body bytes, and once its usage
 //! was read, its own bytes-to-tokens ratio. A grouped request also brings
 //! its head's size: a backend that served its group lately holds that much
-//! of it ([`Work::at`]).
+//! of it ([`Work::at`]). A backend that computed its KV cache's worth of
+//! tokens since the key's last answer was read there has likely evicted
+//! what that answer left ([`evicted`]): its work there is all of it.
 
 use std::sync::Arc;
 
 use crate::routing::backend::Backend;
 use crate::routing::key_memory::KeyMemory;
 use crate::routing::keys::{GroupKey, MemoryKey};
+use crate::routing::llm::note::Note;
 
 /// What a request's work is estimated from when nothing better is known:
 /// JSON chat bodies run about four bytes to a token.
@@ -105,6 +108,7 @@ pub(crate) fn work(memory: &KeyMemory, key: MemoryKey, bytes: u64) -> Work {
     let Some((backend, note)) = memory.note(key).filter(|(_, n)| n.sent.prompt_bytes > 0) else {
         return Work::cold(bytes / BYTES_PER_TOKEN);
     };
+    let evicted = evicted_from(&note, &backend);
     let before = note.sent.prompt_bytes;
     let tokens = |bytes: u64| match &note.served {
         Some((_, served)) => {
@@ -113,11 +117,35 @@ pub(crate) fn work(memory: &KeyMemory, key: MemoryKey, bytes: u64) -> Work {
         }
         None => bytes / BYTES_PER_TOKEN,
     };
+    let warm = tokens(bytes.saturating_sub(before));
     Work {
         tokens: tokens(bytes),
-        warm_at: Some((backend, tokens(bytes.saturating_sub(before)))),
+        warm_at: (!evicted).then_some((backend, warm)),
         head: None,
         system_head: None,
         class: None,
+    }
+}
+
+/// Whether `at`'s engine has likely evicted what `key`'s last answer left
+/// in its cache: that answer was read there, the engine says the size of
+/// its cache, and this magpie had it compute at least that many tokens
+/// since (a cache evicts the least recently used first). What other
+/// magpies sent it, and the tokens it decoded, count not: it errs towards
+/// a cache that still holds the conversation.
+pub(crate) fn evicted(memory: &KeyMemory, key: MemoryKey, at: &Backend) -> bool {
+    memory
+        .note(key)
+        .is_some_and(|(_, note)| evicted_from(&note, at))
+}
+
+/// [`evicted`], told from the key's `note`.
+fn evicted_from(note: &Note, at: &Backend) -> bool {
+    let served_at = (note.served.as_ref()).is_some_and(|(name, _)| **name == *at.name);
+    let live = &at.live;
+    let since = |computed_at: u64| live.load.computed().saturating_sub(computed_at);
+    match (note.computed_at, live.kv_capacity()) {
+        (Some(computed_at), Some(capacity)) => served_at && since(computed_at) >= capacity,
+        _ => false,
     }
 }

@@ -57,6 +57,10 @@ labels! {
         /// A conversation's first request, to where the latest one that
         /// opened alike went (`queue`), which is not the table's first.
         Opening => "opening",
+        /// A later turn whose pin's engine had likely evicted its
+        /// conversation's cache, placed where its first token comes
+        /// soonest (`queue`), which is not its pin.
+        Evicted => "evicted",
         /// Its first candidate was at its bounded-load cap.
         SpilledAtCap => "spilled_at_cap",
         /// Its first candidate was down (or refused the connection).
@@ -87,7 +91,9 @@ impl How {
     /// spill or a fallback key keeps its reason.
     pub(crate) fn passed_over(self, why: Spill) -> How {
         match self {
-            How::Primary | How::Pinned | How::GroupHome | How::Opening => How::of_spill(why),
+            How::Primary | How::Pinned | How::GroupHome | How::Opening | How::Evicted => {
+                How::of_spill(why)
+            }
             other => other,
         }
     }
