@@ -19,6 +19,17 @@ fn tokens(prompt: u64, cached: u64) -> Tokens {
     Tokens { prompt, cached }
 }
 
+/// A decision `how` for a request whose body was `prompt_bytes` long.
+fn decided(how: How, prompt_bytes: u64) -> Decision {
+    Decision {
+        sent: Sent {
+            group: None,
+            prompt_bytes,
+        },
+        ..decision(how)
+    }
+}
+
 /// Where the latest request that opened as `opening` went.
 fn openings_at(memory: &KeyMemory, opening: u64) -> Option<Arc<Backend>> {
     memory.kept_at(OpeningKey::new(opening).memory())
@@ -76,13 +87,7 @@ fn work_subtracts_what_the_previous_request_left_at_that_backend() {
     // Unknown key: all of it, at four bytes a token, anywhere.
     let work = work::work(&memory, k(1).memory(), 4000);
     assert_eq!((work.at(a), work.at(b)), (1000, 1000));
-    let turn = Decision {
-        sent: Sent {
-            group: None,
-            prompt_bytes: 3000,
-        },
-        ..decision(How::Primary)
-    };
+    let turn = decided(How::Primary, 3000);
     memory.routed(k(1), a, turn);
     // Routed, usage not read yet: the new bytes at four a token.
     assert_eq!(work::work(&memory, k(1).memory(), 4000).at(a), 250);
@@ -157,13 +162,7 @@ async fn a_turn_whose_engine_computed_a_cache_full_since_its_answer_is_all_work_
         let (_slot, work) = at.live.try_reserve_work(8, tokens, None, None).unwrap();
         work.answered();
     };
-    let turn = Decision {
-        sent: Sent {
-            group: None,
-            prompt_bytes: 4000,
-        },
-        ..decision(How::Pinned)
-    };
+    let turn = decided(How::Pinned, 4000);
     memory.routed(k(1), a, turn);
     compute(a, 500);
     // Its answer read at a: 1000 prompt tokens (four bytes a token).
