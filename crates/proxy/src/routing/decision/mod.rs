@@ -22,8 +22,9 @@
 //! client that moved its connection's backend first. Under a `queue`, a
 //! slot is what the queue gives ([`crate::routing::queue`]), and the plan
 //! says what the request waits for: its home (its cache is there) or, for a
-//! conversation's first request, where its cache is likeliest (the LLM
-//! policy, [`crate::routing::llm`]: groups, openings, prefill work). A
+//! conversation's first request (and a later turn whose engine likely
+//! evicted its cache), where its cache is likeliest (the LLM policy,
+//! [`crate::routing::llm`]: groups, openings, prefill work). A
 //! commit writes what the decision means once the backend took it: the key
 //! memory's record, the pin, the opening's record, the group's counts.
 //!

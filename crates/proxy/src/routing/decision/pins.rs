@@ -21,8 +21,9 @@
 //! bound (moving it back would need every instance to agree on loads).
 //!
 //! Under a `queue` with a shared store, a key without a binding is placed by
-//! the queue and bound where it went, and a turn that spilled off its pin
-//! moves the binding ([`crate::routing::sessions::placed`]).
+//! the queue and bound where it went, and a turn that spilled off its pin,
+//! or was placed anew because its engine likely evicted its cache, moves
+//! the binding ([`crate::routing::sessions::placed`]).
 //!
 //! With `key.group` the pin is the session key's and the table is looked
 //! up by the group ([`Keys`]): a conversation without a pin is placed by
