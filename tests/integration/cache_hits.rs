@@ -198,9 +198,10 @@ async fn a_turn_whose_engine_evicted_its_conversation_is_placed_anew_and_its_pin
     let (response, _) = client.send(chat("s1", &"q".repeat(800))).await;
     let home = served(&response);
     let of_home = |prefix: &str| {
-        (0..10_000)
-            .map(|i| format!("{prefix}-{i}"))
-            .find(|s| magpie.primary(key::text_key(s.as_bytes())) == home)
+        let sessions = magpie.sessions_of(&home, prefix, 1);
+        sessions
+            .into_iter()
+            .next()
             .expect("a session of that backend")
     };
     // A long answer streams at the home: it is busier than the other.

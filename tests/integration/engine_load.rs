@@ -62,15 +62,6 @@ fn scrapes(text: &str, backend: &str, result: &str) -> f64 {
     )
 }
 
-/// `n` keys whose table primary is `backend`.
-fn keys_of(magpie: &Magpie, backend: &str, prefix: &str, n: usize) -> Vec<String> {
-    (0..)
-        .map(|i| format!("{prefix}-{i}"))
-        .filter(|k| magpie.primary(text_key(k.as_bytes())) == backend)
-        .take(n)
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_engine_takes_no_new_keys_and_pins_move_only_when_far_over() {
     let engines = FakeEngines::start(&["a", "b", "c"]).await;
@@ -78,7 +69,7 @@ async fn a_full_engine_takes_no_new_keys_and_pins_move_only_when_far_over() {
     until_waiting(admin, "a", 0.0).await;
     let mut client = KeepAlive::connect(magpie.addr).await;
     // Pinned while a was idle.
-    let pinned = keys_of(&magpie, "a", "pinned", 10);
+    let pinned = magpie.sessions_of("a", "pinned", 10);
     for k in &pinned {
         assert_eq!(client.get_session(k).await, "a");
     }
@@ -87,7 +78,7 @@ async fn a_full_engine_takes_no_new_keys_and_pins_move_only_when_far_over() {
     engines.get("a").report(10, 0.5);
     let text = until_waiting(admin, "a", 10.0).await;
     promtool_accepts(&text);
-    for k in keys_of(&magpie, "a", "new", 10) {
+    for k in magpie.sessions_of("a", "new", 10) {
         let second = magpie.candidates(text_key(k.as_bytes()))[1].clone();
         assert_eq!(client.get_session(&k).await, second, "{k} is a new key");
     }
@@ -119,7 +110,7 @@ async fn a_full_engine_takes_no_new_keys_and_pins_move_only_when_far_over() {
         metric_sum(t, "magpie_backend_engine_kv_usage", &["backend=\"a\""]) == 0.97
     })
     .await;
-    let k = &keys_of(&magpie, "a", "kv", 1)[0];
+    let k = &magpie.sessions_of("a", "kv", 1)[0];
     assert_ne!(client.get_session(k).await, "a");
     assert_eq!(client.get_session(&pinned[0]).await, "a");
     engines.get("a").report(40, 0.5);
@@ -143,7 +134,7 @@ async fn without_max_waiting_a_long_queue_keeps_new_keys_and_a_full_kv_cache_doe
     let mut client = KeepAlive::connect(magpie.addr).await;
     engines.get("a").report(1_000, 0.5);
     until_waiting(admin, "a", 1_000.0).await;
-    for k in keys_of(&magpie, "a", "queued", 10) {
+    for k in magpie.sessions_of("a", "queued", 10) {
         assert_eq!(
             client.get_session(&k).await,
             "a",
@@ -155,7 +146,7 @@ async fn without_max_waiting_a_long_queue_keeps_new_keys_and_a_full_kv_cache_doe
         metric_sum(t, "magpie_backend_engine_kv_usage", &["backend=\"a\""]) == 0.97
     })
     .await;
-    for k in keys_of(&magpie, "a", "kv", 10) {
+    for k in magpie.sessions_of("a", "kv", 10) {
         assert_eq!(
             client.get_session(&k).await,
             "b",
@@ -170,7 +161,7 @@ async fn a_hung_or_garbled_scrape_marks_nothing_down_and_delays_nothing() {
     let engines = FakeEngines::start(&["a", "b"]).await;
     let (magpie, admin) = start(&engines, "").await;
     until_waiting(admin, "a", 0.0).await;
-    let keys = keys_of(&magpie, "a", "k", 20);
+    let keys = magpie.sessions_of("a", "k", 20);
     let mut client = KeepAlive::connect(magpie.addr).await;
 
     engines.get("a").set(Metrics::Hang);
@@ -212,7 +203,7 @@ async fn a_hung_or_garbled_scrape_marks_nothing_down_and_delays_nothing() {
 async fn a_stale_value_is_ignored_after_max_age() {
     let engines = FakeEngines::start(&["a", "b"]).await;
     let (magpie, admin) = start(&engines, "").await;
-    let keys = keys_of(&magpie, "a", "k", 5);
+    let keys = magpie.sessions_of("a", "k", 5);
     let mut client = KeepAlive::connect(magpie.addr).await;
     engines.get("a").report(100, 0.5);
     until_waiting(admin, "a", 100.0).await;

@@ -29,9 +29,10 @@ fn chat(system: &str, user: &str) -> String {
 
 /// The session [`hold_work`] holds work at `backend` with.
 fn busy_session(magpie: &Magpie, backend: &str) -> String {
-    (0..10_000)
-        .map(|i| format!("busy-{i}"))
-        .find(|s| magpie.primary(text_key(s.as_bytes())) == backend)
+    let sessions = magpie.sessions_of(backend, "busy", 1);
+    sessions
+        .into_iter()
+        .next()
         .expect("a session of that backend")
 }
 

@@ -78,6 +78,16 @@ impl Magpie {
             .expect("a snapshot always has a candidate")
     }
 
+    /// `n` session keys (`PREFIX-i`, as `x-session-id` sends them) whose
+    /// primary is `backend`.
+    pub fn sessions_of(&self, backend: &str, prefix: &str, n: usize) -> Vec<String> {
+        (0..100_000)
+            .map(|i| format!("{prefix}-{i}"))
+            .filter(|s| self.primary(magpie_core::key::text_key(s.as_bytes())) == backend)
+            .take(n)
+            .collect()
+    }
+
     pub fn backend(&self, name: &str) -> BackendProbe {
         (self.probe.backend(name)).unwrap_or_else(|| panic!("no backend named {name}"))
     }

@@ -148,8 +148,15 @@ impl Live {
         (self.system_heads).holds(hash, self.load.computed(), self.kv_capacity())
     }
 
-    /// The size of its engine's KV cache in tokens, once its metrics said.
-    pub(crate) fn kv_capacity(&self) -> Option<u64> {
+    /// Whether its cache has likely pushed out what was last used when it
+    /// had computed `then` tokens: its engine said the size of its cache,
+    /// and at least that many were computed here since
+    /// ([`recent::pushed_out`]).
+    pub(crate) fn pushed_out(&self, then: u64) -> bool {
+        recent::pushed_out(then, self.load.computed(), self.kv_capacity())
+    }
+
+    fn kv_capacity(&self) -> Option<u64> {
         self.engine.kv_capacity().map(|c| c as u64)
     }
 

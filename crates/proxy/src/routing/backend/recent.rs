@@ -64,6 +64,13 @@ impl Maps {
     }
 }
 
+/// Whether a cache of `capacity` tokens (when known) that evicts the
+/// least recently used has pushed out what was last used when its backend
+/// had computed `then` tokens, `now` computed since it started.
+pub(crate) fn pushed_out(then: u64, now: u64, capacity: Option<u64>) -> bool {
+    capacity.is_some_and(|c| now.saturating_sub(then) >= c)
+}
+
 impl Recent {
     /// `hash` was served, when the backend had computed `computed` tokens.
     pub(crate) fn served(&self, hash: u64, computed: u64) {
@@ -83,7 +90,7 @@ impl Recent {
     pub(crate) fn holds(&self, hash: u64, computed: u64, capacity: Option<u64>) -> bool {
         let maps = self.lock();
         let at = maps.current.get(&hash).or_else(|| maps.previous.get(&hash));
-        at.is_some_and(|&at| capacity.is_none_or(|c| computed.saturating_sub(at) < c))
+        at.is_some_and(|&at| !pushed_out(at, computed, capacity))
     }
 
     /// Distinct hashes served in the current and the previous period.

@@ -142,10 +142,5 @@ pub(crate) fn evicted(memory: &KeyMemory, key: MemoryKey, at: &Backend) -> bool 
 /// [`evicted`], told from the key's `note`.
 fn evicted_from(note: &Note, at: &Backend) -> bool {
     let served_at = (note.served.as_ref()).is_some_and(|(name, _)| **name == *at.name);
-    let live = &at.live;
-    let since = |computed_at: u64| live.load.computed().saturating_sub(computed_at);
-    match (note.computed_at, live.kv_capacity()) {
-        (Some(computed_at), Some(capacity)) => served_at && since(computed_at) >= capacity,
-        _ => false,
-    }
+    served_at && (note.computed_at).is_some_and(|then| at.live.pushed_out(then))
 }
