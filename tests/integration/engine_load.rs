@@ -12,6 +12,9 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::Request;
 use magpie_core::key::text_key;
 
 use crate::support::*;
@@ -299,4 +302,70 @@ async fn the_kv_cache_size_is_learned_from_an_engines_metrics() {
     );
     magpie.stop().await;
     stop.cancel();
+}
+
+/// vLLM's gauges for an engine with nothing waiting, a KV cache of 125
+/// blocks of 16 tokens (2,000) and `kv_usage` of it held.
+fn cache_metrics(kv_usage: f64) -> Metrics {
+    Metrics::Text(format!(
+        "# TYPE vllm:num_requests_waiting gauge\n\
+         vllm:num_requests_waiting{{engine=\"0\",model_name=\"m\"}} 0.0\n\
+         # TYPE vllm:kv_cache_usage_perc gauge\n\
+         vllm:kv_cache_usage_perc{{engine=\"0\",model_name=\"m\"}} {kv_usage}\n\
+         # TYPE vllm:cache_config_info gauge\n\
+         vllm:cache_config_info{{block_size=\"16\",engine=\"0\",num_gpu_blocks=\"125\"}} 1.0\n"
+    ))
+}
+
+/// Under `queue`, an engine takes no more prefill than its KV cache keeps
+/// of what its running requests do not hold (its size less its usage):
+/// with half of 2,000 tokens held, a request of about 100 tokens waits in
+/// magpie while one of 1,500 awaits its first byte there, and goes in once
+/// that one's prefill is over; with a tenth held, the same goes in at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_takes_no_more_prefill_than_its_cache_keeps_unheld() {
+    let engines = FakeEngines::start(&["a"]).await;
+    let a = engines.get("a");
+    a.set(cache_metrics(0.5));
+    let (magpie, admin) = start(&engines, "queue:\n  max_inflight: 8\n  timeout: 30s\n").await;
+    let usage = |t: &str| metric_sum(t, "magpie_backend_engine_kv_usage", &[]);
+    until_metrics(admin, "the cache's size and use", |t| {
+        metric_sum(t, "magpie_backend_engine_kv_capacity_tokens", &[]) == 2000.0 && usage(t) == 0.5
+    })
+    .await;
+    // Bodies of 6,000 and 400 bytes: 1,500 and 100 tokens at four a token.
+    let held = |session: &str, bytes: usize| {
+        let request = Request::post("/held")
+            .header("x-session-id", session)
+            .body(Full::new(Bytes::from("x".repeat(bytes))))
+            .expect("a request");
+        let addr = magpie.addr;
+        tokio::spawn(async move { KeepAlive::connect(addr).await.served_by(request).await })
+    };
+    let waited = || magpie.metric("magpie_queue_admitted_total", &["how=\"waited\""]);
+    let long = held("long", 6000);
+    a.until_held(1).await;
+    let short = held("short", 400);
+    until_metrics(admin, "the short request waiting in magpie", |t| {
+        metric_sum(t, "magpie_queue_waiting", &[]) == 1.0
+    })
+    .await;
+    assert_eq!(a.held.load(std::sync::atomic::Ordering::SeqCst), 1);
+    a.release(1);
+    assert_eq!(long.await.expect("the long request"), "a");
+    a.until_held(1).await;
+    assert_eq!(waited(), 1);
+    a.release(1);
+    assert_eq!(short.await.expect("the short request"), "a");
+    // A tenth held: 1,800 tokens of room, the short one goes in beside it.
+    a.set(cache_metrics(0.1));
+    until_metrics(admin, "the cache's use falling", |t| usage(t) == 0.1).await;
+    let (long, short) = (held("long-2", 6000), held("short-2", 400));
+    a.until_held(2).await;
+    assert_eq!(waited(), 1, "nothing waited");
+    a.release(2);
+    for request in [long, short] {
+        assert_eq!(request.await.expect("a request"), "a");
+    }
+    magpie.stop().await;
 }

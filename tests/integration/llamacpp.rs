@@ -147,15 +147,6 @@ async fn realized_hits_come_from_its_usage_and_from_a_streams_timings() {
 }
 
 /// Waits until `n` requests are held at `engine`.
-async fn until_held(engine: &FakeEngine, n: u64) {
-    within("requests held at the engine", async {
-        while engine.held.load(std::sync::atomic::Ordering::SeqCst) < n {
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
-    })
-    .await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_request_goes_where_the_engine_has_a_slot_free() {
     let engines = FakeEngines::start(&["a", "b"]).await;
@@ -189,7 +180,7 @@ async fn a_first_request_goes_where_the_engine_has_a_slot_free() {
             .body(Full::default())
             .expect("a request");
         held.push(tokio::spawn(async move { holder.served_by(request).await }));
-        until_held(engines.get("a"), held.len() as u64).await;
+        engines.get("a").until_held(held.len() as u64).await;
     }
     // a's two slots are taken: the next conversation goes where one is free.
     let mut client = KeepAlive::connect(magpie.addr).await;

@@ -72,6 +72,16 @@ impl FakeEngine {
         *self.props.lock().expect("the props lock") = Some(json.to_string());
     }
 
+    /// Returns once at least `n` `/held` requests wait here.
+    pub async fn until_held(&self, n: u64) {
+        super::within("requests held at the engine", async {
+            while self.held.load(Ordering::SeqCst) < n {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+    }
+
     /// Lets `n` waiting `/held` requests be answered.
     pub fn release(&self, n: usize) {
         self.gate.add_permits(n);

@@ -174,7 +174,7 @@ pub(crate) const BACKEND: &[Family] = &[
         name: "magpie_backend_prefill_tokens",
         kind: GAUGE,
         labels: &["backend", "addr"],
-        help: "mode http with queue: the prompt tokens the requests awaiting their first byte are estimated to still have to prefill (each body's size less what its key's previous request left in this backend's cache); queue.max_prefill_tokens limits it.",
+        help: "mode http with queue: the prompt tokens the requests awaiting their first byte are estimated to still have to prefill (each body's size less what its key's previous request left in this backend's cache); queue.max_prefill_tokens limits it, and so does, with health.load, what the engine's KV cache keeps of what its running requests do not hold.",
         read: Read::Backend(|b, s| s.value(&[], b.live().load.prefill_tokens() as f64)),
     },
     Family {

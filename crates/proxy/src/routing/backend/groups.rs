@@ -56,8 +56,8 @@ impl Groups {
 
     /// Whether `group` was served here lately and its head is likely still
     /// cached ([`Recent::holds`]).
-    pub(crate) fn holds(&self, group: GroupKey, computed: u64, capacity: Option<u64>) -> bool {
-        self.seen.holds(group.hash(), computed, capacity)
+    pub(crate) fn holds(&self, group: GroupKey, computed: u64, room: Option<u64>) -> bool {
+        self.seen.holds(group.hash(), computed, room)
     }
 
     /// Distinct groups served here in the current and the previous period.

@@ -135,29 +135,32 @@ impl Live {
 
     /// Whether its cache likely still holds `group`'s head: the group was
     /// served here lately and, where the engine says the size of its cache,
-    /// less than that many tokens were computed here since (a cache evicts
+    /// fewer tokens were computed here since than the cache keeps of what
+    /// no running request holds ([`Live::kv_room`]: a cache evicts there,
     /// the least recently used first).
     pub(crate) fn holds_head(&self, group: GroupKey) -> bool {
         self.groups
-            .holds(group, self.load.computed(), self.kv_capacity())
+            .holds(group, self.load.computed(), self.kv_room())
     }
 
     /// Whether its cache likely still holds the system head hashed `hash`,
     /// as [`Live::holds_head`] tells a group's.
     pub(crate) fn holds_system_head(&self, hash: u64) -> bool {
-        (self.system_heads).holds(hash, self.load.computed(), self.kv_capacity())
+        (self.system_heads).holds(hash, self.load.computed(), self.kv_room())
     }
 
     /// Whether its cache has likely pushed out what was last used when it
     /// had computed `then` tokens: its engine said the size of its cache,
-    /// and at least that many were computed here since
+    /// and at least [`Live::kv_room`] tokens were computed here since
     /// ([`recent::pushed_out`]).
     pub(crate) fn pushed_out(&self, then: u64) -> bool {
-        recent::pushed_out(then, self.load.computed(), self.kv_capacity())
+        recent::pushed_out(then, self.load.computed(), self.kv_room())
     }
 
-    fn kv_capacity(&self) -> Option<u64> {
-        self.engine.kv_capacity().map(|c| c as u64)
+    /// The tokens its cache keeps of what no running request holds
+    /// ([`EngineLoad::kv_room`]).
+    fn kv_room(&self) -> Option<u64> {
+        self.engine.kv_room().map(|c| c as u64)
     }
 
     /// Takes one active slot unconditionally.

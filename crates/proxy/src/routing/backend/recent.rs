@@ -64,11 +64,13 @@ impl Maps {
     }
 }
 
-/// Whether a cache of `capacity` tokens (when known) that evicts the
-/// least recently used has pushed out what was last used when its backend
-/// had computed `then` tokens, `now` computed since it started.
-pub(crate) fn pushed_out(then: u64, now: u64, capacity: Option<u64>) -> bool {
-    capacity.is_some_and(|c| now.saturating_sub(then) >= c)
+/// Whether a cache that keeps `room` tokens (when known) of what no
+/// running request holds, evicting the least recently used, has pushed out
+/// what was last used when its backend had computed `then` tokens, `now`
+/// computed since it started: at least `room` computed since, and at
+/// least one (with no room, what nothing came after is still there).
+pub(crate) fn pushed_out(then: u64, now: u64, room: Option<u64>) -> bool {
+    room.is_some_and(|room| now.saturating_sub(then) >= room.max(1))
 }
 
 impl Recent {
@@ -84,13 +86,13 @@ impl Recent {
     }
 
     /// Whether `hash` was served in the current or the previous period
-    /// and, with the cache's size in tokens known (`capacity`), fewer than
-    /// that were computed since (`computed` now): a cache that evicts the
-    /// least recently used has not pushed it out yet.
-    pub(crate) fn holds(&self, hash: u64, computed: u64, capacity: Option<u64>) -> bool {
+    /// and, with the cache's room in tokens known (`room`), a cache that
+    /// evicts the least recently used has not pushed it out yet
+    /// ([`pushed_out`]; `computed` now).
+    pub(crate) fn holds(&self, hash: u64, computed: u64, room: Option<u64>) -> bool {
         let maps = self.lock();
         let at = maps.current.get(&hash).or_else(|| maps.previous.get(&hash));
-        at.is_some_and(|&at| !pushed_out(at, computed, capacity))
+        at.is_some_and(|&at| !pushed_out(at, computed, room))
     }
 
     /// Distinct hashes served in the current and the previous period.
@@ -153,5 +155,9 @@ mod tests {
         assert!(recent.holds(7, 11_000, None));
         recent.served(7, 11_000);
         assert!(recent.holds(7, 11_000, Some(10_000)));
+        // A cache held whole by running requests: nothing computed since,
+        // nothing pushed out; one token more, gone.
+        assert!(recent.holds(7, 11_000, Some(0)));
+        assert!(!recent.holds(7, 11_001, Some(0)));
     }
 }

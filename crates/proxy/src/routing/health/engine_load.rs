@@ -44,6 +44,11 @@ labels! {
     }
 }
 
+/// A cache of `capacity` tokens less the share `usage` (0 to 1) held.
+fn room(capacity: f64, usage: Option<f64>) -> f64 {
+    capacity * (1.0 - usage.map_or(0.0, |u| u.clamp(0.0, 1.0)))
+}
+
 /// One backend's engine load.
 #[derive(Debug)]
 pub(crate) struct EngineLoad {
@@ -129,6 +134,24 @@ impl EngineLoad {
     /// long ago: a cache does not shrink because a scrape failed.
     pub(crate) fn kv_capacity(&self) -> Option<f64> {
         Some(f64::from_bits(self.kv_capacity.load(Ordering::Relaxed))).filter(|v| !v.is_nan())
+    }
+
+    /// The tokens its KV cache keeps of what no running request holds:
+    /// its size less the share its running requests hold (vLLM's and
+    /// SGLang's usage count only those; a cached block nobody holds is
+    /// free to them), both as last said, however long ago. A cache evicts
+    /// only there, the least recently used first: what a request left is
+    /// pushed out once the engine computed this many tokens since.
+    pub(crate) fn kv_room(&self) -> Option<f64> {
+        let usage = Some(f64::from_bits(self.kv_usage.load(Ordering::Relaxed)));
+        Some(room(self.kv_capacity()?, usage.filter(|u| !u.is_nan())))
+    }
+
+    /// [`EngineLoad::kv_room`] with a usage at most `max_age` old; `None`
+    /// without one (a backend whose scrapes fail is held to no such bound).
+    pub(crate) fn fresh_kv_room(&self, now: Instant, max_age: Duration) -> Option<f64> {
+        let sample = self.fresh(now, max_age)?;
+        Some(room(self.kv_capacity()?, sample.kv_usage))
     }
 
     /// The engine's slots, as last learned (its `/props`,
@@ -245,6 +268,30 @@ mod tests {
         tokio::time::advance(Duration::from_secs(60)).await;
         assert_eq!(load.fresh(Instant::now(), LIMITS.max_age), None);
         assert_eq!(load.kv_capacity(), Some(32000.0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_room_a_cache_keeps_is_what_running_requests_do_not_hold() {
+        let load = EngineLoad::default();
+        let now = Instant::now();
+        load.record(sample(0.0, 0.25), now);
+        assert_eq!(load.kv_room(), None, "no size said yet");
+        let with = Sample {
+            kv_capacity: Some(32000.0),
+            ..sample(0.0, 0.25)
+        };
+        load.record(with, now);
+        assert_eq!(load.kv_room(), Some(24000.0));
+        assert_eq!(load.fresh_kv_room(now, LIMITS.max_age), Some(24000.0));
+        // No usage said: all of it.
+        load.record(Sample::default(), now);
+        assert_eq!(load.kv_room(), Some(32000.0));
+        load.record(sample(0.0, 1.5), now);
+        assert_eq!(load.kv_room(), Some(0.0), "a usage over 1 holds it all");
+        // Stale: the gate knows no room; the last usage still tells evictions.
+        tokio::time::advance(LIMITS.max_age + Duration::from_millis(1)).await;
+        assert_eq!(load.fresh_kv_room(Instant::now(), LIMITS.max_age), None);
+        assert_eq!(load.kv_room(), Some(0.0));
     }
 
     #[tokio::test(start_paused = true)]

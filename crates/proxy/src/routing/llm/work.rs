@@ -7,9 +7,10 @@
 //! ([`super::note`]): the previous request's body bytes, and once its usage
 //! was read, its own bytes-to-tokens ratio. A grouped request also brings
 //! its head's size: a backend that served its group lately holds that much
-//! of it ([`Work::at`]). A backend that computed its KV cache's worth of
-//! tokens since the key's last answer was read there has likely evicted
-//! what that answer left ([`evicted`]): its work there is all of it.
+//! of it ([`Work::at`]). A backend that computed as many tokens since the
+//! key's last answer was read there as its KV cache keeps of what running
+//! requests do not hold has likely evicted what that answer left
+//! ([`evicted`]): its work there is all of it.
 
 use std::sync::Arc;
 
@@ -129,8 +130,9 @@ pub(crate) fn work(memory: &KeyMemory, key: MemoryKey, bytes: u64) -> Work {
 
 /// Whether `at`'s engine has likely evicted what `key`'s last answer left
 /// in its cache: that answer was read there, the engine says the size of
-/// its cache, and this magpie had it compute at least that many tokens
-/// since (a cache evicts the least recently used first). What other
+/// its cache, and this magpie had it compute at least as many tokens since
+/// as the cache keeps of what running requests do not hold
+/// ([`crate::routing::backend::Live::pushed_out`]). What other
 /// magpies sent it, and the tokens it decoded, count not: it errs towards
 /// a cache that still holds the conversation.
 pub(crate) fn evicted(memory: &KeyMemory, key: MemoryKey, at: &Backend) -> bool {

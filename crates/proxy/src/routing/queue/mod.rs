@@ -29,14 +29,14 @@
 //! does, and more so the more requests wait. (One that opens like a
 //! conversation served lately comes sticky, its home where that one went,
 //! see [`crate::routing::llm::openings`]; one grouped by a header, whose
-//! head's size nobody knows, takes the first target with room.) A
-//! backend whose engine reports itself full (`health.load`), or whose
-//! requests awaiting their first byte hold `queue.max_prefill_tokens` of
-//! prefill, counts as at its limit. Work is the prompt tokens a backend
-//! still has to prefill, estimated per request
-//! ([`crate::routing::backend::load`]). Every magpie with the same config
-//! orders the targets the same way, so a spill goes to the same place on
-//! each.
+//! head's size nobody knows, takes the first target with room.) A backend
+//! whose engine reports itself full (`health.load`), or whose requests
+//! awaiting their first byte hold [`SlotLimits::max_work`] of prefill (the
+//! least of `queue.max_prefill_tokens` and its engine's unheld KV cache),
+//! counts as at its limit. Work is the prompt tokens a backend still has
+//! to prefill, estimated per request ([`crate::routing::backend::load`]).
+//! Every magpie with the same config orders the targets the same way, so a
+//! spill goes to the same place on each.
 //!
 //! Nothing waits without three bounds: `queue.size` requests,
 //! `queue.max_body_bytes` of their bodies (only what was read for the key
