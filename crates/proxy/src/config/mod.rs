@@ -457,6 +457,27 @@ pub struct BackendConfig {
     pub bootstrap_port: Option<u16>,
 }
 
+#[cfg(test)]
+impl BackendConfig {
+    /// A backend `name` at 127.0.0.1:`port`, as a file with only those
+    /// writes it.
+    pub(crate) fn local(name: &str, port: u16) -> BackendConfig {
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        BackendConfig {
+            name: name.into(),
+            addr_text: addr.to_string(),
+            addr,
+            weight: 1,
+            zone: None,
+            discovered: false,
+            tls: None,
+            max_inflight: None,
+            role: Role::Both,
+            bootstrap_port: None,
+        }
+    }
+}
+
 /// Backends found through DNS (`backends[].dns`, `backends[].srv`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DiscoveryConfig {

@@ -120,18 +120,7 @@ mod tests {
     use crate::routing::health::exposition::Sample;
 
     fn backend() -> Arc<Backend> {
-        let config = BackendConfig {
-            name: "a".into(),
-            addr_text: "127.0.0.1:1".into(),
-            addr: "127.0.0.1:1".parse().expect("an address"),
-            weight: 1,
-            zone: None,
-            discovered: false,
-            tls: None,
-            role: crate::config::Role::Both,
-            bootstrap_port: None,
-            max_inflight: None,
-        };
+        let config = BackendConfig::local("a", 1);
         Arc::new(Backend::new(&config, Arc::new(Live::default())))
     }
 

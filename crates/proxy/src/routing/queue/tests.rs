@@ -7,18 +7,7 @@ use crate::routing::keys::{GroupKey, TenantKey};
 use crate::routing::llm::work::{Heads, Work};
 
 fn backend(name: &str, port: u16, queue: &Arc<Queue>) -> Arc<Backend> {
-    let config = BackendConfig {
-        name: name.into(),
-        addr_text: format!("127.0.0.1:{port}"),
-        addr: format!("127.0.0.1:{port}").parse().unwrap(),
-        weight: 1,
-        zone: None,
-        discovered: false,
-        tls: None,
-        role: crate::config::Role::Both,
-        bootstrap_port: None,
-        max_inflight: None,
-    };
+    let config = BackendConfig::local(name, port);
     let live = Arc::new(Live::default());
     let hook: Arc<dyn SlotFreed> = queue.clone();
     live.waiters.set(hook).unwrap();
