@@ -44,11 +44,6 @@ labels! {
     }
 }
 
-/// A cache of `capacity` tokens less the share `usage` (0 to 1) held.
-fn room(capacity: f64, usage: Option<f64>) -> f64 {
-    capacity * (1.0 - usage.map_or(0.0, |u| u.clamp(0.0, 1.0)))
-}
-
 /// One backend's engine load.
 #[derive(Debug)]
 pub(crate) struct EngineLoad {
@@ -143,15 +138,20 @@ impl EngineLoad {
     /// only there, the least recently used first: what a request left is
     /// pushed out once the engine computed this many tokens since.
     pub(crate) fn kv_room(&self) -> Option<f64> {
-        let usage = Some(f64::from_bits(self.kv_usage.load(Ordering::Relaxed)));
-        Some(room(self.kv_capacity()?, usage.filter(|u| !u.is_nan())))
+        let usage = f64::from_bits(self.kv_usage.load(Ordering::Relaxed));
+        let held = if usage.is_nan() {
+            0.0
+        } else {
+            usage.clamp(0.0, 1.0)
+        };
+        Some(self.kv_capacity()? * (1.0 - held))
     }
 
-    /// [`EngineLoad::kv_room`] with a usage at most `max_age` old; `None`
-    /// without one (a backend whose scrapes fail is held to no such bound).
+    /// [`EngineLoad::kv_room`] while its usage is at most `max_age` old;
+    /// `None` after (a backend whose scrapes fail is held to no such bound).
     pub(crate) fn fresh_kv_room(&self, now: Instant, max_age: Duration) -> Option<f64> {
-        let sample = self.fresh(now, max_age)?;
-        Some(room(self.kv_capacity()?, sample.kv_usage))
+        self.fresh(now, max_age)?;
+        self.kv_room()
     }
 
     /// The engine's slots, as last learned (its `/props`,

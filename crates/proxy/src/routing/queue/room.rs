@@ -84,11 +84,12 @@ pub(crate) fn room(
     kept: bool,
 ) -> Option<Room> {
     let limit = backend.max_inflight.unwrap_or(limits.max_inflight);
-    if limits.engine_full(backend, kept, Instant::now()) {
+    let now = Instant::now();
+    if limits.engine_full(backend, kept, now) {
         return None;
     }
     let tokens = work.at(backend);
-    let max = limits.max_work(backend, Instant::now());
+    let max = limits.max_work(backend, now);
     let (slot, held) = (backend.live).try_reserve_work(limit, tokens, max, work.class)?;
     Some((
         slot,
