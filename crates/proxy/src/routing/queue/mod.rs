@@ -48,6 +48,7 @@ pub(crate) mod cost;
 pub(crate) mod order;
 pub(crate) mod room;
 pub(crate) mod stats;
+mod ticket;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering, fence};
@@ -63,6 +64,7 @@ use self::order::Waiting;
 pub(crate) use self::room::SlotLimits;
 use self::room::{Room, first_with_room, room};
 pub(crate) use self::stats::{Admit, QueueStats, Refusal};
+use self::ticket::Ticket;
 use crate::config::DEFAULT_MAX_INFLIGHT;
 use crate::config::{Config, DEFAULT_AGING, MAX_CLASSES, QueueConfig};
 use crate::routing::backend::{ActiveGuard, Backend, Live, SlotFreed, WorkGuard};
@@ -161,12 +163,21 @@ impl Waiter {
     /// engine takes it not (full for new keys, and not its pin, or far
     /// over); the backend's own engine must take it (`limits`).
     fn takes(&self, live: &Arc<Live>, now: Instant, limits: &SlotLimits) -> Option<&Arc<Backend>> {
+        if self.grant.is_closed() {
+            // Its request went away: its ticket takes it off.
+            return None;
+        }
         let i = (self.targets.iter()).position(|b| Arc::ptr_eq(&b.live, live))?;
         let to = &self.targets[i];
         let home_takes = || !limits.engine_full(&self.targets[0], self.kept(0), now);
         let pays = || !home_takes() || self.spill_pays(to);
         let may = i == 0 || (now >= self.home_until && pays());
         (may && !limits.engine_full(to, self.kept(i), now)).then_some(to)
+    }
+
+    /// Its target whose live state is `live`.
+    fn target_at(&self, live: &Arc<Live>) -> Option<&Arc<Backend>> {
+        (self.targets.iter()).find(|b| Arc::ptr_eq(&b.live, live))
     }
 
     /// Whether its target `i` is its pin (kept there though the engine is
@@ -457,32 +468,38 @@ impl Queue {
         } = &mut *state;
         loop {
             let now = Instant::now();
-            // Room first (the backend as any eligible waiter knows it, for
-            // the highest class waiting, where work is counted by class),
-            // then the request that goes next: the queue is unchanged between.
+            // The class to take room for (the backend as any eligible
+            // waiter knows it, where work is counted by class), and the
+            // request that goes next, judged before its room is taken: its
+            // own slot counts not against its spill. Judged after, a spill
+            // that paid only without it left the slot unclaimed, and its
+            // return handed it out again, without end.
             let Some((backend, class)) = waiting.find(|w| {
                 w.takes(live, now, limits)
                     .map(|b| (Arc::clone(b), w.work.class))
             }) else {
                 break;
             };
-            // Room is taken before the request is known: its work is
-            // added once it is (the check was that the backend had room).
-            let reserved = Work::default().in_class(class);
-            let Some((slot, mut work)) = room(&backend, limits, &reserved, true) else {
-                break;
-            };
             let picks = |w: &Waiter| {
                 let to = w.takes(live, now, limits);
                 to.is_some_and(|b| w.work.class == class || limits.work_room(b, w.work.class))
             };
-            let Some(picked) = waiting.pick(now, *aging, picks) else {
+            let Some(place) = waiting.next(now, *aging, picks) else {
+                break;
+            };
+            // Room is taken before the request's work is added (the check
+            // was that the backend had room); the queue is unchanged between.
+            let reserved = Work::default().in_class(class);
+            let Some((slot, mut work)) = room(&backend, limits, &reserved, true) else {
+                break;
+            };
+            let Some(picked) = waiting.take(place) else {
                 unclaimed.push((slot, work));
                 break;
             };
             let w = picked.waiter;
             self.stats.hold_bytes(w.bytes, false);
-            let target = w.takes(live, now, limits).cloned().unwrap_or(backend);
+            let target = w.target_at(live).cloned().unwrap_or(backend);
             work.grow(w.work.at(&target), w.work.class);
             if let Err((_, room)) = w.grant.send((target, (slot, work))) {
                 // Its request went away as the slot came.
@@ -514,86 +531,6 @@ fn fits(waiting: &Waiting<Waiter>, ask: &Ask<'_>, held: u64) -> Result<(), Refus
         return Err(Refusal::TenantFull);
     }
     Ok(())
-}
-
-/// A request's place in the queue; dropping it (the client went away, the
-/// request was cancelled) leaves the queue.
-struct Ticket<'a> {
-    queue: &'a Queue,
-    id: u64,
-    home_until: Instant,
-    deadline: Instant,
-}
-
-impl Ticket<'_> {
-    /// Waits for a slot: handed out, or taken at a spill once the home
-    /// wait is over; refused at the deadline or when the client goes.
-    async fn wait(
-        self,
-        mut rx: oneshot::Receiver<Grant>,
-        ask: &Ask<'_>,
-        gone: impl Future<Output = ()>,
-    ) -> Result<(Arc<Backend>, Room, Admit), Refusal> {
-        let home = ask.targets.first().map(|b| Arc::clone(&b.live));
-        let how = |b: &Arc<Backend>| match &home {
-            Some(home) if Arc::ptr_eq(home, &b.live) => Admit::Waited,
-            _ if ask.places && !ask.sticky => Admit::Placed,
-            _ => Admit::Spilled,
-        };
-        tokio::pin!(gone);
-        let mut home_wait = Instant::now() < self.home_until;
-        let mut closing = self.queue.closing.subscribe();
-        loop {
-            let deadline = match *closing.borrow_and_update() {
-                Some(at) => at.min(self.deadline),
-                None => self.deadline,
-            };
-            tokio::select! {
-                granted = &mut rx => {
-                    return match granted {
-                        Ok((b, slot)) => Ok((Arc::clone(&b), slot, how(&b))),
-                        // The sender went without a grant: only at exit.
-                        Err(_) => Err(Refusal::TimedOut),
-                    };
-                }
-                () = tokio::time::sleep_until(self.home_until), if home_wait => {
-                    home_wait = false;
-                    if let Some((b, slot)) = self.queue.spill(self.id) {
-                        return Ok((Arc::clone(&b), slot, how(&b)));
-                    }
-                }
-                () = tokio::time::sleep_until(deadline) => {
-                    return self.settle(&mut rx, how, Refusal::TimedOut);
-                }
-                Ok(()) = closing.changed() => {}
-                () = &mut gone => {
-                    return self.settle(&mut rx, how, Refusal::ClientGone);
-                }
-            }
-        }
-    }
-
-    /// Leaves the queue for `why`, unless a slot came first.
-    fn settle(
-        &self,
-        rx: &mut oneshot::Receiver<Grant>,
-        how: impl Fn(&Arc<Backend>) -> Admit,
-        why: Refusal,
-    ) -> Result<(Arc<Backend>, Room, Admit), Refusal> {
-        if self.queue.leave(self.id) {
-            return Err(why);
-        }
-        match rx.try_recv() {
-            Ok((b, slot)) if why != Refusal::ClientGone => Ok((Arc::clone(&b), slot, how(&b))),
-            _ => Err(why),
-        }
-    }
-}
-
-impl Drop for Ticket<'_> {
-    fn drop(&mut self) {
-        self.queue.leave(self.id);
-    }
 }
 
 #[cfg(test)]

@@ -58,6 +58,15 @@ pub(crate) struct Picked<W> {
     pub(crate) waiter: W,
 }
 
+/// Where a waiting request is: its class, its tenant's turn in it, its
+/// place in that tenant's line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Place {
+    class: usize,
+    tenant: usize,
+    entry: usize,
+}
+
 impl<W> Waiting<W> {
     pub(crate) fn new(classes: usize) -> Self {
         Waiting {
@@ -136,22 +145,52 @@ impl<W> Waiting<W> {
     }
 
     /// Takes off the queue the request that goes next among those
-    /// `eligible`: the class with the lowest rank once aged (its rank less
-    /// one for every `aging` its oldest such request waited; on a tie the
-    /// higher class), in it the next tenant in turn that has one, of that
-    /// tenant's the first in.
+    /// `eligible` ([`Waiting::next`]); the queue takes it in two steps.
+    #[cfg(test)]
     pub(crate) fn pick(
         &mut self,
         now: Instant,
         aging: Duration,
-        mut eligible: impl FnMut(&W) -> bool,
+        eligible: impl FnMut(&W) -> bool,
     ) -> Option<Picked<W>> {
-        let (ci, ti, ei) = if self.across {
+        let place = self.next(now, aging, eligible)?;
+        self.take(place)
+    }
+
+    /// Where the request that goes next among those `eligible` waits,
+    /// leaving it there: the class with the lowest rank once aged (its rank
+    /// less one for every `aging` its oldest such request waited; on a tie
+    /// the higher class), in it the next tenant in turn that has one, of
+    /// that tenant's the first in.
+    pub(crate) fn next(
+        &self,
+        now: Instant,
+        aging: Duration,
+        mut eligible: impl FnMut(&W) -> bool,
+    ) -> Option<Place> {
+        let (class, tenant, entry) = if self.across {
             self.next_tenants_first(now, aging, &mut eligible)?
         } else {
             self.next_by_class(now, aging, &mut eligible)?
         };
-        let c = &mut self.classes[ci];
+        Some(Place {
+            class,
+            tenant,
+            entry,
+        })
+    }
+
+    /// Takes the request at `place` ([`Waiting::next`], the queue unchanged
+    /// since) off the queue.
+    pub(crate) fn take(&mut self, place: Place) -> Option<Picked<W>> {
+        let Place {
+            class: ci,
+            tenant: ti,
+            entry: ei,
+        } = place;
+        let c = self.classes.get_mut(ci)?;
+        // A place that is not there takes nothing (and loses nothing).
+        c.tenants.get(ti)?.entries.get(ei)?;
         let mut tenant = c.tenants.remove(ti)?;
         self.last_tenant = tenant.id;
         let entry = tenant.entries.remove(ei)?;

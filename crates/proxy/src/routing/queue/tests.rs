@@ -807,3 +807,44 @@ async fn a_first_request_goes_where_a_slot_is_free_while_any_target_has_one() {
     drop(running);
     assert_eq!(placed(&queue, &targets, &q).await, "b1");
 }
+
+/// A request past its affinity wait whose spill to `other` pays only while
+/// its own slot there is not counted (at `other` 50 tokens ahead of its 100,
+/// and one turn of 1,000 coming back once it holds a slot there: 1,150,
+/// against 1,100 at its home) is judged before its slot is taken: it takes
+/// the slot given back, once. Judged after, it did not, the slot went back,
+/// which handed it out again, without end, until the stack overflowed.
+#[tokio::test(start_paused = true)]
+async fn a_slot_given_back_goes_to_a_request_judged_before_it_holds_the_slot() {
+    let queue = Arc::new(Queue::default());
+    let home = backend("home", 1, &queue);
+    let other = backend("other", 2, &queue);
+    let targets = vec![Arc::clone(&home), Arc::clone(&other)];
+    // Both learned: 10,000 tokens a second, 1,000 a request.
+    let at = |ms| Instant::now() + Duration::from_millis(ms);
+    for (b, i) in targets.iter().flat_map(|b| (0..8).map(move |i| (b, i))) {
+        b.live
+            .prefill_rate
+            .answered(1000, 0, at(i * 100), at(i * 100 + 100));
+    }
+    let q = config(1);
+    let _home_slot = home.live.try_reserve_work(1, 0, None, None).unwrap();
+    let (other_slot, _other_work) = other.live.try_reserve_work(1, 50, None, None).unwrap();
+    let waiting = tokio::spawn({
+        let (queue, targets, q) = (Arc::clone(&queue), targets.clone(), q.clone());
+        async move {
+            let mut turn = ask(&targets, &q, 1);
+            turn.work = Work::cold(100);
+            let admitted = queue.admit(turn, std::future::pending()).await;
+            admitted.map(|a| (a.backend.name.clone(), a.how))
+        }
+    });
+    while queue.is_empty() {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(queue.len(), 1, "both are full");
+    drop(other_slot);
+    let (name, how) = waiting.await.unwrap().unwrap();
+    assert_eq!((name.as_str(), how), ("other", Admit::Spilled));
+}
