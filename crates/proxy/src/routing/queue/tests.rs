@@ -848,3 +848,99 @@ async fn a_slot_given_back_goes_to_a_request_judged_before_it_holds_the_slot() {
     let (name, how) = waiting.await.unwrap().unwrap();
     assert_eq!((name.as_str(), how), ("other", Admit::Spilled));
 }
+
+/// A slot held at `backend`, and its work.
+type Held = (Arc<Backend>, ActiveGuard, WorkGuard);
+
+/// Many random queues, each from its own seed: three full backends with
+/// learned rates and work held, eight requests of random work, caches,
+/// targets' order and stickiness waiting past their affinity wait; slots
+/// given back one at a time, in random order. After each, no waiting
+/// request takes the backend where it was given back while that backend
+/// has room: it went to a request that takes it, or there is none. Every
+/// request is admitted in the end.
+#[tokio::test(start_paused = true)]
+async fn a_slot_given_back_goes_to_a_waiting_request_whenever_one_takes_it() {
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = move |n: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % n
+    };
+    for _ in 0..40 {
+        let queue = Arc::new(Queue::default());
+        let backends: Vec<_> = (1..=3)
+            .map(|i| backend(&format!("b{i}"), i, &queue))
+            .collect();
+        let at = |ms| Instant::now() + Duration::from_millis(ms);
+        for b in &backends {
+            let (tokens, ms) = (500 + next(2000), 20 + next(200));
+            for i in 0..8 {
+                let rate = &b.live.prefill_rate;
+                rate.answered(tokens, 0, at(i * ms), at(i * ms + ms));
+            }
+        }
+        let mut q = config(1);
+        q.size = 16;
+        let mut held: Vec<Held> = (backends.iter())
+            .map(|b| {
+                let (slot, work) = b.live.try_reserve_work(1, next(3000), None, None).unwrap();
+                (Arc::clone(b), slot, work)
+            })
+            .collect();
+        let mut requests = Vec::new();
+        for _ in 0..8 {
+            let mut targets = backends.clone();
+            targets.rotate_left(next(3) as usize);
+            let tokens = 100 + next(4000);
+            let warm = Some((Arc::clone(&targets[next(3) as usize]), next(tokens)));
+            let sticky = next(2) == 0;
+            let (queue, q) = (Arc::clone(&queue), q.clone());
+            requests.push(tokio::spawn(async move {
+                let mut a = ask(&targets, &q, 1);
+                a.work = Work {
+                    warm_at: warm,
+                    ..Work::cold(tokens)
+                };
+                a.sticky = sticky;
+                let admitted = queue.admit(a, std::future::pending()).await;
+                admitted.map(|x| (x.backend, x.slot, x.work))
+            }));
+        }
+        while queue.len() < 8 {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        for _ in 0..64 {
+            if requests.is_empty() && held.is_empty() {
+                break;
+            }
+            for _ in 0..4 {
+                tokio::task::yield_now().await;
+            }
+            let (done, still): (Vec<_>, Vec<_>) =
+                requests.into_iter().partition(|r| r.is_finished());
+            requests = still;
+            for r in done {
+                held.push(r.await.unwrap().unwrap());
+            }
+            assert!(!held.is_empty(), "requests wait while every slot is free");
+            let (b, slot, work) = held.swap_remove(next(held.len() as u64) as usize);
+            drop((slot, work));
+            let state = queue.lock();
+            let now = Instant::now();
+            let taker = (state.waiting).find(|w| w.takes(&b.live, now, &state.limits).map(|_| ()));
+            let room = b.live.load.active() < 1;
+            assert!(
+                !(room && taker.is_some()),
+                "{} has room and a taker",
+                b.name
+            );
+        }
+        assert!(
+            requests.is_empty() && held.is_empty(),
+            "every request admitted"
+        );
+    }
+}
