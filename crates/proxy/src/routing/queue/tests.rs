@@ -21,6 +21,23 @@ const LOAD_LIMITS: crate::config::LoadLimits = crate::config::LoadLimits {
     max_age: Duration::from_secs(5),
 };
 
+/// Backends "home" and "other", waited for through `queue`, and the two
+/// as targets in that order.
+fn home_and_other(queue: &Arc<Queue>) -> (Arc<Backend>, Arc<Backend>, Vec<Arc<Backend>>) {
+    let home = backend("home", 1, queue);
+    let other = backend("other", 2, queue);
+    let targets = vec![Arc::clone(&home), Arc::clone(&other)];
+    (home, other, targets)
+}
+
+/// `b`'s prefill rate learned from answers of `tokens` each in `ms`.
+fn learned(b: &Backend, tokens: u64, ms: u64) {
+    let at = |ms| Instant::now() + Duration::from_millis(ms);
+    for i in 0..8 {
+        (b.live.prefill_rate).answered(tokens, 0, at(i * ms), at(i * ms + ms));
+    }
+}
+
 /// Backends b1 and b2, waited for through `queue`.
 fn two_backends(queue: &Arc<Queue>) -> Vec<Arc<Backend>> {
     (1..=2)
@@ -295,9 +312,7 @@ async fn a_new_conversation_goes_where_there_is_least_work() {
 #[tokio::test(start_paused = true)]
 async fn past_its_affinity_wait_a_request_spills_only_where_it_pays() {
     let queue = Arc::new(Queue::default());
-    let home = backend("home", 1, &queue);
-    let other = backend("other", 2, &queue);
-    let targets = vec![Arc::clone(&home), Arc::clone(&other)];
+    let (home, other, targets) = home_and_other(&queue);
     let q = config(1);
     // Home is full, and holds 500 tokens of prefill; the other is full too.
     let _home_slot = home.live.try_reserve_work(1, 500, None, None).unwrap();
@@ -817,16 +832,9 @@ async fn a_first_request_goes_where_a_slot_is_free_while_any_target_has_one() {
 #[tokio::test(start_paused = true)]
 async fn a_slot_given_back_goes_to_a_request_judged_before_it_holds_the_slot() {
     let queue = Arc::new(Queue::default());
-    let home = backend("home", 1, &queue);
-    let other = backend("other", 2, &queue);
-    let targets = vec![Arc::clone(&home), Arc::clone(&other)];
+    let (home, other, targets) = home_and_other(&queue);
     // Both learned: 10,000 tokens a second, 1,000 a request.
-    let at = |ms| Instant::now() + Duration::from_millis(ms);
-    for (b, i) in targets.iter().flat_map(|b| (0..8).map(move |i| (b, i))) {
-        b.live
-            .prefill_rate
-            .answered(1000, 0, at(i * 100), at(i * 100 + 100));
-    }
+    targets.iter().for_each(|b| learned(b, 1000, 100));
     let q = config(1);
     let _home_slot = home.live.try_reserve_work(1, 0, None, None).unwrap();
     let (other_slot, _other_work) = other.live.try_reserve_work(1, 50, None, None).unwrap();
@@ -873,13 +881,8 @@ async fn a_slot_given_back_goes_to_a_waiting_request_whenever_one_takes_it() {
         let backends: Vec<_> = (1..=3)
             .map(|i| backend(&format!("b{i}"), i, &queue))
             .collect();
-        let at = |ms| Instant::now() + Duration::from_millis(ms);
         for b in &backends {
-            let (tokens, ms) = (500 + next(2000), 20 + next(200));
-            for i in 0..8 {
-                let rate = &b.live.prefill_rate;
-                rate.answered(tokens, 0, at(i * ms), at(i * ms + ms));
-            }
+            learned(b, 500 + next(2000), 20 + next(200));
         }
         let mut q = config(1);
         q.size = 16;
