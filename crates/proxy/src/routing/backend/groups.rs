@@ -1,6 +1,5 @@
 //! The groups a backend serves (`key.group`): which groups reached it
-//! lately ([`super::recent`]: 2.5 to 5 minutes, with how much it computed
-//! since), and at which rank of their candidates its conversations were
+//! lately ([`super::recent`]: 2.5 to 5 minutes), and at which rank of their candidates its conversations were
 //! placed.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -48,16 +47,15 @@ impl Groups {
         self.placements[rank.index()].load(Ordering::Relaxed)
     }
 
-    /// A request of `group` was served here, when the backend had computed
-    /// `computed` tokens.
-    pub(crate) fn served(&self, group: GroupKey, computed: u64) {
-        self.seen.served(group.hash(), computed);
+    /// A request of `group` was served here.
+    pub(crate) fn served(&self, group: GroupKey) {
+        self.seen.served(group.hash());
     }
 
-    /// Whether `group` was served here lately and its head is likely still
+    /// Whether `group` was served here lately: its head is likely still
     /// cached ([`Recent::holds`]).
-    pub(crate) fn holds(&self, group: GroupKey, computed: u64, room: Option<u64>) -> bool {
-        self.seen.holds(group.hash(), computed, room)
+    pub(crate) fn holds(&self, group: GroupKey) -> bool {
+        self.seen.holds(group.hash())
     }
 
     /// Distinct groups served here in the current and the previous period.

@@ -14,7 +14,7 @@
 //! | [`drain`] | when a removed backend's connections must close |
 //! | [`groups`] | `key.group`: distinct groups served lately, placements by candidate rank |
 //! | [`rate`] | `queue`: the prefill rate learned from its answers (work over busy time) |
-//! | [`recent`] | hashes served lately (groups, system heads), and how much was computed since |
+//! | [`recent`] | hashes served lately (groups, system heads): heads a cache likely holds |
 //!
 //! Live state lives behind its own `Arc`, so a reload can hand the same live
 //! state to the next snapshot when a backend's name and address are
@@ -130,23 +130,20 @@ pub(crate) trait SlotFreed: Send + Sync + std::fmt::Debug {
 impl Live {
     /// A request of `group` was served here.
     pub(crate) fn served_group(&self, group: GroupKey) {
-        self.groups.served(group, self.load.computed());
+        self.groups.served(group);
     }
 
     /// Whether its cache likely still holds `group`'s head: the group was
-    /// served here lately and, where the engine says the size of its cache,
-    /// fewer tokens were computed here since than the cache keeps of what
-    /// no running request holds ([`Live::kv_room`]: a cache evicts there,
-    /// the least recently used first).
+    /// served here lately ([`recent`]: a shared head is the last of its
+    /// chain a cache lets go, however much was computed since).
     pub(crate) fn holds_head(&self, group: GroupKey) -> bool {
-        self.groups
-            .holds(group, self.load.computed(), self.kv_room())
+        self.groups.holds(group)
     }
 
     /// Whether its cache likely still holds the system head hashed `hash`,
     /// as [`Live::holds_head`] tells a group's.
     pub(crate) fn holds_system_head(&self, hash: u64) -> bool {
-        (self.system_heads).holds(hash, self.load.computed(), self.kv_room())
+        self.system_heads.holds(hash)
     }
 
     /// Whether its cache has likely pushed out what was last used when it
@@ -288,7 +285,7 @@ impl WorkGuard {
         (live.prefill_rate).answered(self.tokens, self.fleet_ahead, self.sent, now);
         live.load.count_computed(self.tokens);
         if let Some(hash) = self.system_head {
-            live.system_heads.served(hash, live.load.computed());
+            live.system_heads.served(hash);
         }
     }
 

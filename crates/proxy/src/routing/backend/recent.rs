@@ -1,15 +1,18 @@
-//! Hashes a backend served lately (groups, heads), each with the backend's
-//! computed tokens when it was last served ([`super::load::Load::computed`]),
-//! which tells whether what it names is likely still in the engine's cache.
+//! Hashes a backend served lately (groups, system heads): what its
+//! engine's cache likely holds. A shared head is the last of its chain a
+//! cache lets go (engines free a finished request's blocks tail first, and
+//! every request that shares it touches it again), so it counts while it
+//! was served lately, however much was computed since. A conversation's own
+//! blocks are judged by what was computed since ([`pushed_out`]).
 //!
-//! Two rotating maps: the current one, and the one before it; every
-//! [`RECENT_PERIOD`] the current map becomes the previous one and a new one
+//! Two rotating sets: the current one, and the one before it; every
+//! [`RECENT_PERIOD`] the current set becomes the previous one and a new one
 //! starts, so a hash counts for between one and two periods (2.5 to 5
-//! minutes). Each map holds at most [`MAX_RECENT`] hashes (16 bytes each,
-//! about 160 KiB per map): past that, new hashes are not added until the
-//! next rotation.
+//! minutes). Each set holds at most [`MAX_RECENT`] hashes (8 bytes each,
+//! under 150 KiB per set with the table's own): past that, new hashes are
+//! not added until the next rotation.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -20,17 +23,16 @@ pub(crate) const RECENT_PERIOD: Duration = Duration::from_secs(150);
 /// The most hashes one map holds.
 pub(crate) const MAX_RECENT: usize = 10_000;
 
-/// Hashes served lately, with when (in computed tokens).
+/// Hashes served lately.
 #[derive(Debug)]
 pub(crate) struct Recent {
-    maps: Mutex<Maps>,
+    sets: Mutex<Sets>,
 }
 
 #[derive(Debug)]
-struct Maps {
-    /// Hash to the backend's computed tokens when it was last served.
-    current: HashMap<u64, u64>,
-    previous: HashMap<u64, u64>,
+struct Sets {
+    current: HashSet<u64>,
+    previous: HashSet<u64>,
     /// When `current` started collecting.
     since: Instant,
 }
@@ -38,17 +40,17 @@ struct Maps {
 impl Default for Recent {
     fn default() -> Self {
         Recent {
-            maps: Mutex::new(Maps {
-                current: HashMap::new(),
-                previous: HashMap::new(),
+            sets: Mutex::new(Sets {
+                current: HashSet::new(),
+                previous: HashSet::new(),
                 since: Instant::now(),
             }),
         }
     }
 }
 
-impl Maps {
-    /// Rotates the maps for the time passed since `since`.
+impl Sets {
+    /// Rotates the sets for the time passed since `since`.
     fn rotate(&mut self, now: Instant) {
         let elapsed = now.saturating_duration_since(self.since);
         if elapsed < RECENT_PERIOD {
@@ -74,41 +76,34 @@ pub(crate) fn pushed_out(then: u64, now: u64, room: Option<u64>) -> bool {
 }
 
 impl Recent {
-    /// `hash` was served, when the backend had computed `computed` tokens.
-    pub(crate) fn served(&self, hash: u64, computed: u64) {
-        let mut maps = self.lock();
-        let full = maps.current.len() >= MAX_RECENT;
-        if let Some(at) = maps.current.get_mut(&hash) {
-            *at = computed;
-        } else if !full {
-            maps.current.insert(hash, computed);
+    /// `hash` was served.
+    pub(crate) fn served(&self, hash: u64) {
+        let mut sets = self.lock();
+        if sets.current.len() < MAX_RECENT {
+            sets.current.insert(hash);
         }
     }
 
-    /// Whether `hash` was served in the current or the previous period
-    /// and, with the cache's room in tokens known (`room`), a cache that
-    /// evicts the least recently used has not pushed it out yet
-    /// ([`pushed_out`]; `computed` now).
-    pub(crate) fn holds(&self, hash: u64, computed: u64, room: Option<u64>) -> bool {
-        let maps = self.lock();
-        let at = maps.current.get(&hash).or_else(|| maps.previous.get(&hash));
-        at.is_some_and(|&at| !pushed_out(at, computed, room))
+    /// Whether `hash` was served in the current or the previous period.
+    pub(crate) fn holds(&self, hash: u64) -> bool {
+        let sets = self.lock();
+        sets.current.contains(&hash) || sets.previous.contains(&hash)
     }
 
     /// Distinct hashes served in the current and the previous period.
     pub(crate) fn count(&self) -> usize {
-        let maps = self.lock();
-        let earlier = (maps.previous.keys())
-            .filter(|h| !maps.current.contains_key(h))
+        let sets = self.lock();
+        let earlier = (sets.previous.iter())
+            .filter(|h| !sets.current.contains(h))
             .count();
-        maps.current.len() + earlier
+        sets.current.len() + earlier
     }
 
-    /// The maps, rotated to now.
-    fn lock(&self) -> std::sync::MutexGuard<'_, Maps> {
-        let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
-        maps.rotate(Instant::now());
-        maps
+    /// The sets, rotated to now.
+    fn lock(&self) -> std::sync::MutexGuard<'_, Sets> {
+        let mut sets = self.sets.lock().unwrap_or_else(|e| e.into_inner());
+        sets.rotate(Instant::now());
+        sets
     }
 }
 
@@ -119,20 +114,20 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn hashes_count_over_two_periods() {
         let recent = Recent::default();
-        recent.served(1, 0);
-        recent.served(2, 0);
-        recent.served(1, 0);
+        recent.served(1);
+        recent.served(2);
+        recent.served(1);
         assert_eq!(recent.count(), 2);
-        assert!(recent.holds(2, 0, None) && !recent.holds(3, 0, None));
+        assert!(recent.holds(2) && !recent.holds(3));
         tokio::time::advance(RECENT_PERIOD).await;
-        recent.served(2, 0);
-        recent.served(3, 0);
+        recent.served(2);
+        recent.served(3);
         // 1 from the previous period, 2 and 3 from this one.
         assert_eq!(recent.count(), 3);
         tokio::time::advance(RECENT_PERIOD).await;
         // 2 and 3 now from the previous period.
         assert_eq!(recent.count(), 2);
-        assert!(recent.holds(3, 0, None) && !recent.holds(1, 0, None));
+        assert!(recent.holds(3) && !recent.holds(1));
         tokio::time::advance(2 * RECENT_PERIOD).await;
         assert_eq!(recent.count(), 0);
     }
@@ -141,23 +136,20 @@ mod tests {
     fn a_map_is_bounded() {
         let recent = Recent::default();
         for h in 0..(MAX_RECENT as u64 + 50) {
-            recent.served(h, 0);
+            recent.served(h);
         }
         assert_eq!(recent.count(), MAX_RECENT);
     }
 
     #[test]
-    fn a_cache_of_known_size_pushes_out_what_was_served_before_it_filled() {
-        let recent = Recent::default();
-        recent.served(7, 1_000);
-        assert!(recent.holds(7, 10_999, Some(10_000)));
-        assert!(!recent.holds(7, 11_000, Some(10_000)));
-        assert!(recent.holds(7, 11_000, None));
-        recent.served(7, 11_000);
-        assert!(recent.holds(7, 11_000, Some(10_000)));
+    fn a_cache_of_known_size_pushes_out_what_was_used_before_its_room_was_computed() {
+        assert!(!pushed_out(1_000, 10_999, Some(10_000)));
+        assert!(pushed_out(1_000, 11_000, Some(10_000)));
+        // Its room unknown, nothing is judged pushed out.
+        assert!(!pushed_out(1_000, 1_000_000, None));
         // A cache held whole by running requests: nothing computed since,
         // nothing pushed out; one token more, gone.
-        assert!(recent.holds(7, 11_000, Some(0)));
-        assert!(!recent.holds(7, 11_001, Some(0)));
+        assert!(!pushed_out(11_000, 11_000, Some(0)));
+        assert!(pushed_out(11_000, 11_001, Some(0)));
     }
 }
