@@ -1,6 +1,6 @@
 //! The groups a backend serves (`key.group`): which groups reached it
-//! lately ([`super::recent`]: 2.5 to 5 minutes), and at which rank of their candidates its conversations were
-//! placed.
+//! lately ([`super::recent`]: 2.5 to 5 minutes), and at which rank of
+//! their candidates its conversations were placed.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

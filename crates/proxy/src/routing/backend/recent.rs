@@ -18,9 +18,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// How long one map collects before it rotates.
+/// How long one set collects before it rotates.
 pub(crate) const RECENT_PERIOD: Duration = Duration::from_secs(150);
-/// The most hashes one map holds.
+/// The most hashes one set holds.
 pub(crate) const MAX_RECENT: usize = 10_000;
 
 /// Hashes served lately.
@@ -133,7 +133,7 @@ mod tests {
     }
 
     #[test]
-    fn a_map_is_bounded() {
+    fn a_set_is_bounded() {
         let recent = Recent::default();
         for h in 0..(MAX_RECENT as u64 + 50) {
             recent.served(h);

@@ -60,7 +60,7 @@ pub(crate) struct Picked<W> {
 
 /// Where a waiting request is: its class, its tenant's turn in it, its
 /// place in that tenant's line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) struct Place {
     class: usize,
     tenant: usize,
