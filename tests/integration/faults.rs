@@ -11,6 +11,10 @@ use crate::support::*;
 /// A file descriptor limit low enough to reach with a few dozen connections.
 const FD_LIMIT: u32 = 48;
 
+/// Idle admin connections the fd-limit test closes, one per client stuck in
+/// the backlog, to free the one fd that client's accept needs.
+const SPARE_ADMIN_CONNECTIONS: usize = 6;
+
 async fn metrics(admin: std::net::SocketAddr) -> String {
     let (status, body) = admin_get(admin, "/metrics").await;
     assert_eq!(status, 200, "{body}");
@@ -34,32 +38,37 @@ async fn out_of_fds_on_connect_blames_no_backend() {
     let listen = child.listen_addr().await;
     let admin = child.admin_addr().await;
     // The first round of health checks opens a connection to each backend
-    // at start: once all three closed, no fd comes free but the test's own
-    // (one coming free while a client waits in the backlog would let it
-    // through and leave the next one there for good).
+    // at start: once all three closed, no fd comes free but the test's own.
     for _ in 0..3 {
         backends.next_report().await;
     }
 
-    // A proxied connection costs magpie two fds. An idle admin connection
-    // costs one: closing it when a client is stuck in the backlog (magpie
-    // logged that it had no fd to accept it) frees exactly the fd that
-    // accept then takes, leaving none for the backend connect. Whether the
-    // limit falls on an accept or on a connect depends on the fds magpie
-    // holds besides; the test takes either.
-    let spare = tokio::net::TcpStream::connect(admin)
-        .await
-        .expect("idle admin connection");
-    let mut spare = Some(spare);
+    // A proxied connection costs magpie two fds, an idle admin connection
+    // one: closing one when a client is stuck in the backlog (magpie logged
+    // that it had no fd to accept it) frees exactly the fd that accept then
+    // takes, leaving none for the backend connect. Whether the limit falls
+    // on an accept or on a connect depends on the fds magpie holds besides;
+    // the test takes either. An fd magpie held for a moment and gave back
+    // while a client waited lets that client through with a spare gone, and
+    // the next one sticks: another spare is closed for it.
+    let mut spares = Vec::new();
+    for _ in 0..SPARE_ADMIN_CONNECTIONS {
+        spares.push(connect(admin).await);
+    }
     let mut held = Vec::new();
     let mut refused = false;
     for _ in 0..FD_LIMIT {
         let mut stream = connect(listen).await;
-        let greeting = tokio::select! {
-            greeting = try_read_greeting(&mut stream) => greeting,
-            _ = child.wait_for_line("accept failed"), if spare.is_some() => {
-                drop(spare.take());
-                try_read_greeting(&mut stream).await
+        let greeting = {
+            let greeting = try_read_greeting(&mut stream);
+            tokio::pin!(greeting);
+            loop {
+                tokio::select! {
+                    greeting = &mut greeting => break greeting,
+                    _ = child.wait_for_line("accept failed"), if !spares.is_empty() => {
+                        spares.pop();
+                    }
+                }
             }
         };
         match greeting {
@@ -76,14 +85,20 @@ async fn out_of_fds_on_connect_blames_no_backend() {
         held.len()
     );
     drop(held);
-    drop(spare);
+    drop(spares);
 
-    // Once fds are free again, every backend is still up and unblamed.
-    let mut stream = connect(listen).await;
-    assert!(
-        try_read_greeting(&mut stream).await.is_some(),
-        "a new connection after the fds came back"
-    );
+    // Once magpie has closed the held connections' fds, every backend is
+    // still up and unblamed. Until it has, a client may again be accepted
+    // and find no fd for its backend: each try ends in a greeting or a close.
+    within("a connection served once the fds came back", async {
+        loop {
+            let mut stream = connect(listen).await;
+            if try_read_greeting(&mut stream).await.is_some() {
+                break;
+            }
+        }
+    })
+    .await;
     let text = metrics(admin).await;
     assert!(
         metric_sum(
