@@ -4,8 +4,11 @@
 //! without `max_waiting` only its KV cache fills it),
 //! pinned keys stay unless it is far over, a scrape that hangs or answers
 //! garbage marks nothing down and delays no request, and a value older than
-//! `max_age` is ignored. Every wait polls magpie's own `/metrics` until the
-//! scrape shows what the test set, within the suite's patience.
+//! `max_age` is ignored. Under `queue`, an engine takes no more prefill
+//! than its cache keeps unheld, and a shared head counts where it was
+//! answered lately however much was computed there since. Every wait polls
+//! magpie's own `/metrics` until the scrape shows what the test set, within
+//! the suite's patience.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -15,6 +18,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::Request;
+use magpie_core::key::group::{GroupBy, body_group_key};
 use magpie_core::key::text_key;
 
 use crate::support::*;
@@ -366,6 +370,86 @@ async fn an_engine_takes_no_more_prefill_than_its_cache_keeps_unheld() {
     a.release(2);
     for request in [long, short] {
         assert_eq!(request.await.expect("a request"), "a");
+    }
+    magpie.stop().await;
+}
+
+/// A chat body: `system` as its instructions, then one user message.
+fn chat_body(system: &str, user: &str) -> String {
+    format!(
+        r#"{{"model":"m","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"{user}"}}]}}"#
+    )
+}
+
+/// A request of `session` to `path` with `body` (`/held` waits at the
+/// engine until the test lets it go), on a connection of its own.
+fn post(
+    magpie: &Magpie,
+    path: &str,
+    session: &str,
+    body: String,
+) -> tokio::task::JoinHandle<String> {
+    let request = Request::post(path)
+        .header("x-session-id", session)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .expect("a request");
+    let addr = magpie.addr;
+    tokio::spawn(async move { KeepAlive::connect(addr).await.served_by(request).await })
+}
+
+/// A shared head is the last of its chain an engine's cache lets go, so
+/// under `queue` it counts at the engine that answered it lately however
+/// much that engine computed since. An 800-token system head answered at
+/// its group's first candidate, which then computes 1,800 tokens of another
+/// conversation (more than the 1,500 its cache keeps unheld): a new
+/// conversation with that head still goes there with 200 tokens held ahead
+/// of it (200 + 20 to compute against 820 at the idle one), and goes to
+/// the idle one with 1,200 held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_head_counts_where_it_was_answered_however_much_was_computed_since() {
+    let engines = FakeEngines::start(&["a", "b"]).await;
+    for engine in &engines.list {
+        engine.set(cache_metrics(0.25));
+    }
+    let extra = "sessions:\n  ttl: 10m\nqueue:\n  max_inflight: 8\n  timeout: 30s\n";
+    let grouped = settings(extra).replace(
+        "header: x-session-id\n",
+        "header: x-session-id\n  group: system\n",
+    );
+    let yaml = config_yaml_with_admin("127.0.0.1:0", &grouped, &engines.pairs());
+    let magpie = Magpie::start(&yaml).await;
+    let admin = magpie.admin.expect("admin is on");
+    until_metrics(admin, "both caches' sizes and use", |t| {
+        metric_sum(t, "magpie_backend_engine_kv_capacity_tokens", &[]) == 4000.0
+            && metric_sum(t, "magpie_backend_engine_kv_usage", &[]) == 0.5
+    })
+    .await;
+    let head = "h".repeat(3200);
+    let group = body_group_key(chat_body(&head, "x").as_bytes(), &GroupBy::System);
+    let order = magpie.candidates(group.expect("a group"));
+    let (home, other) = (order[0].clone(), order[1].clone());
+    let served = |session: &str, user: &str| post(&magpie, "/", session, chat_body(&head, user));
+    assert_eq!(served("one", "one").await.expect("one"), home);
+    // 1,800 tokens of a conversation without the head computed there.
+    let bulk = magpie.sessions_of(&home, "bulk", 1).remove(0);
+    let turn = |path: &str, bytes: usize| post(&magpie, path, &bulk, "x".repeat(bytes));
+    assert_eq!(turn("/", 7200).await.expect("bulk"), home);
+    let prefill = || magpie.backend_metric("magpie_backend_prefill_tokens", &home, &[]);
+    // Its next turn, 200 tokens more, held there before its first byte.
+    let second = turn("/held", 8000);
+    engines.get(&home).until_held(1).await;
+    assert_eq!(prefill(), 200);
+    assert_eq!(served("two", "two").await.expect("two"), home);
+    // Its third held there too, 1,000 tokens past the answered first (the
+    // second's answer has not begun): the head no longer pays for the wait.
+    let third = turn("/held", 11_200);
+    engines.get(&home).until_held(2).await;
+    assert_eq!(prefill(), 1200);
+    assert_eq!(served("three", "three").await.expect("three"), other);
+    engines.get(&home).release(2);
+    for held in [second, third] {
+        assert_eq!(held.await.expect("a held turn"), home);
     }
     magpie.stop().await;
 }
