@@ -434,3 +434,63 @@ async fn stall(redis: &RedisServer) -> tokio::task::JoinHandle<()> {
     .await;
     stall
 }
+
+/// Waits until every magpie of the store last wrote no work anywhere (the
+/// work written with a binding counts its request until the next write).
+async fn fleet_idle(redis: &RedisServer) {
+    within("the fleet's work to be written as none", async {
+        loop {
+            let redis::Value::Array(keys) = redis.command(&[b"KEYS", b"magpie:work:*"]).await
+            else {
+                panic!("KEYS answers an array");
+            };
+            let mut idle = !keys.is_empty();
+            for key in keys {
+                let redis::Value::BulkString(key) = key else {
+                    panic!("a key name");
+                };
+                let value = redis.command(&[b"GET", &key]).await;
+                idle &= matches!(value, redis::Value::BulkString(ref v) if v.is_empty());
+            }
+            if idle {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
+/// A conversation that shares its system prompt with one the other magpie
+/// placed goes where that one went, though this magpie never served the
+/// prompt: the script that bound the first conversation kept where it went
+/// by its head, and the second one's lookup read that. Its own group's
+/// first candidate is the other backend, where all 2,000 tokens of the
+/// prompt would be computed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_goes_where_the_other_magpie_served_its_system_prompt() {
+    let redis = RedisServer::start().await;
+    let backends = HyperBackends::start(&["a", "b"]).await;
+    let fleet = Fleet::start(&store_settings_by_opening(redis.addr), &backends.pairs()).await;
+    let [one, two] = &fleet.magpies;
+    let system = "s".repeat(8000);
+    let primary = |user: &str| {
+        let body = chat(&system, user);
+        let group = body_group_key(body.as_bytes(), &GroupBy::Conversation).expect("a group");
+        one.candidates(group)[0].clone()
+    };
+    let mut via_one = KeepAlive::connect(one.addr).await;
+    let first = via_one.post_json(&chat(&system, "one"), Some("one")).await;
+    assert_eq!(bound(&redis, "one").await, first);
+    fleet_idle(&redis).await;
+    let user = (0..1000)
+        .map(|i| format!("question {i}"))
+        .find(|u| primary(u) != first)
+        .expect("a group of the other backend");
+    let mut via_two = KeepAlive::connect(two.addr).await;
+    assert_eq!(
+        via_two.post_json(&chat(&system, &user), Some("two")).await,
+        first,
+        "where the other magpie's conversation left its system prompt"
+    );
+}

@@ -31,7 +31,7 @@ use super::request_body::RequestBody;
 use crate::config::{Config, KeyConfig, KeyRead, KeySources};
 use crate::net::Client;
 use crate::routing::decision;
-use crate::routing::keys::{GroupKey, Keys, OpeningKey, SessionKey};
+use crate::routing::keys::{GroupKey, Keys, OpeningKey, SessionKey, SharedHead};
 use crate::routing::llm::work::Heads;
 use crate::routing::queue::Standing;
 use crate::telemetry::key_budget::{Held, KeyBudget};
@@ -90,6 +90,11 @@ impl RequestKey {
                 group,
                 opening: self.opening,
                 later_turn: self.later_turn,
+                head: SharedHead::of(
+                    group,
+                    self.heads.group_bytes,
+                    self.heads.system.map(|(h, _)| h),
+                ),
             },
             fallback: self.fallback.is_some(),
             standing,

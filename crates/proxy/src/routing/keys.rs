@@ -2,7 +2,8 @@
 //! its own so that one cannot be passed for another: the session key (its
 //! pin, its key memory; the table's key when it has no group), the group
 //! key (`key.group`: what the table is looked up by), the opening (how a
-//! conversation opens, `queue`) and the tenant (`queue.tenant`).
+//! conversation opens, `queue`), the shared head (what of a prompt other
+//! conversations share, `queue`) and the tenant (`queue.tenant`).
 //!
 //! Each is an `h64` of what the config names ([`magpie_core::key`]); the
 //! table itself is looked up by a bare hash ([`Keys::table`]), as the
@@ -107,6 +108,42 @@ impl MemoryKey {
     }
 }
 
+/// The head a request shares with other conversations (`queue`): its
+/// system head (model, instructions, tools), else its group's head. A
+/// backend that served it lately likely still caches it; with a shared
+/// store, where the fleet served it is kept for the others
+/// ([`crate::routing::sessions::placed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SharedHead {
+    Group(GroupKey),
+    System(u64),
+}
+
+impl SharedHead {
+    /// The head of a request of `group` whose body shares `heads`
+    /// ([`crate::routing::llm::work::Heads`]: the group's head's bytes, the
+    /// system head's hash and bytes).
+    pub(crate) fn of(
+        group: Option<GroupKey>,
+        group_bytes: u64,
+        system: Option<u64>,
+    ) -> Option<SharedHead> {
+        match (system, group) {
+            (Some(hash), _) => Some(SharedHead::System(hash)),
+            (None, Some(group)) if group_bytes > 0 => Some(SharedHead::Group(group)),
+            _ => None,
+        }
+    }
+
+    /// Its name in the store: its kind and hash.
+    pub(crate) fn name(self) -> String {
+        match self {
+            SharedHead::Group(group) => format!("g{:016x}", group.hash()),
+            SharedHead::System(hash) => format!("s{hash:016x}"),
+        }
+    }
+}
+
 /// The keys of one request (a connection or a flow has a session key only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Keys {
@@ -119,6 +156,9 @@ pub(crate) struct Keys {
     /// an earlier turn is worth waiting longer for
     /// ([`crate::routing::sessions::store::Store::deadline_for`]).
     pub(crate) later_turn: bool,
+    /// The head it shares with other conversations, when its body was read
+    /// for a key and has one.
+    pub(crate) head: Option<SharedHead>,
 }
 
 impl Keys {
@@ -129,6 +169,7 @@ impl Keys {
             group: None,
             opening: None,
             later_turn: false,
+            head: None,
         }
     }
 
@@ -160,5 +201,21 @@ mod tests {
         let (session, opening) = (SessionKey::new(7), OpeningKey::new(7));
         assert_eq!(session.memory().hash(), 7);
         assert_ne!(opening.memory(), session.memory());
+    }
+
+    #[test]
+    fn a_shared_head_is_the_system_head_else_a_group_head_of_some_bytes() {
+        let group = Some(GroupKey::new(9));
+        let system = SharedHead::of(group, 4000, Some(5));
+        assert_eq!(system, Some(SharedHead::System(5)));
+        assert_eq!(
+            SharedHead::of(group, 4000, None),
+            Some(SharedHead::Group(GroupKey::new(9)))
+        );
+        assert_eq!(SharedHead::of(group, 0, None), None);
+        assert_eq!(SharedHead::of(None, 4000, None), None);
+        let names =
+            [SharedHead::System(9), SharedHead::Group(GroupKey::new(9))].map(SharedHead::name);
+        assert_eq!(names, ["s0000000000000009", "g0000000000000009"]);
     }
 }

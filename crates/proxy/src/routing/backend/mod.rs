@@ -42,7 +42,7 @@ use self::recent::Recent;
 use self::traffic::Traffic;
 use crate::config::BackendConfig;
 use crate::routing::health::{self, EngineLoad, Health};
-use crate::routing::keys::GroupKey;
+use crate::routing::keys::{GroupKey, SharedHead};
 
 #[derive(Debug)]
 pub struct Backend {
@@ -131,6 +131,16 @@ impl Live {
     /// A request of `group` was served here.
     pub(crate) fn served_group(&self, group: GroupKey) {
         self.groups.served(group);
+    }
+
+    /// Another magpie of the fleet served `head` here lately: it counts as
+    /// this magpie's own serving does ([`Live::holds_head`],
+    /// [`Live::holds_system_head`]).
+    pub(crate) fn served_elsewhere(&self, head: SharedHead) {
+        match head {
+            SharedHead::Group(group) => self.groups.served(group),
+            SharedHead::System(hash) => self.system_heads.served(hash),
+        }
     }
 
     /// Whether its cache likely still holds `group`'s head: the group was

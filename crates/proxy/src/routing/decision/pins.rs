@@ -112,7 +112,12 @@ impl Pinned {
         if let Some(shared) = &self.shared {
             let key = keys.session.hash();
             let opening = keys.opening.map(|o| (o, prompt_bytes));
-            let beside = Beside { backends, opening };
+            let head = keys.head;
+            let beside = Beside {
+                backends,
+                opening,
+                head,
+            };
             (self.sessions).bind_shared(key, &backend.name, shared, beside);
         } else if self.bind_served {
             self.sessions.pins.bind(keys.session.hash(), &backend.name);
@@ -242,6 +247,7 @@ async fn placed_then_bound(
     let work = fleet::own_work(&snapshot.backends);
     let told = Told {
         opening: keys.opening,
+        head: keys.head,
         prompt_bytes,
     };
     let found = store.lookup(session, told, (&sessions.fleet, work), deadline);
@@ -255,6 +261,12 @@ async fn placed_then_bound(
     };
     if let Some(others) = &found.fleet {
         fleet::apply(&snapshot.backends, others);
+    }
+    // Where the fleet last placed a conversation sharing its head holds it.
+    if let Some(head) = keys.head
+        && let Some(at) = found.head_at.as_deref().and_then(|at| snapshot.backend(at))
+    {
+        at.live.served_elsewhere(head);
     }
     let held = found.held;
     let pin = held.as_deref().and_then(|name| usable(snapshot, name));

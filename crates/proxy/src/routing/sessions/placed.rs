@@ -31,7 +31,11 @@
 //! ([`Opened`]): a new binding keeps, by how its conversation opens, where
 //! it went, and a lookup without a binding reads that, so a conversation
 //! that opens like one another magpie placed lately goes there too
-//! ([`crate::routing::llm::openings`]).
+//! ([`crate::routing::llm::openings`]), and where the fleet's conversations
+//! that share a head ([`SharedHead`]) were placed: a new binding keeps
+//! where it went for [`HEAD_LIFETIME`], and a lookup without a binding
+//! reads it, so the head counts as served there for this magpie too
+//! ([`crate::routing::backend::Live::served_elsewhere`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
@@ -42,7 +46,7 @@ use super::fleet::{self, FUNCTIONS};
 use super::store::{BIND_STEP, MAX_BINDING, READ_BINDING, Store, bindable};
 use super::{Member, Sessions};
 use crate::routing::backend::Backend;
-use crate::routing::keys::OpeningKey;
+use crate::routing::keys::{OpeningKey, SharedHead};
 
 /// Writes this magpie's work (the fleet's keys and arguments from KEYS[2]
 /// and ARGV[3]), swaps KEYS[4]'s bytes the key's latest request sent for
@@ -50,9 +54,10 @@ use crate::routing::keys::OpeningKey;
 /// is [`MAX_BINDING`]) and extends it by ARGV[2] ms: {the binding, or an
 /// empty string for none, 1 if a bad value was removed, the bytes the
 /// latest request before sent (or an empty string), and without a binding
-/// the other magpies' work and KEYS[5]'s record of how the latest
-/// conversation that opens alike went (an [`Opened`], or an empty
-/// string)}.
+/// the other magpies' work, the record of how the latest conversation that
+/// opens alike went (an [`Opened`], from KEYS[5] when ARGV[9] is 1) and
+/// the backend the latest conversation sharing its head went to (from the
+/// key after; empty strings for none)}.
 const LOOKUP: &str = r"
 write(fleet(2, 3))
 local sent = ''
@@ -63,30 +68,48 @@ redis.call('SET', KEYS[4], ARGV[8], 'PX', ARGV[2])
 local held, bad = read(tonumber(ARGV[1]))
 if held then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {held, bad, sent, {}, ''}
+  return {held, bad, sent, {}, '', ''}
 end
-local opened = ''
-if KEYS[5] and redis.call('TYPE', KEYS[5])['ok'] == 'string'
-    and redis.call('STRLEN', KEYS[5]) <= tonumber(ARGV[1]) + 21 then
-  opened = redis.call('GET', KEYS[5])
+local function small(key, max)
+  if key and redis.call('TYPE', key)['ok'] == 'string' and redis.call('STRLEN', key) <= max then
+    return redis.call('GET', key)
+  end
+  return ''
 end
-return {'', bad, sent, others(fleet(2, 3)), opened}
+local opened, at = '', 5
+if ARGV[9] == '1' then
+  opened, at = small(KEYS[5], tonumber(ARGV[1]) + 21), 6
+end
+return {'', bad, sent, others(fleet(2, 3)), opened, small(KEYS[at], tonumber(ARGV[1]))}
 ";
 
 /// Binds KEYS[1] as [`BIND_STEP`] does and writes this magpie's work (the
-/// fleet's keys and arguments from KEYS[2] and ARGV[4]), and with KEYS[4]
-/// the record of how its conversation opened, ARGV[9], for ARGV[3] ms:
-/// {the binding that holds now, 1 if a bad value was replaced}.
+/// fleet's keys and arguments from KEYS[2] and ARGV[4]); unless ARGV[9] is
+/// empty, KEYS[4] keeps it, the record of how its conversation opened, for
+/// ARGV[3] ms; and the key after, if given, keeps its backend, ARGV[2], as
+/// where its head was served, for ARGV[10] ms: {the binding that holds
+/// now, 1 if a bad value was replaced}.
 const PLACE: &str = r"
 write(fleet(2, 4))
-if KEYS[4] then redis.call('SET', KEYS[4], ARGV[9], 'PX', ARGV[3]) end
+local at = 4
+if ARGV[9] ~= '' then
+  redis.call('SET', KEYS[4], ARGV[9], 'PX', ARGV[3])
+  at = 5
+end
+if KEYS[at] then redis.call('SET', KEYS[at], ARGV[2], 'PX', ARGV[10]) end
 return {held, bad}
 ";
 
+/// How long the store keeps where a head was served: as long as a backend
+/// counts a head it served as cached at the longest
+/// ([`crate::routing::backend::recent`]).
+const HEAD_LIFETIME: std::time::Duration =
+    crate::routing::backend::recent::RECENT_PERIOD.saturating_mul(2);
+
 /// [`LOOKUP`]'s reply: the binding, whether a bad value was removed, the
-/// bytes the latest request sent, the others' work and the opening's
-/// record.
-type LookupReply = (Vec<u8>, u8, Vec<u8>, Vec<Vec<u8>>, Vec<u8>);
+/// bytes the latest request sent, the others' work, the opening's record
+/// and where its head was served.
+type LookupReply = (Vec<u8>, u8, Vec<u8>, Vec<Vec<u8>>, Vec<u8>, Vec<u8>);
 
 static LOOKUP_SCRIPT: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(&format!("{READ_BINDING}{FUNCTIONS}{LOOKUP}")));
@@ -110,6 +133,9 @@ pub(crate) struct Found {
     /// Without a binding: where the latest conversation that opens alike
     /// went, through any magpie.
     pub(crate) opened: Option<Opened>,
+    /// Without a binding: the backend the latest conversation that shares
+    /// its head went to, through any magpie.
+    pub(crate) head_at: Option<String>,
 }
 
 /// Where a conversation's first request went and its body's bytes, kept
@@ -137,10 +163,11 @@ impl Opened {
 }
 
 /// What a lookup tells the store of its request: how its conversation
-/// opens, and its body's bytes.
+/// opens, the head it shares, and its body's bytes.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Told {
     pub(crate) opening: Option<OpeningKey>,
+    pub(crate) head: Option<SharedHead>,
     pub(crate) prompt_bytes: u64,
 }
 
@@ -173,16 +200,20 @@ impl Store {
         member.add(&mut invocation, self, Some(work));
         invocation
             .key(self.prefixed(&format!("sent:{key:016x}")))
-            .arg(told.prompt_bytes);
+            .arg(told.prompt_bytes)
+            .arg(u8::from(told.opening.is_some()));
         if let Some(opening) = told.opening {
             invocation.key(self.opening_key(opening));
+        }
+        if let Some(head) = told.head {
+            invocation.key(self.head_key(head));
         }
         let reply: Option<LookupReply> = self
             .run(deadline, |mut c| async move {
                 invocation.invoke_async(&mut c).await
             })
             .await;
-        let Some((held, bad, sent, others, opened)) = reply else {
+        let Some((held, bad, sent, others, opened, head_at)) = reply else {
             self.fell_back();
             return None;
         };
@@ -194,13 +225,21 @@ impl Store {
         let sent = std::str::from_utf8(&sent).ok().and_then(|s| s.parse().ok());
         let sent = sent.filter(|&bytes: &u64| bytes > 0);
         let opened = Opened::read(&opened);
+        let head_at = String::from_utf8(head_at).ok();
+        let head_at = head_at.filter(|at| (1..=MAX_BINDING).contains(&at.len()));
         Some(Found {
             held,
             sent,
             fleet,
             others_live,
             opened,
+            head_at,
         })
+    }
+
+    /// Where the backend the fleet last served `head` at is kept.
+    fn head_key(&self, head: SharedHead) -> String {
+        self.prefixed(&format!("head:{}", head.name()))
     }
 
     /// Where the record of conversations that open as `opening` is kept.
@@ -218,7 +257,7 @@ impl Store {
         backend: &str,
         member: &Member,
         work: String,
-        opened: Option<(OpeningKey, Opened)>,
+        (opened, head): (Option<(OpeningKey, Opened)>, Option<SharedHead>),
     ) -> Option<Vec<u8>> {
         if !bindable(backend) {
             return None;
@@ -226,10 +265,15 @@ impl Store {
         let mut invocation = PLACE_SCRIPT.key(self.key(key));
         invocation.arg(MAX_BINDING).arg(backend).arg(self.ttl_ms());
         member.add(&mut invocation, self, Some(work));
-        if let Some((opening, opened)) = opened {
-            invocation
+        match opened {
+            Some((opening, opened)) => invocation
                 .key(self.opening_key(opening))
-                .arg(opened.value());
+                .arg(opened.value()),
+            None => invocation.arg(""),
+        };
+        invocation.arg(HEAD_LIFETIME.as_millis() as u64);
+        if let Some(head) = head {
+            invocation.key(self.head_key(head));
         }
         let reply = self
             .run(self.deadline(), |mut c| async move {
@@ -254,6 +298,7 @@ enum Write {
     Place {
         work: String,
         opened: Option<(OpeningKey, Opened)>,
+        head: Option<SharedHead>,
     },
 }
 
@@ -263,6 +308,8 @@ pub(crate) struct Beside<'a> {
     pub(crate) backends: &'a [Arc<Backend>],
     /// How its conversation opens, and its body's bytes.
     pub(crate) opening: Option<(OpeningKey, u64)>,
+    /// The head it shares with other conversations.
+    pub(crate) head: Option<SharedHead>,
 }
 
 impl Sessions {
@@ -297,7 +344,8 @@ impl Sessions {
                     (opening, Opened { at, prompt_bytes })
                 });
                 let work = fleet::own_work(beside.backends);
-                Write::Place { work, opened }
+                let head = beside.head;
+                Write::Place { work, opened, head }
             }
         };
         tokio::spawn(async move {
@@ -306,9 +354,9 @@ impl Sessions {
                     let deadline = store.deadline();
                     (store.replace(key, stale.as_bytes(), &backend, deadline)).await
                 }
-                Write::Place { work, opened } => {
+                Write::Place { work, opened, head } => {
                     let member = &sessions.fleet;
-                    store.place(key, &backend, member, work, opened).await
+                    (store.place(key, &backend, member, work, (opened, head))).await
                 }
             };
             if let Some(held) = held.filter(|held| held != backend.as_bytes()) {
