@@ -374,13 +374,6 @@ async fn an_engine_takes_no_more_prefill_than_its_cache_keeps_unheld() {
     magpie.stop().await;
 }
 
-/// A chat body: `system` as its instructions, then one user message.
-fn chat_body(system: &str, user: &str) -> String {
-    format!(
-        r#"{{"model":"m","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"{user}"}}]}}"#
-    )
-}
-
 /// A request of `session` to `path` with `body` (`/held` waits at the
 /// engine until the test lets it go), on a connection of its own.
 fn post(

@@ -20,13 +20,6 @@ use crate::support::*;
 
 const SOONEST: &str = "mode: http\nkey:\n  from: header\n  header: x-session-id\n  group: system\nsessions:\n  ttl: 10m\nqueue:\n  max_inflight: 8\n  timeout: 30s\n";
 
-/// A chat body: `system` as its instructions, then one user message.
-fn chat(system: &str, user: &str) -> String {
-    format!(
-        r#"{{"model":"m","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"{user}"}}]}}"#
-    )
-}
-
 /// The session [`hold_work`] holds work at `backend` with.
 fn busy_session(magpie: &Magpie, backend: &str) -> String {
     let sessions = magpie.sessions_of(backend, "busy", 1);
@@ -76,7 +69,7 @@ async fn a_conversation_goes_where_its_first_token_comes_soonest() {
     // An agent with a head of 2,000 tokens: its first conversation goes to
     // its group's primary (nothing is cached anywhere, no work is held).
     let head = "h".repeat(8000);
-    let long = |user: &str| chat(&head, user);
+    let long = |user: &str| chat_body(&head, user);
     let group = body_group_key(long("x").as_bytes(), &GroupBy::System).expect("a group");
     let order = magpie.candidates(group);
     assert_eq!(client.post_json(&long("one"), Some("one")).await, order[0]);
@@ -96,7 +89,7 @@ async fn a_conversation_goes_where_its_first_token_comes_soonest() {
 
     // A tiny head (one word) with a long first message: where its group was
     // served counts for almost nothing against the work held there.
-    let tiny = |user: &str| chat("be brief", user);
+    let tiny = |user: &str| chat_body("be brief", user);
     let document = "d".repeat(8000);
     let tiny_group = body_group_key(tiny("x").as_bytes(), &GroupBy::System).expect("a group");
     let tiny_order = magpie.candidates(tiny_group);
@@ -124,18 +117,22 @@ async fn a_conversation_goes_where_its_system_prompt_was_answered_whatever_its_g
     let mut client = KeepAlive::connect(magpie.addr).await;
     let system = "s".repeat(8000);
     let primary = |user: &str| {
-        let body = chat(&system, user);
+        let body = chat_body(&system, user);
         let group = body_group_key(body.as_bytes(), &GroupBy::Conversation).expect("a group");
         magpie.candidates(group)[0].clone()
     };
-    let first = client.post_json(&chat(&system, "one"), Some("one")).await;
+    let first = client
+        .post_json(&chat_body(&system, "one"), Some("one"))
+        .await;
     // A conversation whose own group's primary is the other backend.
     let user = (0..1000)
         .map(|i| format!("question {i}"))
         .find(|u| primary(u) != first)
         .expect("a group of the other backend");
     assert_eq!(
-        client.post_json(&chat(&system, &user), Some("two")).await,
+        client
+            .post_json(&chat_body(&system, &user), Some("two"))
+            .await,
         first,
         "where its system prompt is cached"
     );
@@ -159,6 +156,15 @@ async fn bound(redis: &RedisServer, session: &str) -> String {
 
 /// A queue for two magpies sharing a store.
 const QUEUE: &str = "queue:\n  max_inflight: 8\n  timeout: 30s\n";
+
+/// [`pair`] with conversations grouped by how they open
+/// ([`store_settings_by_opening`]).
+async fn pair_by_opening() -> (RedisServer, HyperBackends, Fleet) {
+    let redis = RedisServer::start().await;
+    let backends = HyperBackends::start(&["a", "b"]).await;
+    let fleet = Fleet::start(&store_settings_by_opening(redis.addr), &backends.pairs()).await;
+    (redis, backends, fleet)
+}
 
 /// Two magpies sharing a store, under `queue`, in front of backends a and b.
 async fn pair(queue: &str) -> (RedisServer, HyperBackends, Fleet) {
@@ -221,7 +227,7 @@ async fn a_backends_prefill_rate_is_learned_from_its_answers() {
         assert_eq!(rate(), 0.0, "not before eight answers");
         let session = format!("s{i}");
         client
-            .post_json(&chat("s", &document), Some(&session))
+            .post_json(&chat_body("s", &document), Some(&session))
             .await;
     }
     assert!(rate() > 0.0, "learned: {}", rate());
@@ -331,11 +337,9 @@ async fn counted(fleet_work: impl Fn(&str) -> u64, b: &str, tokens: u64) {
 /// one's lookup read that.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conversation_goes_where_one_that_opens_alike_went_through_the_other_magpie() {
-    let redis = RedisServer::start().await;
-    let backends = HyperBackends::start(&["a", "b"]).await;
-    let fleet = Fleet::start(&store_settings_by_opening(redis.addr), &backends.pairs()).await;
+    let (redis, backends, fleet) = pair_by_opening().await;
     let [one, two] = &fleet.magpies;
-    let body = chat("s", "the same question");
+    let body = chat_body("s", "the same question");
     let group = body_group_key(body.as_bytes(), &GroupBy::Conversation).expect("a group");
     let order = one.candidates(group);
     // Work held through the second magpie sends the first conversation
@@ -469,18 +473,18 @@ async fn fleet_idle(redis: &RedisServer) {
 /// prompt would be computed again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conversation_goes_where_the_other_magpie_served_its_system_prompt() {
-    let redis = RedisServer::start().await;
-    let backends = HyperBackends::start(&["a", "b"]).await;
-    let fleet = Fleet::start(&store_settings_by_opening(redis.addr), &backends.pairs()).await;
+    let (redis, _backends, fleet) = pair_by_opening().await;
     let [one, two] = &fleet.magpies;
     let system = "s".repeat(8000);
     let primary = |user: &str| {
-        let body = chat(&system, user);
+        let body = chat_body(&system, user);
         let group = body_group_key(body.as_bytes(), &GroupBy::Conversation).expect("a group");
         one.candidates(group)[0].clone()
     };
     let mut via_one = KeepAlive::connect(one.addr).await;
-    let first = via_one.post_json(&chat(&system, "one"), Some("one")).await;
+    let first = via_one
+        .post_json(&chat_body(&system, "one"), Some("one"))
+        .await;
     assert_eq!(bound(&redis, "one").await, first);
     fleet_idle(&redis).await;
     let user = (0..1000)
@@ -489,7 +493,9 @@ async fn a_conversation_goes_where_the_other_magpie_served_its_system_prompt() {
         .expect("a group of the other backend");
     let mut via_two = KeepAlive::connect(two.addr).await;
     assert_eq!(
-        via_two.post_json(&chat(&system, &user), Some("two")).await,
+        via_two
+            .post_json(&chat_body(&system, &user), Some("two"))
+            .await,
         first,
         "where the other magpie's conversation left its system prompt"
     );

@@ -510,6 +510,13 @@ pub async fn next_data(body: &mut Incoming) -> Bytes {
         .expect("data")
 }
 
+/// A chat body: `system` as its instructions, then one user message.
+pub fn chat_body(system: &str, user: &str) -> String {
+    format!(
+        r#"{{"model":"m","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"{user}"}}]}}"#
+    )
+}
+
 /// A request builder for `GET path` with a Host header.
 pub fn get(path: &str) -> hyper::http::request::Builder {
     Request::get(path).header("host", "magpie")

@@ -112,11 +112,10 @@ impl Pinned {
         if let Some(shared) = &self.shared {
             let key = keys.session.hash();
             let opening = keys.opening.map(|o| (o, prompt_bytes));
-            let head = keys.head;
             let beside = Beside {
                 backends,
                 opening,
-                head,
+                head: keys.head,
             };
             (self.sessions).bind_shared(key, &backend.name, shared, beside);
         } else if self.bind_served {

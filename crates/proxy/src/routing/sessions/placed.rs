@@ -59,22 +59,19 @@ use crate::routing::keys::{OpeningKey, SharedHead};
 /// the backend the latest conversation sharing its head went to (from the
 /// key after; empty strings for none)}.
 const LOOKUP: &str = r"
-write(fleet(2, 3))
-local sent = ''
-if redis.call('TYPE', KEYS[4])['ok'] == 'string' and redis.call('STRLEN', KEYS[4]) <= 20 then
-  sent = redis.call('GET', KEYS[4])
-end
-redis.call('SET', KEYS[4], ARGV[8], 'PX', ARGV[2])
-local held, bad = read(tonumber(ARGV[1]))
-if held then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {held, bad, sent, {}, '', ''}
-end
 local function small(key, max)
   if key and redis.call('TYPE', key)['ok'] == 'string' and redis.call('STRLEN', key) <= max then
     return redis.call('GET', key)
   end
   return ''
+end
+write(fleet(2, 3))
+local sent = small(KEYS[4], 20)
+redis.call('SET', KEYS[4], ARGV[8], 'PX', ARGV[2])
+local held, bad = read(tonumber(ARGV[1]))
+if held then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {held, bad, sent, {}, '', ''}
 end
 local opened, at = '', 5
 if ARGV[9] == '1' then
