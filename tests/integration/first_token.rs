@@ -105,6 +105,20 @@ async fn a_conversation_goes_where_its_first_token_comes_soonest() {
     magpie.stop().await;
 }
 
+/// A first user message after `system` whose conversation's group
+/// (`group: conversation`) has its first candidate at `magpie` elsewhere
+/// than `backend`.
+fn grouped_away(magpie: &Magpie, system: &str, backend: &str) -> String {
+    (0..1000)
+        .map(|i| format!("question {i}"))
+        .find(|user| {
+            let body = chat_body(system, user);
+            let group = body_group_key(body.as_bytes(), &GroupBy::Conversation);
+            magpie.candidates(group.expect("a group"))[0] != backend
+        })
+        .expect("a group of the other backend")
+}
+
 /// A conversation grouped by how it opens (`group: conversation`) shares
 /// its system prompt with others of other groups: the engine that answered
 /// one of them holds that prompt, and the next goes there, not to its own
@@ -116,19 +130,10 @@ async fn a_conversation_goes_where_its_system_prompt_was_answered_whatever_its_g
     let magpie = Magpie::with(&settings, &backends.pairs()).await;
     let mut client = KeepAlive::connect(magpie.addr).await;
     let system = "s".repeat(8000);
-    let primary = |user: &str| {
-        let body = chat_body(&system, user);
-        let group = body_group_key(body.as_bytes(), &GroupBy::Conversation).expect("a group");
-        magpie.candidates(group)[0].clone()
-    };
     let first = client
         .post_json(&chat_body(&system, "one"), Some("one"))
         .await;
-    // A conversation whose own group's primary is the other backend.
-    let user = (0..1000)
-        .map(|i| format!("question {i}"))
-        .find(|u| primary(u) != first)
-        .expect("a group of the other backend");
+    let user = grouped_away(&magpie, &system, &first);
     assert_eq!(
         client
             .post_json(&chat_body(&system, &user), Some("two"))
@@ -476,21 +481,13 @@ async fn a_conversation_goes_where_the_other_magpie_served_its_system_prompt() {
     let (redis, _backends, fleet) = pair_by_opening().await;
     let [one, two] = &fleet.magpies;
     let system = "s".repeat(8000);
-    let primary = |user: &str| {
-        let body = chat_body(&system, user);
-        let group = body_group_key(body.as_bytes(), &GroupBy::Conversation).expect("a group");
-        one.candidates(group)[0].clone()
-    };
     let mut via_one = KeepAlive::connect(one.addr).await;
     let first = via_one
         .post_json(&chat_body(&system, "one"), Some("one"))
         .await;
     assert_eq!(bound(&redis, "one").await, first);
     fleet_idle(&redis).await;
-    let user = (0..1000)
-        .map(|i| format!("question {i}"))
-        .find(|u| primary(u) != first)
-        .expect("a group of the other backend");
+    let user = grouped_away(one, &system, &first);
     let mut via_two = KeepAlive::connect(two.addr).await;
     assert_eq!(
         via_two
